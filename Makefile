@@ -1,0 +1,48 @@
+# hybridrec — `make help` lists the targets.
+# All versions come from constraints.txt. GPU=1 installs the CUDA builds (untested on our CPU machines).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+GPU    ?= 0
+ARGS   ?=
+
+ifeq ($(GPU),1)
+FBGEMM := fbgemm-gpu
+else
+FBGEMM := fbgemm-gpu-cpu
+endif
+# The stamp records what was installed; it is rebuilt only when the pins, the package
+# metadata or the CPU/GPU choice change, so a second `make install` returns at once.
+STAMP := $(VENV)/.installed-gpu$(GPU)
+
+.PHONY: help install train test bench clean
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install the pinned dependencies (GPU=1 for CUDA builds)
+
+$(STAMP): constraints.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/.installed-gpu*
+	# torch first, pinned, so nothing later can pull a different (CUDA) build.
+	$(PIP) install -c constraints.txt torch $(FBGEMM)
+	# torchrec's metadata names the CUDA fbgemm-gpu: --no-deps, its real needs come from pyproject.toml.
+	$(PIP) install -c constraints.txt --no-deps torchrec
+	$(PIP) install -c constraints.txt -e '.[test]'
+	$(PY) -c "import torch, torchrec, fbgemm_gpu, hydra; print('torch', torch.__version__, '| cuda', torch.cuda.is_available())"
+	touch $@
+
+train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
+	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
+
+test: install ## run the test suite
+	$(PY) -m pytest -q $(ARGS)
+
+bench: install ## time the real training step (benchmarks/bench.py)
+	$(PY) benchmarks/bench.py $(ARGS)
+
+clean: ## remove the virtualenv and run outputs
+	rm -rf $(VENV) outputs multirun

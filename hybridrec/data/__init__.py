@@ -1,0 +1,11 @@
+"""Data sources (one module each). Every source yields torchrec ``Batch`` objects."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    """A categorical feature; the model gives each one its own embedding table."""
+
+    name: str
+    num_embeddings: int

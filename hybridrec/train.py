@@ -1,0 +1,43 @@
+"""Entry point: ``python -m hybridrec.train +experiment=ctr [overrides]``.
+
+Hydra composes and type-checks the config, ``validate`` checks cross-field rules, and only
+then are ranks started (``launch.py``): a bad config never costs a process group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from hybridrec.config import register_configs, validate
+from hybridrec.launch import already_launched, launch, world_size
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    try:
+        validate(cfg, world_size(cfg))
+    except ValueError as e:
+        sys.exit(f"hybridrec: invalid config: {e}")
+    summary = launch(cfg, HydraConfig.get().runtime.output_dir)
+    return summary["train_loss"]  # what a Hydra sweeper would minimize
+
+
+def _quiet_secondary_ranks() -> None:
+    # Under torchrun every rank runs Hydra, and each would create its own timestamped run
+    # directory and log file. Ranks other than 0 write to a scratch directory instead; the
+    # trainer then adopts rank 0's directory (broadcast after the process group is up).
+    if already_launched() and os.environ["RANK"] != "0":
+        scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hybridrec-rank{os.environ['RANK']}")
+        sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=none"]
+
+
+if __name__ == "__main__":
+    _quiet_secondary_ranks()
+    main()

@@ -1,0 +1,124 @@
+"""Config composition and validation: every option composes and builds; bad input fails
+fast, before any rank starts, naming the key and the valid choices."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import compose_cfg
+from hydra.errors import ConfigCompositionException
+from hydra.utils import instantiate
+
+from hybridrec.config import validate
+
+GROUPS = {
+    "model": ["dlrm"],
+    "data": ["synthetic"],
+    "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
+                 "table_column_wise", "data_parallel"],
+    "optimizer": ["adagrad", "sgd"],
+    "mesh": ["fsdp", "ddp"],
+}
+
+
+def test_every_group_option_is_shipped():
+    conf = os.path.join(os.path.dirname(__file__), "..", "conf")
+    for group, options in GROUPS.items():
+        shipped = sorted(f[:-5] for f in os.listdir(os.path.join(conf, group)) if f.endswith(".yaml"))
+        assert shipped == sorted(options), group
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_option_composes_and_validates(group, option):
+    cfg = compose_cfg(["+experiment=ctr", f"{group}={option}"])
+    validate(cfg, world_size=2)
+
+
+def test_ctr_experiment_builds_data_and_model():
+    cfg = compose_cfg(["+experiment=ctr"])
+    data = instantiate(cfg.data, seed=cfg.seed)
+    model = instantiate(cfg.model, features=data.features, num_dense_features=data.num_dense_features)
+    assert len(data.features) == len(cfg.data.num_embeddings_per_feature)
+    assert [t.num_embeddings for t in model.sparse_module().embedding_bag_configs()] == list(
+        cfg.data.num_embeddings_per_feature
+    )
+    assert len(model.dense_units()) == 2
+
+
+def test_optimizers_instantiate():
+    import torch
+
+    for name in GROUPS["optimizer"]:
+        cfg = compose_cfg([f"optimizer={name}"])
+        opt = instantiate(cfg.optimizer.dense, [torch.nn.Parameter(torch.zeros(2))])
+        assert opt.param_groups[0]["lr"] == cfg.optimizer.dense.lr
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("optimizer.dense.lrr=0.1", "Key 'lrr' not in 'AdagradConfig'"),
+        ("data.batch_size=big", "full_key: data.batch_size"),
+        ("sharding.types=[diagonal]", "expected one of .*table_wise, row_wise, column_wise"),
+        ("mesh.dense=zero3", "expected one of \\[fsdp, ddp\\]"),
+        ("launcher.device=tpu", "expected one of \\[auto, cpu, cuda\\]"),
+    ],
+)
+def test_bad_value_is_rejected_naming_the_key(override, message):
+    with pytest.raises(ConfigCompositionException) as e:
+        compose_cfg([override])
+    assert re.search(message, str(e.value.__cause__)), str(e.value.__cause__)
+
+
+def test_bad_group_option_lists_only_real_choices():
+    with pytest.raises(Exception) as e:
+        compose_cfg(["sharding=diagonal"])
+    text = str(e.value)
+    assert "Available options in 'sharding'" in text and "table_row_wise" in text
+    assert "schema" not in text.split("Available options")[1].split("Config search path")[0]
+
+
+@pytest.mark.parametrize(
+    "overrides,world_size,message",
+    [
+        (["data.batch_size=1000"], 3, "data.batch_size=1000 .* world_size=3"),
+        (["model.embedding_dim=32"], 1, "dense_arch_layer_sizes must end with model.embedding_dim=32"),
+        (["model.over_arch_layer_sizes=[8,2]"], 1, "over_arch_layer_sizes must end with 1"),
+        (["train.steps=0"], 1, "train.steps"),
+        (["optimizer.sparse._target_=torch.optim.RMSprop"], 1, "cannot be fused.*RowWiseAdagrad"),
+        (["+optimizer.dense.momentum=0.9"], 1, "optimizer.dense"),
+    ],
+)
+def test_cross_field_validation(overrides, world_size, message):
+    cfg = compose_cfg(overrides)
+    with pytest.raises(ValueError, match=message):
+        validate(cfg, world_size)
+
+
+def _cli(*args, timeout=60):
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybridrec.train", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    return proc, time.perf_counter() - start
+
+
+def test_cli_bad_group_option_fails_fast_with_choices(tmp_path):
+    proc, seconds = _cli("+experiment=ctr", "optimizer=adamx", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode != 0
+    assert "optimizer" in proc.stderr and "adagrad" in proc.stderr and "sgd" in proc.stderr
+    assert seconds < 10
+
+
+def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
+    proc, seconds = _cli(
+        "+experiment=ctr", "launcher.nproc_per_node=3", f"hydra.run.dir={tmp_path}"
+    )
+    assert proc.returncode != 0
+    assert "data.batch_size=2048" in proc.stderr and "world_size=3" in proc.stderr
+    assert "[rank" not in proc.stderr  # no rank was started
+    assert seconds < 10
