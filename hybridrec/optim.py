@@ -19,9 +19,24 @@ def sparse_optimizer(cfg: DictConfig) -> tuple[type, dict[str, Any]]:
 
 
 def build_optimizer(model: DistributedModelParallel, cfg: DictConfig) -> CombinedOptimizer:
-    """Dense optimizer over the parameters left after sharding (FSDP2 DTensors or DDP
-    replicas), combined with the fused sparse one so the pipeline sees a single optimizer.
-    Built after parallelization, as FSDP2 requires."""
-    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
-    dense = KeyedOptimizerWrapper(dense_params, lambda params: instantiate(cfg.dense, params))
-    return CombinedOptimizer([("sparse", model.fused_optimizer), ("dense", dense)])
+    """All optimizers as one ``CombinedOptimizer`` (what the pipeline steps):
+
+    - ``sparse``: the fused optimizers TorchRec runs inside the embedding backward;
+    - ``sparse_dp``: data-parallel tables. TorchRec leaves them unfused and, by its convention,
+      to the dense optimizer; here they get the sparse optimizer too (same class and
+      arguments, non-fused), so ``optimizer.sparse`` governs every table whatever its plan;
+    - ``dense``: everything else (FSDP2 DTensors or DDP replicas), built after parallelization.
+    """
+    unfused = dict(in_backward_optimizer_filter(model.named_parameters()))
+    tables = {id(p) for p in model.module.sparse_module().parameters()}
+    dp_tables = {n: p for n, p in unfused.items() if id(p) in tables}
+    dense_params = {n: p for n, p in unfused.items() if id(p) not in tables}
+    optimizers = [("sparse", model.fused_optimizer)]
+    if dp_tables:
+        optimizers.append(("sparse_dp", _keyed(dp_tables, cfg.sparse)))
+    optimizers.append(("dense", _keyed(dense_params, cfg.dense)))
+    return CombinedOptimizer(optimizers)
+
+
+def _keyed(params: dict, cfg: DictConfig) -> KeyedOptimizerWrapper:
+    return KeyedOptimizerWrapper(params, lambda p: instantiate(cfg, list(p)))

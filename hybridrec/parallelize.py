@@ -47,6 +47,8 @@ class FSDP2Wrapper(DataParallelWrapper):
         mesh = DeviceMesh.from_group(env.process_group, device.type)
         for unit in dmp.module.dense_units():
             fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        # Data-parallel tables need nothing here: TorchRec wraps their lookups in DDP itself
+        # (ShardedEmbeddingBagCollection.init_data_parallel).
 
 
 def parallelize(
