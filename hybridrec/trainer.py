@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -136,12 +137,27 @@ def _configure_logging(rank: int) -> None:
     # only hybridrec's own INFO is shown, and only on rank 0: other ranks speak on failure.
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("hybridrec").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    # Notices about the libraries' own internals that a user can do nothing about: TorchRec's
+    # embedding shards are ShardedTensors, FSDP2 calls collectives torch has renamed, and the
+    # train pipeline's fx tracing logs a notice once per rank. Matched by message, so any
+    # other warning still shows.
+    for message in (
+        "Please use DTensor instead and we are deprecating ShardedTensor",
+        r"`torch.distributed.\w+` is deprecated",
+    ):
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
 def run(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
     """One rank's whole job: process group, Trainer, summary (rank 0), teardown."""
     device = pick_device(cfg)
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
+        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     init_distributed(device)
     try:
         rank = dist.get_rank()

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
+from torch.distributed.tensor import DTensor
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from hybridrec.parallelize import full_state_dict
@@ -30,11 +31,24 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
             trainer = Trainer(cfg, out, device)
             summary = trainer.train()
             results.append(
-                {"losses": trainer.losses, "state": full_state_dict(trainer.model), "summary": summary}
+                {
+                    "losses": trainer.losses,
+                    "state": full_state_dict(trainer.model),
+                    "summary": summary,
+                    "dense_placements": _dense_placements(trainer),
+                }
             )
         return results
     finally:
         dist.destroy_process_group()
+
+
+def _dense_placements(trainer: Trainer) -> str:
+    """How the dense parameters are held: "S(0)" (sharded on dim 0) for FSDP2, "replicated" otherwise."""
+    dense = [p for m in trainer.model.module.dense_units() for p in m.parameters()]
+    kinds = {str(p.placements[0]) if isinstance(p, DTensor) else "replicated" for p in dense}
+    assert len(kinds) == 1, kinds
+    return kinds.pop()
 
 
 def launch(fn: Callable, nproc: int, *args: Any) -> Any:

@@ -70,8 +70,14 @@ def assert_same_training(a, b):
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
-    cfgs = [_cfg("optimizer=sgd"), _cfg("optimizer=adagrad")]
+    cfgs = [_cfg("optimizer=sgd"), _cfg("optimizer=adagrad"), _cfg("optimizer=adagrad"),
+            _cfg("optimizer=adagrad", "seed=1")]
     return launch(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
+
+
+def test_same_seed_same_losses(one_rank):
+    assert one_rank[1]["losses"] == one_rank[2]["losses"]  # bit-identical
+    assert one_rank[1]["losses"] != one_rank[3]["losses"]
 
 
 def test_one_rank_matches_plain_pytorch(one_rank):
@@ -97,6 +103,8 @@ def test_two_ranks_match_one_rank(one_rank, tmp_path):
         assert {p["sharding_type"] for p in plan.values()} == {sharding}, plan
         # the tables really are spread over both ranks
         assert {r for p in plan.values() for r in p["ranks"]} == {0, 1}, plan
+        # dense parameters are FSDP2 DTensors sharded over both ranks (or DDP replicas)
+        assert result["dense_placements"] == ("S(0)" if mesh == "fsdp" else "replicated"), mesh
         reference = one_rank[0] if opt == "sgd" else one_rank[1]
         try:
             assert_same_training(result, reference)
