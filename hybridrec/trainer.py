@@ -61,9 +61,10 @@ class Trainer:
             if step % log_every == 0 or step == steps:
                 # One all-reduce per window, not per step: the reduction is a sync point.
                 self.losses += self._global_mean(local_losses[len(self.losses) : step])
-                rate = step * global_batch / (time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                rate = step * global_batch / elapsed
                 bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
-                self.metrics.log(step=step, loss=self.losses[-1], samples_per_second=rate)
+                self.metrics.log(step=step, loss=self.losses[-1], samples_per_second=rate, elapsed_s=elapsed)
             bar.update()
         wall = time.perf_counter() - start
         bar.close()
