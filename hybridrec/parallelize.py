@@ -29,7 +29,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from hybridrec.config import DenseParallel, HybridrecConfig
 from hybridrec.optim import sparse_optimizer
-from hybridrec.sharding import HybridEBCSharder, make_plan
+from hybridrec.sharding import HybridEBCSharder, plan_tables
 
 
 class FSDP2Wrapper(DataParallelWrapper):
@@ -56,15 +56,17 @@ def parallelize(
     cfg: HybridrecConfig,
     device: torch.device,
     local_world_size: int,
+    pooling: dict[str, float],
     pg: dist.ProcessGroup,
-) -> DistributedModelParallel:
+) -> tuple[DistributedModelParallel, dict | None]:
+    """Shard ``model``; returns the DMP and the plan report (on rank 0, else None)."""
     cls, kwargs = sparse_optimizer(cfg.optimizer.sparse)
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
     sharder = HybridEBCSharder()
-    local_batch = cfg.data.batch_size // dist.get_world_size(pg)
-    plan = make_plan(model, cfg.sharding, sharder, device, local_batch, local_world_size, pg)
-
+    plan, report = plan_tables(
+        model, cfg, sharder, dist.get_world_size(pg), local_world_size, device.type, pooling, pg
+    )
     wrapper = (
         FSDP2Wrapper(cfg.mesh.reshard_after_forward)
         if cfg.mesh.dense == DenseParallel.fsdp
@@ -79,7 +81,7 @@ def parallelize(
         data_parallel_wrapper=wrapper,
     )
     init_embeddings(dmp.module.sparse_module(), cfg.seed)
-    return dmp
+    return dmp, report
 
 
 _INIT_BLOCK = 65536  # rows per independently seeded block of the embedding init

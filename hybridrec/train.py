@@ -13,17 +13,30 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hybridrec.config import register_configs, validate
+from hybridrec.config import Device, register_configs, validate
 from hybridrec.launch import already_launched, launch, world_size
+from hybridrec.plan import dry_plan, quiet_enumerator, run_device_type
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    world = world_size(cfg)
     try:
-        validate(cfg, world_size(cfg))
-    except ValueError as e:
+        validate(cfg, world)
+        planned_for, device = cfg.mesh.compute_device, run_device_type(cfg)
+        if planned_for != Device.auto and planned_for.value != device:
+            raise ValueError(
+                f"mesh.compute_device={planned_for.value} but this run would use {device} "
+                f"(launcher.device={cfg.launcher.device.value})"
+            )
+        if not already_launched():
+            # Plan the tables here first: a constraint the planner cannot meet fails now, not
+            # after N ranks have started. The ranks plan again (identically) over their group.
+            quiet_enumerator()
+            dry_plan(cfg, world, world, device, detect=True)
+    except ValueError as e:  # PlanError included
         sys.exit(f"hybridrec: invalid config: {e}")
     summary = launch(cfg, HydraConfig.get().runtime.output_dir)
     return summary["train_loss"]  # what a Hydra sweeper would minimize

@@ -6,6 +6,7 @@ directly in the Hydra process for a single-rank run.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -24,7 +25,8 @@ from hybridrec.config import Device
 from hybridrec.metrics import MetricsLog, all_gather_cat, binary_metrics, peak_rss_mb, write_json
 from hybridrec.optim import build_optimizer
 from hybridrec.parallelize import parallelize
-from hybridrec.sharding import plan_report
+from hybridrec.plan import quiet_enumerator
+from hybridrec.sharding import format_report
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,13 @@ class Trainer:
             cfg.model, features=self.data.features, num_dense_features=self.data.num_dense_features
         )
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        self.model = parallelize(model, cfg, device, local_world_size, dist.group.WORLD)
+        pooling = {f.name: f.pooling_factor for f in self.data.features}
+        self.model, self.plan = parallelize(
+            model, cfg, device, local_world_size, pooling, dist.group.WORLD
+        )
+        if self.rank == 0:
+            log.info("\n" + format_report(self.plan))
+            write_json(os.path.join(run_dir, "plan.json"), self.plan)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         # Overlaps the next batch's input all-to-all with this batch's forward/backward.
         self.pipeline = TrainPipelineSparseDist(self.model, self.optimizer, device)
@@ -98,6 +106,7 @@ class Trainer:
         tail = self.losses[-max(1, steps // 10) :]
         rss = [None] * self.world_size
         dist.all_gather_object(rss, round(peak_rss_mb(), 1))
+        plan = self.plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
         return {
             "world_size": self.world_size,
             "device": str(self.device),
@@ -108,8 +117,18 @@ class Trainer:
             "samples_per_second": steps * self.cfg.data.batch_size / wall,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
             "eval": eval_metrics,
-            "plan": plan_report(self.model.plan),
+            "plan": plan["tables"],
             "peak_rss_mb": rss,
+            # the planner's estimate beside the measurement, per rank
+            "memory_per_rank": [
+                {
+                    "rank": r["rank"],
+                    "est_device_mb": round(r["est_device_bytes"] / 2**20, 1),
+                    "est_host_mb": round(r["est_host_bytes"] / 2**20, 1),
+                    "peak_rss_mb": rss[r["rank"]],
+                }
+                for r in plan["ranks"]
+            ],
         }
 
 
@@ -148,6 +167,7 @@ def _configure_logging(rank: int) -> None:
     ):
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    quiet_enumerator()
 
 
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
@@ -160,23 +180,43 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     init_distributed(device)
+    summary = None
     try:
-        rank = dist.get_rank()
-        _configure_logging(rank)
-        # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
-        shared = [run_dir]
-        dist.broadcast_object_list(shared, src=0)
-        run_dir = shared[0]
-        trainer = Trainer(cfg, run_dir, device)
-        summary = trainer.train()
-        if rank == 0:
-            write_json(os.path.join(run_dir, "summary.json"), summary)
-            e = summary["eval"]
-            log.info(
-                f"{summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
-                f"train loss {summary['train_loss']:.4f}, eval AUC {e['auc']:.4f} NE {e['ne']:.4f}"
-            )
-            print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
+        summary = _train_rank(cfg, run_dir, device)  # the Trainer is freed when it returns
+        dist.barrier()  # leave together: no rank tears down while another still communicates
         return summary
     finally:
+        shutdown_distributed(clean=summary is not None)
+
+
+def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
+    rank = dist.get_rank()
+    _configure_logging(rank)
+    # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
+    shared = [run_dir]
+    dist.broadcast_object_list(shared, src=0)
+    run_dir = shared[0]
+    summary = Trainer(cfg, run_dir, device).train()
+    if rank == 0:
+        write_json(os.path.join(run_dir, "summary.json"), summary)
+        e = summary["eval"]
+        log.info(
+            f"{summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
+            f"train loss {summary['train_loss']:.4f}, eval AUC {e['auc']:.4f} NE {e['ne']:.4f}"
+        )
+        print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
+    return summary
+
+
+def shutdown_distributed(clean: bool) -> None:
+    """Release everything that holds a process group, then destroy the groups.
+
+    The model, pipeline and FSDP2 mesh keep references to gloo/NCCL groups (TorchRec creates
+    sub-groups too); left to interpreter shutdown, their transport threads are torn down in
+    arbitrary order, which can abort a rank after a successful run. On failure, skip the
+    collective destroy, which could block on a peer that is still inside a collective
+    (as torchtitan does); the launcher then stops the other ranks.
+    """
+    gc.collect()
+    if clean:
         dist.destroy_process_group()

@@ -36,6 +36,7 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
                     "state": full_state_dict(trainer.model),
                     "summary": summary,
                     "dense_placements": _dense_placements(trainer),
+                    "plan_notes": (trainer.plan or {}).get("notes"),
                 }
             )
         return results

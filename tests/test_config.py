@@ -15,10 +15,10 @@ from hydra.utils import instantiate
 from hybridrec.config import validate
 
 GROUPS = {
-    "model": ["dlrm"],
+    "model": ["dlrm", "dcn"],
     "data": ["synthetic"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
-                 "table_column_wise", "data_parallel"],
+                 "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd"],
     "mesh": ["fsdp", "ddp"],
 }
@@ -37,15 +37,17 @@ def test_every_option_composes_and_validates(group, option):
     validate(cfg, world_size=2)
 
 
-def test_ctr_experiment_builds_data_and_model():
-    cfg = compose_cfg(["+experiment=ctr"])
+@pytest.mark.parametrize("model", GROUPS["model"])
+def test_ctr_experiment_builds_data_and_model(model):
+    cfg = compose_cfg(["+experiment=ctr", f"model={model}", "model.embedding_dim=64",
+                       "model.dense_arch_layer_sizes=[32,64]"])
     data = instantiate(cfg.data, seed=cfg.seed)
     model = instantiate(cfg.model, features=data.features, num_dense_features=data.num_dense_features)
     assert len(data.features) == len(cfg.data.num_embeddings_per_feature)
     assert [t.num_embeddings for t in model.sparse_module().embedding_bag_configs()] == list(
         cfg.data.num_embeddings_per_feature
     )
-    assert len(model.dense_units()) == 2
+    assert len(model.dense_units()) == {"dlrm": 2, "dcn": 3}[cfg.model._target_.split(".")[-2]]
 
 
 def test_optimizers_instantiate():

@@ -11,7 +11,7 @@ from hybridrec.data.synthetic import SyntheticClickLog
 
 def _log(**kw):
     args = dict(batch_size=512, num_dense_features=4, num_embeddings_per_feature=[1000, 37],
-                ids_per_feature=3, zipf_exponent=1.05, eval_batches=2, seed=0)
+                ids_per_feature=3, multi_hot_sizes=[], zipf_exponent=1.05, eval_batches=2, seed=0)
     args.update(kw)
     return SyntheticClickLog(**args)
 

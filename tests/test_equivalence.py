@@ -29,7 +29,6 @@ BASE = [
     "train.steps=8",
     "train.log_every=4",
 ]
-SHARDINGS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
 # fp32 tolerance: 2 ranks reduce partial gradients in a different order than one process.
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -71,7 +70,7 @@ def assert_same_training(a, b):
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
     cfgs = [_cfg("optimizer=sgd"), _cfg("optimizer=adagrad"), _cfg("optimizer=adagrad"),
-            _cfg("optimizer=adagrad", "seed=1")]
+            _cfg("optimizer=adagrad", "seed=1"), _cfg(ADAGRAD)]
     return launch(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
 
 
@@ -89,24 +88,58 @@ def test_one_rank_matches_plain_pytorch(one_rank):
     assert_same_training(one_rank[0], {"losses": losses, "state": state})
 
 
+SPLIT = "sharding.tables=[{match:'*',min_partition:4}]"  # 8-dim tables split into 2 x 4 columns
+# Column splits are exact under element-wise optimizers (see test_rowwise_adagrad_...).
+ADAGRAD = "optimizer.sparse._target_=torch.optim.Adagrad"
+# (variant name, overrides, expected sharding type per table, shards per table)
+VARIANTS = [
+    ("table_wise", ["sharding=table_wise"], "table_wise", 1),
+    ("row_wise", ["sharding=row_wise"], "row_wise", 2),
+    ("column_wise", ["sharding=column_wise", SPLIT, ADAGRAD], "column_wise", 2),
+    ("table_row_wise", ["sharding=table_row_wise"], "table_row_wise", 2),
+    ("table_column_wise", ["sharding=table_column_wise", SPLIT, ADAGRAD], "table_column_wise", 2),
+    ("grid", ["sharding=grid", SPLIT, ADAGRAD], "grid_shard", 4),
+    ("data_parallel", ["sharding=data_parallel"], "data_parallel", 2),
+    # one model, four placements, from per-table constraints
+    ("mixed", [ADAGRAD, "sharding.tables=[{match:t_cat_0,sharding_types:[column_wise],min_partition:4},"
+               "{match:t_cat_1,sharding_types:[row_wise]},{match:t_cat_2,sharding_types:[table_row_wise]},"
+               "{match:t_cat_3,sharding_types:[data_parallel],compute_kernels:[dense]}]"],
+     {"t_cat_0": "column_wise", "t_cat_1": "row_wise", "t_cat_2": "table_row_wise",
+      "t_cat_3": "data_parallel"}, None),
+    ("table_wise+ddp", ["sharding=table_wise", "mesh=ddp"], "table_wise", 1),
+    ("row_wise+sgd", ["sharding=row_wise", "optimizer=sgd"], "row_wise", 2),
+]
+
+
 @pytest.mark.dist
 def test_two_ranks_match_one_rank(one_rank, tmp_path):
     # One launch trains every variant in sequence: process start-up is paid once.
-    variants = [(s, "fsdp", "adagrad") for s in SHARDINGS] + [
-        ("table_wise", "ddp", "adagrad"),
-        ("row_wise", "fsdp", "sgd"),
-    ]
-    cfgs = [_cfg(f"sharding={s}", f"mesh={m}", f"optimizer={o}") for s, m, o in variants]
+    cfgs = [_cfg(*overrides) for _, overrides, _, _ in VARIANTS]
     results = launch(train_and_gather, 2, cfgs, str(tmp_path))
-    for (sharding, mesh, opt), result in zip(variants, results):
+    for (name, overrides, expected, shards), result in zip(VARIANTS, results):
         plan = result["summary"]["plan"]
-        assert {p["sharding_type"] for p in plan.values()} == {sharding}, plan
-        # the tables really are spread over both ranks
-        assert {r for p in plan.values() for r in p["ranks"]} == {0, 1}, plan
+        types = expected if isinstance(expected, dict) else {t: expected for t in plan}
+        assert {t: p["sharding_type"] for t, p in plan.items()} == types, (name, plan)
+        if shards:  # the tables really are split as the type says
+            assert all(len(p["ranks"]) == shards for p in plan.values()), (name, plan)
+        assert {r for p in plan.values() for r in p["ranks"]} == {0, 1}, (name, plan)
         # dense parameters are FSDP2 DTensors sharded over both ranks (or DDP replicas)
-        assert result["dense_placements"] == ("S(0)" if mesh == "fsdp" else "replicated"), mesh
-        reference = one_rank[0] if opt == "sgd" else one_rank[1]
+        mesh = "ddp" if "mesh=ddp" in overrides else "fsdp"
+        assert result["dense_placements"] == ("S(0)" if mesh == "fsdp" else "replicated"), name
+        reference = one_rank[0] if "optimizer=sgd" in overrides else one_rank[4 if ADAGRAD in overrides else 1]
+        assert result["summary"]["world_size"] == 2
         try:
             assert_same_training(result, reference)
         except AssertionError as e:
-            raise AssertionError(f"{sharding} + {mesh} + {opt}: {e}") from None
+            raise AssertionError(f"{name}: {e}") from None
+
+
+@pytest.mark.dist
+def test_rowwise_adagrad_with_column_splits_differs_and_says_so(one_rank, tmp_path):
+    """TorchRec keeps a row-wise accumulator per column shard: not the unsharded optimizer.
+    hybridrec cannot change the kernel, so it states it in the plan instead."""
+    result = launch(train_and_gather, 2, [_cfg("sharding=column_wise", SPLIT)], str(tmp_path))[0]
+    notes = result["plan_notes"]
+    assert len(notes) == 1 and "per column shard" in notes[0] and "t_cat_0" in notes[0]
+    diff = max(abs(a - b) for a, b in zip(result["losses"], one_rank[1]["losses"]))
+    assert diff > 1e-4  # really different: the note is not a false alarm

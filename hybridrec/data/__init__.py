@@ -9,3 +9,5 @@ class SparseFeature:
 
     name: str
     num_embeddings: int
+    pooling_factor: float = 1.0
+    """Expected ids per sample: the planner's estimate of lookup and communication cost."""

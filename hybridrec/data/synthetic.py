@@ -36,19 +36,27 @@ class SyntheticClickLog:
         num_dense_features: int,
         num_embeddings_per_feature: list[int],
         ids_per_feature: int,
+        multi_hot_sizes: list[int],
         zipf_exponent: float,
         eval_batches: int,
         seed: int,
     ) -> None:
         self.batch_size = batch_size
         self.num_dense_features = num_dense_features
+        sizes = list(multi_hot_sizes) or [ids_per_feature] * len(num_embeddings_per_feature)
+        if len(sizes) != len(num_embeddings_per_feature) or min(sizes) < 1:
+            raise ValueError(
+                f"data.multi_hot_sizes needs one size >= 1 per feature "
+                f"({len(num_embeddings_per_feature)}), got {list(multi_hot_sizes)}"
+            )
         self.features = [
-            SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)
+            SparseFeature(f"cat_{i}", int(n), float(k))
+            for i, (n, k) in enumerate(zip(num_embeddings_per_feature, sizes))
         ]
+        self._sizes = [int(k) for k in sizes]
         for f in self.features:
             if f.num_embeddings % _SCATTER == 0 or f.num_embeddings >= 2**33:
                 raise ValueError(f"synthetic table size {f.num_embeddings} is not supported")
-        self.ids_per_feature = ids_per_feature
         self.zipf_exponent = zipf_exponent
         self.eval_batches = eval_batches
         self.seed = seed
@@ -81,9 +89,12 @@ class SyntheticClickLog:
     def global_batch(self, split: str, index: int) -> Batch:
         """The ``index``-th global batch of ``split``: a pure function of (seed, split, index)."""
         rng = np.random.default_rng([self.seed, _SPLITS[split], index])
-        b, k = self.batch_size, self.ids_per_feature
+        b = self.batch_size
         dense = rng.standard_normal((b, self.num_dense_features))
-        ids = [self._zipf_rows(rng, f.num_embeddings, b * k).reshape(b, k) for f in self.features]
+        ids = [
+            self._zipf_rows(rng, f.num_embeddings, b * k).reshape(b, k)
+            for f, k in zip(self.features, self._sizes)
+        ]
         logit = -1.0 + 1.5 * dense @ self._dense_w
         for i, f_ids in enumerate(ids):
             logit += 3.0 * self._planted_weight(i, f_ids).mean(axis=1) / np.sqrt(len(ids))
@@ -95,7 +106,7 @@ class SyntheticClickLog:
             sparse_features=KeyedJaggedTensor.from_lengths_sync(
                 keys=[f.name for f in self.features],
                 values=torch.from_numpy(values),
-                lengths=torch.full((len(self.features) * b,), k, dtype=torch.int32),
+                lengths=torch.tensor(self._sizes, dtype=torch.int32).repeat_interleave(b),
             ),
             labels=torch.from_numpy(labels.astype(np.float32)),
         )

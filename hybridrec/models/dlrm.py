@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from hybridrec.data import SparseFeature
+from hybridrec.models import embedding_collection
 
 
 class DLRMRanker(DLRMTrain):
-    """TorchRec's DLRM + BCE loss (``DLRMTrain``), with one embedding table per feature.
+    """TorchRec's DLRM (dot interaction) + BCE loss (``DLRMTrain``).
 
     Forward returns ``(loss, (loss, logits, labels))``, what TorchRec's train pipelines expect.
-    The embedding tables are created on the ``meta`` device: the planner decides where each
-    shard lives and DistributedModelParallel materializes only the local shards.
     """
 
     def __init__(
@@ -27,18 +23,9 @@ class DLRMRanker(DLRMTrain):
         dense_arch_layer_sizes: list[int],
         over_arch_layer_sizes: list[int],
     ) -> None:
-        tables = [
-            EmbeddingBagConfig(
-                name=f"t_{f.name}",
-                embedding_dim=embedding_dim,
-                num_embeddings=f.num_embeddings,
-                feature_names=[f.name],
-            )
-            for f in features
-        ]
         super().__init__(
             DLRM(
-                embedding_bag_collection=EmbeddingBagCollection(tables, device=torch.device("meta")),
+                embedding_bag_collection=embedding_collection(features, embedding_dim),
                 dense_in_features=num_dense_features,
                 dense_arch_layer_sizes=list(dense_arch_layer_sizes),
                 over_arch_layer_sizes=list(over_arch_layer_sizes),

@@ -1,0 +1,39 @@
+"""DLRM-DCNv2: DLRM with a low-rank deep & cross network as the interaction, as in the MLPerf
+Training recommendation benchmark (TorchRec's ``DLRM_DCN``)."""
+
+from __future__ import annotations
+
+from torch import nn
+from torchrec.models.dlrm import DLRM_DCN
+
+from hybridrec.data import SparseFeature
+from hybridrec.models import embedding_collection
+from hybridrec.models.dlrm import DLRMRanker
+
+
+class DCNRanker(DLRMRanker):
+    def __init__(
+        self,
+        features: list[SparseFeature],
+        num_dense_features: int,
+        embedding_dim: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dcn_num_layers: int,
+        dcn_low_rank_dim: int,
+    ) -> None:
+        # DLRMTrain's constructor (BCE loss around a module), skipping DLRMRanker's DLRM.
+        super(DLRMRanker, self).__init__(
+            DLRM_DCN(
+                embedding_bag_collection=embedding_collection(features, embedding_dim),
+                dense_in_features=num_dense_features,
+                dense_arch_layer_sizes=list(dense_arch_layer_sizes),
+                over_arch_layer_sizes=list(over_arch_layer_sizes),
+                dcn_num_layers=dcn_num_layers,
+                dcn_low_rank_dim=dcn_low_rank_dim,
+            )
+        )
+
+    def dense_units(self) -> list[nn.Module]:
+        """Bottom MLP, cross network, top MLP: each its own FSDP2 unit."""
+        return [self.model.dense_arch, self.model.inter_arch, self.model.over_arch]

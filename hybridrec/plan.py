@@ -1,0 +1,77 @@
+"""Dry-run planning: ``python -m hybridrec.plan +experiment=NAME mesh.world_size=64 ...``.
+
+Plans the embedding tables for a simulated topology with the same planner, constraints and
+storage reservation as a real run, prints the plan report, saves ``plan.json`` in the Hydra
+run directory and exits: no GPU, no process group. ``train.py`` uses the same function to
+check, before any rank starts, that the run's own topology has a plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from hybridrec.config import Device, register_configs, validate
+from hybridrec.metrics import write_json
+from hybridrec.sharding import HybridEBCSharder, PlanError, format_report, plan_tables
+
+register_configs()
+
+
+def run_device_type(cfg: DictConfig) -> str:
+    """The device a run uses: launcher.device, with auto = cuda when available."""
+    if cfg.launcher.device == Device.auto:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.launcher.device.value
+
+
+def dry_plan(
+    cfg: DictConfig, world_size: int, local_world_size: int, device_type: str, detect: bool
+) -> dict[str, Any]:
+    """Plan ``cfg``'s tables for the given topology without any process group. ``detect``:
+    take unset memory sizes from this machine (the check before a run here) rather than
+    TorchRec's defaults (planning for another cluster)."""
+    data = instantiate(cfg.data, seed=cfg.seed)
+    model = instantiate(cfg.model, features=data.features, num_dense_features=data.num_dense_features)
+    pooling = {f.name: f.pooling_factor for f in data.features}
+    _, report = plan_tables(
+        model, cfg, HybridEBCSharder(), world_size, local_world_size, device_type, pooling,
+        detect=detect,
+    )
+    return report
+
+
+def quiet_enumerator() -> None:
+    # The enumerator warns once per table for every (sharding type, kernel) pair a constraint
+    # rules out, e.g. data_parallel when only `fused` is allowed: expected, not actionable.
+    logging.getLogger("torchrec.distributed.planner.enumerators").setLevel(logging.ERROR)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    world = cfg.mesh.world_size or cfg.launcher.nproc_per_node
+    local = cfg.mesh.local_world_size or world
+    device = run_device_type(cfg) if cfg.mesh.compute_device == Device.auto else cfg.mesh.compute_device.value
+    logging.getLogger().setLevel(logging.WARNING)  # TorchRec's planner logs at INFO
+    quiet_enumerator()
+    try:
+        validate(cfg, world)
+        report = dry_plan(cfg, world, local, device, detect=False)
+    except ValueError as e:  # PlanError included
+        sys.exit(f"hybridrec.plan: {e}")
+    path = os.path.join(HydraConfig.get().runtime.output_dir, "plan.json")
+    write_json(path, report)
+    print(format_report(report))
+    print(f"hybridrec.plan: saved {os.path.abspath(path)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Planning: per-table constraints, the plan report, clear errors, and dry runs for clusters
+we do not have (DLRM-DCNv2 at MLPerf scale on 1, 8 and 64 simulated GPUs)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from conftest import compose_cfg
+
+from hybridrec.plan import dry_plan
+from hybridrec.sharding import PlanError, format_report
+
+DCN = ["+experiment=dcnv2_criteo1tb"]
+LARGEST = {"t_cat_0", "t_cat_9", "t_cat_19", "t_cat_20", "t_cat_21"}  # the 40 M-row tables
+
+
+def _dcn(world, local, *overrides):
+    return dry_plan(compose_cfg(DCN + ["mesh.device_memory_gb=80", *overrides]), world, local, "cuda", detect=False)
+
+
+def _assert_feasible(report, world):
+    assert len(report["tables"]) == 26  # every table placed
+    assert len(report["ranks"]) == world
+    for p in report["tables"].values():
+        assert p["ranks"] and all(0 <= r < world for r in p["ranks"])
+    for r in report["ranks"]:
+        assert r["est_device_bytes"] <= r["device_capacity_bytes"]
+        assert r["est_host_bytes"] <= r["host_capacity_bytes"]
+
+
+def test_dcnv2_on_8_gpus_fits_in_device_memory():
+    report = _dcn(8, 8)
+    _assert_feasible(report, 8)
+    assert {p["compute_kernel"] for p in report["tables"].values()} == {"fused"}
+    assert len({r for p in report["tables"].values() for r in p["ranks"]}) == 8
+
+
+def test_dcnv2_on_64_gpus_plans_differently():
+    report8, report64 = _dcn(8, 8), _dcn(64, 8)
+    _assert_feasible(report64, 64)
+    types = lambda r: Counter(p["sharding_type"] for p in r["tables"].values())
+    assert types(report64) != types(report8)
+    assert len({r for p in report64["tables"].values() for r in p["ranks"]}) > 8
+
+
+def test_dcnv2_on_1_gpu_offloads_the_largest_tables_visibly():
+    report = _dcn(1, 1)
+    _assert_feasible(report, 1)
+    offloaded = {n for n, p in report["tables"].items() if p["compute_kernel"] == "fused_uvm_caching"}
+    assert offloaded and offloaded <= LARGEST
+    host = sum(report["tables"][n]["est_host_bytes"] for n in offloaded)
+    assert host > 3 * 18 * 2**30  # three 40 M x 128 fp32 tables live in host memory
+    text = format_report(report)
+    assert "Offloaded to host memory" in text and all(n in text for n in offloaded)
+
+
+def test_dcnv2_on_1_gpu_device_memory_only_does_not_fit():
+    with pytest.raises(PlanError) as e:
+        _dcn(1, 1, "sharding.compute_kernels=[fused]")
+    msg = str(e.value)
+    short = float(re.search(r"short by ([\d.]+) GiB", msg).group(1))
+    assert 25 < short < 35  # ~98 GiB of tables against 68 GiB usable
+    assert "mesh.world_size=2" in msg and "fused_uvm_caching" in msg
+
+
+def test_a_table_no_rank_can_hold_is_named():
+    # 20 GiB per GPU, table-wise only: the 40 M-row tables (19 GiB each) fit in total, not per rank
+    with pytest.raises(PlanError, match=r"t_cat_\d+'s smallest shard needs 19\.\d GiB"):
+        _dcn(8, 8, "mesh.device_memory_gb=20", "sharding=table_wise", "sharding.compute_kernels=[fused]")
+
+
+SMALL = ["data.num_embeddings_per_feature=[1000000,1000,100]", "model.embedding_dim=16",
+         "model.dense_arch_layer_sizes=[32,16]"]
+
+
+def test_auto_row_wise_when_a_table_exceeds_a_rank():
+    # 1 M x 16 fp32 = 0.0596 GiB; each rank has 0.055 GiB: table-wise cannot hold it
+    budget = SMALL + ["mesh.host_memory_gb=0.055"]
+    with pytest.raises(PlanError):
+        dry_plan(compose_cfg(budget + ["sharding=table_wise"]), 2, 2, "cpu", detect=False)
+    report = dry_plan(compose_cfg(budget), 2, 2, "cpu", detect=False)
+    assert report["tables"]["t_cat_0"]["sharding_type"] == "row_wise"
+    assert report["tables"]["t_cat_0"]["ranks"] == [0, 1]
+
+
+def test_per_table_constraints_by_name_and_glob():
+    overrides = ["+experiment=ctr", "sharding.tables=[{match:t_cat_0,sharding_types:[row_wise]},"
+                 "{match:'t_cat_1*',compute_kernels:[fused_uvm_caching],cache_params:{load_factor:0.1}}]"]
+    report = dry_plan(compose_cfg(overrides), 2, 2, "cuda", detect=False)
+    tables = report["tables"]
+    assert tables["t_cat_0"]["sharding_type"] == "row_wise"
+    globbed = {n for n in tables if n.startswith("t_cat_1")}
+    assert len(globbed) == 11
+    assert {tables[n]["compute_kernel"] for n in globbed} == {"fused_uvm_caching"}
+    assert {tables[n]["compute_kernel"] for n in set(tables) - globbed} == {"fused"}
+
+
+def test_constraint_that_matches_no_table_is_an_error():
+    with pytest.raises(ValueError, match=r"sharding.tables\[0\].match=t_cat_99 matches no table"):
+        dry_plan(compose_cfg(SMALL + ["sharding.tables=[{match:t_cat_99,min_partition:4}]"]), 1, 1, "cpu", detect=False)
+
+
+def test_plan_cli_saves_the_plan_and_explains_failure(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "mesh.world_size=8",
+                         "mesh.local_world_size=8", "mesh.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "Embedding plan: 8 rank(s), 8 per node, cuda" in ok.stdout
+    assert len(json.load(open(os.path.join(tmp_path, "plan.json")))["tables"]) == 26
+    bad = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "mesh.world_size=1",
+                          "mesh.device_memory_gb=80", "sharding.compute_kernels=[fused]",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "short by" in bad.stderr
+
+
+def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *SMALL, "mesh.host_memory_gb=0.055",
+                           "sharding=table_wise", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "embedding planner found no plan" in proc.stderr and "[rank" not in proc.stderr
