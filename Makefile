@@ -41,8 +41,9 @@ train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hy
 test: install ## run the test suite
 	$(PY) -m pytest -q $(ARGS)
 
-bench: install ## time the real training step (benchmarks/bench.py)
+bench: install ## throughput side by side (bench.py) and dense-state memory DDP vs FSDP2 (dense_memory.py)
 	$(PY) benchmarks/bench.py $(ARGS)
+	$(PY) benchmarks/dense_memory.py
 
 clean: ## remove the virtualenv and run outputs
 	rm -rf $(VENV) outputs multirun

@@ -163,6 +163,33 @@ class RowWiseAdagradConfig(AdagradConfig):
 
 
 @dataclass
+class AdamConfig:
+    _target_: str = "torch.optim.Adam"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SparseAdamConfig:
+    """Fused Adam for embeddings. No `betas`: torch's in-backward API builds torch.optim.Adam
+    with these arguments while fbgemm's kernel expects beta1/beta2, so none can be passed
+    through both; the kernel's betas equal torch's defaults (0.9, 0.999)."""
+
+    _target_: str = "torch.optim.Adam"
+    lr: float = 1e-3
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamWConfig(AdamConfig):
+    _target_: str = "torch.optim.AdamW"
+    weight_decay: float = 0.01
+
+
+@dataclass
 class SGDConfig:
     _target_: str = "torch.optim.SGD"
     lr: float = 0.1
@@ -170,11 +197,48 @@ class SGDConfig:
 
 
 @dataclass
+class DenseSGDConfig(SGDConfig):
+    momentum: float = 0.0
+
+
+class Schedule(str, Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+    polynomial = "polynomial"
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate multiplier over steps: linear warmup from 0, constant until decay_start,
+    then decay over decay_steps to end_factor (MLPerf DLRM: warmup + polynomial decay)."""
+
+    name: Schedule = Schedule.constant
+    """Decay shape: constant (no decay), linear, cosine or polynomial."""
+    warmup_steps: int = 0
+    """Steps of linear warmup (step s uses (s + 1) / warmup_steps of the base lr)."""
+    decay_start: int = 0
+    """Step at which decay begins (>= warmup_steps)."""
+    decay_steps: int = 0
+    """Steps over which the multiplier goes from 1 to end_factor."""
+    end_factor: float = 0.0
+    """Multiplier after the decay."""
+    power: float = 2.0
+    """Exponent of the polynomial decay (MLPerf: 2)."""
+
+
+@dataclass
 class OptimizerConfig:
     sparse: Any = MISSING
-    """Fused into the embedding backward by TorchRec (one of SPARSE_OPTIMIZERS)."""
+    """Fused into the embedding backward by TorchRec (conf/optimizer/sparse/)."""
     dense: Any = MISSING
-    """Plain torch optimizer over the FSDP2/DDP parameters, built after parallelization."""
+    """Torch optimizer over the FSDP2/DDP parameters, built after parallelization
+    (conf/optimizer/dense/)."""
+    sparse_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    dense_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    clip_grad_norm: Optional[float] = None
+    """Clip the dense gradients to this global L2 norm (over all ranks); None = no clipping.
+    Embedding gradients are applied inside the backward and are not clipped."""
 
 
 # Optimizer classes TorchRec can fuse into its embedding kernels (EmbOptimType mapping).
@@ -190,8 +254,31 @@ SPARSE_OPTIMIZERS = (
 class DenseParallel(str, Enum):
     fsdp = "fsdp"
     """FSDP2 fully_shard over all ranks: dense parameters, grads and optimizer state sharded."""
+    hsdp = "hsdp"
+    """FSDP2 on a 2-D mesh: replicate across mesh.replicate groups, shard within mesh.shard."""
     ddp = "ddp"
     """DistributedDataParallel (TorchRec's default wrapper): dense parameters replicated."""
+    single = "single"
+    """No dense parallelism (one rank only)."""
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class FSDPUnits(str, Enum):
+    arch = "arch"
+    """Each dense block the model names (bottom MLP, cross net, top MLP) is one unit."""
+    layer = "layer"
+    """Each layer inside those blocks is its own unit, then the block around them."""
+
+
+class CommPrecision(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
 
 
 class Device(str, Enum):
@@ -212,8 +299,29 @@ class StorageReservation(str, Enum):
 class MeshConfig:
     dense: DenseParallel = DenseParallel.fsdp
     """How the dense modules (interaction and MLPs) are parallelized."""
-    reshard_after_forward: bool = True
-    """FSDP2: free the gathered parameters after forward (less memory, one more all-gather)."""
+    replicate: Optional[int] = None
+    """hsdp: replica groups. Unset = world_size / shard."""
+    shard: Optional[int] = None
+    """hsdp: ranks each replica is sharded over. Unset = ranks per node."""
+    reshard_after_forward: Any = True
+    """FSDP2: true frees gathered parameters after forward (less memory, one more all-gather
+    in backward); false keeps them; an int N reshards to groups of N ranks."""
+    param_dtype: Optional[DType] = None
+    """FSDP2 mixed precision: dtype of the gathered parameters and of compute (e.g. bfloat16)."""
+    reduce_dtype: Optional[DType] = None
+    """FSDP2 mixed precision: dtype of gradient reduction (e.g. float32 with bf16 compute)."""
+    units: FSDPUnits = FSDPUnits.arch
+    """FSDP2 unit granularity: arch (one per dense block) or layer (one per layer, then block)."""
+    forward_prefetch: int = 0
+    """FSDP2: all-gather the next N units during a unit's forward (explicit prefetch)."""
+    backward_prefetch: int = 0
+    """FSDP2: all-gather the previous N units during a unit's backward (explicit prefetch)."""
+    cpu_offload: bool = False
+    """FSDP2 CPUOffloadPolicy: keep sharded dense parameters/grads/optimizer state on host (GPU)."""
+    embedding_comms_forward: CommPrecision = CommPrecision.fp32
+    """TorchRec qcomms: precision of the embedding all-to-all in forward."""
+    embedding_comms_backward: CommPrecision = CommPrecision.fp32
+    """TorchRec qcomms: precision of the embedding gradient all-to-all / reduce-scatter."""
     # --- the topology the embedding planner plans for (unset = detected from this machine)
     world_size: Optional[int] = None
     """Ranks in the job. Unset = the launched world; `hybridrec.plan` uses it to plan for a
@@ -277,16 +385,46 @@ def register_configs() -> None:
     cs.store(group="schema/data", name="synthetic", node=SyntheticDataConfig)
     cs.store(group="schema/sharding", name="sharding", node=ShardingConfig)
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
-    cs.store(
-        group="schema/optimizer",
-        name="adagrad",
-        node=OptimizerConfig(sparse=RowWiseAdagradConfig(), dense=AdagradConfig()),
-    )
-    cs.store(
-        group="schema/optimizer",
-        name="sgd",
-        node=OptimizerConfig(sparse=SGDConfig(), dense=SGDConfig()),
-    )
+    cs.store(group="schema/optimizer", name="optimizer", node=OptimizerConfig)
+    for name, node in [("rowwise_adagrad", RowWiseAdagradConfig), ("adagrad", AdagradConfig),
+                       ("adam", SparseAdamConfig), ("sgd", SGDConfig)]:
+        cs.store(group="schema/optimizer/sparse", name=name, node=node)
+    for name, node in [("adagrad", AdagradConfig), ("adam", AdamConfig),
+                       ("adamw", AdamWConfig), ("sgd", DenseSGDConfig)]:
+        cs.store(group="schema/optimizer/dense", name=name, node=node)
+
+
+# Fused optimizers fbgemm's CPU kernels implement (its TBE asserts the same list).
+CPU_SPARSE_OPTIMIZERS = ("torchrec.optim.RowWiseAdagrad", "torch.optim.Adagrad", "torch.optim.SGD")
+
+
+def check_device(cfg: DictConfig, device_type: str) -> None:
+    """Rules that depend on the device the run uses; raises ValueError before launch."""
+    planned_for = cfg.mesh.compute_device
+    if planned_for != Device.auto and planned_for.value != device_type:
+        raise ValueError(
+            f"mesh.compute_device={planned_for.value} but this run would use {device_type} "
+            f"(launcher.device={cfg.launcher.device.value})"
+        )
+    if device_type == "cpu" and cfg.optimizer.sparse._target_ not in CPU_SPARSE_OPTIMIZERS:
+        raise ValueError(
+            f"optimizer.sparse={cfg.optimizer.sparse._target_} has no fused CPU kernel in fbgemm "
+            f"(GPU only); on CPU use optimizer/sparse=rowwise_adagrad, adagrad or sgd"
+        )
+
+
+def hsdp_degrees(mesh: MeshConfig, world_size: int, local_world_size: int) -> tuple[int, int]:
+    """(replicate, shard) for mesh=hsdp; unset degrees derived (shard = ranks per node)."""
+    if mesh.dense != DenseParallel.hsdp:
+        return 1, world_size
+    shard = mesh.shard or (world_size // mesh.replicate if mesh.replicate else local_world_size)
+    replicate = mesh.replicate or max(1, world_size // shard)
+    if replicate * shard != world_size:
+        raise ValueError(
+            f"mesh=hsdp needs mesh.replicate x mesh.shard = world_size, got "
+            f"replicate={replicate} x shard={shard} = {replicate * shard} but world_size={world_size}"
+        )
+    return replicate, shard
 
 
 def _kwargs(node: DictConfig) -> dict[str, Any]:
@@ -321,6 +459,27 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"mesh.compute_device={mesh.compute_device.value} but launcher.device={launched.value}: "
             f"a plan is for the device the run uses"
         )
+    hsdp_degrees(mesh, world_size, mesh.local_world_size or world_size)  # raises if inconsistent
+    if mesh.dense == DenseParallel.single and world_size != 1:
+        raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
+    raf = mesh.reshard_after_forward
+    if not isinstance(raf, bool) and not (isinstance(raf, int) and raf >= 1):
+        raise ValueError(f"mesh.reshard_after_forward must be true, false or an int >= 1, got {raf!r}")
+    if mesh.forward_prefetch < 0 or mesh.backward_prefetch < 0:
+        raise ValueError("mesh.forward_prefetch and mesh.backward_prefetch must be >= 0")
+    for part in ("sparse_schedule", "dense_schedule"):
+        sch = cfg.optimizer[part]
+        if min(sch.warmup_steps, sch.decay_start, sch.decay_steps) < 0:
+            raise ValueError(f"optimizer.{part}: steps must be >= 0")
+        if sch.name != Schedule.constant and sch.decay_steps < 1:
+            raise ValueError(f"optimizer.{part}.name={sch.name.value} needs decay_steps >= 1")
+        if sch.name != Schedule.constant and sch.decay_start < sch.warmup_steps:
+            raise ValueError(
+                f"optimizer.{part}.decay_start={sch.decay_start} is inside the warmup "
+                f"(warmup_steps={sch.warmup_steps})"
+            )
+    if cfg.optimizer.clip_grad_norm is not None and cfg.optimizer.clip_grad_norm <= 0:
+        raise ValueError(f"optimizer.clip_grad_norm must be > 0, got {cfg.optimizer.clip_grad_norm}")
     if cfg.data.batch_size % world_size != 0:
         raise ValueError(
             f"data.batch_size={cfg.data.batch_size} is the global batch and must divide "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig
 
@@ -38,7 +38,13 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
     nproc = cfg.launcher.nproc_per_node
     if nproc == 1:
         return run(cfg, run_dir)
+    return spawn(run, nproc, cfg, run_dir)
 
+
+def spawn(fn: Callable[..., Any], nproc: int, *args: Any) -> Any:
+    """Rank 0's return value of ``fn(*args)`` run on ``nproc`` local ranks, started by
+    PyTorch's elastic launcher: c10d rendezvous on a free port, spawned workers, no restarts.
+    Tests and benchmarks use it too, so they start ranks exactly as users do."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -54,4 +60,4 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
     )
     # The elastic agent logs every state change at INFO; keep the user's console for training.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    return elastic_launch(config, run)(cfg, run_dir)[0]
+    return elastic_launch(config, fn)(*args)[0]

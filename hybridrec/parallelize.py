@@ -16,9 +16,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
-from torch.distributed.fsdp import fully_shard
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
@@ -27,28 +33,96 @@ from torchrec.distributed.model_parallel import (
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from hybridrec.config import DenseParallel, HybridrecConfig
+from hybridrec.config import (
+    CommPrecision,
+    DenseParallel,
+    FSDPUnits,
+    HybridrecConfig,
+    MeshConfig,
+    hsdp_degrees,
+)
 from hybridrec.optim import sparse_optimizer
 from hybridrec.sharding import HybridEBCSharder, plan_tables
 
 
 class FSDP2Wrapper(DataParallelWrapper):
-    """Shards the model's dense units with FSDP2.
+    """Shards the model's dense units with FSDP2 (``fully_shard``), on a 1-D mesh (fsdp) or a
+    2-D replicate x shard mesh (hsdp).
 
     DMP calls ``wrap`` once the tables are sharded. TorchRec's default wrapper puts the rest of
     the model in DDP, which fails on FSDP2's DTensor parameters, so this one applies
-    ``fully_shard`` to the units the model names (its MLPs) and leaves the tables alone.
+    ``fully_shard`` to the units the model names (its MLPs / cross network) and leaves the
+    tables alone. Data-parallel tables need nothing here: TorchRec wraps their lookups in DDP
+    itself (ShardedEmbeddingBagCollection.init_data_parallel).
     """
 
-    def __init__(self, reshard_after_forward: bool) -> None:
-        self.reshard_after_forward = reshard_after_forward
+    def __init__(self, mesh_cfg: MeshConfig, local_world_size: int) -> None:
+        self.cfg = mesh_cfg
+        self.local_world_size = local_world_size
+
+    def device_mesh(self, env: ShardingEnv, device: torch.device) -> DeviceMesh:
+        if self.cfg.dense == DenseParallel.hsdp:
+            replicate, shard = hsdp_degrees(self.cfg, env.world_size, self.local_world_size)
+            return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+        return DeviceMesh.from_group(env.process_group, device.type)
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
-        mesh = DeviceMesh.from_group(env.process_group, device.type)
-        for unit in dmp.module.dense_units():
-            fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
-        # Data-parallel tables need nothing here: TorchRec wraps their lookups in DDP itself
-        # (ShardedEmbeddingBagCollection.init_data_parallel).
+        cfg = self.cfg
+        dtype = lambda d: None if d is None else getattr(torch, d.value)
+        kwargs = dict(
+            mesh=self.device_mesh(env, device),
+            reshard_after_forward=cfg.reshard_after_forward,
+            # Outputs back in fp32: they meet fp32 embeddings in the interaction and the loss.
+            mp_policy=MixedPrecisionPolicy(
+                param_dtype=dtype(cfg.param_dtype),
+                reduce_dtype=dtype(cfg.reduce_dtype),
+                output_dtype=torch.float32 if cfg.param_dtype else None,
+            ),
+            offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda")
+            if cfg.cpu_offload
+            else OffloadPolicy(),
+        )
+        units = []  # the modules whose parameters are gathered, in forward order
+        for block in dmp.module.dense_units():
+            if cfg.units == FSDPUnits.layer:
+                for layer in dense_layers(block):
+                    fully_shard(layer, **kwargs)
+                    units.append(layer)
+            fully_shard(block, **kwargs)  # the block's own parameters (all of them in arch mode)
+            if cfg.units == FSDPUnits.arch or any(True for _ in block.parameters(recurse=False)):
+                units.append(block)
+        # Then the root, as torchtitan does: one root state for all units (lazy init, and
+        # prefetch across blocks). The tables are TorchRec's; FSDP2 must not touch them.
+        root = dmp._dmp_wrapped_module
+        fully_shard(root, **kwargs, ignored_params=set(root.sparse_module().parameters()))
+        # Explicit prefetch: issue the next units' all-gathers while this one computes.
+        for i, unit in enumerate(units):
+            if cfg.forward_prefetch:
+                unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + cfg.forward_prefetch])
+            if cfg.backward_prefetch:
+                unit.set_modules_to_backward_prefetch(units[max(0, i - cfg.backward_prefetch) : i][::-1])
+
+
+class NoDataParallel(DataParallelWrapper):
+    """mesh=single: one process, dense modules left as they are."""
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        dmp.module.to(device)
+
+
+def dense_layers(block: nn.Module) -> list[nn.Module]:
+    """A dense block's layers in forward order: the first modules, depth first, that own
+    parameters directly (Linear, ...). Parameter containers (ParameterList, as in TorchRec's
+    LowRankCrossNet) have no forward of their own, so their parameters stay with the block."""
+    layers = []
+    for child in block.children():
+        if isinstance(child, (nn.ParameterList, nn.ParameterDict)):
+            continue
+        if any(True for _ in child.parameters(recurse=False)):
+            layers.append(child)
+        else:
+            layers += dense_layers(child)
+    return layers
 
 
 def parallelize(
@@ -63,15 +137,26 @@ def parallelize(
     cls, kwargs = sparse_optimizer(cfg.optimizer.sparse)
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
-    sharder = HybridEBCSharder()
+    mesh = cfg.mesh
+    qcomms = None
+    if (mesh.embedding_comms_forward, mesh.embedding_comms_backward) != (CommPrecision.fp32,) * 2:
+        qcomms = get_qcomm_codecs_registry(
+            QCommsConfig(
+                forward_precision=CommType(mesh.embedding_comms_forward.value),
+                backward_precision=CommType(mesh.embedding_comms_backward.value),
+            ),
+            device=device,
+        )
+    sharder = HybridEBCSharder(qcomm_codecs_registry=qcomms)
     plan, report = plan_tables(
         model, cfg, sharder, dist.get_world_size(pg), local_world_size, device.type, pooling, pg
     )
-    wrapper = (
-        FSDP2Wrapper(cfg.mesh.reshard_after_forward)
-        if cfg.mesh.dense == DenseParallel.fsdp
-        else DefaultDataParallelWrapper()
-    )
+    if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp):
+        wrapper: DataParallelWrapper = FSDP2Wrapper(mesh, local_world_size)
+    elif mesh.dense == DenseParallel.ddp:
+        wrapper = DefaultDataParallelWrapper()
+    else:
+        wrapper = NoDataParallel()
     dmp = DistributedModelParallel(
         module=model,
         env=ShardingEnv.from_process_group(pg),

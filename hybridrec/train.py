@@ -13,7 +13,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hybridrec.config import Device, register_configs, validate
+from hybridrec.config import check_device, register_configs, validate
 from hybridrec.launch import already_launched, launch, world_size
 from hybridrec.plan import dry_plan, quiet_enumerator, run_device_type
 
@@ -25,12 +25,8 @@ def main(cfg: DictConfig) -> float:
     world = world_size(cfg)
     try:
         validate(cfg, world)
-        planned_for, device = cfg.mesh.compute_device, run_device_type(cfg)
-        if planned_for != Device.auto and planned_for.value != device:
-            raise ValueError(
-                f"mesh.compute_device={planned_for.value} but this run would use {device} "
-                f"(launcher.device={cfg.launcher.device.value})"
-            )
+        device = run_device_type(cfg)
+        check_device(cfg, device)
         if not already_launched():
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from hybridrec.config import Device
 from hybridrec.metrics import MetricsLog, all_gather_cat, binary_metrics, peak_rss_mb, write_json
-from hybridrec.optim import build_optimizer
+from hybridrec.optim import TrainOptimizer
 from hybridrec.parallelize import parallelize
 from hybridrec.plan import quiet_enumerator
 from hybridrec.sharding import format_report
@@ -50,7 +50,7 @@ class Trainer:
         if self.rank == 0:
             log.info("\n" + format_report(self.plan))
             write_json(os.path.join(run_dir, "plan.json"), self.plan)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
         # Overlaps the next batch's input all-to-all with this batch's forward/backward.
         self.pipeline = TrainPipelineSparseDist(self.model, self.optimizer, device)
         self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None)
@@ -72,7 +72,9 @@ class Trainer:
                 elapsed = time.perf_counter() - start
                 rate = step * global_batch / elapsed
                 bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
-                self.metrics.log(step=step, loss=self.losses[-1], samples_per_second=rate, elapsed_s=elapsed)
+                extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
+                self.metrics.log(step=step, loss=self.losses[-1], samples_per_second=rate,
+                                 elapsed_s=elapsed, lr=self.optimizer.lrs(), **extra)
             bar.update()
         wall = time.perf_counter() - start
         bar.close()

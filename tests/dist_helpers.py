@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-import uuid
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from hybridrec.launch import spawn as launch  # noqa: F401  (the tests start ranks with it)
 from hybridrec.parallelize import full_state_dict
-from hybridrec.trainer import Trainer, init_distributed, pick_device
+from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
 
 
 def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
@@ -23,6 +22,7 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
     warnings.simplefilter("ignore", FutureWarning)
     device = pick_device(cfgs[0])
     init_distributed(device)
+    done = False
     try:
         results = []
         for i, cfg in enumerate(cfgs):
@@ -37,26 +37,21 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
                     "summary": summary,
                     "dense_placements": _dense_placements(trainer),
                     "plan_notes": (trainer.plan or {}).get("notes"),
+                    "grad_norms": [n.item() for n in trainer.optimizer.grad_norms],
                 }
             )
+        done = True
         return results
     finally:
-        dist.destroy_process_group()
+        shutdown_distributed(clean=done)
 
 
 def _dense_placements(trainer: Trainer) -> str:
-    """How the dense parameters are held: "S(0)" (sharded on dim 0) for FSDP2, "replicated" otherwise."""
+    """How the dense parameters are held: their DTensor placements ("S(0)" for FSDP2 on a 1-D
+    mesh, "RS(0)" for HSDP: replicated x sharded), or "replicated" for plain tensors."""
     dense = [p for m in trainer.model.module.dense_units() for p in m.parameters()]
-    kinds = {str(p.placements[0]) if isinstance(p, DTensor) else "replicated" for p in dense}
+    kinds = {"".join(map(str, p.placements)) if isinstance(p, DTensor) else "replicated" for p in dense}
     assert len(kinds) == 1, kinds
     return kinds.pop()
 
 
-def launch(fn: Callable, nproc: int, *args: Any) -> Any:
-    """Rank 0's return value of fn(*args) run on nproc local ranks (gloo)."""
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-        monitor_interval=0.1, start_method="spawn",
-    )
-    return elastic_launch(config, fn)(*args)[0]

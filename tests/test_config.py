@@ -19,8 +19,8 @@ GROUPS = {
     "data": ["synthetic"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
                  "table_column_wise", "data_parallel", "grid"],
-    "optimizer": ["adagrad", "sgd"],
-    "mesh": ["fsdp", "ddp"],
+    "optimizer": ["adagrad", "sgd", "adam"],
+    "mesh": ["fsdp", "hsdp", "ddp", "single"],
 }
 
 
@@ -28,13 +28,24 @@ def test_every_group_option_is_shipped():
     conf = os.path.join(os.path.dirname(__file__), "..", "conf")
     for group, options in GROUPS.items():
         shipped = sorted(f[:-5] for f in os.listdir(os.path.join(conf, group)) if f.endswith(".yaml"))
+        if group == "optimizer":  # and the sub-groups optimizer/sparse, optimizer/dense
+            assert sorted(os.listdir(os.path.join(conf, group, "sparse"))) == [
+                "adagrad.yaml", "adam.yaml", "rowwise_adagrad.yaml", "sgd.yaml"]
+            assert sorted(os.listdir(os.path.join(conf, group, "dense"))) == [
+                "adagrad.yaml", "adam.yaml", "adamw.yaml", "sgd.yaml"]
         assert shipped == sorted(options), group
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option):
     cfg = compose_cfg(["+experiment=ctr", f"{group}={option}"])
-    validate(cfg, world_size=2)
+    validate(cfg, world_size=1 if option == "single" else 2)
+
+
+@pytest.mark.parametrize("part,option", [("sparse", o) for o in ["rowwise_adagrad", "adagrad", "adam", "sgd"]]
+                         + [("dense", o) for o in ["adagrad", "adam", "adamw", "sgd"]])
+def test_every_optimizer_sub_option_composes(part, option):
+    validate(compose_cfg([f"optimizer/{part}={option}"]), world_size=1)
 
 
 @pytest.mark.parametrize("model", GROUPS["model"])
@@ -53,8 +64,8 @@ def test_ctr_experiment_builds_data_and_model(model):
 def test_optimizers_instantiate():
     import torch
 
-    for name in GROUPS["optimizer"]:
-        cfg = compose_cfg([f"optimizer={name}"])
+    for name in ["adagrad", "adam", "adamw", "sgd"]:
+        cfg = compose_cfg([f"optimizer/dense={name}"])
         opt = instantiate(cfg.optimizer.dense, [torch.nn.Parameter(torch.zeros(2))])
         assert opt.param_groups[0]["lr"] == cfg.optimizer.dense.lr
 
@@ -65,7 +76,7 @@ def test_optimizers_instantiate():
         ("optimizer.dense.lrr=0.1", "Key 'lrr' not in 'AdagradConfig'"),
         ("data.batch_size=big", "full_key: data.batch_size"),
         ("sharding.types=[diagonal]", "expected one of .*table_wise, row_wise, column_wise"),
-        ("mesh.dense=zero3", "expected one of \\[fsdp, ddp\\]"),
+        ("mesh.dense=zero3", "expected one of \\[fsdp, hsdp, ddp, single\\]"),
         ("launcher.device=tpu", "expected one of \\[auto, cpu, cuda\\]"),
     ],
 )
@@ -124,3 +135,55 @@ def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
     assert "data.batch_size=2048" in proc.stderr and "world_size=3" in proc.stderr
     assert "[rank" not in proc.stderr  # no rank was started
     assert seconds < 10
+
+
+def test_lr_schedule_formula():
+    from hybridrec.optim import lr_multiplier
+
+    f = lr_multiplier(compose_cfg([
+        "optimizer.dense_schedule.name=linear", "optimizer.dense_schedule.warmup_steps=4",
+        "optimizer.dense_schedule.decay_start=6", "optimizer.dense_schedule.decay_steps=4",
+        "optimizer.dense_schedule.end_factor=0.1"]).optimizer.dense_schedule)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]  # warmup
+    assert f(5) == 1.0 and f(6) == 1.0  # constant until decay_start
+    assert f(8) == pytest.approx(0.1 + 0.9 * 0.5) and f(10) == pytest.approx(0.1) and f(99) == pytest.approx(0.1)
+    cos = lr_multiplier(compose_cfg(["optimizer.sparse_schedule.name=cosine",
+                                     "optimizer.sparse_schedule.decay_steps=10"]).optimizer.sparse_schedule)
+    assert cos(0) == 1.0 and cos(5) == pytest.approx(0.5) and cos(10) == pytest.approx(0.0)
+    poly = lr_multiplier(compose_cfg(["optimizer.dense_schedule.name=polynomial",
+                                      "optimizer.dense_schedule.decay_steps=10"]).optimizer.dense_schedule)
+    assert poly(5) == pytest.approx(0.25) and poly(10) == pytest.approx(0.0)  # (1 - p)^2
+    assert lr_multiplier(compose_cfg([]).optimizer.dense_schedule)(1000) == 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides,world_size,message",
+    [
+        (["mesh=hsdp", "mesh.replicate=2", "mesh.shard=2"], 2,
+         r"replicate=2 x shard=2 = 4 but world_size=2"),
+        (["mesh=single"], 2, "mesh=single .* needs 1 rank"),
+        (["mesh.reshard_after_forward=0"], 2, "reshard_after_forward"),
+        (["optimizer.dense_schedule.name=cosine"], 1, "needs decay_steps >= 1"),
+        (["optimizer.clip_grad_norm=-1"], 1, "clip_grad_norm"),
+    ],
+)
+def test_mesh_and_optimizer_validation(overrides, world_size, message):
+    with pytest.raises(ValueError, match=message):
+        validate(compose_cfg(overrides), world_size)
+
+
+def test_hsdp_degrees_default_to_ranks_per_node():
+    from hybridrec.config import hsdp_degrees
+
+    mesh = compose_cfg(["mesh=hsdp"]).mesh
+    assert hsdp_degrees(mesh, 16, 8) == (2, 8)
+    assert hsdp_degrees(compose_cfg(["mesh=hsdp", "mesh.replicate=4"]).mesh, 16, 8) == (4, 4)
+
+
+def test_fused_adam_is_refused_on_cpu_before_launch():
+    from hybridrec.config import check_device
+
+    cfg = compose_cfg(["optimizer=adam"])
+    with pytest.raises(ValueError, match="no fused CPU kernel"):
+        check_device(cfg, "cpu")
+    check_device(cfg, "cuda")  # fine on GPUs

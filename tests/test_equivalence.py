@@ -14,7 +14,9 @@ import torch
 from conftest import compose_cfg
 from dist_helpers import launch, train_and_gather
 from hydra.utils import instantiate
+from torch.optim.lr_scheduler import LambdaLR
 
+from hybridrec.optim import lr_multiplier
 from hybridrec.parallelize import _table_slice
 
 # Small enough to run in seconds, big enough that every plan spreads tables over both ranks.
@@ -37,8 +39,9 @@ def _cfg(*extra):
     return compose_cfg(BASE + list(extra))
 
 
-def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Unsharded DLRM trained with plain SGD by hand: the same math, no distributed code."""
+def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
+    """Unsharded DLRM trained with plain SGD by hand: the same math, no distributed code.
+    Applies the config's lr schedules (torch's LambdaLR) and dense clipping the plain way."""
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data, seed=cfg.seed)
     model = instantiate(cfg.model, features=data.features, num_dense_features=data.num_dense_features)
@@ -48,16 +51,23 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
         for t in ebc.embedding_bag_configs():
             w = ebc.embedding_bags[t.name].weight
             w.copy_(_table_slice(cfg.seed, t.name, t.num_embeddings, t.embedding_dim, 0, t.num_embeddings, 0, t.embedding_dim))
+    dense_params = [p for n, p in model.named_parameters() if "embedding_bags" not in n]
     sparse = torch.optim.SGD(ebc.parameters(), lr=cfg.optimizer.sparse.lr)
-    dense = torch.optim.SGD([p for n, p in model.named_parameters() if "embedding_bags" not in n], lr=cfg.optimizer.dense.lr)
-    losses = []
+    dense = torch.optim.SGD(dense_params, lr=cfg.optimizer.dense.lr)
+    schedules = [LambdaLR(sparse, lr_multiplier(cfg.optimizer.sparse_schedule)),
+                 LambdaLR(dense, lr_multiplier(cfg.optimizer.dense_schedule))]
+    losses, norms = [], []
     for batch in data.batches("train", 0, 1, cfg.train.steps):
         loss, _ = model(batch)
         sparse.zero_grad(), dense.zero_grad()
         loss.backward()
+        if cfg.optimizer.clip_grad_norm:
+            norms.append(torch.nn.utils.clip_grad_norm_(dense_params, cfg.optimizer.clip_grad_norm).item())
         sparse.step(), dense.step()
+        for s in schedules:
+            s.step()
         losses.append(loss.item())
-    return losses, model.state_dict()
+    return losses, model.state_dict(), norms
 
 
 def assert_same_training(a, b):
@@ -70,7 +80,8 @@ def assert_same_training(a, b):
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
     cfgs = [_cfg("optimizer=sgd"), _cfg("optimizer=adagrad"), _cfg("optimizer=adagrad"),
-            _cfg("optimizer=adagrad", "seed=1"), _cfg(ADAGRAD)]
+            _cfg("optimizer=adagrad", "seed=1"), _cfg(ADAGRAD),
+            _cfg("optimizer=sgd", *SCHEDULED), _cfg(*ADAMW), _cfg("mesh=single")]
     return launch(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
 
 
@@ -83,14 +94,30 @@ def test_one_rank_matches_plain_pytorch(one_rank):
     """hybridrec's single-rank path (DMP, fused SGD, FSDP2 on 1 rank, pipeline) against a
     model with no TorchRec sharding, trained by a hand-written loop."""
     cfg = _cfg("optimizer=sgd")
-    losses, state = plain_reference(cfg)
+    losses, state, _ = plain_reference(cfg)
     assert losses[-1] < losses[0]  # it learns
     assert_same_training(one_rank[0], {"losses": losses, "state": state})
+
+
+def test_one_rank_schedules_and_clipping_match_plain_pytorch(one_rank):
+    """The schedules reach the fused sparse optimizer (TorchRec reads the lr at zero_grad)
+    and the dense one; clipping sees the same global norm as a plain model's."""
+    losses, state, norms = plain_reference(_cfg("optimizer=sgd", *SCHEDULED))
+    assert_same_training(one_rank[5], {"losses": losses, "state": state})
+    torch.testing.assert_close(torch.tensor(one_rank[5]["grad_norms"]), torch.tensor(norms), **TOL)
+    assert sum(n > 0.1 for n in norms) >= len(norms) // 2  # max_norm=0.1 really clips
 
 
 SPLIT = "sharding.tables=[{match:'*',min_partition:4}]"  # 8-dim tables split into 2 x 4 columns
 # Column splits are exact under element-wise optimizers (see test_rowwise_adagrad_...).
 ADAGRAD = "optimizer.sparse._target_=torch.optim.Adagrad"
+# warmup then cosine decay (sparse), warmup then polynomial decay (dense), clipping
+SCHEDULED = ["optimizer.sparse_schedule.warmup_steps=2", "optimizer.sparse_schedule.name=cosine",
+             "optimizer.sparse_schedule.decay_start=3", "optimizer.sparse_schedule.decay_steps=4",
+             "optimizer.dense_schedule.warmup_steps=3", "optimizer.dense_schedule.name=polynomial",
+             "optimizer.dense_schedule.decay_start=3", "optimizer.dense_schedule.decay_steps=5",
+             "optimizer.clip_grad_norm=0.1"]
+ADAMW = ["optimizer/dense=adamw", "optimizer.dense.lr=0.01", "optimizer.clip_grad_norm=1.0"]
 # (variant name, overrides, expected sharding type per table, shards per table)
 VARIANTS = [
     ("table_wise", ["sharding=table_wise"], "table_wise", 1),
@@ -108,7 +135,21 @@ VARIANTS = [
       "t_cat_3": "data_parallel"}, None),
     ("table_wise+ddp", ["sharding=table_wise", "mesh=ddp"], "table_wise", 1),
     ("row_wise+sgd", ["sharding=row_wise", "optimizer=sgd"], "row_wise", 2),
+    # dense parallelism variants (issue 4), all against the same 1-rank run
+    ("hsdp 1x2", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=1", "mesh.shard=2"], "table_wise", 1),
+    ("hsdp 2x1", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=2", "mesh.shard=1"], "table_wise", 1),
+    ("fsdp per-layer units, prefetch, no reshard",
+     ["sharding=table_wise", "mesh.units=layer", "mesh.forward_prefetch=2", "mesh.backward_prefetch=1",
+      "mesh.reshard_after_forward=false"], "table_wise", 1),
+    ("fsdp reshard to 2, cpu offload", ["sharding=table_wise", "mesh.reshard_after_forward=2",
+                                        "mesh.cpu_offload=true"], "table_wise", 1),
+    ("adamw + clipping", ["sharding=row_wise", *ADAMW], "row_wise", 2),
+    ("sgd + schedules + clipping", ["sharding=row_wise", "optimizer=sgd", *SCHEDULED], "row_wise", 2),
 ]
+# what each variant must match at 1 rank (default: the rowwise-Adagrad run)
+REFERENCE = {"row_wise+sgd": 0, "column_wise": 4, "table_column_wise": 4, "grid": 4, "mixed": 4,
+             "adamw + clipping": 6, "sgd + schedules + clipping": 5}
+PLACEMENTS = {"table_wise+ddp": "replicated", "hsdp 1x2": "RS(0)", "hsdp 2x1": "RS(0)"}
 
 
 @pytest.mark.dist
@@ -123,11 +164,12 @@ def test_two_ranks_match_one_rank(one_rank, tmp_path):
         if shards:  # the tables really are split as the type says
             assert all(len(p["ranks"]) == shards for p in plan.values()), (name, plan)
         assert {r for p in plan.values() for r in p["ranks"]} == {0, 1}, (name, plan)
-        # dense parameters are FSDP2 DTensors sharded over both ranks (or DDP replicas)
-        mesh = "ddp" if "mesh=ddp" in overrides else "fsdp"
-        assert result["dense_placements"] == ("S(0)" if mesh == "fsdp" else "replicated"), name
-        reference = one_rank[0] if "optimizer=sgd" in overrides else one_rank[4 if ADAGRAD in overrides else 1]
+        # dense parameters are FSDP2 DTensors sharded over both ranks, HSDP's 2-D ones, or replicas
+        assert result["dense_placements"] == PLACEMENTS.get(name, "S(0)"), name
+        reference = one_rank[REFERENCE.get(name, 1)]
         assert result["summary"]["world_size"] == 2
+        if reference["grad_norms"]:  # clipping: the global norm is the single-process norm
+            torch.testing.assert_close(torch.tensor(result["grad_norms"]), torch.tensor(reference["grad_norms"]), **TOL)
         try:
             assert_same_training(result, reference)
         except AssertionError as e:
@@ -143,3 +185,20 @@ def test_rowwise_adagrad_with_column_splits_differs_and_says_so(one_rank, tmp_pa
     assert len(notes) == 1 and "per column shard" in notes[0] and "t_cat_0" in notes[0]
     diff = max(abs(a - b) for a, b in zip(result["losses"], one_rank[1]["losses"]))
     assert diff > 1e-4  # really different: the note is not a false alarm
+
+
+def test_single_matches_fsdp_on_one_rank(one_rank):
+    assert_same_training(one_rank[7], one_rank[1])
+
+
+@pytest.mark.dist
+def test_reduced_precision_stays_close_to_fp32(one_rank, tmp_path):
+    """bf16 dense compute with fp32 reduction, and bf16 embedding all-to-alls (qcomms): not
+    bit-equal to fp32, within stated bounds over the same steps."""
+    cfgs = [_cfg("mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"),
+            _cfg("mesh.embedding_comms_forward=bf16", "mesh.embedding_comms_backward=bf16")]
+    bf16, qcomms = launch(train_and_gather, 2, cfgs, str(tmp_path))
+    fp32 = torch.tensor(one_rank[1]["losses"])
+    torch.testing.assert_close(torch.tensor(bf16["losses"]), fp32, rtol=0, atol=1e-2)
+    torch.testing.assert_close(torch.tensor(qcomms["losses"]), fp32, rtol=0, atol=1e-4)
+    assert bf16["losses"] != one_rank[1]["losses"]  # the policy really applied
