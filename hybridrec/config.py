@@ -71,6 +71,75 @@ class SyntheticDataConfig(DataConfig):
     """Held-out global batches used for the evaluation at the end of training."""
 
 
+class IdMapping(str, Enum):
+    modulo = "modulo"
+    """row = id % table size (TorchRec's Criteo convention)."""
+    hash = "hash"
+    """row = mix64(id) % table size: ids that differ in low bits do not collide in patterns."""
+
+
+class BadRows(str, Enum):
+    skip = "skip"
+    """Drop the row, count it per file and report it (summary.json data.bad_rows)."""
+    fail = "fail"
+    """Stop at the first bad row with file:line and the reason."""
+
+
+# Criteo Kaggle's table sizes capped at 100k rows: CPU-sized; ids map by data.id_mapping.
+CRITEO_KAGGLE_CAPPED = [1460, 583, 100000, 100000, 305, 24, 12517, 633, 3, 93145, 5683, 100000, 3194,
+                        27, 14992, 100000, 10, 5652, 2173, 4, 100000, 18, 15, 100000, 105, 100000]
+
+
+@dataclass
+class CriteoDataConfig(DataConfig):
+    _target_: str = "hybridrec.data.criteo.CriteoTSV"
+    train_path: str = MISSING
+    """Criteo TSV for training: a file, a directory or a glob; plain or .gz."""
+    eval_path: str = MISSING
+    """Criteo TSV for evaluation (same forms)."""
+    num_embeddings_per_feature: list[int] = field(default_factory=lambda: list(CRITEO_KAGGLE_CAPPED))
+    """Rows of each of the 26 tables."""
+    id_mapping: IdMapping = IdMapping.modulo
+    bad_rows: BadRows = BadRows.skip
+    block_size_mb: int = 16
+    """Bytes parsed per block by the streaming reader."""
+    eval_batches: Optional[int] = None
+    """Cap on eval global batches; None = the whole eval set."""
+
+
+@dataclass
+class CriteoBinaryDataConfig(DataConfig):
+    _target_: str = "hybridrec.data.criteo.CriteoBinary"
+    train_path: str = MISSING
+    """Directory or glob of TorchRec's `<day>_dense.npy` (with `_sparse` and `_labels` beside)."""
+    eval_path: str = MISSING
+    num_embeddings_per_feature: list[int] = field(default_factory=lambda: list(CRITEO_KAGGLE_CAPPED))
+    id_mapping: IdMapping = IdMapping.modulo
+    eval_batches: Optional[int] = None
+
+
+class SplitKind(str, Enum):
+    random = "random"
+    """A fixed random eval fraction, from the seed."""
+    time = "time"
+    """The latest ratings are the eval set."""
+
+
+@dataclass
+class MovieLensDataConfig(DataConfig):
+    _target_: str = "hybridrec.data.movielens.MovieLens"
+    path: str = "data/ml-100k"
+    """Directory with u.data (and u.user, u.item for side features): `make data-movielens`."""
+    label_threshold: float = 4.0
+    """label = rating >= this."""
+    split: SplitKind = SplitKind.random
+    eval_fraction: float = 0.2
+    side_features: bool = True
+    """Age, gender, occupation, zip prefix and genres beside user and item."""
+    bad_rows: BadRows = BadRows.skip
+    eval_batches: Optional[int] = None
+
+
 # ---------------------------------------------------------------------------- sharding
 class ShardingType(str, Enum):
     """TorchRec's embedding sharding types (``torchrec.distributed.types.ShardingType``)."""
@@ -383,6 +452,9 @@ def register_configs() -> None:
     cs.store(group="schema/model", name="dlrm", node=DLRMConfig)
     cs.store(group="schema/model", name="dcn", node=DCNConfig)
     cs.store(group="schema/data", name="synthetic", node=SyntheticDataConfig)
+    cs.store(group="schema/data", name="criteo", node=CriteoDataConfig)
+    cs.store(group="schema/data", name="criteo_binary", node=CriteoBinaryDataConfig)
+    cs.store(group="schema/data", name="movielens", node=MovieLensDataConfig)
     cs.store(group="schema/sharding", name="sharding", node=ShardingConfig)
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
     cs.store(group="schema/optimizer", name="optimizer", node=OptimizerConfig)

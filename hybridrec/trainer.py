@@ -79,7 +79,15 @@ class Trainer:
         wall = time.perf_counter() - start
         bar.close()
         self.metrics.close()
-        return self.summary(wall, self.evaluate())
+        summary = self.summary(wall, self.evaluate())
+        report = self.data.report()
+        if report is not None:  # file sources: rows read, bad rows, dropped tails, collisions
+            summary["data"] = report
+            if report["bad_rows"] and self.rank == 0:
+                first = next(e for f in report["files"].values() for e in f["errors"])
+                log.warning(f"data: skipped {report['bad_rows']} bad rows of "
+                            f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
+        return summary
 
     def _global_mean(self, local: torch.Tensor) -> list[float]:
         # Each rank's loss is the mean over its equal-sized slice: the average over ranks is

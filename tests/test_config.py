@@ -16,7 +16,7 @@ from hybridrec.config import validate
 
 GROUPS = {
     "model": ["dlrm", "dcn"],
-    "data": ["synthetic"],
+    "data": ["synthetic", "criteo", "criteo_binary", "movielens"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
                  "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd", "adam"],
@@ -38,7 +38,9 @@ def test_every_group_option_is_shipped():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option):
-    cfg = compose_cfg(["+experiment=ctr", f"{group}={option}"])
+    paths = ["data.train_path=x", "data.eval_path=x"] if option.startswith("criteo") else []
+    experiment = "movielens" if option == "movielens" else "ctr"  # ctr is Criteo-shaped
+    cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}", *paths])
     validate(cfg, world_size=1 if option == "single" else 2)
 
 

@@ -1,6 +1,21 @@
-"""Data sources (one module each). Every source yields torchrec ``Batch`` objects."""
+"""Data sources (one module each). Every source yields torchrec ``Batch`` objects.
 
-from dataclasses import dataclass
+A source exposes ``features`` (one SparseFeature per embedding table), ``num_dense_features``,
+``batch_size`` (global), ``batches(split, rank, world_size, num_batches)`` and ``report()``.
+``batches`` gives rank r the rows [r * L, (r + 1) * L) of every global batch of L * world_size
+rows, so the global batches are the same for any world size and every rank runs the same
+number of steps (a partial last global batch is dropped, and counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 @dataclass(frozen=True)
@@ -11,3 +26,73 @@ class SparseFeature:
     num_embeddings: int
     pooling_factor: float = 1.0
     """Expected ids per sample: the planner's estimate of lookup and communication cost."""
+
+
+class DataError(ValueError):
+    """Input that cannot be read: a missing path, an empty dataset, or (data.bad_rows=fail)
+    the first bad row, with file:line and the reason."""
+
+
+def make_batch(
+    dense: np.ndarray, ids: list[tuple[np.ndarray, np.ndarray]], labels: np.ndarray, keys: list[str]
+) -> Batch:
+    """A torchrec Batch from arrays: dense (b, d), per feature (values, lengths) with one
+    length per sample, labels (b,)."""
+    return Batch(
+        dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
+        sparse_features=KeyedJaggedTensor.from_lengths_sync(
+            keys=keys,
+            values=torch.from_numpy(np.concatenate([v for v, _ in ids]).astype(np.int64)),
+            lengths=torch.from_numpy(np.concatenate([n for _, n in ids]).astype(np.int32)),
+        ),
+        labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
+    )
+
+
+def one_hot(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(b, F) ids, one per sample and feature, as make_batch's (values, lengths) pairs."""
+    ones = np.ones(ids.shape[0], dtype=np.int32)
+    return [(ids[:, f], ones) for f in range(ids.shape[1])]
+
+
+def rank_rows(global_rows: int, rank: int, world_size: int) -> slice:
+    """This rank's rows of a global batch."""
+    local = global_rows // world_size
+    return slice(rank * local, (rank + 1) * local)
+
+
+@dataclass
+class FileReport:
+    rows: int = 0
+    bad_rows: int = 0
+    errors: list[str] = field(default_factory=list)  # the first few "file:line: reason"
+
+
+@dataclass
+class ReadReport:
+    """What a source read: rows kept and rows skipped per file, the first offending
+    locations, rows dropped at the end of a split (partial global batch), and id collisions
+    in the tables. Nothing is dropped without being counted here."""
+
+    files: dict[str, FileReport] = field(default_factory=dict)
+    dropped_tail_rows: dict[str, int] = field(default_factory=dict)
+    collisions: dict[str, Any] = field(default_factory=dict)
+    max_errors: int = 5
+
+    def bad(self, path: str, line: Optional[int], reason: str) -> None:
+        f = self.files.setdefault(path, FileReport())
+        f.bad_rows += 1
+        if len(f.errors) < self.max_errors:
+            f.errors.append(f"{path}:{line if line is not None else '?'}: {reason}")
+
+    def good(self, path: str, rows: int) -> None:
+        self.files.setdefault(path, FileReport()).rows += rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": sum(f.rows for f in self.files.values()),
+            "bad_rows": sum(f.bad_rows for f in self.files.values()),
+            "files": {p: vars(f) for p, f in self.files.items()},
+            "dropped_tail_rows": self.dropped_tail_rows,
+            "collisions": self.collisions,
+        }

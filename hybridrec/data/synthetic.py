@@ -17,11 +17,9 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
-import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from hybridrec.data import SparseFeature
+from hybridrec.data import SparseFeature, make_batch, rank_rows
 
 _SPLITS = {"train": 0, "eval": 1}
 # Multiplier of the bijective scatter rank -> row (a prime, so coprime to any table size
@@ -86,8 +84,9 @@ class SyntheticClickLog:
         h = (h * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
         return h.astype(np.float64) / 2**31 - 1.0
 
-    def global_batch(self, split: str, index: int) -> Batch:
-        """The ``index``-th global batch of ``split``: a pure function of (seed, split, index)."""
+    def _global_arrays(self, split: str, index: int) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """The ``index``-th global batch of ``split`` as arrays: dense (b, d), per feature
+        ids (b, k), labels (b,). A pure function of (seed, split, index)."""
         rng = np.random.default_rng([self.seed, _SPLITS[split], index])
         b = self.batch_size
         dense = rng.standard_normal((b, self.num_dense_features))
@@ -99,47 +98,31 @@ class SyntheticClickLog:
         for i, f_ids in enumerate(ids):
             logit += 3.0 * self._planted_weight(i, f_ids).mean(axis=1) / np.sqrt(len(ids))
         labels = rng.random(b) < 1 / (1 + np.exp(-logit))
-        # KJT layout: values grouped by feature, then by sample.
-        values = np.concatenate([f_ids.reshape(-1) for f_ids in ids])
-        return Batch(
-            dense_features=torch.from_numpy(dense.astype(np.float32)),
-            sparse_features=KeyedJaggedTensor.from_lengths_sync(
-                keys=[f.name for f in self.features],
-                values=torch.from_numpy(values),
-                lengths=torch.tensor(self._sizes, dtype=torch.int32).repeat_interleave(b),
-            ),
-            labels=torch.from_numpy(labels.astype(np.float32)),
-        )
+        return dense, ids, labels
+
+    def _batch(self, dense: np.ndarray, ids: list[np.ndarray], labels: np.ndarray) -> Batch:
+        pairs = [(i.reshape(-1), np.full(len(i), i.shape[1], dtype=np.int32)) for i in ids]
+        return make_batch(dense, pairs, labels, [f.name for f in self.features])
+
+    def global_batch(self, split: str, index: int) -> Batch:
+        """The ``index``-th global batch of ``split``, whole."""
+        return self._batch(*self._global_arrays(split, index))
 
     def batches(
         self, split: str, rank: int, world_size: int, num_batches: int | None = None
     ) -> Iterator[Batch]:
-        """This rank's slice of the first ``num_batches`` global batches of ``split``."""
+        """This rank's slice of the first ``num_batches`` global batches of ``split``.
+        Every rank generates the whole global batch and keeps its rows: generation is cheap
+        next to a training step, and it makes the batches independent of the world size."""
         if num_batches is None:
             num_batches = self.eval_batches if split == "eval" else None
-        local = self.batch_size // world_size
+        rows = rank_rows(self.batch_size, rank, world_size)
         index = 0
         while num_batches is None or index < num_batches:
-            yield slice_batch(self.global_batch(split, index), rank * local, local)
+            dense, ids, labels = self._global_arrays(split, index)
+            yield self._batch(dense[rows], [i[rows] for i in ids], labels[rows])
             index += 1
 
-
-def slice_batch(batch: Batch, start: int, length: int) -> Batch:
-    """Rows [start, start + length) of a batch (dense, labels and every KJT feature)."""
-    kjt = batch.sparse_features
-    b = batch.labels.numel()
-    lengths = kjt.lengths().view(len(kjt.keys()), b)
-    offsets = kjt.offsets()
-    values = []
-    for f in range(len(kjt.keys())):
-        lo, hi = offsets[f * b + start], offsets[f * b + start + length]
-        values.append(kjt.values()[lo:hi])
-    return Batch(
-        dense_features=batch.dense_features[start : start + length],
-        sparse_features=KeyedJaggedTensor.from_lengths_sync(
-            keys=kjt.keys(),
-            values=torch.cat(values),
-            lengths=lengths[:, start : start + length].reshape(-1),
-        ),
-        labels=batch.labels[start : start + length],
-    )
+    def report(self) -> None:
+        """Nothing is read from files: no read report."""
+        return None

@@ -1,0 +1,367 @@
+"""Criteo click logs: the TSV format and TorchRec's preprocessed binary format.
+
+TSV rows: label, 13 integer features, 26 categorical features as hex strings (8 digits in
+the real logs), tab-separated, an empty field meaning missing. Integer features become
+log(x + 1) with negatives clamped to 0 (the DLRM convention); missing values are 0, as in
+TorchRec's own Criteo conversion. A categorical id maps into its table by modulo or by a hash.
+
+The TSV reader streams each file with PyArrow's CSV reader (gzip detected from the name) and
+validates and converts whole columns at a time: no Python loop over fields. Bad rows are
+skipped and counted (``data.bad_rows=skip``) or stop the run (``fail``) with file:line.
+
+Every rank reads the files in the same order and keeps its slice of each global batch, so
+global batches do not depend on the world size. That means every rank parses every row; the
+binary format reads only each rank's rows (memory-mapped ranges), which is why it is the
+format for large runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from torchrec.datasets.criteo import BinaryCriteoUtils
+from torchrec.datasets.utils import Batch
+
+from hybridrec.data import DataError, ReadReport, SparseFeature, make_batch, one_hot, rank_rows
+
+INT_FEATURES, CAT_FEATURES = 13, 26
+COLUMNS = ["label"] + [f"int_{i}" for i in range(INT_FEATURES)] + [f"cat_{i}" for i in range(CAT_FEATURES)]
+_HEX = np.full(256, 255, dtype=np.uint8)  # byte -> nibble, 255 = not a hex digit
+for _i, _c in enumerate("0123456789abcdef"):
+    _HEX[ord(_c)] = _HEX[ord(_c.upper())] = _i
+_NIBBLE_WEIGHTS = (np.uint64(16) ** np.arange(7, -1, -1, dtype=np.uint64)).astype(np.uint64)
+_COLLISION_SAMPLE = 100_000  # rows on which table collisions are estimated
+
+
+def resolve_paths(spec: Optional[str], key: str, pattern: str = "*") -> list[str]:
+    """A file, a directory (its files matching ``pattern``, sorted) or a glob."""
+    if not spec:
+        raise DataError(f"{key} is not set")
+    if any(ch in spec for ch in "*?["):
+        paths = sorted(p for p in glob.glob(spec) if os.path.isfile(p))
+    elif os.path.isdir(spec):
+        paths = sorted(glob.glob(os.path.join(spec, pattern)))
+    else:
+        paths = [spec] if os.path.isfile(spec) else []
+    if not paths:
+        raise DataError(f"{key}={spec}: no such file, or no file in that directory / glob")
+    return paths
+
+
+def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: str) -> np.ndarray:
+    """Raw 32-bit ids (n, F) into table rows: ``modulo`` (TorchRec's convention) or ``hash``
+    (a 64-bit mix first, so that ids differing in low bits do not collide in patterns)."""
+    x = raw.astype(np.uint64)
+    if mapping == "hash":  # splitmix64 finalizer
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x % sizes.astype(np.uint64)).astype(np.int64)
+
+
+def estimate_collisions(raw: np.ndarray, mapped: np.ndarray, names: list[str]) -> dict:
+    """Per table: distinct raw ids and distinct rows they landed on, over a sample of rows."""
+    out = {}
+    for f, name in enumerate(names):
+        ids, rows = len(np.unique(raw[:, f])), len(np.unique(mapped[:, f]))
+        if ids > rows:
+            out[name] = {"distinct_ids": ids, "distinct_rows": rows, "sample_rows": len(raw)}
+    return out
+
+
+class _Rechunk:
+    """Re-cuts a stream of row blocks into global batches of exactly ``size`` rows."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.parts, self.rows = size, [], 0
+
+    def push(self, arrays: tuple[np.ndarray, ...]) -> Iterator[tuple[np.ndarray, ...]]:
+        self.parts.append(arrays)
+        self.rows += len(arrays[0])
+        while self.rows >= self.size:
+            joined = tuple(np.concatenate(cols) for cols in zip(*self.parts))
+            yield tuple(a[: self.size] for a in joined)
+            rest = tuple(a[self.size :] for a in joined)
+            self.parts, self.rows = ([rest] if len(rest[0]) else []), len(rest[0])
+
+
+class CriteoTSV:
+    def __init__(
+        self,
+        batch_size: int,
+        train_path: str,
+        eval_path: str,
+        num_embeddings_per_feature: list[int],
+        id_mapping: str,
+        bad_rows: str,
+        block_size_mb: int,
+        eval_batches: Optional[int],
+        seed: int,
+    ) -> None:
+        if len(num_embeddings_per_feature) != CAT_FEATURES:
+            raise DataError(
+                f"data.num_embeddings_per_feature needs {CAT_FEATURES} sizes for Criteo, "
+                f"got {len(num_embeddings_per_feature)}"
+            )
+        self.batch_size = batch_size
+        self.files = {
+            "train": resolve_paths(train_path, "data.train_path"),
+            "eval": resolve_paths(eval_path, "data.eval_path"),
+        }
+        for split, paths in self.files.items():
+            if all(os.path.getsize(p) == 0 for p in paths):
+                raise DataError(f"data.{split}_path: every file is empty: {', '.join(paths)}")
+        self.features = [SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)]
+        self.num_dense_features = INT_FEATURES
+        self.sizes = np.array(num_embeddings_per_feature, dtype=np.int64)
+        self.id_mapping = getattr(id_mapping, "value", id_mapping)
+        self.fail = getattr(bad_rows, "value", bad_rows) == "fail"
+        self.block_size = block_size_mb * 2**20
+        self.eval_batches = eval_batches
+        self._report = ReadReport()
+
+    def report(self) -> dict:
+        return self._report.to_dict()
+
+    # -- batches -----------------------------------------------------------------------
+    def batches(
+        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None
+    ) -> Iterator[Batch]:
+        """Train: the files in order, again and again (epochs), until ``num_batches``.
+        Eval: one pass (``data.eval_batches`` caps it). A partial last global batch is
+        dropped on every rank alike, and counted."""
+        if num_batches is None and split == "eval":
+            num_batches = self.eval_batches
+        rows, keys = rank_rows(self.batch_size, rank, world_size), [f.name for f in self.features]
+        produced, epoch = 0, 0
+        while True:
+            first = epoch == 0  # count rows, bad rows and collisions once
+            chunks = _Rechunk(self.batch_size)
+            for block in self._read(split, first):
+                for dense, ids, labels in chunks.push(block):
+                    yield make_batch(dense[rows], one_hot(ids[rows]), labels[rows], keys)
+                    produced += 1
+                    if num_batches is not None and produced >= num_batches:
+                        return
+            if first:
+                self._report.dropped_tail_rows[split] = chunks.rows
+            if produced == 0:
+                raise DataError(
+                    f"data.{split}_path has {chunks.rows} usable rows, fewer than one global "
+                    f"batch (data.batch_size={self.batch_size})"
+                )
+            if split == "eval":
+                return
+            epoch += 1
+
+    def _read(self, split: str, count: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        sampled = 0
+        for path in self.files[split]:
+            for dense, raw, labels in self._read_file(path, count):
+                ids = map_ids(raw, self.sizes, self.id_mapping)
+                if count and split == "train" and sampled < _COLLISION_SAMPLE:
+                    sampled += len(raw)
+                    self._report.collisions = estimate_collisions(raw, ids, [f.name for f in self.features])
+                yield dense, ids, labels
+
+    # -- one file ----------------------------------------------------------------------
+    def _read_file(self, path: str, count: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        report = self._report if count else ReadReport()
+        skipped: list[int] = []  # line numbers of rows with the wrong number of fields
+        fatal: list[str] = []
+
+        def wrong_field_count(row: pacsv.InvalidRow) -> str:
+            # PyArrow swallows exceptions raised here: record, and let the reader stop.
+            reason = f"{path}:{row.number}: {row.actual_columns} fields, expected {row.expected_columns}"
+            if self.fail:
+                fatal.append(reason)
+                return "error"
+            skipped.append(row.number)
+            report.bad(path, row.number, reason.split(": ", 1)[1])
+            return "skip"
+
+        parsed = 0  # rows the reader returned so far (structurally valid)
+        try:  # opening reads the first block already: a truncated file can fail here
+            reader = pacsv.open_csv(
+                pa.input_stream(path, compression="detect"),
+                read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=self.block_size, use_threads=False),
+                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, invalid_row_handler=wrong_field_count),
+                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS}),
+            )
+            for block in reader:
+                dense, raw, labels, ok, why = self._convert(block)
+                for i in np.flatnonzero(~ok):
+                    line = _line_number(parsed + int(i), skipped)
+                    if self.fail:
+                        raise DataError(f"{path}:{line}: {why(int(i))}")
+                    report.bad(path, line, why(int(i)))
+                parsed += block.num_rows
+                report.good(path, int(ok.sum()))
+                if ok.any():
+                    yield dense[ok], raw[ok], labels[ok]
+        except (pa.ArrowInvalid, OSError, EOFError) as e:  # truncated gzip, unreadable bytes
+            if fatal:
+                raise DataError(fatal[0]) from None
+            reason = f"unreadable after {parsed} rows ({type(e).__name__}: {e})"
+            if self.fail:
+                raise DataError(f"{path}: {reason}") from e
+            report.bad(path, None, reason)
+
+    @staticmethod
+    def _convert(block: pa.RecordBatch):
+        """Validate and convert a block of string columns; returns arrays for every row, the
+        mask of valid rows and a function giving the reason a row is invalid."""
+        n = block.num_rows
+        label = block.column("label")
+        bad_label = ~np.asarray(pc.is_in(label, value_set=pa.array(["0", "1"])))
+        dense = np.zeros((n, INT_FEATURES), dtype=np.int64)
+        bad_int = np.zeros((n, INT_FEATURES), dtype=bool)
+        for j in range(INT_FEATURES):
+            col = block.column(f"int_{j}")
+            try:  # fast path: the whole column is integers
+                dense[:, j] = np.asarray(pc.cast(pc.if_else(pc.equal(col, ""), "0", col), pa.int64()))
+            except pa.ArrowInvalid:  # find the bad cells, convert the rest
+                valid = np.asarray(pc.match_substring_regex(col, r"^(-?\d{1,18})?$"))
+                bad_int[:, j] = ~valid
+                fixed = pc.if_else(pa.array(valid & (np.asarray(pc.binary_length(col)) > 0)), col, "0")
+                dense[:, j] = np.asarray(pc.cast(fixed, pa.int64()))
+        raw = np.zeros((n, CAT_FEATURES), dtype=np.uint64)
+        bad_cat = np.zeros((n, CAT_FEATURES), dtype=bool)
+        for j in range(CAT_FEATURES):
+            col = block.column(f"cat_{j}")
+            fits = np.asarray(pc.and_(pc.less_equal(pc.binary_length(col), 8), pc.string_is_ascii(col)))
+            padded = pc.utf8_lpad(pc.if_else(pa.array(fits), col, "0"), 8, "0")
+            arr = padded.combine_chunks() if isinstance(padded, pa.ChunkedArray) else padded
+            offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
+            nibbles = _HEX[np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(n, 8)]
+            bad_cat[:, j] = ~fits | (nibbles == 255).any(axis=1)
+            raw[:, j] = np.where(bad_cat[:, j], 0, nibbles.astype(np.uint64) @ _NIBBLE_WEIGHTS)
+        ok = ~(bad_label | bad_int.any(axis=1) | bad_cat.any(axis=1))
+
+        def why(i: int) -> str:
+            if bad_label[i]:
+                return f"label {label[i].as_py()!r} is not 0 or 1"
+            if bad_int[i].any():
+                j = int(np.argmax(bad_int[i]))
+                return f"int_{j} {block.column(f'int_{j}')[i].as_py()!r} is not an integer"
+            j = int(np.argmax(bad_cat[i]))
+            return f"cat_{j} {block.column(f'cat_{j}')[i].as_py()!r} is not a hex id of at most 8 digits"
+
+        features = np.log1p(np.maximum(dense, 0)).astype(np.float32)
+        return features, raw, np.asarray(pc.cast(pc.if_else(pa.array(bad_label), "0", label), pa.float32())), ok, why
+
+
+def _line_number(row: int, skipped: list[int]) -> int:
+    """1-based line of the ``row``-th structurally valid row, given the skipped lines."""
+    line = row + 1
+    for s in sorted(skipped):
+        if s is not None and s <= line:
+            line += 1
+    return line
+
+
+class CriteoBinary:
+    """TorchRec's preprocessed Criteo format: ``X_dense.npy`` (n, 13) float32, already
+    log-transformed, ``X_sparse.npy`` (n, 26) raw ids, ``X_labels.npy`` (n, 1), as written by
+    ``torchrec.datasets.criteo.BinaryCriteoUtils.tsv_to_npys``. Each rank reads only its own
+    rows of each global batch (``BinaryCriteoUtils.load_npy_range``, memory-mapped)."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        train_path: str,
+        eval_path: str,
+        num_embeddings_per_feature: list[int],
+        id_mapping: str,
+        eval_batches: Optional[int],
+        seed: int,
+    ) -> None:
+        if len(num_embeddings_per_feature) != CAT_FEATURES:
+            raise DataError(
+                f"data.num_embeddings_per_feature needs {CAT_FEATURES} sizes for Criteo, "
+                f"got {len(num_embeddings_per_feature)}"
+            )
+        self.batch_size = batch_size
+        self.days = {
+            "train": self._days(train_path, "data.train_path"),
+            "eval": self._days(eval_path, "data.eval_path"),
+        }
+        self.features = [SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)]
+        self.num_dense_features = INT_FEATURES
+        self.sizes = np.array(num_embeddings_per_feature, dtype=np.int64)
+        self.id_mapping = getattr(id_mapping, "value", id_mapping)
+        self.eval_batches = eval_batches
+        self._report = ReadReport()
+        for split, days in self.days.items():
+            for prefix, rows in days:
+                if prefix not in self._report.files:  # train and eval may share files
+                    self._report.good(prefix, rows)
+            if sum(rows for _, rows in days) < batch_size:
+                raise DataError(f"data.{split}_path has fewer rows than one global batch ({batch_size})")
+
+    @staticmethod
+    def _days(spec: str, key: str) -> list[tuple[str, int]]:
+        """(prefix, rows) per day, checked: the three files exist and agree."""
+        days = []
+        for dense in resolve_paths(spec, key, pattern="*_dense.npy"):
+            prefix = dense[: -len("_dense.npy")]
+            shapes = {}
+            for part, width in (("dense", INT_FEATURES), ("sparse", CAT_FEATURES), ("labels", 1)):
+                path = f"{prefix}_{part}.npy"
+                if not os.path.isfile(path):
+                    raise DataError(f"{key}: {path} is missing (day {os.path.basename(prefix)})")
+                shape = BinaryCriteoUtils.get_shape_from_npy(path)
+                if len(shape) != 2 or shape[1] != width:
+                    raise DataError(f"{path}: shape {shape}, expected (rows, {width})")
+                shapes[part] = shape[0]
+            if len(set(shapes.values())) != 1:
+                raise DataError(f"{prefix}: dense, sparse and labels disagree on rows: {shapes}")
+            days.append((prefix, shapes["dense"]))
+        return days
+
+    def report(self) -> dict:
+        return self._report.to_dict()
+
+    def batches(
+        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None
+    ) -> Iterator[Batch]:
+        if num_batches is None and split == "eval":
+            num_batches = self.eval_batches
+        days = self.days[split]
+        total = sum(rows for _, rows in days)
+        full = total // self.batch_size
+        self._report.dropped_tail_rows[split] = total - full * self.batch_size
+        rows = rank_rows(self.batch_size, rank, world_size)
+        keys = [f.name for f in self.features]
+        produced = 0
+        while True:
+            for b in range(full):
+                start = b * self.batch_size + rows.start
+                dense, sparse, labels = (self._range(days, part, start, rows.stop - rows.start)
+                                         for part in ("dense", "sparse", "labels"))
+                ids = map_ids(sparse, self.sizes, self.id_mapping)
+                yield make_batch(dense, one_hot(ids), labels.reshape(-1), keys)
+                produced += 1
+                if num_batches is not None and produced >= num_batches:
+                    return
+            if split == "eval":
+                return
+
+    @staticmethod
+    def _range(days: list[tuple[str, int]], part: str, start: int, count: int) -> np.ndarray:
+        """Rows [start, start + count) of the concatenated days, read as memory-mapped ranges."""
+        out, offset = [], 0
+        for prefix, rows in days:
+            if count and start < offset + rows:
+                lo = max(start - offset, 0)
+                take = min(rows - lo, count)
+                out.append(BinaryCriteoUtils.load_npy_range(f"{prefix}_{part}.npy", lo, take, mmap_mode=True))
+                start, count = start + take, count - take
+            offset += rows
+        return np.concatenate(out)

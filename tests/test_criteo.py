@@ -1,0 +1,184 @@
+"""Criteo readers on files the tests write: exact values, bad rows, partitioning, binary."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torchrec.datasets.criteo import BinaryCriteoUtils
+
+from hybridrec.data import DataError
+from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids
+
+SIZES = [1000] * 26
+
+
+def row(label=1, ints=None, cats=None):
+    ints = [1] * 13 if ints is None else ints
+    cats = ["0000000a"] * 26 if cats is None else cats
+    return "\t".join([str(label)] + [str(i) for i in ints] + cats)
+
+
+def rand_rows(n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        cats = [f"{v:08x}" for v in rng.integers(0, 2**32, 26)]
+        cats[3] = ""  # missing
+        out.append(row(int(rng.integers(0, 2)), list(rng.integers(-2, 50, 13)), cats))
+    return out
+
+
+def write(path, rows, gz=False):
+    text = "\n".join(rows) + "\n"
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+    return str(path)
+
+
+def reader(train, eval_=None, batch=4, **kw):
+    args = dict(batch_size=batch, train_path=str(train), eval_path=str(eval_ or train),
+                num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="skip",
+                block_size_mb=1, eval_batches=None, seed=0)
+    args.update(kw)
+    return CriteoTSV(**args)
+
+
+def test_values_are_parsed_exactly(tmp_path):
+    cats = ["68fd1e64", "80E26C9B", ""] + ["fffffff0"] * 23
+    write(tmp_path / "a.tsv", [row(1, [5, -3, ""] + [0] * 10, cats)] * 4)
+    b = next(reader(tmp_path / "a.tsv").batches("train", 0, 1, 1))
+    expected = np.log1p([5, 0, 0] + [0] * 10).astype(np.float32)  # negatives clamp, missing = 0
+    torch.testing.assert_close(b.dense_features[0], torch.from_numpy(expected))
+    kjt = b.sparse_features
+    assert kjt["cat_0"].values()[0] == int("68fd1e64", 16) % 1000
+    assert kjt["cat_1"].values()[0] == int("80e26c9b", 16) % 1000  # upper-case hex
+    assert kjt["cat_2"].values()[0] == 0  # missing
+    assert torch.all(kjt.lengths() == 1) and b.labels.tolist() == [1.0] * 4
+
+
+def test_hash_mapping_spreads_ids_the_modulo_keeps():
+    raw = np.array([[0, 1000, 2000]], dtype=np.uint64).T  # all = 0 mod 1000
+    assert set(map_ids(raw, np.array([1000]), "modulo")[:, 0]) == {0}
+    hashed = map_ids(raw, np.array([1000]), "hash")[:, 0]
+    assert len(set(hashed)) == 3 and hashed.max() < 1000
+
+
+def test_bad_rows_are_skipped_counted_and_located(tmp_path):
+    good = row()
+    rows = [good, "1\t2\t3", row(ints=["x"] + [1] * 12), row(label=2), row(cats=["zz"] + ["a"] * 25),
+            row(cats=["123456789"] + ["a"] * 25), good]
+    write(tmp_path / "a.tsv", rows)
+    write(tmp_path / "b.tsv.gz", [good] * 3, gz=True)
+    write(tmp_path / "c.tsv", [])  # empty file among others: fine, reported with 0 rows
+    with gzip.open(tmp_path / "d.tsv.gz", "wt") as f:
+        f.write("\n".join([good] * 200) + "\n")
+    truncated = open(tmp_path / "d.tsv.gz", "rb").read()
+    open(tmp_path / "d.tsv.gz", "wb").write(truncated[: len(truncated) // 2])
+    data = reader(tmp_path, batch=2)
+    batches = list(data.batches("eval", 0, 1))
+    report = data.report()
+    a = report["files"][str(tmp_path / "a.tsv")]
+    assert a["rows"] == 2 and a["bad_rows"] == 5
+    assert a["errors"] == [
+        f"{tmp_path / 'a.tsv'}:2: 3 fields, expected 40",
+        f"{tmp_path / 'a.tsv'}:3: int_0 'x' is not an integer",
+        f"{tmp_path / 'a.tsv'}:4: label '2' is not 0 or 1",
+        f"{tmp_path / 'a.tsv'}:5: cat_0 'zz' is not a hex id of at most 8 digits",
+        f"{tmp_path / 'a.tsv'}:6: cat_0 '123456789' is not a hex id of at most 8 digits",
+    ]
+    d = report["files"][str(tmp_path / "d.tsv.gz")]
+    assert d["bad_rows"] == 1 and "unreadable after" in d["errors"][0]
+    assert report["files"][str(tmp_path / "b.tsv.gz")]["rows"] == 3
+    # every row is accounted for: kept rows = batches x batch + dropped tail
+    assert report["rows"] == len(batches) * 2 + report["dropped_tail_rows"]["eval"]
+
+
+def test_fail_mode_stops_at_the_first_bad_row(tmp_path):
+    write(tmp_path / "a.tsv", [row(), row(), row(ints=["1.5"] + [1] * 12)])
+    with pytest.raises(DataError, match=r"a.tsv:3: int_0 '1.5' is not an integer"):
+        list(reader(tmp_path / "a.tsv", batch=1, bad_rows="fail").batches("eval", 0, 1))
+    write(tmp_path / "b.tsv", [row(), "1\t2"])
+    with pytest.raises(DataError, match=r"b.tsv:2: 2 fields, expected 40"):
+        list(reader(tmp_path / "b.tsv", batch=1, bad_rows="fail").batches("eval", 0, 1))
+
+
+def test_missing_path_and_empty_dataset_fail_at_construction(tmp_path):
+    with pytest.raises(DataError, match="data.train_path=.*nope.*no such file"):
+        reader(tmp_path / "nope.tsv")
+    write(tmp_path / "empty.tsv", [])
+    open(tmp_path / "empty.tsv", "w").close()
+    with pytest.raises(DataError, match="every file is empty"):
+        reader(tmp_path / "empty.tsv")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_ranks_partition_each_global_batch(tmp_path, world_size):
+    write(tmp_path / "a.tsv", rand_rows(40))
+    whole = [b for b in reader(tmp_path / "a.tsv", batch=6).batches("eval", 0, 1)]
+    parts = [list(reader(tmp_path / "a.tsv", batch=6).batches("eval", r, world_size)) for r in range(world_size)]
+    assert all(len(p) == len(whole) == 6 for p in parts)  # same steps on every rank; tail of 4 dropped
+    for i, w in enumerate(whole):
+        labels = torch.cat([p[i].labels for p in parts])
+        dense = torch.cat([p[i].dense_features for p in parts])
+        assert torch.equal(labels, w.labels) and torch.equal(dense, w.dense_features)  # union, no overlap
+
+
+def test_table_collisions_are_estimated(tmp_path):
+    write(tmp_path / "a.tsv", rand_rows(64))
+    data = reader(tmp_path / "a.tsv", num_embeddings_per_feature=[7] * 26)
+    next(data.batches("train", 0, 1, 1))
+    c = data.report()["collisions"]["cat_0"]
+    assert c["distinct_ids"] > c["distinct_rows"] and c["distinct_rows"] <= 7
+
+
+def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
+    tsv = write(tmp_path / "day_0.tsv", rand_rows(30, seed=3))
+    BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / f"day_0_{p}.npy") for p in ("dense", "sparse", "labels")))
+    binary = CriteoBinary(batch_size=6, train_path=str(tmp_path), eval_path=str(tmp_path),
+                          num_embeddings_per_feature=SIZES, id_mapping="modulo", eval_batches=None, seed=0)
+    text = list(reader(tsv, batch=6).batches("eval", 0, 1))
+    for world_size in (1, 2, 3):
+        parts = [list(binary.batches("eval", r, world_size)) for r in range(world_size)]
+        assert all(len(p) == 5 for p in parts)
+        for i, t in enumerate(text):
+            assert torch.equal(torch.cat([p[i].labels for p in parts]), t.labels)
+            for f in ("cat_0", "cat_25"):
+                ids = torch.cat([p[i].sparse_features[f].values() for p in parts])
+                assert torch.equal(ids, t.sparse_features[f].values())
+    assert binary.report()["rows"] == 30
+
+
+def test_binary_day_missing_a_part_is_an_error(tmp_path):
+    np.save(tmp_path / "day_0_dense.npy", np.zeros((4, 13), np.float32))
+    with pytest.raises(DataError, match="day_0_sparse.npy is missing"):
+        CriteoBinary(2, str(tmp_path), str(tmp_path), SIZES, "modulo", None, 0)
+
+
+def test_train_on_criteo_files_end_to_end(tmp_path):
+    rows = rand_rows(600, seed=1)
+    train = write(tmp_path / "train.tsv.gz", rows[:500] + ["1\tbroken"], gz=True)
+    eval_ = write(tmp_path / "eval.tsv", rows[500:])
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", f"data.train_path={train}",
+                           f"data.eval_path={eval_}", "data.batch_size=50", "train.steps=12", "train.log_every=4",
+                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.load(open(run / "summary.json"))
+    assert s["eval"]["n"] == 100 and 0 <= s["eval"]["auc"] <= 1
+    assert s["data"]["bad_rows"] == 1 and "skipped 1 bad rows" in proc.stdout + proc.stderr
+
+
+def test_missing_data_path_fails_before_any_rank_starts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", "data.train_path=/nope",
+                           "data.eval_path=/nope", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "data.train_path=/nope" in proc.stderr and "[rank" not in proc.stderr

