@@ -1,4 +1,5 @@
-"""Evaluation metrics (TorchRec's own formulas), peak memory, and the run's output files."""
+"""Evaluation metrics (TorchRec's formulas), step timing, the profiler's comm/compute split,
+and the run's output files: metrics.jsonl, summary.json, report.png, TensorBoard events."""
 
 from __future__ import annotations
 
@@ -6,31 +7,41 @@ import json
 import math
 import os
 import resource
-from typing import Any
+from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torchrec.metrics.accuracy import compute_accuracy, get_accuracy_states
 from torchrec.metrics.auc import compute_auc
+from torchrec.metrics.calibration import compute_calibration
+from torchrec.metrics.ctr import compute_ctr
 from torchrec.metrics.ne import compute_cross_entropy, compute_logloss, compute_ne
 
 _ETA = 1e-12  # TorchRec's clamp for probabilities in NE
 
 
 def binary_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """AUC, normalized entropy and log loss of click probabilities, via torchrec.metrics.
+    """AUC, NE, log loss, calibration, CTR and accuracy of click probabilities, with
+    TorchRec's metric functions (torchrec.metrics), over the whole eval set.
 
-    Called on the predictions of the whole eval set (gathered from every rank), so the
-    result is the same for any world size.
+    Called on the predictions gathered from every rank, so the result does not depend on
+    the world size: AUC needs every prediction (a sort), the others are sums.
     """
     probs, labels = probs.double().view(1, -1), labels.double().view(1, -1)
     weights = torch.ones_like(labels)
     ce_sum = compute_cross_entropy(labels, probs, weights, _ETA).sum()
     pos, neg = labels.sum(), (1 - labels).sum()
+    accuracy = get_accuracy_states(labels, probs, weights, threshold=0.5)
     return {
         "auc": float(compute_auc(1, [probs], [labels], [weights])[0]),
         "ne": float(compute_ne(ce_sum, weights.sum(), pos, neg, _ETA)),
         # TorchRec's cross entropy is in bits; log loss is conventionally in nats.
         "logloss": float(compute_logloss(ce_sum, pos, neg, _ETA)) * math.log(2),
+        # predicted clicks / actual clicks: 1.0 is calibrated
+        "calibration": float(compute_calibration(probs.sum(), (labels * weights).sum())),
+        "ctr": float(compute_ctr(pos, weights.sum())),
+        "accuracy": float(compute_accuracy(accuracy["accuracy_sum"], accuracy["weighted_num_samples"])),
         "n": int(labels.numel()),
     }
 
@@ -47,6 +58,69 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    if not seconds:
+        return {}
+    ms = np.array(seconds) * 1000
+    return {"step_time_p50_ms": float(np.percentile(ms, 50)), "step_time_p95_ms": float(np.percentile(ms, 95))}
+
+
+# ------------------------------------------------------------------------------ profiling
+_COMM_KINDS = {  # collective -> what it is for, in a sparse + FSDP2 job
+    "all_to_all": "embedding all-to-all",
+    "alltoall": "embedding all-to-all",
+    "all_gather": "FSDP2 all-gather",
+    "allgather": "FSDP2 all-gather",
+    "reduce_scatter": "FSDP2 reduce-scatter",
+    "reducescatter": "FSDP2 reduce-scatter",
+    "all_reduce": "all-reduce (gradients, metrics)",
+    "allreduce": "all-reduce (gradients, metrics)",
+    "broadcast": "broadcast",
+}
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def comm_compute_split(events: Any) -> dict[str, Any]:
+    """Share of the profiled steps' wall time during which a collective was running.
+
+    Window = the union of the ProfilerStep spans. Communication = the union of the backend's
+    own collective events (``gloo:...`` work, or ``nccl...`` kernels on GPU) inside it, in total
+    and per kind; compute = the rest of the window. Comm that overlaps compute (TorchRec's
+    pipeline does this) counts as comm: this is how busy the network was, an upper bound on
+    the time it cost.
+    """
+    steps = [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith("ProfilerStep")]
+    lo, hi = min(a for a, _ in steps), max(b for _, b in steps)
+    window = _union_us(steps)
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        name = e.name.lower()
+        if not (name.startswith("gloo:") or name.startswith("nccl")):
+            continue
+        kind = next((v for k, v in _COMM_KINDS.items() if k in name.replace(" ", "_")), "other collectives")
+        a, b = max(e.time_range.start, lo), min(e.time_range.end, hi)
+        if b > a:
+            by_kind.setdefault(kind, []).append((a, b))
+    comm = _union_us([iv for ivs in by_kind.values() for iv in ivs])
+    return {
+        "profiled_steps": len(steps),
+        "profiled_ms": window / 1000,
+        "comm_ms": comm / 1000,
+        "compute_ms": (window - comm) / 1000,
+        "comm_share": comm / window if window else 0.0,
+        "comm_ms_by_kind": {k: _union_us(v) / 1000 for k, v in sorted(by_kind.items())},
+    }
+
+
+# ------------------------------------------------------------------------------ files
 def write_json(path: str, obj: Any) -> None:
     """Write through a temporary file and rename, so a reader never sees half a file."""
     tmp = f"{path}.tmp"
@@ -56,16 +130,92 @@ def write_json(path: str, obj: Any) -> None:
 
 
 class MetricsLog:
-    """``metrics.jsonl``: one JSON object per logged step, for scripts."""
+    """``metrics.jsonl``: one JSON object per logged step and per eval, for scripts; the same
+    scalars as TensorBoard events when ``tensorboard_dir`` is given. Rank 0 only."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: Optional[str], tensorboard_dir: Optional[str] = None) -> None:
         self._f = open(path, "a") if path else None
+        self._tb = None
+        if path and tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter  # optional dependency
+
+            self._tb = SummaryWriter(tensorboard_dir)
+        self.records: list[dict[str, Any]] = []
 
     def log(self, **record: Any) -> None:
-        if self._f:
-            self._f.write(json.dumps(record) + "\n")
-            self._f.flush()
+        if not self._f:
+            return
+        self.records.append(record)
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+        if self._tb:
+            for key, value in _flatten(record).items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
         if self._f:
             self._f.close()
+        if self._tb:
+            self._tb.close()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def plot_report(records: list[dict[str, Any]], path: str) -> None:
+    """report.png: training loss, eval AUC and NE, and samples/s over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval" in r]
+    fig, (ax_loss, ax_eval, ax_rate) = plt.subplots(1, 3, figsize=(15, 4))
+    ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
+    ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="BCE")
+    if evals:
+        steps = [r["step"] for r in evals]
+        ax_eval.plot(steps, [r["eval"]["auc"] for r in evals], "o-", color="tab:green", label="AUC")
+        ax_eval.set(title="eval", xlabel="step", ylabel="AUC")
+        ax_ne = ax_eval.twinx()
+        ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
+        ax_ne.set_ylabel("NE (lower is better)")
+        ax_eval.legend(handles=ax_eval.lines + ax_ne.lines, loc="center right")
+    ax_rate.plot([r["step"] for r in train], [r["samples_per_second"] for r in train], color="tab:purple")
+    ax_rate.set(title="throughput (cumulative)", xlabel="step", ylabel="samples/s")
+    for ax in (ax_loss, ax_eval, ax_rate):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The final table rank 0 prints."""
+    e, t = s["eval"], s["train"]
+    rows = [
+        ("world size / device", f"{s['world_size']} / {s['device']}, dense {s['dense_parallel']}"),
+        ("steps / samples", f"{t['steps']:,} / {t['samples']:,}"),
+        ("wall time", f"{t['wall_time_s']:.1f} s"),
+        ("samples/s", f"{t['samples_per_second']:,.0f}"),
+        ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
+        ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
+        ("eval AUC / NE", f"{e['auc']:.4f} / {e['ne']:.4f}"),
+        ("eval logloss / calibration / accuracy", f"{e['logloss']:.4f} / {e['calibration']:.3f} / {e['accuracy']:.4f}"),
+        ("eval samples", f"{e['n']:,}"),
+        ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
+    ]
+    if "profile" in s:
+        shares = ", ".join(f"{p['comm_share']:.0%}" for p in s["profile"])
+        rows.append(("comm share of step time per rank", shares))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,8 +21,18 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
-from hybridrec.config import Device
-from hybridrec.metrics import MetricsLog, all_gather_cat, binary_metrics, peak_rss_mb, write_json
+from hybridrec.config import Device, Logger
+from hybridrec.metrics import (
+    MetricsLog,
+    all_gather_cat,
+    binary_metrics,
+    comm_compute_split,
+    format_summary,
+    peak_rss_mb,
+    percentiles_ms,
+    plot_report,
+    write_json,
+)
 from hybridrec.optim import TrainOptimizer
 from hybridrec.parallelize import parallelize
 from hybridrec.plan import quiet_enumerator
@@ -53,41 +63,50 @@ class Trainer:
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
         # Overlaps the next batch's input all-to-all with this batch's forward/backward.
         self.pipeline = TrainPipelineSparseDist(self.model, self.optimizer, device)
-        self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None)
+        tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
+        self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None, tensorboard)
         self.losses: list[float] = []  # global mean loss of every step
+        self.step_times: list[float] = []  # host wall time of every step, seconds
+        self.eval_history: list[dict[str, Any]] = []
+        self.eval_seconds = 0.0  # excluded from the training throughput
+        self.profile: Optional[dict[str, Any]] = None
 
     def train(self) -> dict[str, Any]:
-        steps, log_every = self.cfg.train.steps, self.cfg.train.log_every
-        global_batch = self.cfg.data.batch_size
-        batches = self.data.batches("train", self.rank, self.world_size, steps)
-        local_losses = torch.zeros(steps, device=self.device)
-        bar = tqdm(total=steps, desc="train", unit="step", disable=self.rank != 0)
-        start = time.perf_counter()
-        for step in range(1, steps + 1):
+        cfg = self.cfg.train
+        batches = self.data.batches("train", self.rank, self.world_size, cfg.steps)
+        self.local_losses = torch.zeros(cfg.steps, device=self.device)
+        bar = tqdm(total=cfg.steps, desc="train", unit="step", disable=self.rank != 0)
+        profiler = self._profiler()
+        self.start = time.perf_counter()
+        for step in range(1, cfg.steps + 1):
+            tick = time.perf_counter()
             loss, _logits, _labels = self.pipeline.progress(batches)
-            local_losses[step - 1] = loss
-            if step % log_every == 0 or step == steps:
-                # One all-reduce per window, not per step: the reduction is a sync point.
-                self.losses += self._global_mean(local_losses[len(self.losses) : step])
-                elapsed = time.perf_counter() - start
-                rate = step * global_batch / elapsed
-                bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
-                extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
-                self.metrics.log(step=step, loss=self.losses[-1], samples_per_second=rate,
-                                 elapsed_s=elapsed, lr=self.optimizer.lrs(), **extra)
+            self.local_losses[step - 1] = loss
+            self.step_times.append(time.perf_counter() - tick)
+            if profiler:
+                profiler.step()
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                self._log(step, bar)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                self._evaluate_and_log(step, bar)
             bar.update()
-        wall = time.perf_counter() - start
+        wall = time.perf_counter() - self.start - self.eval_seconds
         bar.close()
-        self.metrics.close()
-        summary = self.summary(wall, self.evaluate())
-        report = self.data.report()
-        if report is not None:  # file sources: rows read, bad rows, dropped tails, collisions
-            summary["data"] = report
-            if report["bad_rows"] and self.rank == 0:
-                first = next(e for f in report["files"].values() for e in f["errors"])
-                log.warning(f"data: skipped {report['bad_rows']} bad rows of "
-                            f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
-        return summary
+        if profiler:
+            profiler.stop()
+        final = self._evaluate_and_log(cfg.steps, bar)
+        return self._finish(wall, final)
+
+    def _log(self, step: int, bar: tqdm) -> None:
+        # One all-reduce per window, not per step: the reduction is a sync point.
+        window = self._global_mean(self.local_losses[len(self.losses) : step])
+        self.losses += window
+        elapsed = time.perf_counter() - self.start - self.eval_seconds
+        rate = step * self.cfg.data.batch_size / elapsed
+        bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
+        extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
+        self.metrics.log(step=step, loss=self.losses[-1], loss_mean=sum(window) / len(window), samples_per_second=rate,
+                         elapsed_s=elapsed, lr=self.optimizer.lrs(), **extra)
 
     def _global_mean(self, local: torch.Tensor) -> list[float]:
         # Each rank's loss is the mean over its equal-sized slice: the average over ranks is
@@ -96,9 +115,21 @@ class Trainer:
         dist.all_reduce(total)
         return (total / self.world_size).tolist()
 
+    def _evaluate_and_log(self, step: int, bar: tqdm) -> dict[str, float]:
+        tick = time.perf_counter()
+        result = self.evaluate()
+        self.eval_seconds += time.perf_counter() - tick
+        self.eval_history.append({"step": step, **result})
+        self.metrics.log(step=step, eval=result)
+        if self.rank == 0:
+            bar.write(f"eval @ step {step}: AUC {result['auc']:.4f}  NE {result['ne']:.4f}  "
+                      f"logloss {result['logloss']:.4f}  calibration {result['calibration']:.3f}  "
+                      f"n {result['n']:,}")
+        return result
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """AUC / NE / log loss over the whole eval split, gathered from every rank."""
+        """Metrics over the whole eval split, predictions gathered from every rank."""
         model = self.pipeline.detach()  # restores the model's own forward (no pipelining)
         model.eval()
         probs, labels = [], []
@@ -106,27 +137,75 @@ class Trainer:
             _, (_, logits, y) = model(batch.to(self.device))
             probs.append(torch.sigmoid(logits))
             labels.append(y)
-        model.train()
+        model.train()  # the pipeline re-attaches itself at the next progress()
         return binary_metrics(
             all_gather_cat(torch.cat(probs)).cpu(), all_gather_cat(torch.cat(labels)).cpu()
         )
 
+    def _profiler(self) -> Optional[torch.profiler.profile]:
+        """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
+        p = self.cfg.profile
+        if not p.enabled:
+            return None
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        trace_dir = os.path.join(self.run_dir, "profile")
+        os.makedirs(trace_dir, exist_ok=True)
+
+        def on_trace_ready(prof: torch.profiler.profile) -> None:
+            prof.export_chrome_trace(os.path.join(trace_dir, f"trace_rank{self.rank}.json"))
+            self.profile = {"rank": self.rank, **comm_compute_split(prof.events())}
+
+        profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=p.start_step - 1, warmup=1, active=p.steps, repeat=1),
+            on_trace_ready=on_trace_ready,
+        )
+        profiler.start()
+        return profiler
+
+    def _finish(self, wall: float, final_eval: dict[str, float]) -> dict[str, Any]:
+        self.metrics.close()
+        summary = self.summary(wall, final_eval)
+        report = self.data.report()
+        if report is not None:  # file sources: rows read, bad rows, dropped tails, collisions
+            summary["data"] = report
+            if report["bad_rows"] and self.rank == 0:
+                first = next(e for f in report["files"].values() for e in f["errors"])
+                log.warning(f"data: skipped {report['bad_rows']} bad rows of "
+                            f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
+        if self.rank == 0:
+            plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"))
+            log.info("summary\n" + format_summary(summary))
+        return summary
+
     def summary(self, wall: float, eval_metrics: dict[str, float]) -> dict[str, Any]:
         steps = len(self.losses)
         tail = self.losses[-max(1, steps // 10) :]
-        rss = [None] * self.world_size
-        dist.all_gather_object(rss, round(peak_rss_mb(), 1))
+        per_rank = [None] * self.world_size
+        dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile))
+        rss = [m for m, _ in per_rank]
         plan = self.plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
-        return {
+        samples = steps * self.cfg.data.batch_size
+        summary = {
             "world_size": self.world_size,
             "device": str(self.device),
             "dense_parallel": self.cfg.mesh.dense.value,
             "steps": steps,
             "global_batch_size": self.cfg.data.batch_size,
             "wall_time_s": round(wall, 3),
-            "samples_per_second": steps * self.cfg.data.batch_size / wall,
+            "samples_per_second": samples / wall,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
+            "train": {
+                "steps": steps,
+                "samples": samples,
+                "wall_time_s": round(wall, 3),  # training only: evaluation time excluded
+                "samples_per_second": samples / wall,
+                **percentiles_ms(self.step_times),
+            },
             "eval": eval_metrics,
+            "eval_history": self.eval_history,
             "plan": plan["tables"],
             "peak_rss_mb": rss,
             # the planner's estimate beside the measurement, per rank
@@ -140,6 +219,9 @@ class Trainer:
                 for r in plan["ranks"]
             ],
         }
+        if self.cfg.profile.enabled:
+            summary["profile"] = [p for _, p in per_rank]
+        return summary
 
 
 def pick_device(cfg: DictConfig) -> torch.device:

@@ -32,8 +32,9 @@ def _summary(run_dir):
 @pytest.mark.dist
 def test_two_ranks_via_elastic_launcher(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _run([sys.executable, "-m", "hybridrec.train", *SHORT,
-                 "launcher.nproc_per_node=2", f"hydra.run.dir={run_dir}"])
+    proc = _run([sys.executable, "-m", "hybridrec.train", *SHORT, "launcher.nproc_per_node=2",
+                 "train.eval_every=20", "profile.enabled=true", "profile.start_step=10", "profile.steps=5",
+                 "logger=tensorboard", f"hydra.run.dir={run_dir}"])
     assert f"outputs in {run_dir}" in proc.stdout
     s = _summary(run_dir)
     assert s["world_size"] == 2 and s["steps"] == 40 and s["dense_parallel"] == "fsdp"
@@ -45,11 +46,29 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     # the planted signal is learned: eval over 4 global batches of 2048
     assert s["eval"]["n"] == 4 * 2048
     assert s["eval"]["auc"] > 0.7 and s["eval"]["ne"] < 0.95
-    steps = [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")]
-    assert steps == [10, 20, 30, 40]
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [r["step"] for r in records if "loss" in r] == [10, 20, 30, 40]
+    assert [r["step"] for r in records if "eval" in r] == [20, 40]  # every 20 steps and at the end
+    assert set(records[0]) >= {"step", "loss", "loss_mean", "samples_per_second", "elapsed_s", "lr"}
+    # summary schema
+    assert set(s["eval"]) == {"auc", "ne", "logloss", "calibration", "ctr", "accuracy", "n"}
+    assert [e["step"] for e in s["eval_history"]] == [20, 40] and s["eval_history"][-1]["auc"] == s["eval"]["auc"]
+    t = s["train"]
+    assert t["steps"] == 40 and t["samples"] == 40 * 2048 and t["samples_per_second"] > 0
+    assert 0 < t["step_time_p50_ms"] <= t["step_time_p95_ms"]
+    # profiling: a trace per rank, and comm + compute = the profiled time
+    for r, p in enumerate(s["profile"]):
+        assert (run_dir / "profile" / f"trace_rank{r}.json").stat().st_size > 0
+        assert p["profiled_steps"] == 5 and 0 < p["comm_share"] < 1
+        assert p["comm_ms"] + p["compute_ms"] == pytest.approx(p["profiled_ms"])
+        assert "embedding all-to-all" in p["comm_ms_by_kind"]
+    # the plot and the TensorBoard events
+    assert open(run_dir / "report.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(run_dir / "tensorboard"))
     # the console: rank 0's plan table (once) and progress; no warnings, nothing from rank 1
     lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
-    noise = [line for line in lines if re.search(r"warn|error|traceback|rank ?1\b", line, re.I)]
+    noise = [line for line in lines if re.search(r"warn|error|traceback|rank ?1\b", line, re.I)
+             and "USDT" not in line]  # the profiler's own start/stop lines
     assert noise == [], noise
     assert proc.stderr.count("Embedding plan: 2 rank(s)") == 1
     assert (run_dir / "plan.json").exists()

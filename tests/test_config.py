@@ -189,3 +189,8 @@ def test_fused_adam_is_refused_on_cpu_before_launch():
     with pytest.raises(ValueError, match="no fused CPU kernel"):
         check_device(cfg, "cpu")
     check_device(cfg, "cuda")  # fine on GPUs
+
+
+def test_sparse_weight_decay_is_refused_not_ignored():
+    with pytest.raises(ValueError, match="not applied by TorchRec"):
+        validate(compose_cfg(["optimizer.sparse.weight_decay=0.1"]), world_size=1)

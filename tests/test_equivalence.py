@@ -81,7 +81,8 @@ def assert_same_training(a, b):
 def one_rank(tmp_path_factory):
     cfgs = [_cfg("optimizer=sgd"), _cfg("optimizer=adagrad"), _cfg("optimizer=adagrad"),
             _cfg("optimizer=adagrad", "seed=1"), _cfg(ADAGRAD),
-            _cfg("optimizer=sgd", *SCHEDULED), _cfg(*ADAMW), _cfg("mesh=single")]
+            _cfg("optimizer=sgd", *SCHEDULED), _cfg(*ADAMW), _cfg("mesh=single"),
+            _cfg("train.eval_every=3")]
     return launch(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
 
 
@@ -168,6 +169,10 @@ def test_two_ranks_match_one_rank(one_rank, tmp_path):
         assert result["dense_placements"] == PLACEMENTS.get(name, "S(0)"), name
         reference = one_rank[REFERENCE.get(name, 1)]
         assert result["summary"]["world_size"] == 2
+        # evaluation combines all ranks: same model and data, same metrics as 1 rank
+        ev, ref_ev = result["summary"]["eval"], reference["summary"]["eval"]
+        assert ev["n"] == ref_ev["n"] and abs(ev["auc"] - ref_ev["auc"]) < 1e-6, (name, ev, ref_ev)
+        assert ev["ne"] == pytest.approx(ref_ev["ne"], rel=1e-5), name
         if reference["grad_norms"]:  # clipping: the global norm is the single-process norm
             torch.testing.assert_close(torch.tensor(result["grad_norms"]), torch.tensor(reference["grad_norms"]), **TOL)
         try:
@@ -189,6 +194,12 @@ def test_rowwise_adagrad_with_column_splits_differs_and_says_so(one_rank, tmp_pa
 
 def test_single_matches_fsdp_on_one_rank(one_rank):
     assert_same_training(one_rank[7], one_rank[1])
+
+
+def test_evaluation_during_training_changes_nothing(one_rank):
+    """Eval detaches TorchRec's pipeline and re-attaches it: training stays bit-identical."""
+    assert one_rank[8]["losses"] == one_rank[1]["losses"]
+    assert [e["step"] for e in one_rank[8]["summary"]["eval_history"]] == [3, 6, 8]
 
 
 @pytest.mark.dist
