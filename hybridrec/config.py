@@ -432,6 +432,18 @@ class TrainConfig:
     """Evaluate on the whole eval set every N steps (0 = only at the end, which always runs)."""
 
 
+@dataclass
+class CheckpointConfig:
+    dir: Optional[str] = None
+    """Where checkpoints go (step_<N> directories); None = no checkpoints."""
+    every_n_steps: int = 0
+    """Save every N steps (0 = only at the end of training)."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted after each commit."""
+    resume: str = "auto"
+    """auto = newest complete checkpoint in dir if any; never; or a checkpoint path."""
+
+
 class Logger(str, Enum):
     file = "file"
     """metrics.jsonl, summary.json, report.png in the run directory."""
@@ -460,6 +472,7 @@ class HybridrecConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: Logger = Logger.file
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
     """Seeds data, dense init and the sharding-invariant embedding init: same seed, same losses."""
 
@@ -532,6 +545,12 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ValueError(f"train.log_every must be >= 1, got {cfg.train.log_every}")
     if cfg.train.eval_every < 0:
         raise ValueError(f"train.eval_every must be >= 0, got {cfg.train.eval_every}")
+    ck = cfg.checkpoint
+    if ck.every_n_steps < 0 or ck.keep_last < 1:
+        raise ValueError(f"checkpoint.every_n_steps must be >= 0 and checkpoint.keep_last >= 1, "
+                         f"got {ck.every_n_steps} and {ck.keep_last}")
+    if ck.every_n_steps and not ck.dir:
+        raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
     prof = cfg.profile
     if prof.enabled and (prof.steps < 1 or prof.start_step < 1 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(

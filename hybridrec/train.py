@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
+from hybridrec.checkpoint import probe_writable
 from hybridrec.launch import already_launched, launch, world_size
 from hybridrec.plan import dry_plan, quiet_enumerator, run_device_type
 
@@ -27,6 +28,8 @@ def main(cfg: DictConfig) -> float:
         validate(cfg, world)
         device = run_device_type(cfg)
         check_device(cfg, device)
+        if cfg.checkpoint.dir:
+            probe_writable(cfg.checkpoint.dir)
         if not already_launched():
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import time
 import warnings
@@ -21,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
+from hybridrec import checkpoint
 from hybridrec.config import Device, Logger
 from hybridrec.metrics import (
     MetricsLog,
@@ -70,23 +72,30 @@ class Trainer:
         self.eval_history: list[dict[str, Any]] = []
         self.eval_seconds = 0.0  # excluded from the training throughput
         self.profile: Optional[dict[str, Any]] = None
+        self.start_step = 0  # > 0 when resuming: the steps (= global batches) already done
+        if path := checkpoint.resume_path(cfg):
+            self.start_step = checkpoint.load(self, path)
+            log.info(f"resumed from {path} at step {self.start_step}")
 
     def train(self) -> dict[str, Any]:
-        cfg = self.cfg.train
-        batches = self.data.batches("train", self.rank, self.world_size, cfg.steps)
+        cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
+        batches = self.data.batches("train", self.rank, self.world_size, cfg.steps, start=self.start_step)
         self.local_losses = torch.zeros(cfg.steps, device=self.device)
-        bar = tqdm(total=cfg.steps, desc="train", unit="step", disable=self.rank != 0)
+        bar = tqdm(total=cfg.steps, initial=self.start_step, desc="train", unit="step", disable=self.rank != 0)
         profiler = self._profiler()
         self.start = time.perf_counter()
-        for step in range(1, cfg.steps + 1):
+        for step in range(self.start_step + 1, cfg.steps + 1):
             tick = time.perf_counter()
             loss, _logits, _labels = self.pipeline.progress(batches)
             self.local_losses[step - 1] = loss
             self.step_times.append(time.perf_counter() - tick)
             if profiler:
                 profiler.step()
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                self._log(step, bar)
+            save = self.cfg.checkpoint.dir and (step == cfg.steps or (every and step % every == 0))
+            if step % cfg.log_every == 0 or step == cfg.steps or save:
+                self._log(step, bar)  # also checks the losses are finite: no bad checkpoint
+            if save:
+                checkpoint.save(self, step)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                 self._evaluate_and_log(step, bar)
             bar.update()
@@ -100,9 +109,14 @@ class Trainer:
     def _log(self, step: int, bar: tqdm) -> None:
         # One all-reduce per window, not per step: the reduction is a sync point.
         window = self._global_mean(self.local_losses[len(self.losses) : step])
+        if bad := [i for i, x in enumerate(window) if not math.isfinite(x)]:
+            raise FloatingPointError(
+                f"non-finite loss {window[bad[0]]} at step {len(self.losses) + bad[0] + 1}: stopping "
+                f"before any further checkpoint (the last one is intact)"
+            )
         self.losses += window
         elapsed = time.perf_counter() - self.start - self.eval_seconds
-        rate = step * self.cfg.data.batch_size / elapsed
+        rate = (step - self.start_step) * self.cfg.data.batch_size / elapsed
         bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
         extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
         self.metrics.log(step=step, loss=self.losses[-1], loss_mean=sum(window) / len(window), samples_per_second=rate,
@@ -183,6 +197,7 @@ class Trainer:
     def summary(self, wall: float, eval_metrics: dict[str, float]) -> dict[str, Any]:
         steps = len(self.losses)
         tail = self.losses[-max(1, steps // 10) :]
+        run_samples = (steps - self.start_step) * self.cfg.data.batch_size  # in this process
         per_rank = [None] * self.world_size
         dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile))
         rss = [m for m, _ in per_rank]
@@ -195,13 +210,14 @@ class Trainer:
             "steps": steps,
             "global_batch_size": self.cfg.data.batch_size,
             "wall_time_s": round(wall, 3),
-            "samples_per_second": samples / wall,
+            "samples_per_second": run_samples / wall,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
             "train": {
                 "steps": steps,
                 "samples": samples,
-                "wall_time_s": round(wall, 3),  # training only: evaluation time excluded
-                "samples_per_second": samples / wall,
+                "resumed_from_step": self.start_step,
+                "wall_time_s": round(wall, 3),  # training only, this process: evaluation excluded
+                "samples_per_second": run_samples / wall,
                 **percentiles_ms(self.step_times),
             },
             "eval": eval_metrics,

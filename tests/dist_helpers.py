@@ -38,12 +38,25 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
                     "dense_placements": _dense_placements(trainer),
                     "plan_notes": (trainer.plan or {}).get("notes"),
                     "grad_norms": [n.item() for n in trainer.optimizer.grad_norms],
+                    "eval_logits": _eval_logits(trainer),
                 }
             )
         done = True
         return results
     finally:
         shutdown_distributed(clean=done)
+
+
+@torch.no_grad()
+def _eval_logits(trainer: Trainer) -> torch.Tensor:
+    """The trained model's logits on the first global eval batch (gathered from all ranks)."""
+    from hybridrec.metrics import all_gather_cat
+
+    model = trainer.pipeline.detach()
+    model.eval()
+    batch = next(trainer.data.batches("eval", trainer.rank, trainer.world_size, 1))
+    _, (_, logits, _) = model(batch.to(trainer.device))
+    return all_gather_cat(logits).cpu()
 
 
 def _dense_placements(trainer: Trainer) -> str:

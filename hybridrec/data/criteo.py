@@ -131,9 +131,11 @@ class CriteoTSV:
 
     # -- batches -----------------------------------------------------------------------
     def batches(
-        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None
+        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
     ) -> Iterator[Batch]:
-        """Train: the files in order, again and again (epochs), until ``num_batches``.
+        """Global batches ``start`` .. ``num_batches - 1`` (``start`` > 0 resumes a run: the
+        batches before it are parsed, to count them exactly, but not returned).
+        Train: the files in order, again and again (epochs), until ``num_batches``.
         Eval: one pass (``data.eval_batches`` caps it). A partial last global batch is
         dropped on every rank alike, and counted."""
         if num_batches is None and split == "eval":
@@ -145,7 +147,8 @@ class CriteoTSV:
             chunks = _Rechunk(self.batch_size)
             for block in self._read(split, first):
                 for dense, ids, labels in chunks.push(block):
-                    yield make_batch(dense[rows], one_hot(ids[rows]), labels[rows], keys)
+                    if produced >= start:
+                        yield make_batch(dense[rows], one_hot(ids[rows]), labels[rows], keys)
                     produced += 1
                     if num_batches is not None and produced >= num_batches:
                         return
@@ -329,7 +332,7 @@ class CriteoBinary:
         return self._report.to_dict()
 
     def batches(
-        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None
+        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
     ) -> Iterator[Batch]:
         if num_batches is None and split == "eval":
             num_batches = self.eval_batches
@@ -339,11 +342,11 @@ class CriteoBinary:
         self._report.dropped_tail_rows[split] = total - full * self.batch_size
         rows = rank_rows(self.batch_size, rank, world_size)
         keys = [f.name for f in self.features]
-        produced = 0
+        produced = start
         while True:
-            for b in range(full):
-                start = b * self.batch_size + rows.start
-                dense, sparse, labels = (self._range(days, part, start, rows.stop - rows.start)
+            for b in range(start % full if produced == start else 0, full):
+                first_row = b * self.batch_size + rows.start
+                dense, sparse, labels = (self._range(days, part, first_row, rows.stop - rows.start)
                                          for part in ("dense", "sparse", "labels"))
                 ids = map_ids(sparse, self.sizes, self.id_mapping)
                 yield make_batch(dense, one_hot(ids), labels.reshape(-1), keys)

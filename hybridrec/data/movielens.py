@@ -170,7 +170,7 @@ class MovieLens:
         return make_batch(self.dense[rows], ids, self.label[rows], keys)
 
     def batches(
-        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None
+        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
     ) -> Iterator[Batch]:
         """Train: a new permutation of the train rows every epoch (from the seed). Eval: the
         eval rows in order, once. The partial last global batch is dropped and counted."""
@@ -182,10 +182,10 @@ class MovieLens:
             raise DataError(f"the {split} split has {len(rows_of)} rows, fewer than one global batch ({self.batch_size})")
         self._report.dropped_tail_rows[split] = len(rows_of) - full * self.batch_size
         mine = rank_rows(self.batch_size, rank, world_size)
-        produced, epoch = 0, 0
+        produced, epoch = start, start // full
         while True:
             order = rows_of if split == "eval" else np.random.default_rng([self.seed, 11, epoch]).permutation(rows_of)
-            for b in range(full):
+            for b in range(start % full if produced == start else 0, full):
                 yield self._batch(order[b * self.batch_size : (b + 1) * self.batch_size][mine])
                 produced += 1
                 if num_batches is not None and produced >= num_batches:

@@ -109,15 +109,15 @@ class SyntheticClickLog:
         return self._batch(*self._global_arrays(split, index))
 
     def batches(
-        self, split: str, rank: int, world_size: int, num_batches: int | None = None
+        self, split: str, rank: int, world_size: int, num_batches: int | None = None, start: int = 0
     ) -> Iterator[Batch]:
-        """This rank's slice of the first ``num_batches`` global batches of ``split``.
+        """This rank's slice of global batches ``start`` .. ``num_batches - 1`` of ``split``.
         Every rank generates the whole global batch and keeps its rows: generation is cheap
         next to a training step, and it makes the batches independent of the world size."""
         if num_batches is None:
             num_batches = self.eval_batches if split == "eval" else None
         rows = rank_rows(self.batch_size, rank, world_size)
-        index = 0
+        index = start
         while num_batches is None or index < num_batches:
             dense, ids, labels = self._global_arrays(split, index)
             yield self._batch(dense[rows], [i[rows] for i in ids], labels[rows])
