@@ -420,6 +420,14 @@ class LauncherConfig:
     """Ranks to start on this machine through torch's elastic launcher (ignored under torchrun)."""
     device: Device = Device.auto
     """auto = CUDA when available (NCCL), otherwise CPU (gloo)."""
+    max_restarts: int = 0
+    """Elastic restarts: when a rank dies, restart all ranks (up to N times); they resume from
+    the newest complete checkpoint (set checkpoint.dir). Under torchrun: --max-restarts."""
+    health_check_timeout_s: float = 60.0
+    """At start, every rank must reach a monitored barrier within this time, or the run stops
+    naming the ranks that did not."""
+    collective_timeout_s: float = 600.0
+    """Timeout of every collective (process group timeout)."""
 
 
 @dataclass
@@ -567,6 +575,14 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             ) from None
     if world_size < 1:
         raise ValueError(f"launcher.nproc_per_node must be >= 1, got {world_size}")
+    la = cfg.launcher
+    if la.max_restarts < 0 or la.health_check_timeout_s <= 0 or la.collective_timeout_s <= 0:
+        raise ValueError("launcher.max_restarts must be >= 0 and the launcher timeouts > 0")
+    if la.max_restarts and not (cfg.checkpoint.dir and cfg.checkpoint.resume == "auto"):
+        raise ValueError(
+            "launcher.max_restarts restarts ranks from the newest checkpoint: set checkpoint.dir "
+            "(and keep checkpoint.resume=auto), or restarted ranks would start over"
+        )
     mesh = cfg.mesh
     if mesh.world_size is not None and mesh.world_size != world_size:
         raise ValueError(

@@ -38,13 +38,14 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
     nproc = cfg.launcher.nproc_per_node
     if nproc == 1:
         return run(cfg, run_dir)
-    return spawn(run, nproc, cfg, run_dir)
+    return spawn(run, nproc, cfg, run_dir, max_restarts=cfg.launcher.max_restarts)
 
 
-def spawn(fn: Callable[..., Any], nproc: int, *args: Any) -> Any:
+def spawn(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> Any:
     """Rank 0's return value of ``fn(*args)`` run on ``nproc`` local ranks, started by
     PyTorch's elastic launcher: c10d rendezvous on a free port, spawned workers, no restarts.
-    Tests and benchmarks use it too, so they start ranks exactly as users do."""
+    Tests and benchmarks use it too, so they start ranks exactly as users do. With
+    ``max_restarts``, a failed rank makes the agent stop and restart every rank."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
@@ -54,7 +55,7 @@ def spawn(fn: Callable[..., Any], nproc: int, *args: Any) -> Any:
         run_id=f"hybridrec-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",  # port 0: the c10d store picks a free port
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
     )

@@ -6,6 +6,7 @@ directly in the Hydra process for a single-rank run.
 
 from __future__ import annotations
 
+import datetime
 import gc
 import logging
 import math
@@ -251,12 +252,39 @@ def pick_device(cfg: DictConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> None:
+def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if "RANK" in os.environ:  # started by an elastic launcher: rendezvous through env://
-        dist.init_process_group(backend)
+    timeout = datetime.timedelta(seconds=timeout_s)  # every collective's timeout
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Started by the elastic agent, whose store outlives restarts. Prefix this attempt's
+        # keys: after a restart, gloo otherwise read the dead attempt's peer addresses from
+        # the shared store and failed to connect (seen on torch 2.13).
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+        )
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"hybridrec/attempt_{attempt}", store),
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+        )
+    elif "RANK" in os.environ:  # another launcher (e.g. srun): rendezvous through env://
+        dist.init_process_group(backend, timeout=timeout)
     else:  # a single process still gets a process group, so there is one code path
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+
+
+def health_check(timeout_s: float) -> None:
+    """One monitored barrier across all ranks: a rank that does not answer in time is named
+    (gloo's monitored_barrier reports which ranks failed) instead of everyone hanging. NCCL
+    has no monitored barrier, so GPU jobs run it on a gloo group."""
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    try:
+        dist.monitored_barrier(group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+    except RuntimeError as e:
+        raise RuntimeError(f"health check: not every rank answered within {timeout_s:g} s: {e}") from e
 
 
 def _configure_logging(rank: int) -> None:
@@ -287,9 +315,10 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
         # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    init_distributed(device)
+    init_distributed(device, cfg.launcher.collective_timeout_s)
     summary = None
     try:
+        health_check(cfg.launcher.health_check_timeout_s)
         summary = _train_rank(cfg, run_dir, device)  # the Trainer is freed when it returns
         dist.barrier()  # leave together: no rank tears down while another still communicates
         return summary

@@ -68,3 +68,22 @@ def _dense_placements(trainer: Trainer) -> str:
     return kinds.pop()
 
 
+
+
+def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
+    """Rank 1 arrives late at the start-up health check; returns what rank 0 saw."""
+    import time
+
+    from hybridrec.trainer import health_check
+
+    init_distributed(torch.device("cpu"))
+    try:
+        if dist.get_rank() == 1:
+            time.sleep(delay_s)
+        try:
+            health_check(timeout_s)
+            return "ok"
+        except RuntimeError as e:
+            return str(e)
+    finally:
+        shutdown_distributed(clean=False)

@@ -1,0 +1,65 @@
+"""Fault tolerance: a rank killed with SIGKILL mid-run, the elastic launcher restarting the
+group, every rank resuming from the newest complete checkpoint; and the start-up health check."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from dist_helpers import launch, late_rank_health_check
+
+from hybridrec.checkpoint import latest
+
+RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=60", "train.log_every=10",
+       "data.eval_batches=2", "checkpoint.every_n_steps=10", "launcher.nproc_per_node=2"]
+
+
+def _workers(launcher_pid: int) -> list[int]:
+    """The rank processes the launcher spawned (its children running multiprocessing's spawn)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            cmdline = open(f"/proc/{entry}/cmdline").read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == launcher_pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+@pytest.mark.dist
+def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(RUN + ["launcher.max_restarts=1", f"checkpoint.dir={ckpt}",
+                                   f"hydra.run.dir={tmp_path / 'run'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while latest(str(ckpt)) is None:  # some work is saved ...
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint was written"
+        time.sleep(0.05)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[-1], signal.SIGKILL)  # ... then a rank dies without warning
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    resumed = json.load(open(tmp_path / "run" / "summary.json"))
+    assert resumed["train"]["resumed_from_step"] >= 10  # the new ranks started from a checkpoint
+    ref_run = subprocess.run(RUN + [f"checkpoint.dir={tmp_path / 'ref_ckpt'}", f"hydra.run.dir={tmp_path / 'ref'}"],
+                             capture_output=True, text=True, timeout=300)
+    assert ref_run.returncode == 0, ref_run.stderr[-3000:]
+    reference = json.load(open(tmp_path / "ref" / "summary.json"))
+    # the interrupted run ends exactly where the uninterrupted one does
+    assert resumed["train_loss"] == reference["train_loss"] and resumed["eval"] == reference["eval"]
+
+
+@pytest.mark.dist
+def test_health_check_names_the_rank_that_does_not_answer():
+    assert "Ranks 1 failed to pass monitoredBarrier" in launch(late_rank_health_check, 2, 3.0, 1.0)
+    assert launch(late_rank_health_check, 2, 0.0, 10.0) == "ok"
