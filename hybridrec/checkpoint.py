@@ -13,6 +13,7 @@ which resume never picks and the next save removes.
 
 from __future__ import annotations
 
+import copy
 import glob
 import logging
 import os
@@ -20,9 +21,12 @@ import re
 import shutil
 from typing import Any, Optional
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -68,42 +72,100 @@ def _app_state(trainer: Any) -> dict[str, Any]:
     return {"model": trainer.model.state_dict(), "optim": trainer.optimizer.optimizer.state_dict()}
 
 
-def save(trainer: Any, step: int) -> str:
-    """Save the training state after ``step`` (collective); returns the committed path."""
-    cfg = trainer.cfg.checkpoint
-    final = os.path.join(cfg.dir, f"step_{step:08d}")
-    partial = final + ".partial"
-    if trainer.rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-    dist.barrier()
-    try:
-        dcp.save(_app_state(trainer), checkpoint_id=partial)
-        rng = [None] * trainer.world_size
+class Checkpointer:
+    """Saves the trainer's state every ``checkpoint.every_n_steps`` and at the end.
+
+    With ``checkpoint.async_save``, DCP first copies the state into CPU staging memory and
+    writes it from a background thread while training goes on; the checkpoint is committed
+    (renamed from ``.partial``) once that write has finished, at the next save or at the
+    end. Its background collectives run on a gloo group of their own, so they never
+    interleave with the training's collectives.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer, self.cfg = trainer, trainer.cfg.checkpoint
+        self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
+        self.writer = ThreadPoolExecutor(max_workers=1) if self.cfg.async_save else None
+        self.pending: Optional[tuple] = None
+
+    def save(self, step: int) -> None:
+        """Save the state after ``step`` (collective)."""
+        self.wait()  # one save in flight at a time
+        t = self.trainer
+        final = os.path.join(self.cfg.dir, f"step_{step:08d}")
+        partial = final + ".partial"
+        if t.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+        dist.barrier()
+        extra = self._trainer_state(step)  # captured now, written at commit
+        try:
+            if self.cfg.async_save:
+                # DCP's async_save cannot stage TorchRec's ShardedTensors (no data_ptr), so
+                # copy the state here and run DCP's save on the copy in a background thread:
+                # what async_save does, with a stager that knows ShardedTensors.
+                staged = _stage(_app_state(t))
+                future = self.writer.submit(dcp.save, staged, checkpoint_id=partial, process_group=self.group)
+                self.pending = (future, step, partial, final, extra)
+                return
+            dcp.save(_app_state(t), checkpoint_id=partial)
+        except OSError as e:  # disk full, permissions: the previous checkpoint is untouched
+            raise RuntimeError(f"checkpoint save at step {step} into {partial} failed: {e}") from e
+        self._commit(step, partial, final, extra)
+
+    def wait(self) -> None:
+        """Finish and commit an async save in flight, if any."""
+        if self.pending is None:
+            return
+        future, step, partial, final, extra = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except OSError as e:
+            raise RuntimeError(f"checkpoint save at step {step} into {partial} failed: {e}") from e
+        self._commit(step, partial, final, extra)
+
+    def _trainer_state(self, step: int) -> dict[str, Any]:
+        t = self.trainer
+        rng = [None] * t.world_size
         dist.all_gather_object(rng, torch.get_rng_state())
-        if trainer.rank == 0:
-            torch.save(
-                {
-                    "step": step,
-                    "schedulers": [s.state_dict() for s in trainer.optimizer.schedulers],
-                    "rng": rng,
-                    "losses": trainer.losses,
-                    # what export needs to rebuild the model without the data files
-                    "features": [vars(f) for f in trainer.data.features],
-                    "num_dense_features": trainer.data.num_dense_features,
-                },
-                os.path.join(partial, "trainer_state.pt"),
-            )
-            OmegaConf.save(trainer.cfg, os.path.join(partial, "config.yaml"))
-    except OSError as e:  # disk full, permissions: the previous checkpoint is untouched
-        raise RuntimeError(f"checkpoint save at step {step} into {partial} failed: {e}") from e
-    dist.barrier()  # every rank's files are written
-    if trainer.rank == 0:
-        shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step replaces it
-        os.replace(partial, final)  # the commit: atomic on one filesystem
-        _prune(cfg.dir, cfg.keep_last)
-    dist.barrier()
-    return final
+        return {
+            "step": step,
+            "schedulers": copy.deepcopy([s.state_dict() for s in t.optimizer.schedulers]),
+            "rng": rng,
+            "losses": list(t.losses),
+            # what export needs to rebuild the model without the data files
+            "features": [vars(f) for f in t.data.features],
+            "num_dense_features": t.data.num_dense_features,
+        }
+
+    def _commit(self, step: int, partial: str, final: str, extra: dict[str, Any]) -> None:
+        t = self.trainer
+        dist.barrier()  # every rank's files are written
+        if t.rank == 0:
+            torch.save(extra, os.path.join(partial, "trainer_state.pt"))
+            OmegaConf.save(t.cfg, os.path.join(partial, "config.yaml"))
+            shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step replaces it
+            os.replace(partial, final)  # the commit: atomic on one filesystem
+            _prune(self.cfg.dir, self.cfg.keep_last)
+        dist.barrier()
+        log.info(f"checkpoint committed: {final}")
+
+
+def _stage(obj: Any) -> Any:
+    """A copy of a state dict that training can no longer change."""
+    if isinstance(obj, ShardedTensor):
+        shards = [Shard(s.tensor.detach().clone(), s.metadata) for s in obj.local_shards()]
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            shards, obj.metadata(), process_group=obj._process_group
+        )
+    if isinstance(obj, torch.Tensor):  # DTensor included: clone keeps its placements
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _stage(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_stage(v) for v in obj)
+    return copy.deepcopy(obj)
 
 
 def _prune(directory: str, keep: int) -> None:

@@ -450,6 +450,8 @@ class CheckpointConfig:
     """Complete checkpoints kept; older ones are deleted after each commit."""
     resume: str = "auto"
     """auto = newest complete checkpoint in dir if any; never; or a checkpoint path."""
+    async_save: bool = False
+    """Write checkpoints in the background (DCP async_save) while training continues."""
 
 
 class Logger(str, Enum):

@@ -74,6 +74,7 @@ class Trainer:
         self.eval_seconds = 0.0  # excluded from the training throughput
         self.profile: Optional[dict[str, Any]] = None
         self.start_step = 0  # > 0 when resuming: the steps (= global batches) already done
+        self.checkpointer = checkpoint.Checkpointer(self) if cfg.checkpoint.dir else None
         if path := checkpoint.resume_path(cfg):
             self.start_step = checkpoint.load(self, path)
             log.info(f"resumed from {path} at step {self.start_step}")
@@ -92,14 +93,16 @@ class Trainer:
             self.step_times.append(time.perf_counter() - tick)
             if profiler:
                 profiler.step()
-            save = self.cfg.checkpoint.dir and (step == cfg.steps or (every and step % every == 0))
+            save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
             if step % cfg.log_every == 0 or step == cfg.steps or save:
                 self._log(step, bar)  # also checks the losses are finite: no bad checkpoint
             if save:
-                checkpoint.save(self, step)
+                self.checkpointer.save(step)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                 self._evaluate_and_log(step, bar)
             bar.update()
+        if self.checkpointer:
+            self.checkpointer.wait()  # an async save still in flight is committed here
         wall = time.perf_counter() - self.start - self.eval_seconds
         bar.close()
         if profiler:

@@ -32,6 +32,9 @@ def runs(tmp_path_factory):
         _cfg(f"checkpoint.dir={b}"),  # ... and resumes (checkpoint.resume=auto)
         # the step-4 checkpoint of the 2-rank table-wise run, continued row-wise
         _cfg(f"checkpoint.dir={tmp / 'c'}", f"checkpoint.resume={a / 'step_00000004'}", "sharding=row_wise"),
+        # the same interruption with checkpoints written in the background
+        _cfg(f"checkpoint.dir={tmp / 'e'}", "train.steps=4", "checkpoint.async_save=true"),
+        _cfg(f"checkpoint.dir={tmp / 'e'}", "checkpoint.async_save=true"),
     ]
     two = launch(train_and_gather, 2, cfgs, str(tmp))
     # ... and continued on 1 rank
@@ -43,11 +46,12 @@ def runs(tmp_path_factory):
 @pytest.mark.dist
 def test_resume_is_bit_exact(runs):
     _, two, _ = runs
-    uninterrupted, resumed = two[0], two[2]
-    assert resumed["summary"]["train"]["resumed_from_step"] == 4
-    assert resumed["losses"] == uninterrupted["losses"]  # bit for bit
-    for key, value in uninterrupted["state"].items():
-        assert torch.equal(resumed["state"][key], value), key
+    uninterrupted = two[0]
+    for resumed in (two[2], two[5]):  # saved synchronously, and with async_save
+        assert resumed["summary"]["train"]["resumed_from_step"] == 4
+        assert resumed["losses"] == uninterrupted["losses"]  # bit for bit
+        for key, value in uninterrupted["state"].items():
+            assert torch.equal(resumed["state"][key], value), key
 
 
 @pytest.mark.dist
