@@ -35,6 +35,7 @@ CONFIGS = {
 
 def steady_rate(run_dir: str, global_batch: int) -> float:
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = [r for r in rows if "elapsed_s" in r]  # step records (eval records have none)
     first, last = rows[0], rows[-1]
     return (last["step"] - first["step"]) * global_batch / (last["elapsed_s"] - first["elapsed_s"])
 

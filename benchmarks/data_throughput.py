@@ -56,6 +56,7 @@ def training_rate(steps: int = 120) -> float:
                         "train.log_every=20", "data.eval_batches=1", f"hydra.run.dir={run}"],
                        check=True, capture_output=True)
         rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+        rows = [r for r in rows if "elapsed_s" in r]  # step records (eval records have none)
         first, last = rows[0], rows[-1]
         return (last["step"] - first["step"]) * 2048 / (last["elapsed_s"] - first["elapsed_s"])
 
