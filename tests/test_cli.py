@@ -94,3 +94,30 @@ def test_multirun_sweeps_optimizers(tmp_path):
     assert len(jobs) == 2 and "optimizer=adagrad" in jobs[0] and "optimizer=sgd" in jobs[1]
     losses = [_summary(sweep / j)["train_loss"] for j in jobs]
     assert losses[0] != losses[1]
+
+
+@pytest.mark.dist
+def test_two_simulated_nodes_match_one_node(tmp_path):
+    """Two torchrun launchers (--nnodes 2 --nproc_per_node 1) rendezvous on loopback: the
+    planner sees one rank per node, and training gives the losses of one 2-rank node."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [*TINY, "train.log_every=1", "sharding=table_row_wise"]
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    nodes = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(n),
+                               "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "t",
+                               "-m", "hybridrec.train", *args, f"hydra.run.dir={tmp_path / 'nodes'}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    for node in nodes:
+        out, err = node.communicate(timeout=240)
+        assert node.returncode == 0, err[-3000:]
+    _run([sys.executable, "-m", "hybridrec.train", *args, "launcher.nproc_per_node=2",
+          f"hydra.run.dir={tmp_path / 'one'}"])
+    plan = json.load(open(tmp_path / "nodes" / "plan.json"))
+    assert plan["topology"]["world_size"] == 2 and plan["topology"]["local_world_size"] == 1
+    records = lambda d: [json.loads(line) for line in open(tmp_path / d / "metrics.jsonl")]
+    losses = lambda d: [r["loss"] for r in records(d) if "loss" in r]
+    assert losses("nodes") == pytest.approx(losses("one"), rel=1e-5, abs=1e-6)
