@@ -52,6 +52,15 @@ class DataConfig:
     """Global batch size: each of the world_size ranks takes batch_size / world_size rows."""
 
 
+class DenseDistribution(str, Enum):
+    normal = "normal"
+    """Standard normal: features already normalized."""
+    lognormal = "lognormal"
+    """Heavy-tailed positive values, like raw counts; the model sees log(1 + x)."""
+    uniform = "uniform"
+    """Uniform on [0, 1)."""
+
+
 @dataclass
 class SyntheticDataConfig(DataConfig):
     _target_: str = "hybridrec.data.synthetic.SyntheticClickLog"
@@ -67,6 +76,8 @@ class SyntheticDataConfig(DataConfig):
     """Ids per sample for each feature (as MLPerf's multi-hot Criteo); empty = ids_per_feature."""
     zipf_exponent: float = 1.05
     """Popularity skew of the ids: P(rank k) ~ k^-a, as in real click logs."""
+    dense_distribution: DenseDistribution = DenseDistribution.normal
+    """Distribution of the dense features."""
     eval_batches: int = 8
     """Held-out global batches used for the evaluation at the end of training."""
 

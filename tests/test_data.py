@@ -69,3 +69,16 @@ def test_labels_follow_the_planted_model():
 def test_eval_split_has_configured_length():
     data = instantiate(compose_cfg(["data.eval_batches=3"]).data, seed=0)
     assert len(list(data.batches("eval", 0, 2))) == 3
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal", "uniform"])
+def test_dense_distribution_is_configurable_and_learnable(dist):
+    data = _log(batch_size=20000, dense_distribution=dist)
+    dense = data.global_batch("train", 0).dense_features
+    if dist == "uniform":
+        assert dense.min() >= 0 and dense.max() < 1
+    elif dist == "lognormal":
+        assert dense.min() >= 0 and dense.mean() > 0.5  # log(1 + x) of positive counts
+    else:
+        assert abs(dense.mean()) < 0.05 and abs(dense.std() - 1) < 0.05
+    assert 0.1 < data.global_batch("train", 0).labels.mean() < 0.6

@@ -38,6 +38,7 @@ class SyntheticClickLog:
         zipf_exponent: float,
         eval_batches: int,
         seed: int,
+        dense_distribution: str = "normal",
     ) -> None:
         self.batch_size = batch_size
         self.num_dense_features = num_dense_features
@@ -56,6 +57,7 @@ class SyntheticClickLog:
             if f.num_embeddings % _SCATTER == 0 or f.num_embeddings >= 2**33:
                 raise ValueError(f"synthetic table size {f.num_embeddings} is not supported")
         self.zipf_exponent = zipf_exponent
+        self.dense_distribution = getattr(dense_distribution, "value", dense_distribution)
         self.eval_batches = eval_batches
         self.seed = seed
         # The planted model's dense weights; sparse weights are a hash of (feature, id), so
@@ -88,13 +90,19 @@ class SyntheticClickLog:
         """The ``index``-th global batch of ``split`` as arrays: dense (b, d), per feature
         ids (b, k), labels (b,). A pure function of (seed, split, index)."""
         rng = np.random.default_rng([self.seed, _SPLITS[split], index])
-        b = self.batch_size
-        dense = rng.standard_normal((b, self.num_dense_features))
+        b, shape = self.batch_size, (self.batch_size, self.num_dense_features)
+        if self.dense_distribution == "lognormal":  # raw-count-like; the model sees log(1 + x)
+            raw = rng.lognormal(0.0, 1.5, shape)
+            dense = np.log1p(raw)
+            signal = (dense - 1.0) / 0.8  # roughly centred, for the planted logit
+        else:
+            dense = rng.standard_normal(shape) if self.dense_distribution == "normal" else rng.random(shape)
+            signal = dense if self.dense_distribution == "normal" else (dense - 0.5) * 3.4
         ids = [
             self._zipf_rows(rng, f.num_embeddings, b * k).reshape(b, k)
             for f, k in zip(self.features, self._sizes)
         ]
-        logit = -1.0 + 1.5 * dense @ self._dense_w
+        logit = -1.0 + 1.5 * signal @ self._dense_w
         for i, f_ids in enumerate(ids):
             logit += 3.0 * self._planted_weight(i, f_ids).mean(axis=1) / np.sqrt(len(ids))
         labels = rng.random(b) < 1 / (1 + np.exp(-logit))
