@@ -54,6 +54,17 @@ def resolve_paths(spec: Optional[str], key: str, pattern: str = "*") -> list[str
     return paths
 
 
+def criteo_tables(num_embeddings_per_feature: list[int]) -> tuple[list[SparseFeature], np.ndarray]:
+    """The 26 categorical features and their table sizes, checked."""
+    if len(num_embeddings_per_feature) != CAT_FEATURES:
+        raise DataError(
+            f"data.num_embeddings_per_feature needs {CAT_FEATURES} sizes for Criteo, "
+            f"got {len(num_embeddings_per_feature)}"
+        )
+    features = [SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)]
+    return features, np.array(num_embeddings_per_feature, dtype=np.int64)
+
+
 def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: str) -> np.ndarray:
     """Raw 32-bit ids (n, F) into table rows: ``modulo`` (TorchRec's convention) or ``hash``
     (a 64-bit mix first, so that ids differing in low bits do not collide in patterns)."""
@@ -104,11 +115,7 @@ class CriteoTSV:
         eval_batches: Optional[int],
         seed: int,
     ) -> None:
-        if len(num_embeddings_per_feature) != CAT_FEATURES:
-            raise DataError(
-                f"data.num_embeddings_per_feature needs {CAT_FEATURES} sizes for Criteo, "
-                f"got {len(num_embeddings_per_feature)}"
-            )
+        self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
         self.batch_size = batch_size
         self.files = {
             "train": resolve_paths(train_path, "data.train_path"),
@@ -117,9 +124,7 @@ class CriteoTSV:
         for split, paths in self.files.items():
             if all(os.path.getsize(p) == 0 for p in paths):
                 raise DataError(f"data.{split}_path: every file is empty: {', '.join(paths)}")
-        self.features = [SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)]
         self.num_dense_features = INT_FEATURES
-        self.sizes = np.array(num_embeddings_per_feature, dtype=np.int64)
         self.id_mapping = getattr(id_mapping, "value", id_mapping)
         self.fail = getattr(bad_rows, "value", bad_rows) == "fail"
         self.block_size = block_size_mb * 2**20
@@ -285,19 +290,13 @@ class CriteoBinary:
         eval_batches: Optional[int],
         seed: int,
     ) -> None:
-        if len(num_embeddings_per_feature) != CAT_FEATURES:
-            raise DataError(
-                f"data.num_embeddings_per_feature needs {CAT_FEATURES} sizes for Criteo, "
-                f"got {len(num_embeddings_per_feature)}"
-            )
+        self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
         self.batch_size = batch_size
         self.days = {
             "train": self._days(train_path, "data.train_path"),
             "eval": self._days(eval_path, "data.eval_path"),
         }
-        self.features = [SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)]
         self.num_dense_features = INT_FEATURES
-        self.sizes = np.array(num_embeddings_per_feature, dtype=np.int64)
         self.id_mapping = getattr(id_mapping, "value", id_mapping)
         self.eval_batches = eval_batches
         self._report = ReadReport()
