@@ -44,6 +44,49 @@ class DCNConfig(DLRMConfig):
     """Rank of each cross layer's low-rank weight (MLPerf: 512)."""
 
 
+@dataclass
+class DeepFMConfig(ModelConfig):
+    _target_: str = "hybridrec.models.deepfm.DeepFMRanker"
+    dense_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 16])
+    """MLP projecting the dense features to one FM field; its last size must equal embedding_dim."""
+    deep_layer_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    """Hidden layers of the deep tower over all fields (a linear output layer follows)."""
+
+
+@dataclass
+class TwoTowerConfig(ModelConfig):
+    _target_: str = "hybridrec.models.two_tower.TwoTower"
+    user_features: list[str] = field(default_factory=lambda: ["user", "age", "gender", "occupation", "zip"])
+    """Features of the user tower; every other feature belongs to the item tower."""
+    tower_layer_sizes: list[int] = field(default_factory=lambda: [64, 32])
+    """Each tower's MLP; the last size is the retrieval vector's width."""
+    normalize: bool = True
+    """L2-normalize both towers' outputs (cosine scores)."""
+    temperature: float = 0.1
+    """Scores are <user, item> / temperature."""
+
+
+# ---------------------------------------------------------------------------- loss
+@dataclass
+class LossConfig:
+    _target_: str = MISSING
+
+
+@dataclass
+class ApproxNDCGConfig(LossConfig):
+    _target_: str = "hybridrec.losses.ApproxNDCG"
+    temperature: float = 0.1
+    """Smoothness of the approximate rank: smaller is closer to the true rank, with steeper gradients."""
+
+
+@dataclass
+class InBatchSoftmaxConfig(LossConfig):
+    _target_: str = "hybridrec.losses.InBatchSoftmax"
+    logq_correction: bool = True
+    """Subtract log(item frequency) from each in-batch logit: corrects the popularity bias
+    of using other rows' items as negatives."""
+
+
 # ---------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
@@ -149,6 +192,38 @@ class MovieLensDataConfig(DataConfig):
     """Age, gender, occupation, zip prefix and genres beside user and item."""
     bad_rows: BadRows = BadRows.skip
     eval_batches: Optional[int] = None
+
+
+class NegativeSampling(str, Enum):
+    catalogue = "catalogue"
+    """Uniform over the movies the user has not rated."""
+    batch = "batch"
+    """From the movies of the other lists of the same global batch (in-batch negatives:
+    popularity-distributed), excluding the user's rated movies."""
+
+
+class EvalItems(str, Enum):
+    sampled = "sampled"
+    """Each user's held-out rated movies plus eval_negatives unrated movies."""
+    catalogue = "catalogue"
+    """Every movie the user did not rate in training: full-catalogue retrieval metrics."""
+
+
+@dataclass
+class MovieLensRankDataConfig(MovieLensDataConfig):
+    _target_: str = "hybridrec.data.movielens.MovieLensRank"
+    batch_size: int = 1280
+    """Global batch in rows: a whole number of lists (list_size + negatives rows) per rank."""
+    list_size: int = 10
+    """Rated movies per training list (a user's shorter remainder is padded, weight 0)."""
+    negatives: int = 10
+    """Unrated movies sampled into every training list (relevance 0, label 0)."""
+    negative_sampling: NegativeSampling = NegativeSampling.catalogue
+    eval_items: EvalItems = EvalItems.sampled
+    eval_negatives: int = 50
+    """Unrated movies added to each user's eval list (eval_items=sampled)."""
+    ranking_k: int = 10
+    """Cut-off of NDCG@k and recall@k."""
 
 
 # ---------------------------------------------------------------------------- sharding
@@ -485,6 +560,7 @@ class ProfileConfig:
 @dataclass
 class HybridrecConfig:
     model: ModelConfig = MISSING
+    loss: LossConfig = MISSING
     data: DataConfig = MISSING
     sharding: ShardingConfig = MISSING
     optimizer: OptimizerConfig = MISSING
@@ -506,10 +582,16 @@ def register_configs() -> None:
     # with `- /schema/<group>/<name>@_here_`.
     cs.store(group="schema/model", name="dlrm", node=DLRMConfig)
     cs.store(group="schema/model", name="dcn", node=DCNConfig)
+    cs.store(group="schema/model", name="deepfm", node=DeepFMConfig)
+    cs.store(group="schema/model", name="two_tower", node=TwoTowerConfig)
+    cs.store(group="schema/loss", name="loss", node=LossConfig)
+    cs.store(group="schema/loss", name="approx_ndcg", node=ApproxNDCGConfig)
+    cs.store(group="schema/loss", name="sampled_softmax", node=InBatchSoftmaxConfig)
     cs.store(group="schema/data", name="synthetic", node=SyntheticDataConfig)
     cs.store(group="schema/data", name="criteo", node=CriteoDataConfig)
     cs.store(group="schema/data", name="criteo_binary", node=CriteoBinaryDataConfig)
     cs.store(group="schema/data", name="movielens", node=MovieLensDataConfig)
+    cs.store(group="schema/data", name="movielens_rank", node=MovieLensRankDataConfig)
     cs.store(group="schema/sharding", name="sharding", node=ShardingConfig)
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
     cs.store(group="schema/optimizer", name="optimizer", node=OptimizerConfig)
@@ -556,6 +638,33 @@ def hsdp_degrees(mesh: MeshConfig, world_size: int, local_world_size: int) -> tu
 
 def _kwargs(node: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in node.items() if not str(k).startswith("_")}
+
+
+def _validate_loss(cfg: DictConfig, world_size: int) -> None:
+    """The loss, the model and the data must fit together."""
+    loss = get_class(cfg.loss._target_)
+    lists = "list_size" in cfg.data
+    if getattr(loss, "list_based", False) and not lists:
+        raise ValueError(
+            f"loss={cfg.loss._target_.rsplit('.', 1)[-1]} ranks lists: it needs a list source "
+            f"(data=movielens_rank, or +experiment=movielens_rank)"
+        )
+    if getattr(loss, "in_batch", False) and not cfg.model._target_.endswith("TwoTower"):
+        raise ValueError("loss=sampled_softmax scores users against in-batch items: it needs model=two_tower")
+    movielens = cfg.data._target_.startswith("hybridrec.data.movielens.")
+    if (getattr(loss, "in_batch", False) or cfg.loss._target_.endswith(".MSE")) and not movielens:
+        raise ValueError(f"loss {cfg.loss._target_} needs ratings and item ids: data=movielens or data=movielens_rank")
+    if lists:
+        d = cfg.data
+        if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
+            raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")
+        rows = d.list_size + d.negatives
+        if d.batch_size % (rows * world_size):
+            raise ValueError(
+                f"data.batch_size={d.batch_size} must be a whole number of lists of "
+                f"data.list_size + data.negatives = {rows} rows on each of the {world_size} rank(s) "
+                f"(a multiple of {rows * world_size})"
+            )
 
 
 def validate(cfg: DictConfig, world_size: int) -> None:
@@ -647,14 +756,20 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         if not sizes or min(sizes) < 1:
             raise ValueError(f"data.num_embeddings_per_feature must be non-empty and >= 1: {sizes}")
     if "dense_arch_layer_sizes" in cfg.model:
-        dense, over = list(cfg.model.dense_arch_layer_sizes), list(cfg.model.over_arch_layer_sizes)
+        dense = list(cfg.model.dense_arch_layer_sizes)
         if not dense or dense[-1] != cfg.model.embedding_dim:
             raise ValueError(
                 f"model.dense_arch_layer_sizes must end with model.embedding_dim="
-                f"{cfg.model.embedding_dim} (DLRM's dot interaction), got {dense}"
+                f"{cfg.model.embedding_dim} (the dense features meet the embeddings), got {dense}"
             )
+    if "over_arch_layer_sizes" in cfg.model:
+        over = list(cfg.model.over_arch_layer_sizes)
         if not over or over[-1] != 1:
             raise ValueError(f"model.over_arch_layer_sizes must end with 1 (one logit), got {over}")
+    for key in ("deep_layer_sizes", "tower_layer_sizes"):
+        if key in cfg.model and (not cfg.model[key] or min(cfg.model[key]) < 1):
+            raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg.model[key])}")
+    _validate_loss(cfg, world_size)
     if cfg.optimizer.sparse.get("weight_decay", 0.0):
         # Measured: 0 and 0.1 train identically, even with fbgemm's weight_decay_mode set.
         raise ValueError(

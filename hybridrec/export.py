@@ -6,7 +6,9 @@ Rebuilds the plain (non-distributed) model from the checkpoint's own config and 
 list, lets torch.distributed.checkpoint load every sharded tensor into its full form (no
 process group needed), and saves ``model.state_dict()`` with torch.save (default:
 ``<checkpoint>/model.pt``). Load it with ``build_model(checkpoint)`` +
-``load_state_dict(torch.load(file))``.
+``load_state_dict(torch.load(file))``. For a two-tower model it also writes
+``item_vectors.pt`` beside it: every catalogue item's id and item-tower vector (needs the
+run's data, to build the item features), ready for a nearest-neighbour index.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
+from hybridrec import models
 from hybridrec.data import SparseFeature
 
 
@@ -27,11 +30,7 @@ def build_model(checkpoint: str) -> nn.Module:
     """The checkpoint's model, unsharded, on CPU, uninitialized."""
     cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
     state = torch.load(os.path.join(checkpoint, "trainer_state.pt"), weights_only=False)
-    model = instantiate(
-        cfg.model,
-        features=[SparseFeature(**f) for f in state["features"]],
-        num_dense_features=state["num_dense_features"],
-    )
+    model = models.build_model(cfg, [SparseFeature(**f) for f in state["features"]], state["num_dense_features"])
     model.sparse_module().to_empty(device="cpu")  # the tables were created on `meta`
     return model
 
@@ -42,6 +41,14 @@ def export(checkpoint: str, out: str) -> nn.Module:
     dcp.load(state, checkpoint_id=checkpoint, no_dist=True)  # one process: loads full tensors
     model.load_state_dict(state["model"])
     torch.save(model.state_dict(), out)
+    if hasattr(model, "item_vectors"):  # two-tower: the item side of nearest-neighbour search
+        cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
+        items, batch = instantiate(cfg.data, seed=cfg.seed).catalogue_batch()
+        model.eval()
+        vectors = model.item_vectors(batch)
+        path = os.path.join(os.path.dirname(out), "item_vectors.pt")
+        torch.save({"item_ids": torch.from_numpy(items), "vectors": vectors}, path)
+        print(f"hybridrec.export: {len(items):,} item vectors of width {vectors.shape[1]} -> {path}")
     return model
 
 

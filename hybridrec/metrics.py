@@ -46,6 +46,39 @@ def binary_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float
     }
 
 
+def ranking_metrics(scores: np.ndarray, relevance: np.ndarray, query: np.ndarray, threshold: float,
+                    k: int) -> dict[str, float]:
+    """Per-query NDCG@k (gains 2^rel - 1), MAP and recall@k (relevant: relevance >=
+    threshold), averaged over queries. A query without any relevant row has no recall or
+    average precision, one with zero ideal DCG no NDCG: they are left out of those means and
+    the counts say how many queries each mean covers. Ties in score keep row order.
+    (torchrec.metrics has NDCG only for its windowed, per-session RecMetric, not over a
+    gathered eval set, hence this.)"""
+    order = np.lexsort((-scores, query))  # by query, then score descending (stable)
+    q, rel = query[order], relevance[order].astype(np.float64)
+    starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
+    pos = np.arange(len(q)) - np.repeat(starts, np.diff(np.r_[starts, len(q)]))  # 0-based rank in query
+    top = pos < k
+    discount = 1.0 / np.log2(pos + 2.0)
+    dcg = np.add.reduceat(np.where(top, (2.0**rel - 1) * discount, 0.0), starts)
+    ideal_order = np.lexsort((-relevance, query))
+    ideal_rel = relevance[ideal_order].astype(np.float64)
+    idcg = np.add.reduceat(np.where(top, (2.0**ideal_rel - 1) * discount, 0.0), starts)
+    hit = (rel >= threshold).astype(np.float64)
+    n_rel = np.add.reduceat(hit, starts)
+    hits_at_k = np.add.reduceat(hit * top, starts)
+    hits_so_far = np.cumsum(hit) - np.repeat(np.r_[0.0, np.cumsum(hit)[starts[1:] - 1]], np.diff(np.r_[starts, len(q)]))
+    ap = np.add.reduceat(hit * hits_so_far / (pos + 1.0), starts)
+    has_rel, has_gain = n_rel > 0, idcg > 0
+    return {
+        f"ndcg@{k}": float(np.mean(dcg[has_gain] / idcg[has_gain])) if has_gain.any() else float("nan"),
+        "map": float(np.mean(ap[has_rel] / n_rel[has_rel])) if has_rel.any() else float("nan"),
+        f"recall@{k}": float(np.mean(hits_at_k[has_rel] / n_rel[has_rel])) if has_rel.any() else float("nan"),
+        "queries": int(len(starts)),
+        "queries_with_relevant": int(has_rel.sum()),
+    }
+
+
 def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
     """Concatenate equal-sized tensors from every rank, in rank order."""
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -187,8 +220,13 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
         ax_eval.plot(steps, [r["eval"]["auc"] for r in evals], "o-", color="tab:green", label="AUC")
         ax_eval.set(title="eval", xlabel="step", ylabel="AUC")
         ax_ne = ax_eval.twinx()
-        ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
-        ax_ne.set_ylabel("NE (lower is better)")
+        if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs
+            ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
+            ax_ne.set_ylabel("NE (lower is better)")
+        ndcg = next((k for k in evals[0]["eval"] if k.startswith("ndcg")), None)
+        if ndcg:  # ranking sources
+            ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
+            ax_eval.set_ylabel("AUC / NDCG")
         ax_eval.legend(handles=ax_eval.lines + ax_ne.lines, loc="center right")
     ax_rate.plot([r["step"] for r in train], [r["samples_per_second"] for r in train], color="tab:purple")
     ax_rate.set(title="throughput (cumulative)", xlabel="step", ylabel="samples/s")
@@ -197,6 +235,13 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def format_eval(e: dict[str, Any]) -> str:
+    """One line of the eval metrics a run has (ranking objectives have no NE or calibration)."""
+    names = {"auc": "AUC", "ne": "NE", "logloss": "logloss", "calibration": "calibration", "map": "MAP"}
+    parts = [f"{names.get(k, k)} {v:.4f}" for k, v in e.items() if isinstance(v, float)]
+    return "  ".join(parts + [f"n {e['n']:,}"])
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -209,9 +254,7 @@ def format_summary(s: dict[str, Any]) -> str:
         ("samples/s", f"{t['samples_per_second']:,.0f}"),
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
-        ("eval AUC / NE", f"{e['auc']:.4f} / {e['ne']:.4f}"),
-        ("eval logloss / calibration / accuracy", f"{e['logloss']:.4f} / {e['calibration']:.3f} / {e['accuracy']:.4f}"),
-        ("eval samples", f"{e['n']:,}"),
+        ("eval", format_eval(e)),
         ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
     ]
     if "profile" in s:

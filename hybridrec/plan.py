@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from hybridrec.config import Device, register_configs, validate
 from hybridrec.metrics import write_json
+from hybridrec.models import build_model
 from hybridrec.sharding import HybridEBCSharder, PlanError, format_report, plan_tables
 
 register_configs()
@@ -40,7 +41,7 @@ def dry_plan(
     take unset memory sizes from this machine (the check before a run here) rather than
     TorchRec's defaults (planning for another cluster)."""
     data = instantiate(cfg.data, seed=cfg.seed)
-    model = instantiate(cfg.model, features=data.features, num_dense_features=data.num_dense_features)
+    model = build_model(cfg, data.features, data.num_dense_features, getattr(data, "list_size", None))
     pooling = {f.name: f.pooling_factor for f in data.features}
     _, report = plan_tables(
         model, cfg, HybridEBCSharder(), world_size, local_world_size, device_type, pooling,

@@ -25,10 +25,13 @@ from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Device, Logger
+from hybridrec.losses import BCE
 from hybridrec.metrics import (
     MetricsLog,
     all_gather_cat,
     binary_metrics,
+    format_eval,
+    ranking_metrics,
     comm_compute_split,
     format_summary,
     peak_rss_mb,
@@ -36,6 +39,7 @@ from hybridrec.metrics import (
     plot_report,
     write_json,
 )
+from hybridrec.models import build_model
 from hybridrec.optim import TrainOptimizer
 from hybridrec.parallelize import parallelize
 from hybridrec.plan import quiet_enumerator
@@ -52,11 +56,10 @@ class Trainer:
         # every rank and for every world size. Embeddings get their own plan-independent init.
         torch.manual_seed(cfg.seed)
         self.data = instantiate(cfg.data, seed=cfg.seed)
-        model = instantiate(
-            cfg.model, features=self.data.features, num_dense_features=self.data.num_dense_features
-        )
+        model = build_model(cfg, self.data.features, self.data.num_dense_features, getattr(self.data, "list_size", None))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         pooling = {f.name: f.pooling_factor for f in self.data.features}
+        self.loss = model.loss
         self.model, self.plan = parallelize(
             model, cfg, device, local_world_size, pooling, dist.group.WORLD
         )
@@ -140,9 +143,7 @@ class Trainer:
         self.eval_history.append({"step": step, **result})
         self.metrics.log(step=step, eval=result)
         if self.rank == 0:
-            bar.write(f"eval @ step {step}: AUC {result['auc']:.4f}  NE {result['ne']:.4f}  "
-                      f"logloss {result['logloss']:.4f}  calibration {result['calibration']:.3f}  "
-                      f"n {result['n']:,}")
+            bar.write(f"eval @ step {step}: {format_eval(result)}")
         return result
 
     @torch.no_grad()
@@ -150,15 +151,28 @@ class Trainer:
         """Metrics over the whole eval split, predictions gathered from every rank."""
         model = self.pipeline.detach()  # restores the model's own forward (no pipelining)
         model.eval()
-        probs, labels = [], []
+        columns: dict[str, list[torch.Tensor]] = {"score": [], "label": []}
         for batch in self.data.batches("eval", self.rank, self.world_size):
             _, (_, logits, y) = model(batch.to(self.device))
-            probs.append(torch.sigmoid(logits))
-            labels.append(y)
+            columns["score"].append(logits)
+            columns["label"].append(y)
+            for name in ("weights", "relevance", "query"):  # ranking sources (RecBatch)
+                if hasattr(batch, name):
+                    columns.setdefault(name, []).append(getattr(batch, name))
         model.train()  # the pipeline re-attaches itself at the next progress()
-        return binary_metrics(
-            all_gather_cat(torch.cat(probs)).cpu(), all_gather_cat(torch.cat(labels)).cpu()
-        )
+        c = {name: all_gather_cat(torch.cat(parts).to(self.device)).cpu() for name, parts in columns.items()}
+        if "weights" in c:  # padding rows (the eval tail of list sources) are no rows
+            real = c.pop("weights") > 0
+            c = {name: t[real] for name, t in c.items()}
+        result = binary_metrics(torch.sigmoid(c["score"]), c["label"])
+        if not isinstance(self.loss, BCE):
+            # Scores trained by a ranking or regression objective are not click probabilities:
+            # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
+            result = {k: v for k, v in result.items() if k not in ("ne", "logloss", "calibration", "accuracy")}
+        if hasattr(self.data, "ranking_k"):  # lists per user: NDCG, MAP, recall
+            result |= ranking_metrics(c["score"].double().numpy(), c["relevance"].numpy(), c["query"].numpy(),
+                                      self.data.threshold, self.data.ranking_k)
+        return result
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
         """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
@@ -339,10 +353,9 @@ def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str
     summary = Trainer(cfg, run_dir, device).train()
     if rank == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
-        e = summary["eval"]
         log.info(
             f"{summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
-            f"train loss {summary['train_loss']:.4f}, eval AUC {e['auc']:.4f} NE {e['ne']:.4f}"
+            f"train loss {summary['train_loss']:.4f}, eval {format_eval(summary['eval'])}"
         )
         print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
     return summary

@@ -16,6 +16,7 @@ from dist_helpers import launch, train_and_gather
 from hydra.utils import instantiate
 from torch.optim.lr_scheduler import LambdaLR
 
+from hybridrec.models import build_model
 from hybridrec.optim import lr_multiplier
 from hybridrec.parallelize import _table_slice
 
@@ -44,7 +45,7 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     Applies the config's lr schedules (torch's LambdaLR) and dense clipping the plain way."""
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data, seed=cfg.seed)
-    model = instantiate(cfg.model, features=data.features, num_dense_features=data.num_dense_features)
+    model = build_model(cfg, data.features, data.num_dense_features)
     ebc = model.sparse_module()
     ebc.to_empty(device="cpu")
     with torch.no_grad():

@@ -9,7 +9,7 @@ number of steps (a partial last global batch is dropped, and counted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 import numpy as np
@@ -47,6 +47,44 @@ def make_batch(
         ),
         labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
     )
+
+
+@dataclass
+class RecBatch(Batch):
+    """A Batch with what ranking objectives and metrics need beside the binary label.
+
+    Rows of a list source come in lists of a fixed size (the loss reshapes by it), so every
+    rank's slice of a global batch holds whole lists. ``to``/``record_stream``/``pin_memory``
+    move every field, which is what TorchRec's train pipelines call on a batch.
+    """
+
+    relevance: torch.Tensor
+    """Graded relevance (the rating); 0 for sampled unrated items and for padding."""
+    weights: torch.Tensor
+    """1 for a real row, 0 for padding (lists shorter than the list size, the eval tail)."""
+    query: torch.Tensor
+    """The list a row belongs to (the user): ranking metrics group by it."""
+    log_q: torch.Tensor
+    """log of the row's item frequency among training rows: the log-q correction of
+    in-batch sampled softmax."""
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "RecBatch":
+        return RecBatch(**{f.name: getattr(self, f.name).to(device=device, non_blocking=non_blocking)
+                           for f in fields(self)})
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for f in fields(self):
+            getattr(self, f.name).record_stream(stream)
+
+    def pin_memory(self) -> "RecBatch":
+        return RecBatch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+
+
+def rec_batch(batch: Batch, relevance: np.ndarray, weights: np.ndarray, query: np.ndarray,
+              log_q: np.ndarray) -> RecBatch:
+    as_f32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    return RecBatch(batch.dense_features, batch.sparse_features, batch.labels, as_f32(relevance),
+                    as_f32(weights), torch.from_numpy(np.ascontiguousarray(query, dtype=np.int64)), as_f32(log_q))
 
 
 def one_hot(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from torchrec.datasets.utils import Batch
 
-from hybridrec.data import DataError, ReadReport, SparseFeature, make_batch, rank_rows
+from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, make_batch, rank_rows, rec_batch
 
 GENRES = 19
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
@@ -47,25 +47,24 @@ class MovieLens:
         user, item, rating, ts = self._read_table(ratings_path, "\t", 4, numeric=range(4))
         if len(user) == 0:
             raise DataError(f"{ratings_path}: no valid rating")
+        self.user, self.item, self.rating, self.threshold = user, item, rating.astype(np.float32), label_threshold
         self.label = (rating >= label_threshold).astype(np.float32)
-        sparse = {"user": user, "item": item}
-        sizes = {"user": int(user.max()) + 1, "item": int(item.max()) + 1}
-        dense = [np.ones(len(user), dtype=np.float32)]  # a bias input when there are no side files
+        self.side_features = side_features
+        self.features = [SparseFeature("user", int(user.max()) + 1), SparseFeature("item", int(item.max()) + 1)]
+        self.num_dense_features = 1  # a bias input when there are no side files
         if side_features:
             users = self._read_table(os.path.join(path, "u.user"), "|", 5, numeric=[0, 1])
             items = self._read_table(os.path.join(path, "u.item"), "|", 5 + GENRES, numeric=[0, *range(5, 5 + GENRES)])
-            dense, side, side_sizes, genres = self._side(users, items, user, item)
-            sparse.update(side)
-            sizes.update(side_sizes)
-            self.genres = genres
-        self.dense = np.stack(dense, axis=1).astype(np.float32)
-        self.sparse = sparse
-        self.features = [SparseFeature(name, sizes[name]) for name in sparse]
-        if side_features:
-            mean_genres = float(np.mean([len(g) for g in self.genres[1]])) if len(self.genres[1]) else 1.0
+            self._side(users, items, user, item)
+            self.features += [SparseFeature(name, size) for name, size in self.side_sizes.items()]
+            mean_genres = float(np.mean([len(self.item_genres[i]) for i in item]))
             self.features.append(SparseFeature("genres", GENRES, mean_genres))
-        self.num_dense_features = self.dense.shape[1]
+            self.num_dense_features = 2  # age and release year
         self.split_rows = self._split(split, eval_fraction, ts)
+        # log of each item's frequency among training rows: in-batch negatives are drawn
+        # with this probability (the log-q correction of sampled softmax)
+        counts = np.bincount(item[self.split_rows["train"]], minlength=int(item.max()) + 1)
+        self.item_log_q = np.log(np.maximum(counts, 1) / max(len(self.split_rows["train"]), 1))
 
     def report(self) -> dict:
         return self._report.to_dict()
@@ -115,8 +114,8 @@ class MovieLens:
             for j in range(columns)
         ]
 
-    def _side(self, users, items, user, item):
-        """Side features per rating, from the user and item files."""
+    def _side(self, users, items, user, item) -> None:
+        """Per-user and per-item side tables, from the user and item files."""
         uid, ages, genders_col, jobs_col, zips_col = users
         n_users = max(int(uid.max()), int(user.max())) + 1
         age = np.zeros(n_users)
@@ -136,19 +135,25 @@ class MovieLens:
         item_genres = [np.zeros(0, dtype=np.int64)] * n_items
         for k, i in enumerate(iid):
             item_genres[i] = np.flatnonzero(flags[k])
-        lengths = np.array([len(item_genres[i]) for i in item], dtype=np.int32)
-        values = np.concatenate([item_genres[i] for i in item]) if len(item) else np.zeros(0, np.int64)
-        dense = [age[user] / 100.0, (year[item] - 1900.0) / 100.0]
-        side = {
-            "age": np.searchsorted(_AGE_EDGES, age[user], side="right"),
-            "gender": gender[user],
-            "occupation": job[user],
-            "zip": zip3[user],
-        }
-        sizes = {"age": len(_AGE_EDGES) + 1, "gender": len(genders) + 1,
-                 "occupation": len(jobs) + 1, "zip": len(zips) + 1}
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        return dense, side, sizes, (offsets, [values[offsets[k]:offsets[k + 1]] for k in range(len(item))])
+        self.user_age, self.item_year, self.item_genres = age, year, item_genres
+        self.user_side = {"age": np.searchsorted(_AGE_EDGES, age, side="right"), "gender": gender,
+                          "occupation": job, "zip": zip3}
+        self.side_sizes = {"age": len(_AGE_EDGES) + 1, "gender": len(genders) + 1,
+                           "occupation": len(jobs) + 1, "zip": len(zips) + 1}
+
+    def _pair_features(self, user: np.ndarray, item: np.ndarray):
+        """Dense features, (values, lengths) per sparse feature and the keys, for any
+        (user, item) pairs: rated rows, sampled unrated items and catalogue scoring alike."""
+        ones = np.ones(len(user), dtype=np.int32)
+        ids = [(user, ones), (item, ones)]
+        if not self.side_features:
+            return np.ones((len(user), 1), dtype=np.float32), ids, ["user", "item"]
+        ids += [(self.user_side[name][user], ones) for name in self.user_side]
+        per_row = [self.item_genres[i] for i in item]
+        ids.append((np.concatenate(per_row) if per_row else np.zeros(0, np.int64),
+                    np.array([len(g) for g in per_row], dtype=np.int32)))
+        dense = np.stack([self.user_age[user] / 100.0, (self.item_year[item] - 1900.0) / 100.0], axis=1)
+        return dense, ids, ["user", "item", *self.user_side, "genres"]
 
     def _split(self, kind: str, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
         kind = getattr(kind, "value", kind)
@@ -159,15 +164,20 @@ class MovieLens:
                 "eval": order[n - n_eval :]}
 
     # -- batches -----------------------------------------------------------------------
-    def _batch(self, rows: np.ndarray) -> Batch:
-        ids = [(self.sparse[name][rows], np.ones(len(rows), dtype=np.int32)) for name in self.sparse]
-        keys = list(self.sparse)
-        if hasattr(self, "genres"):
-            per_row = [self.genres[1][r] for r in rows]
-            ids.append((np.concatenate(per_row) if per_row else np.zeros(0, np.int64),
-                        np.array([len(g) for g in per_row], dtype=np.int32)))
-            keys.append("genres")
-        return make_batch(self.dense[rows], ids, self.label[rows], keys)
+    def _pairs_batch(self, user: np.ndarray, item: np.ndarray, rating: np.ndarray, weights: np.ndarray) -> RecBatch:
+        dense, ids, keys = self._pair_features(user, item)
+        batch = make_batch(dense, ids, (rating >= self.threshold).astype(np.float32), keys)
+        return rec_batch(batch, rating, weights, user, self.item_log_q[item])
+
+    def catalogue_batch(self) -> tuple[np.ndarray, RecBatch]:
+        """Every movie of the ratings, each paired with user 0 (no such user): the input from
+        which a two-tower model's item vectors are computed for nearest-neighbour search."""
+        items = np.unique(self.item)
+        none = np.zeros(len(items), dtype=np.int64)
+        return items, self._pairs_batch(none, items, np.zeros(len(items), np.float32), np.ones(len(items)))
+
+    def _batch(self, rows: np.ndarray) -> RecBatch:
+        return self._pairs_batch(self.user[rows], self.item[rows], self.rating[rows], np.ones(len(rows)))
 
     def batches(
         self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
@@ -193,3 +203,152 @@ class MovieLens:
             if split == "eval":
                 return
             epoch += 1
+
+
+class MovieLensRank(MovieLens):
+    """MovieLens as learning-to-rank data: query = user, documents = rated movies,
+    relevance = rating.
+
+    Each user's ``eval_fraction`` of ratings (random, or latest with split=time) is held out.
+    Training: every epoch, each user's training ratings are shuffled and cut into lists of
+    ``list_size`` (the remainder padded, weight 0), ``negatives`` unrated movies are sampled
+    into every list (relevance 0), and the lists are shuffled; a global batch is
+    ``batch_size / (list_size + negatives)`` whole lists, split over ranks by list. Eval: one
+    list per user (held-out ratings + ``eval_negatives`` unrated movies, or every movie not
+    rated in training), rows in user order; the last global batch is padded (weight 0)
+    rather than cut, so every user's list is complete. Everything is a function of the seed
+    and the global position: the same for any world size.
+    """
+
+    def __init__(self, list_size: int, negatives: int, negative_sampling: str, eval_items: str,
+                 eval_negatives: int, ranking_k: int, **kwargs) -> None:
+        self.list_items, self.negatives = list_size, negatives
+        self.negative_sampling = getattr(negative_sampling, "value", negative_sampling)
+        self.eval_items = getattr(eval_items, "value", eval_items)
+        self.eval_negatives, self.ranking_k = eval_negatives, ranking_k
+        super().__init__(**kwargs)
+        self.list_size = list_size + negatives  # rows per training list: what list losses reshape by
+        if self.batch_size % self.list_size:
+            raise DataError(f"data.batch_size={self.batch_size} is not a whole number of "
+                            f"{self.list_size}-row lists")
+        n_users, n_items = self.features[0].num_embeddings, self.features[1].num_embeddings
+        self.rated = np.zeros((n_users, n_items), dtype=bool)  # negatives are unrated movies
+        self.rated[self.user, self.item] = True
+        self.catalogue = np.unique(self.item)  # movies that occur in the ratings
+        self.short_negatives = 0  # lists where fewer unrated movies than asked could be sampled
+        self.eval_seen_in_train = 0  # catalogue eval: held-out ratings of movies the user also rated in training
+        self.eval_rows = self._eval_lists()
+
+    def _split(self, kind: str, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
+        """Per user: the latest (split=time) or a random ``fraction`` of their ratings."""
+        kind = getattr(kind, "value", kind)
+        rng = np.random.default_rng([self.seed, 7])
+        train, held = [], []
+        for rows in self._user_rows(np.arange(len(self.user))):
+            rows = rows[np.argsort(ts[rows], kind="stable")] if kind == "time" else rng.permutation(rows)
+            n_eval = int(round(len(rows) * fraction))
+            train.append(rows[: len(rows) - n_eval])
+            held.append(rows[len(rows) - n_eval :])
+        return {"train": np.sort(np.concatenate(train)), "eval": np.sort(np.concatenate(held))}
+
+    def _user_rows(self, rows: np.ndarray) -> list[np.ndarray]:
+        """``rows`` grouped by user (users in id order, rows in their given order)."""
+        rows = rows[np.argsort(self.user[rows], kind="stable")]
+        return np.split(rows, np.flatnonzero(np.diff(self.user[rows])) + 1)
+
+    def _eval_lists(self) -> dict[str, np.ndarray]:
+        """(user, item, rating) of every eval row, grouped by user."""
+        rows = self.split_rows["eval"]
+        rng = np.random.default_rng([self.seed, 13])
+        users, items, ratings = [], [], []
+        train_rated = np.zeros_like(self.rated)
+        train_rated[self.user[self.split_rows["train"]], self.item[self.split_rows["train"]]] = True
+        for u in np.unique(self.user[rows]):
+            mine = rows[self.user[rows] == u]
+            if self.eval_items == "catalogue":
+                cand = self.catalogue[~train_rated[u, self.catalogue]]
+                rating = np.zeros(len(cand), dtype=np.float32)
+                unseen = ~train_rated[u, self.item[mine]]  # a movie rated again after training is no candidate
+                self.eval_seen_in_train += int((~unseen).sum())
+                rating[np.searchsorted(cand, self.item[mine][unseen])] = self.rating[mine][unseen]
+            else:
+                negs = self._unrated(u, self.catalogue, self.eval_negatives, rng)
+                cand = np.concatenate([self.item[mine], negs])
+                rating = np.concatenate([self.rating[mine], np.zeros(len(negs), dtype=np.float32)])
+            users.append(np.full(len(cand), u))
+            items.append(cand)
+            ratings.append(rating)
+        return {"user": np.concatenate(users), "item": np.concatenate(items), "rating": np.concatenate(ratings)}
+
+    def _unrated(self, user: int, pool: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+        """Up to k distinct movies from ``pool`` (distinct ids) that ``user`` has not rated."""
+        if k == 0:
+            return np.zeros(0, dtype=np.int64)
+        cand = pool[~self.rated[user, pool]]
+        if len(cand) < k:
+            self.short_negatives += 1
+            return cand
+        return rng.choice(cand, size=k, replace=False)
+
+    def _epoch_lists(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+        rng = np.random.default_rng([self.seed, 11, epoch])
+        lists = []
+        for rows in self._user_rows(self.split_rows["train"]):
+            rows = rng.permutation(rows)
+            lists += [(int(self.user[rows[0]]), rows[i : i + self.list_items]) for i in range(0, len(rows), self.list_items)]
+        return [lists[i] for i in rng.permutation(len(lists))]
+
+    def _list_batch(self, lists: list[tuple[int, np.ndarray]], pool: np.ndarray, first: int, epoch: int) -> RecBatch:
+        users, items, ratings, weights = [], [], [], []
+        for j, (u, rows) in enumerate(lists):
+            pad = self.list_items - len(rows)
+            rng = np.random.default_rng([self.seed, 17, epoch, first + j])  # per list: rank-independent
+            negs = self._unrated(u, pool if self.negative_sampling == "batch" else self.catalogue, self.negatives, rng)
+            missing = self.negatives - len(negs)
+            items.append(np.concatenate([self.item[rows], np.zeros(pad, np.int64), negs, np.zeros(missing, np.int64)]))
+            ratings.append(np.concatenate([self.rating[rows], np.zeros(pad + self.negatives, np.float32)]))
+            weights.append(np.concatenate([np.ones(len(rows)), np.zeros(pad), np.ones(len(negs)), np.zeros(missing)]))
+            users.append(np.full(self.list_size, u))
+        return self._pairs_batch(*(np.concatenate(a) for a in (users, items, ratings, weights)))
+
+    def batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
+                start: int = 0) -> Iterator[RecBatch]:
+        if split == "eval":
+            yield from self._eval_batches(rank, world_size, num_batches or self.eval_batches)
+            return
+        per_batch = self.batch_size // self.list_size  # lists per global batch
+        mine = rank_rows(per_batch, rank, world_size)
+        # the number of lists per epoch does not depend on the epoch's shuffle
+        full = sum(-(-len(r) // self.list_items) for r in self._user_rows(self.split_rows["train"])) // per_batch
+        if full == 0:
+            raise DataError(f"the train split has fewer lists than one global batch ({per_batch} lists)")
+        produced, epoch = start, start // full
+        while True:
+            lists = self._epoch_lists(epoch)
+            dropped = lists[full * per_batch :]
+            self._report.dropped_tail_rows["train"] = int(sum(len(r) for _, r in dropped))
+            for b in range(produced - epoch * full, full):
+                group = lists[b * per_batch : (b + 1) * per_batch]
+                pool = np.unique(np.concatenate([self.item[r] for _, r in group]))
+                yield self._list_batch(group[mine], pool, b * per_batch + mine.start, epoch)
+                produced += 1
+                if num_batches is not None and produced >= num_batches:
+                    return
+            epoch += 1
+
+    def _eval_batches(self, rank: int, world_size: int, num_batches: Optional[int]) -> Iterator[RecBatch]:
+        e = self.eval_rows
+        n = len(e["user"])
+        total = -(-n // self.batch_size)  # the last batch padded: no user's list is cut
+        mine = rank_rows(self.batch_size, rank, world_size)
+        for b in range(total if num_batches is None else min(total, num_batches)):
+            idx = np.arange(b * self.batch_size, (b + 1) * self.batch_size)[mine]
+            real = idx < n
+            idx = np.where(real, idx, 0)
+            yield self._pairs_batch(e["user"][idx], e["item"][idx], e["rating"][idx], real.astype(np.float32))
+
+    def report(self) -> dict:
+        report = super().report()
+        report["short_negative_lists"] = self.short_negatives
+        report["eval_ratings_seen_in_train"] = self.eval_seen_in_train
+        return report

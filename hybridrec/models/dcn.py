@@ -7,7 +7,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
 from hybridrec.data import SparseFeature
-from hybridrec.models import embedding_collection
+from hybridrec.models import Ranker, embedding_collection
 from hybridrec.models.dlrm import DLRMRanker
 
 
@@ -21,17 +21,16 @@ class DCNRanker(DLRMRanker):
         over_arch_layer_sizes: list[int],
         dcn_num_layers: int,
         dcn_low_rank_dim: int,
+        loss: nn.Module,
     ) -> None:
-        # DLRMTrain's constructor (BCE loss around a module), skipping DLRMRanker's DLRM.
-        super(DLRMRanker, self).__init__(
-            DLRM_DCN(
-                embedding_bag_collection=embedding_collection(features, embedding_dim),
-                dense_in_features=num_dense_features,
-                dense_arch_layer_sizes=list(dense_arch_layer_sizes),
-                over_arch_layer_sizes=list(over_arch_layer_sizes),
-                dcn_num_layers=dcn_num_layers,
-                dcn_low_rank_dim=dcn_low_rank_dim,
-            )
+        Ranker.__init__(self, loss)  # DLRMRanker's scoring and units, with DLRM_DCN inside
+        self.model = DLRM_DCN(
+            embedding_bag_collection=embedding_collection(features, embedding_dim),
+            dense_in_features=num_dense_features,
+            dense_arch_layer_sizes=list(dense_arch_layer_sizes),
+            over_arch_layer_sizes=list(over_arch_layer_sizes),
+            dcn_num_layers=dcn_num_layers,
+            dcn_low_rank_dim=dcn_low_rank_dim,
         )
 
     def dense_units(self) -> list[nn.Module]:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
-from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRM
 
 from hybridrec.data import SparseFeature
-from hybridrec.models import embedding_collection
+from hybridrec.models import Ranker, embedding_collection
 
 
-class DLRMRanker(DLRMTrain):
-    """TorchRec's DLRM (dot interaction) + BCE loss (``DLRMTrain``).
-
-    Forward returns ``(loss, (loss, logits, labels))``, what TorchRec's train pipelines expect.
-    """
+class DLRMRanker(Ranker):
+    """TorchRec's DLRM (dot interaction): bottom MLP, sharded embeddings, top MLP."""
 
     def __init__(
         self,
@@ -22,15 +21,18 @@ class DLRMRanker(DLRMTrain):
         embedding_dim: int,
         dense_arch_layer_sizes: list[int],
         over_arch_layer_sizes: list[int],
+        loss: nn.Module,
     ) -> None:
-        super().__init__(
-            DLRM(
-                embedding_bag_collection=embedding_collection(features, embedding_dim),
-                dense_in_features=num_dense_features,
-                dense_arch_layer_sizes=list(dense_arch_layer_sizes),
-                over_arch_layer_sizes=list(over_arch_layer_sizes),
-            )
+        super().__init__(loss)
+        self.model = DLRM(
+            embedding_bag_collection=embedding_collection(features, embedding_dim),
+            dense_in_features=num_dense_features,
+            dense_arch_layer_sizes=list(dense_arch_layer_sizes),
+            over_arch_layer_sizes=list(over_arch_layer_sizes),
         )
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
 
     def sparse_module(self) -> nn.Module:
         """The embedding collection that TorchRec's planner shards."""

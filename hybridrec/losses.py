@@ -1,0 +1,170 @@
+"""Training objectives (the ``loss`` config group): pointwise, pairwise and listwise.
+
+A loss is an ``nn.Module`` called as ``loss(logits, batch)`` with one logit per row. List
+losses see the rows as lists of ``list_size`` consecutive rows (one user's items; the list
+source guarantees whole lists per rank) and use ``batch.relevance`` and ``batch.weights``
+(0 = padding). Being modules without sharded children, TorchRec's pipeline tracer treats them
+as leaves: their Python runs as written.
+
+Every loss is a mean over lists (or rows) of a per-list value, so each rank's loss is the
+mean over its equal share of the global batch: the average over ranks equals the loss of the
+whole global batch, and 2-rank training equals 1-rank training (see the equivalence tests).
+torchrec has no learning-to-rank losses, hence these.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
+from torch import nn
+from torchrec.datasets.utils import Batch
+
+
+class Loss(nn.Module):
+    list_based = False  # True: needs a list source (data=movielens_rank)
+
+    def __init__(self, list_size: Optional[int] = None) -> None:
+        super().__init__()
+        self.list_size = list_size
+
+    def _lists(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        return [t.view(-1, self.list_size) for t in tensors]
+
+
+def _weights(batch: Batch, like: torch.Tensor) -> torch.Tensor:
+    w = getattr(batch, "weights", None)
+    return torch.ones_like(like) if w is None else w
+
+
+def _mean_per_list(values: torch.Tensor, weights: torch.Tensor, list_size: Optional[int]) -> torch.Tensor:
+    """Mean over real rows within each list, then over lists (rows are lists of one when
+    there is no list structure: padding then counts as a zero, keeping the normalization
+    the same on every rank)."""
+    if list_size is None:
+        return (values * weights).sum() / values.numel()
+    v, w = values.view(-1, list_size), weights.view(-1, list_size)
+    return ((v * w).sum(1) / w.sum(1).clamp(min=1)).mean()
+
+
+class BCE(Loss):
+    """Pointwise binary cross-entropy on the label (rating >= threshold, or click)."""
+
+    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if getattr(batch, "weights", None) is None and self.list_size is None:
+            return F.binary_cross_entropy_with_logits(logits, batch.labels)  # as TorchRec's DLRMTrain
+        per_row = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none")
+        return _mean_per_list(per_row, _weights(batch, logits), self.list_size)
+
+
+class MSE(Loss):
+    """Pointwise squared error on the graded relevance (explicit feedback: the rating)."""
+
+    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if getattr(batch, "relevance", None) is None:
+            raise ValueError("loss=mse needs graded relevance (a MovieLens source), this batch has only labels")
+        return _mean_per_list((logits - batch.relevance) ** 2, _weights(batch, logits), self.list_size)
+
+
+class Pairwise(Loss):
+    """RankNet / BPR logistic loss: for every pair (i, j) of real rows of a list with
+    relevance_i > relevance_j, -log sigmoid(s_i - s_j). Mean over a list's pairs, then over
+    lists (a list without any pair counts as 0). The "negatives" are the list's lower-rated
+    items and the unrated items the source samples into it (``data.negatives``)."""
+
+    list_based = True
+
+    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        s, rel, w = self._lists(logits, batch.relevance, batch.weights)
+        real = (w[:, :, None] > 0) & (w[:, None, :] > 0)
+        pairs = (rel[:, :, None] > rel[:, None, :]) & real
+        per_pair = F.softplus(s[:, None, :] - s[:, :, None])  # -log sigmoid(s_i - s_j)
+        per_list = (per_pair * pairs).sum((1, 2)) / pairs.sum((1, 2)).clamp(min=1)
+        return per_list.mean()
+
+
+class ListwiseSoftmax(Loss):
+    """Softmax cross-entropy over each list (ListNet top-one, targets relevance / sum of
+    relevance, as TF-Ranking's SoftmaxLoss). Lists without relevant rows count as 0."""
+
+    list_based = True
+
+    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        s, rel, w = self._lists(logits, batch.relevance, batch.weights)
+        log_p = torch.log_softmax(s.masked_fill(w == 0, float("-inf")), dim=1)
+        target = rel * w / (rel * w).sum(1, keepdim=True).clamp(min=1e-12)
+        return -(target * log_p.masked_fill(w == 0, 0.0)).sum(1).mean()
+
+
+class ApproxNDCG(Loss):
+    """ApproxNDCG (Qin, Liu & Li 2010): NDCG with each rank replaced by the smooth
+    1 + sum_j sigmoid((s_j - s_i) / temperature); loss = -approximate NDCG per list, gains
+    2^rel - 1. Lists without relevant rows count as 0."""
+
+    list_based = True
+
+    def __init__(self, list_size: Optional[int] = None, temperature: float = 0.1) -> None:
+        super().__init__(list_size)
+        self.temperature = temperature
+
+    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        s, rel, w = self._lists(logits, batch.relevance, batch.weights)
+        real = (w[:, None, :] > 0) & (w[:, :, None] > 0)
+        beats = torch.sigmoid((s[:, None, :] - s[:, :, None]) / self.temperature) * real  # [i, j]: j above i
+        beats = beats * (1 - torch.eye(s.shape[1], device=s.device))
+        rank = 1 + beats.sum(2)
+        gain = (torch.pow(2.0, rel) - 1) * w
+        dcg = (gain / torch.log2(1 + rank)).sum(1)
+        ideal = gain.sort(dim=1, descending=True).values
+        positions = torch.arange(1, s.shape[1] + 1, device=s.device, dtype=s.dtype)
+        idcg = (ideal / torch.log2(1 + positions)).sum(1)
+        return -(dcg / idcg.clamp(min=1e-12)).mean()
+
+
+class InBatchSoftmax(nn.Module):
+    """Sampled softmax with in-batch negatives for two-tower retrieval (Yi et al. 2019).
+
+    Every positive row (label 1) is a user whose own item must win over the items of every
+    row of the *global* batch (gathered from all ranks with autograd, so the negatives and
+    hence the training do not depend on the world size). With ``logq_correction``, each
+    item's logit is lowered by log q (its frequency among training rows), removing the
+    popularity bias of in-batch sampling. Rows that hold the same item as the positive are
+    not negatives. Called with the towers' outputs, ``loss(user, item, batch)``: the logits are
+``user @ item.T`` (the model divides ``user`` by its temperature).
+    """
+
+    list_based = False
+    in_batch = True
+
+    def __init__(self, list_size: Optional[int] = None, logq_correction: bool = True) -> None:
+        super().__init__()
+        self.logq_correction = logq_correction
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor, batch: Batch) -> torch.Tensor:
+        item_ids = batch.sparse_features["item"].values()
+        log_q = batch.log_q
+        offset = 0
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # The backward of this all_gather sums every rank's gradient into the owner's rows.
+            item = torch.cat(dist_nn.all_gather(item))
+            item_ids, log_q = torch.cat(_all_gather_nograd(item_ids)), torch.cat(_all_gather_nograd(log_q))
+            offset = dist.get_rank() * user.shape[0]
+        logits = user @ item.T
+        if self.logq_correction:
+            logits = logits - log_q[None, :]
+        mine = torch.arange(user.shape[0], device=user.device) + offset
+        same_item = item_ids[mine][:, None] == item_ids[None, :]
+        same_item[torch.arange(user.shape[0]), mine] = False
+        logits = logits.masked_fill(same_item, float("-inf"))
+        per_row = F.cross_entropy(logits, mine, reduction="none")
+        positive = batch.labels * _weights(batch, batch.labels)
+        return (per_row * positive).sum() / user.shape[0]
+
+
+def _all_gather_nograd(t: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t.contiguous())
+    return out
