@@ -9,13 +9,14 @@ live in :func:`validate`, which the entry point runs before launching.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 # ---------------------------------------------------------------------------- model
@@ -499,6 +500,9 @@ class HybridrecConfig:
 
 
 def register_configs() -> None:
+    # conf/hydra/launcher/slurm.yaml sizes a job's CPUs per rank: ${hybridrec.mul:a,b} = a*b.
+    if not OmegaConf.has_resolver("hybridrec.mul"):
+        OmegaConf.register_new_resolver("hybridrec.mul", lambda *xs: math.prod(int(x) for x in xs))
     cs = ConfigStore.instance()
     cs.store(name="hybridrec_schema", node=HybridrecConfig)
     # Schemas live under schema/<group>/ so that a group's listed choices (in Hydra's
