@@ -9,13 +9,14 @@ live in :func:`validate`, which the entry point runs before launching.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 # ---------------------------------------------------------------------------- model
@@ -477,6 +478,12 @@ class MeshConfig:
     """TorchRec qcomms: precision of the embedding all-to-all in forward."""
     embedding_comms_backward: CommPrecision = CommPrecision.fp32
     """TorchRec qcomms: precision of the embedding gradient all-to-all / reduce-scatter."""
+    embedding_replicas: int = 1
+    """2D parallelism (GPU only): shard the tables within groups of world_size / R ranks and
+    replicate each group R times (TorchRec's DMPCollection); 1 = shard over all ranks."""
+    embedding_sync_every: int = 1
+    """With embedding_replicas > 1: average the R replicas of the tables and of their sparse
+    optimizer state every N steps (DMPCollection.sync); also after the last step."""
     # --- the topology the embedding planner plans for (unset = detected from this machine)
     world_size: Optional[int] = None
     """Ranks in the job. Unset = the launched world; `hybridrec.plan` uses it to plan for a
@@ -575,6 +582,9 @@ class HybridrecConfig:
 
 
 def register_configs() -> None:
+    # conf/hydra/launcher/slurm.yaml sizes a job's CPUs per rank: ${hybridrec.mul:a,b} = a*b.
+    if not OmegaConf.has_resolver("hybridrec.mul"):
+        OmegaConf.register_new_resolver("hybridrec.mul", lambda *xs: math.prod(int(x) for x in xs))
     cs = ConfigStore.instance()
     cs.store(name="hybridrec_schema", node=HybridrecConfig)
     # Schemas live under schema/<group>/ so that a group's listed choices (in Hydra's
@@ -615,6 +625,13 @@ def check_device(cfg: DictConfig, device_type: str) -> None:
             f"mesh.compute_device={planned_for.value} but this run would use {device_type} "
             f"(launcher.device={cfg.launcher.device.value})"
         )
+    if device_type == "cpu" and cfg.mesh.embedding_replicas > 1:
+        raise ValueError(
+            f"mesh.embedding_replicas={cfg.mesh.embedding_replicas} needs CUDA: TorchRec 1.8's "
+            f"DMPCollection (2D parallelism) asserts a CUDA or MTIA device, and this run would use "
+            f"cpu (launcher.device={cfg.launcher.device.value}). Plan it here with "
+            f"`python -m hybridrec.plan`, train it on GPUs, or set mesh.embedding_replicas=1"
+        )
     if device_type == "cpu" and cfg.optimizer.sparse._target_ not in CPU_SPARSE_OPTIMIZERS:
         raise ValueError(
             f"optimizer.sparse={cfg.optimizer.sparse._target_} has no fused CPU kernel in fbgemm "
@@ -634,6 +651,26 @@ def hsdp_degrees(mesh: MeshConfig, world_size: int, local_world_size: int) -> tu
             f"replicate={replicate} x shard={shard} = {replicate * shard} but world_size={world_size}"
         )
     return replicate, shard
+
+
+def embedding_groups(world_size: int, local_world_size: int, replicas: int) -> tuple[int, int]:
+    """(sharding group size, ranks of one sharding group per node) for mesh.embedding_replicas.
+
+    DMPCollection puts the R replicas of a shard on consecutive ranks, so that their sync
+    all-reduce stays inside a node; a sharding group is then every R-th rank, and
+    local_world_size / R of its ranks share a node (1 when R >= local_world_size). The
+    planner plans one group with that many ranks per node (TorchRec's `node_group_size`).
+    """
+    if replicas < 1 or world_size % replicas:
+        raise ValueError(
+            f"mesh.embedding_replicas={replicas} must be >= 1 and divide the world size {world_size}"
+        )
+    if local_world_size % replicas and replicas % local_world_size:
+        raise ValueError(
+            f"mesh.embedding_replicas={replicas} with {local_world_size} ranks per node: one must "
+            f"divide the other, so that every sharding group has as many ranks on each node"
+        )
+    return world_size // replicas, max(1, local_world_size // replicas)
 
 
 def _kwargs(node: DictConfig) -> dict[str, Any]:
@@ -733,6 +770,16 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ValueError(f"mesh.reshard_after_forward must be true, false or an int >= 1, got {raf!r}")
     if mesh.forward_prefetch < 0 or mesh.backward_prefetch < 0:
         raise ValueError("mesh.forward_prefetch and mesh.backward_prefetch must be >= 0")
+    if mesh.embedding_sync_every < 1:
+        raise ValueError(f"mesh.embedding_sync_every must be >= 1, got {mesh.embedding_sync_every}")
+    embedding_groups(mesh.world_size or world_size, 1, mesh.embedding_replicas)  # R divides the world
+    if mesh.embedding_replicas > 1 and cfg.checkpoint.dir:
+        # TorchRec saves 2D tables as DTensors replicated over the replica groups; hybridrec's
+        # checkpoints are tested with 1-D sharding only, and 2D cannot run on our machines.
+        raise ValueError(
+            "mesh.embedding_replicas > 1 with checkpoint.dir: checkpoints of 2D-sharded tables "
+            "are not supported yet (untested); unset checkpoint.dir or set mesh.embedding_replicas=1"
+        )
     for part in ("sparse_schedule", "dense_schedule"):
         sch = cfg.optimizer[part]
         if min(sch.warmup_steps, sch.decay_start, sch.decay_steps) < 0:

@@ -4,17 +4,28 @@
 ``torch.distributed.launcher.elastic_launch``, the machinery behind ``torchrun`` (c10d
 rendezvous on a free local port, spawned workers, failures reported with tracebacks).
 When the process is already one rank of a launched job (torchrun, srun), it just runs.
+
+Under Hydra's submitit launcher (``-m hydra/launcher=slurm``), each Slurm job runs one task
+per node, and each task does what ``torchrun --nnodes N`` would: it starts the node's ranks
+with the same elastic launcher, the nodes meeting at a c10d rendezvous on the first node of
+the allocation (``job_nodes``). ``SubmititCheck`` refuses a launcher config that cannot work
+before anything is submitted.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import uuid
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from hybridrec.config import Device, validate
 from hybridrec.trainer import run
 
 log = logging.getLogger(__name__)
@@ -25,8 +36,49 @@ def already_launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """The machines one job runs on, as the elastic launcher's rendezvous needs them."""
+
+    count: int
+    endpoint: str
+    """host:port of the c10d rendezvous; port 0 = a free port (one node only)."""
+    run_id: str
+    """Shared by every node of the job, distinct between jobs."""
+
+
+def job_nodes() -> Nodes:
+    """This job's nodes: one (this machine), unless the process is a task of a submitit job.
+
+    There, submitit's own view of the allocation is used: ``JobEnvironment`` reads Slurm's
+    SLURM_JOB_NUM_NODES, SLURM_NTASKS and SLURM_JOB_ID and parses SLURM_JOB_NODELIST, and
+    ``TorchDistributedEnvironment`` picks the rendezvous address (the first node) and port
+    (MASTER_PORT if set, else one derived from the job id, so every node derives the same).
+    Raises ValueError when the job runs other than one task per node: several tasks on a
+    node would each start the node's ranks.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return Nodes(1, "localhost:0", f"hybridrec-{uuid.uuid4().hex[:8]}")
+    import submitit
+    from submitit.helpers import TorchDistributedEnvironment
+
+    job = submitit.JobEnvironment()
+    if job.num_tasks != job.num_nodes:
+        raise ValueError(
+            f"this submitit job runs {job.num_tasks} task(s) on {job.num_nodes} node(s); hybridrec "
+            f"needs one task per node (hydra.launcher.tasks_per_node=1), which starts "
+            f"launcher.nproc_per_node ranks on its node"
+        )
+    if job.num_nodes == 1:
+        return Nodes(1, "localhost:0", f"hybridrec-{job.job_id}")
+    torch_env = TorchDistributedEnvironment()
+    return Nodes(job.num_nodes, f"{torch_env.master_addr}:{torch_env.master_port}", f"hybridrec-{job.job_id}")
+
+
 def world_size(cfg: DictConfig) -> int:
-    return int(os.environ["WORLD_SIZE"]) if already_launched() else cfg.launcher.nproc_per_node
+    if already_launched():
+        return int(os.environ["WORLD_SIZE"])
+    return cfg.launcher.nproc_per_node * job_nodes().count
 
 
 def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
@@ -35,30 +87,88 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
         if cfg.launcher.nproc_per_node != 1:
             log.info("already launched (torchrun/srun): launcher.nproc_per_node is ignored")
         return run(cfg, run_dir)
-    nproc = cfg.launcher.nproc_per_node
-    if nproc == 1:
+    nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
+    if nproc == 1 and nodes.count == 1:
         return run(cfg, run_dir)
-    return spawn(run, nproc, cfg, run_dir, max_restarts=cfg.launcher.max_restarts)
+    return spawn(run, nproc, cfg, run_dir, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
 
 
-def spawn(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0) -> Any:
-    """Rank 0's return value of ``fn(*args)`` run on ``nproc`` local ranks, started by
-    PyTorch's elastic launcher: c10d rendezvous on a free port, spawned workers, no restarts.
-    Tests and benchmarks use it too, so they start ranks exactly as users do. With
-    ``max_restarts``, a failed rank makes the agent stop and restart every rank."""
+def spawn(
+    fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0, nodes: Optional[Nodes] = None
+) -> Any:
+    """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
+    local ranks, started by PyTorch's elastic launcher: c10d rendezvous (on a free local port
+    for one node), spawned workers, no restarts. Tests and benchmarks use it too, so they start
+    ranks exactly as users do. With ``max_restarts``, a failed rank makes the agent stop and
+    restart every rank. With ``nodes``, this call is one node of several, as torchrun --nnodes."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    nodes = nodes or Nodes(1, "localhost:0", f"hybridrec-{uuid.uuid4().hex[:8]}")
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nodes.count,
+        max_nodes=nodes.count,
         nproc_per_node=nproc,
-        run_id=f"hybridrec-{uuid.uuid4().hex[:8]}",
+        run_id=nodes.run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # port 0: the c10d store picks a free port
+        rdzv_endpoint=nodes.endpoint,
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
     )
     # The elastic agent logs every state change at INFO; keep the user's console for training.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    return elastic_launch(config, fn)(*args)[0]
+    results = elastic_launch(config, fn)(*args)  # keyed by global rank, this node's ranks only
+    return results[min(results)]
+
+
+_SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher."
+
+
+def check_submitit(cfg: DictConfig) -> None:
+    """Rules for Hydra's submitit launcher (hydra/launcher=slurm, local, submitit_*), checked
+    in the submitting process: a layout that cannot start hybridrec's ranks fails before any
+    job is queued. Then the config itself is validated for the job's world size."""
+    hl = cfg.hydra.launcher
+    target = str(hl.get("_target_", ""))
+    if not target.startswith(_SUBMITIT):
+        return
+    local = target.endswith("LocalLauncher")
+    nproc, device = cfg.launcher.nproc_per_node, cfg.launcher.device
+    if hl.tasks_per_node != 1:
+        raise ValueError(
+            f"hydra.launcher.tasks_per_node={hl.tasks_per_node}: hybridrec runs one task per node, "
+            f"which starts launcher.nproc_per_node ranks itself (as torchrun does); set "
+            f"hydra.launcher.tasks_per_node=1 launcher.nproc_per_node={hl.tasks_per_node}"
+        )
+    if hl.nodes < 1 or (local and hl.nodes != 1):
+        raise ValueError(
+            f"hydra.launcher.nodes={hl.nodes}: must be >= 1"
+            + (", and 1 with submitit's local executor (use hydra/launcher=slurm for several)" if local else "")
+        )
+    if hl.timeout_min < 1:
+        raise ValueError(f"hydra.launcher.timeout_min must be >= 1, got {hl.timeout_min}")
+    # GPUs the job gets per node: gpus_per_node, or a gres such as gpu:8 / gpu:a100:8.
+    gres = re.fullmatch(r"gpu(?::[^:,]+)?:(\d+)", str(hl.get("gres") or ""))
+    gpus = hl.gpus_per_node or (int(gres.group(1)) if gres else 0)
+    if device == Device.cuda and gpus < nproc:
+        raise ValueError(
+            f"launcher.device=cuda starts {nproc} rank(s) per node, one GPU each, but the job asks "
+            f"for {gpus} GPU(s) per node: set hydra.launcher.gpus_per_node={nproc}"
+        )
+    if device != Device.cpu and gpus and gpus != nproc:
+        raise ValueError(
+            f"hydra.launcher.gpus_per_node={gpus} but launcher.nproc_per_node={nproc}: one rank per "
+            f"GPU, so they must be equal (or launcher.device=cpu)"
+        )
+    validate(cfg, hl.nodes * nproc)
+
+
+class SubmititCheck(Callback):
+    """Hydra callback (hydra.callbacks in conf/config.yaml): runs ``check_submitit`` once,
+    before the launcher submits the sweep's jobs."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_submitit(config)
+        except ValueError as e:
+            sys.exit(f"hybridrec: invalid launcher config: {e}")

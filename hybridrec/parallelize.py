@@ -5,6 +5,9 @@ Order, fixed for every model:
   2. plan the embedding tables with TorchRec's planner (identical plan on every rank);
   3. DistributedModelParallel shards the tables and hands the rest of the model to our
      data-parallel wrapper, which applies FSDP2 ``fully_shard`` to each dense unit (or DDP);
+     with mesh.embedding_replicas = R > 1 it is TorchRec's DMPCollection (2D): the plan of
+     step 2 is one sharding group's, applied to each of the R groups, while the dense
+     wrapper still spans all ranks (DMPCollection passes the global group to it);
   4. initialize the embedding shards from the seed, independently of the plan.
 """
 
@@ -29,6 +32,7 @@ from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
     DistributedModelParallel,
+    DMPCollection,
 )
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -39,6 +43,7 @@ from hybridrec.config import (
     FSDPUnits,
     HybridrecConfig,
     MeshConfig,
+    embedding_groups,
     hsdp_degrees,
 )
 from hybridrec.optim import sparse_optimizer
@@ -62,7 +67,9 @@ class FSDP2Wrapper(DataParallelWrapper):
 
     def device_mesh(self, env: ShardingEnv, device: torch.device) -> DeviceMesh:
         if self.cfg.dense == DenseParallel.hsdp:
-            replicate, shard = hsdp_degrees(self.cfg, env.world_size, self.local_world_size)
+            # Under 2D, env.world_size is the sharding group's; the dense side spans all ranks.
+            world = dist.get_world_size(env.process_group)
+            replicate, shard = hsdp_degrees(self.cfg, world, self.local_world_size)
             return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
         return DeviceMesh.from_group(env.process_group, device.type)
 
@@ -157,14 +164,29 @@ def parallelize(
         wrapper = DefaultDataParallelWrapper()
     else:
         wrapper = NoDataParallel()
-    dmp = DistributedModelParallel(
-        module=model,
-        env=ShardingEnv.from_process_group(pg),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-        data_parallel_wrapper=wrapper,
-    )
+    world = dist.get_world_size(pg)
+    if mesh.embedding_replicas > 1:
+        group, per_node = embedding_groups(world, local_world_size, mesh.embedding_replicas)
+        dmp: DistributedModelParallel = DMPCollection(
+            module=model,
+            device=device,
+            plan=plan,
+            world_size=world,
+            sharding_group_size=group,
+            global_pg=pg,
+            node_group_size=per_node,  # as planned: the group's ranks per node
+            sharders=[sharder],
+            data_parallel_wrapper=wrapper,
+        )
+    else:
+        dmp = DistributedModelParallel(
+            module=model,
+            env=ShardingEnv.from_process_group(pg),
+            device=device,
+            plan=plan,
+            sharders=[sharder],
+            data_parallel_wrapper=wrapper,
+        )
     init_embeddings(dmp.module.sparse_module(), cfg.seed)
     return dmp, report
 
@@ -185,11 +207,13 @@ def init_embeddings(sharded_ebc: nn.Module, seed: int) -> None:
     for key, weight in sharded_ebc.state_dict().items():
         table = key.split(".")[-2]
         rows, dim = weight.size()
-        shards = (
-            [(s.metadata.shard_offsets, s.tensor) for s in weight.local_shards()]
-            if isinstance(weight, ShardedTensor)
-            else [((0, 0), weight)]  # data_parallel: a full replica
-        )
+        if isinstance(weight, ShardedTensor):
+            shards = [(s.metadata.shard_offsets, s.tensor) for s in weight.local_shards()]
+        elif isinstance(weight, DTensor):  # 2D: TorchRec's LocalShardsWrapper of this rank's shards
+            local = weight.to_local()  # no_grad: the wrapper itself, whose shards alias the tables
+            shards = list(zip(local.local_offsets(), local.local_shards()))
+        else:
+            shards = [((0, 0), weight)]  # data_parallel: a full replica
         for (row0, col0), local in shards:
             local.copy_(_table_slice(seed, table, rows, dim, row0, row0 + local.size(0), col0, col0 + local.size(1)))
 

@@ -41,7 +41,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from hybridrec.config import MeshConfig, ShardingConfig, StorageReservation
+from hybridrec.config import MeshConfig, ShardingConfig, StorageReservation, embedding_groups
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
 
@@ -74,12 +74,20 @@ def build_topology(
     """TorchRec's Topology from the mesh config. Unset memory sizes are detected from this
     machine when ``detect`` (a real run, or the check before one), else TorchRec's defaults
     (a dry run plans for a cluster, not for the laptop it runs on). Also returns the resolved
-    values and where each came from, for the report."""
+    values and where each came from, for the report.
+
+    With mesh.embedding_replicas = R > 1 (2D), the topology is one sharding group's: its
+    world_size / R ranks, with as many per node as the group has (``embedding_groups``)."""
     resolved: dict[str, Any] = {
         "world_size": world_size,
         "local_world_size": local_world_size,
         "compute_device": device_type,
     }
+    replicas = mesh.embedding_replicas
+    plan_world, plan_local = embedding_groups(world_size, local_world_size, replicas)
+    if replicas > 1:
+        resolved.update(sharding_group_size=plan_world, replica_group_size=replicas,
+                        sharding_group_per_node=plan_local)
     if mesh.device_memory_gb is not None:
         hbm, resolved["device_memory"] = int(mesh.device_memory_gb * GIB), "config"
     elif detect and device_type == "cuda" and torch.cuda.is_available():
@@ -96,8 +104,8 @@ def build_topology(
     bw = lambda gbs: None if gbs is None else gbs * GIB / 1000  # GB/s -> bytes/ms
     topology = TopologyFactory.create_topology(
         trainer_config=TrainerConfig(
-            world_size=world_size,
-            local_world_size=local_world_size,
+            world_size=plan_world,
+            local_world_size=plan_local,
             hbm_cap_bytes=hbm,
             ddr_cap_bytes=ddr,
         ),
@@ -202,7 +210,8 @@ def plan_tables(
     """The plan for ``model``'s tables and its report (the report on the planning rank only).
 
     With ``pg``: planned on rank 0 and broadcast (``collective_plan``), so every rank shards
-    alike. Without: planned locally, for the dry run and the pre-launch check.
+    alike. Without: planned locally, for the dry run and the pre-launch check. With
+    mesh.embedding_replicas > 1 the plan is one sharding group's (DMPCollection's input).
     """
     topology, info = build_topology(cfg.mesh, world_size, local_world_size, device_type, detect)
     tables = model.sparse_module().embedding_bag_configs()
@@ -370,6 +379,14 @@ def format_report(report: dict[str, Any]) -> str:
         f"Embedding plan: {t['world_size']} rank(s), {t['local_world_size']} per node, "
         f"{t['compute_device']}, {device}host {t['host_memory_gib']} GiB ({t['host_memory']}), "
         f"reservation {t['storage_reservation']}",
+    ]
+    if "sharding_group_size" in t:
+        out.append(
+            f"2D: sharding groups of {t['sharding_group_size']} rank(s) ({t['sharding_group_per_node']} "
+            f"per node), replica groups of {t['replica_group_size']} rank(s); below, one sharding "
+            f"group (its ranks 0..{t['sharding_group_size'] - 1}), which every replica repeats"
+        )
+    out += [
         f"{'table':<12}{'rows x dim':>18}  {'sharding':<18}{'kernel':<18}"
         + (f"{'device GiB':>11}" if gpu else "") + f"{'host GiB':>10}  ranks",
     ]

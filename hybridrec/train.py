@@ -23,8 +23,8 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    world = world_size(cfg)
     try:
+        world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
         validate(cfg, world)
         device = run_device_type(cfg)
         check_device(cfg, device)
@@ -34,7 +34,7 @@ def main(cfg: DictConfig) -> float:
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.
             quiet_enumerator()
-            dry_plan(cfg, world, world, device, detect=True)
+            dry_plan(cfg, world, cfg.launcher.nproc_per_node, device, detect=True)
     except ValueError as e:  # PlanError included
         sys.exit(f"hybridrec: invalid config: {e}")
     summary = launch(cfg, HydraConfig.get().runtime.output_dir)

@@ -67,6 +67,8 @@ class Trainer:
             log.info("\n" + format_report(self.plan))
             write_json(os.path.join(run_dir, "plan.json"), self.plan)
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
+        # 2D (DMPCollection): the R replicas of each table drift apart between syncs.
+        self.sync_every = cfg.mesh.embedding_sync_every if cfg.mesh.embedding_replicas > 1 else 0
         # Overlaps the next batch's input all-to-all with this batch's forward/backward.
         self.pipeline = TrainPipelineSparseDist(self.model, self.optimizer, device)
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
@@ -93,6 +95,8 @@ class Trainer:
             tick = time.perf_counter()
             loss, _logits, _labels = self.pipeline.progress(batches)
             self.local_losses[step - 1] = loss
+            if self.sync_every and (step % self.sync_every == 0 or step == cfg.steps):
+                self.model.sync()  # average the replicas' tables and sparse optimizer state
             self.step_times.append(time.perf_counter() - tick)
             if profiler:
                 profiler.step()

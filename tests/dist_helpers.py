@@ -87,3 +87,35 @@ def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
             return str(e)
     finally:
         shutdown_distributed(clean=False)
+
+
+def train_replicated(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
+    """Train each config in turn in one process group (GPU); return per-step global losses,
+    the final eval metrics, the plan's topology (rank 0) and, per rank, the sum of its local
+    embedding shards: under 2D, ranks holding replicas of the same shards must agree."""
+    warnings.simplefilter("ignore", FutureWarning)
+    device = pick_device(cfgs[0])
+    init_distributed(device)
+    done = False
+    try:
+        results = []
+        for i, cfg in enumerate(cfgs):
+            out = os.path.join(run_dir, str(i))
+            os.makedirs(out, exist_ok=True)
+            trainer = Trainer(cfg, out, device)
+            summary = trainer.train()
+            with torch.no_grad():
+                total = torch.zeros((), dtype=torch.float64, device=device)
+                for weight in trainer.model.module.sparse_module().state_dict().values():
+                    local = weight.to_local() if isinstance(weight, DTensor) else weight
+                    shards = local.local_shards() if hasattr(local, "local_shards") else [local]
+                    for shard in shards:
+                        total += (shard.tensor if hasattr(shard, "tensor") else shard).double().sum()
+            sums = [None] * dist.get_world_size()
+            dist.all_gather_object(sums, total.item())
+            results.append({"losses": trainer.losses, "eval": summary["eval"], "shard_sums": sums,
+                            "topology": (trainer.plan or {}).get("topology")})
+        done = True
+        return results
+    finally:
+        shutdown_distributed(clean=done)

@@ -1,0 +1,186 @@
+"""Launching through Hydra's submitit plugin: a real sweep on submitit's local executor, the
+Slurm submission script rendered without a cluster, the Slurm variables -> rendezvous
+derivation, the launcher rules checked before submission, and two faked Slurm nodes training
+on loopback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF_DIR
+from hybridrec.launch import check_submitit, job_nodes, world_size
+
+# The ctr experiment's model on three small tables: seconds per job.
+TINY = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
+        "train.steps=20", "train.log_every=5", "data.eval_batches=1"]
+
+
+def _job_dirs(sweep):
+    return sorted(d for d in os.listdir(sweep) if os.path.isdir(sweep / d) and not d.startswith("."))
+
+
+def test_submitit_local_sweep_runs_each_job(tmp_path):
+    """`-m hydra/launcher=submitit_local`: each job of the sweep is a submitit job (its own
+    process, pickled by submitit) that starts 2 ranks through hybridrec's elastic launcher."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", "hydra/launcher=submitit_local", *TINY,
+                           "sharding=table_wise,row_wise", "launcher.nproc_per_node=2", f"hydra.sweep.dir={sweep}"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    jobs = _job_dirs(sweep)
+    assert len(jobs) == 2 and "sharding=table_wise" in jobs[0] and "sharding=row_wise" in jobs[1]
+    for job, sharding in zip(jobs, ["table_wise", "row_wise"]):
+        s = json.load(open(sweep / job / "summary.json"))
+        assert s["world_size"] == 2 and s["steps"] == 20
+        assert {p["sharding_type"] for p in s["plan"].values()} == {sharding}
+        assert {r for p in s["plan"].values() for r in p["ranks"]} == {0, 1}
+        assert 0 < s["train_loss"] < 0.7 and s["eval"]["n"] == 128
+    # ran by submitit: one folder of logs and pickles per job, the job's own id in Hydra's record
+    ids = sorted(d for d in os.listdir(sweep / ".submitit") if d.isdigit())
+    assert len(ids) == 2
+    for job in jobs:
+        assert any(f"id: '{i}'" in open(sweep / job / ".hydra" / "hydra.yaml").read() for i in ids)
+
+
+SLURM = ["hydra/launcher=slurm", *TINY, "launcher.nproc_per_node=8", "launcher.device=cuda",
+         "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90"]
+
+
+def test_slurm_submission_script(tmp_path):
+    """The sbatch script hybridrec's slurm config produces, rendered by the real plugin and
+    submitit: `srun` and `sbatch` are test doubles on PATH; sbatch keeps the script and fails,
+    as a machine without Slurm would."""
+    bin_dir, script = tmp_path / "bin", tmp_path / "submitted.sh"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit only checks that srun exists
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {script}\necho "sbatch: error: no cluster" >&2\nexit 1\n')
+    for f in ("srun", "sbatch"):
+        os.chmod(bin_dir / f, 0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = lambda *extra: subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", *SLURM, *extra],
+                                        capture_output=True, text=True, timeout=120, env=env)
+
+    # a launcher config that cannot work is refused before anything is submitted
+    bad = run("hydra.launcher.tasks_per_node=8", f"hydra.sweep.dir={tmp_path / 'bad'}")
+    assert bad.returncode != 0 and not script.exists()
+    assert "hybridrec: invalid launcher config: hydra.launcher.tasks_per_node=8" in bad.stderr
+    bad = run("data.batch_size=100", f"hydra.sweep.dir={tmp_path / 'bad'}")  # 4 nodes x 8 ranks
+    assert bad.returncode != 0 and not script.exists()
+    assert "data.batch_size=100 is the global batch and must divide evenly over world_size=32" in bad.stderr
+
+    sweep = tmp_path / "sweep"
+    proc = run("sharding=table_wise,row_wise", f"hydra.sweep.dir={sweep}")
+    assert "no cluster" in proc.stderr and script.exists()  # reached sbatch
+    text = script.read_text()
+    lines = text.splitlines()
+    for flag in ["--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=64",
+                 "--partition=gpu", "--time=90", "--array=0-1%2", "--job-name=train"]:
+        assert f"#SBATCH {flag}" in lines, (flag, text)
+    assert "export SUBMITIT_EXECUTOR=slurm" in lines  # what hybridrec.launch.job_nodes keys on
+    srun = [line for line in lines if line.startswith("srun ")]
+    assert len(srun) == 1, text
+    # one srun task per node (from --ntasks-per-node), running the pickled Hydra job
+    assert srun[0].endswith(f"{sys.executable} -u -m submitit.core._submit {sweep}/.submitit/%j")
+    assert f"--output {sweep}/.submitit/%A_%a/%A_%a_%t_log.out" in srun[0]
+
+
+SLURM_ENV = {
+    "SUBMITIT_EXECUTOR": "slurm",
+    "SLURM_JOB_ID": "4243",
+    "SLURM_ARRAY_JOB_ID": "4242",
+    "SLURM_ARRAY_TASK_ID": "1",
+    "SLURM_JOB_NUM_NODES": "4",
+    "SLURM_NTASKS": "4",
+    "SLURM_JOB_NODELIST": "gpu-[017-018,020],gpu-101",
+    "SLURM_NODEID": "2",
+    "SLURM_PROCID": "2",
+    "SLURM_LOCALID": "0",
+}
+
+
+def test_slurm_variables_give_the_rendezvous(monkeypatch, cfg_factory):
+    for key in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in SLURM_ENV.items():
+        monkeypatch.setenv(key, value)
+    nodes = job_nodes()
+    assert nodes.count == 4 and nodes.run_id == "hybridrec-4242_1"  # one rendezvous per array task
+    host, port = nodes.endpoint.split(":")
+    assert host == "gpu-017" and 20000 <= int(port) <= 60000  # first node; port from the job id
+    assert job_nodes().endpoint == nodes.endpoint  # every node derives the same
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert job_nodes().endpoint == "gpu-017:29500"
+    assert world_size(cfg_factory(["launcher.nproc_per_node=8"])) == 32
+    # one task per GPU (the plugin's other layout) would start every node's ranks several times
+    monkeypatch.setenv("SLURM_NTASKS", "32")
+    with pytest.raises(ValueError, match=r"32 task\(s\) on 4 node\(s\).*tasks_per_node=1"):
+        job_nodes()
+    # outside submitit, Slurm's variables alone (e.g. inside salloc) do not make a multi-node job
+    monkeypatch.delenv("SUBMITIT_EXECUTOR")
+    assert job_nodes().count == 1 and job_nodes().endpoint == "localhost:0"
+
+
+def _hydra_cfg(overrides):
+    with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=8"],
+     "tasks_per_node=8: hybridrec runs one task per node"),
+    (["hydra/launcher=submitit_slurm", "launcher.device=cuda", "launcher.nproc_per_node=8"],
+     r"asks for 0 GPU\(s\) per node: set hydra.launcher.gpus_per_node=8"),
+    (["hydra/launcher=slurm", "launcher.nproc_per_node=4", "hydra.launcher.gpus_per_node=8"],
+     "gpus_per_node=8 but launcher.nproc_per_node=4"),
+    (["hydra/launcher=local", "hydra.launcher.nodes=2"], "1 with submitit's local executor"),
+    (["hydra/launcher=slurm", "hydra.launcher.timeout_min=0"], "timeout_min must be >= 1"),
+    (["hydra/launcher=slurm", "hydra.launcher.nodes=3", "data.batch_size=64"],
+     "must divide evenly over world_size=3"),
+])
+def test_launcher_rules(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_submitit(_hydra_cfg(overrides))
+
+
+def test_launcher_rules_accept_what_the_configs_ship():
+    check_submitit(_hydra_cfg(["hydra/launcher=slurm", "launcher.nproc_per_node=8", "launcher.device=cuda"]))
+    check_submitit(_hydra_cfg(["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null",
+                               "hydra.launcher.gres=gpu:a100:8", "launcher.nproc_per_node=8", "launcher.device=cuda"]))
+    check_submitit(_hydra_cfg(["hydra/launcher=local", "launcher.nproc_per_node=2"]))
+    check_submitit(_hydra_cfg(["launcher.nproc_per_node=3"]))  # Hydra's basic launcher: not checked here
+
+
+@pytest.mark.dist
+def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
+    """What each node's task does in a 2-node Slurm job, on loopback: Slurm's variables are
+    faked (node list `localhost,localhost`), each "node" runs the Hydra job, which starts its
+    rank through the elastic launcher; the two meet at the derived rendezvous and train with
+    the losses of one 2-rank node."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [*TINY, "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
+    nodes = []
+    for node in (0, 1):
+        env = {**os.environ, **SLURM_ENV, "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
+               "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NODEID": str(node),
+               "SLURM_PROCID": str(node), "MASTER_PORT": str(port)}
+        nodes.append(subprocess.Popen([sys.executable, "-m", "hybridrec.train", *args,
+                                       f"hydra.run.dir={tmp_path / 'slurm'}"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    for node in nodes:
+        out, err = node.communicate(timeout=240)
+        assert node.returncode == 0, err[-3000:]
+    one = subprocess.run([sys.executable, "-m", "hybridrec.train", *args, "launcher.nproc_per_node=2",
+                          f"hydra.run.dir={tmp_path / 'one'}"], capture_output=True, text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    plan = json.load(open(tmp_path / "slurm" / "plan.json"))
+    assert plan["topology"]["world_size"] == 2 and plan["topology"]["local_world_size"] == 1
+    losses = lambda d: [r["loss"] for r in map(json.loads, open(tmp_path / d / "metrics.jsonl")) if "loss" in r]
+    assert len(losses("slurm")) == 6
+    assert losses("slurm") == pytest.approx(losses("one"), rel=1e-5, abs=1e-6)
