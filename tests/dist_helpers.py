@@ -16,9 +16,9 @@ from hybridrec.parallelize import full_state_dict
 from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
 
 
-def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
-    """Train each config in turn in one process group; return per-step global losses, the
-    unsharded final weights (rank 0) and the plan, for each."""
+def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str, Any]]:
+    """Train each config in turn in one process group; ``collect(trainer, summary)`` says
+    what each run returns."""
     warnings.simplefilter("ignore", FutureWarning)
     device = pick_device(cfgs[0])
     init_distributed(device)
@@ -29,22 +29,24 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
             out = os.path.join(run_dir, str(i))
             os.makedirs(out, exist_ok=True)
             trainer = Trainer(cfg, out, device)
-            summary = trainer.train()
-            results.append(
-                {
-                    "losses": trainer.losses,
-                    "state": full_state_dict(trainer.model),
-                    "summary": summary,
-                    "dense_placements": _dense_placements(trainer),
-                    "plan_notes": (trainer.plan or {}).get("notes"),
-                    "grad_norms": [n.item() for n in trainer.optimizer.grad_norms],
-                    "eval_logits": _eval_logits(trainer),
-                }
-            )
+            results.append(collect(trainer, trainer.train()))
         done = True
         return results
     finally:
         shutdown_distributed(clean=done)
+
+
+def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
+    """Per config: per-step global losses, the unsharded final weights (rank 0), the plan."""
+    return _train_each(cfgs, run_dir, lambda trainer, summary: {
+        "losses": trainer.losses,
+        "state": full_state_dict(trainer.model),
+        "summary": summary,
+        "dense_placements": _dense_placements(trainer),
+        "plan_notes": (trainer.plan or {}).get("notes"),
+        "grad_norms": [n.item() for n in trainer.optimizer.grad_norms],
+        "eval_logits": _eval_logits(trainer),
+    })
 
 
 @torch.no_grad()
@@ -90,32 +92,21 @@ def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
 
 
 def train_replicated(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
-    """Train each config in turn in one process group (GPU); return per-step global losses,
-    the final eval metrics, the plan's topology (rank 0) and, per rank, the sum of its local
-    embedding shards: under 2D, ranks holding replicas of the same shards must agree."""
-    warnings.simplefilter("ignore", FutureWarning)
-    device = pick_device(cfgs[0])
-    init_distributed(device)
-    done = False
-    try:
-        results = []
-        for i, cfg in enumerate(cfgs):
-            out = os.path.join(run_dir, str(i))
-            os.makedirs(out, exist_ok=True)
-            trainer = Trainer(cfg, out, device)
-            summary = trainer.train()
-            with torch.no_grad():
-                total = torch.zeros((), dtype=torch.float64, device=device)
-                for weight in trainer.model.module.sparse_module().state_dict().values():
-                    local = weight.to_local() if isinstance(weight, DTensor) else weight
-                    shards = local.local_shards() if hasattr(local, "local_shards") else [local]
-                    for shard in shards:
-                        total += (shard.tensor if hasattr(shard, "tensor") else shard).double().sum()
-            sums = [None] * dist.get_world_size()
-            dist.all_gather_object(sums, total.item())
-            results.append({"losses": trainer.losses, "eval": summary["eval"], "shard_sums": sums,
-                            "topology": (trainer.plan or {}).get("topology")})
-        done = True
-        return results
-    finally:
-        shutdown_distributed(clean=done)
+    """Per config (GPU): per-step global losses, the final eval metrics, the plan's topology
+    (rank 0) and, per rank, the sum of its local embedding shards: under 2D, ranks holding
+    replicas of the same shards must agree."""
+
+    def collect(trainer: Trainer, summary: dict[str, Any]) -> dict[str, Any]:
+        with torch.no_grad():
+            total = torch.zeros((), dtype=torch.float64, device=trainer.device)
+            for weight in trainer.model.module.sparse_module().state_dict().values():
+                local = weight.to_local() if isinstance(weight, DTensor) else weight
+                shards = local.local_shards() if hasattr(local, "local_shards") else [local]
+                for shard in shards:
+                    total += (shard.tensor if hasattr(shard, "tensor") else shard).double().sum()
+        sums = [None] * dist.get_world_size()
+        dist.all_gather_object(sums, total.item())
+        return {"losses": trainer.losses, "eval": summary["eval"], "shard_sums": sums,
+                "topology": (trainer.plan or {}).get("topology")}
+
+    return _train_each(cfgs, run_dir, collect)
