@@ -441,6 +441,14 @@ class LauncherConfig:
     """Timeout of every collective (process group timeout)."""
 
 
+class Pipeline(str, Enum):
+    sparse_dist = "sparse_dist"
+    """TorchRec's TrainPipelineSparseDist: the next batch's input all-to-all overlaps this
+    batch's forward/backward."""
+    base = "base"
+    """TorchRec's TrainPipelineBase: one batch at a time, nothing overlapped (a baseline)."""
+
+
 @dataclass
 class TrainConfig:
     steps: int = 100
@@ -449,6 +457,8 @@ class TrainConfig:
     """Steps between loss reductions across ranks (one collective per window, not per step)."""
     eval_every: int = 0
     """Evaluate on the whole eval set every N steps (0 = only at the end, which always runs)."""
+    pipeline: Pipeline = Pipeline.sparse_dist
+    """TorchRec train pipeline that runs each step: sparse_dist (overlapped) or base."""
 
 
 @dataclass

@@ -20,11 +20,11 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from tqdm import tqdm
 
 from hybridrec import checkpoint
-from hybridrec.config import Device, Logger
+from hybridrec.config import Device, Logger, Pipeline
 from hybridrec.metrics import (
     MetricsLog,
     all_gather_cat,
@@ -42,6 +42,17 @@ from hybridrec.plan import quiet_enumerator
 from hybridrec.sharding import format_report
 
 log = logging.getLogger(__name__)
+
+
+class BasePipeline(TrainPipelineBase):
+    """TorchRec's plain pipeline. It never rewires the model's forward, so detaching it for
+    evaluation (as TrainPipelineSparseDist needs) just hands the model back."""
+
+    def detach(self) -> torch.nn.Module:
+        return self._model
+
+
+PIPELINES = {Pipeline.sparse_dist: TrainPipelineSparseDist, Pipeline.base: BasePipeline}
 
 
 class Trainer:
@@ -64,8 +75,8 @@ class Trainer:
             log.info("\n" + format_report(self.plan))
             write_json(os.path.join(run_dir, "plan.json"), self.plan)
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
-        # Overlaps the next batch's input all-to-all with this batch's forward/backward.
-        self.pipeline = TrainPipelineSparseDist(self.model, self.optimizer, device)
+        # sparse_dist overlaps the next batch's input all-to-all with this batch's forward/backward.
+        self.pipeline = PIPELINES[cfg.train.pipeline](self.model, self.optimizer, device)
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
         self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None, tensorboard)
         self.losses: list[float] = []  # global mean loss of every step

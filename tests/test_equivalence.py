@@ -203,6 +203,19 @@ def test_evaluation_during_training_changes_nothing(one_rank):
 
 
 @pytest.mark.dist
+def test_base_pipeline_matches_sparse_dist(tmp_path):
+    """train.pipeline=base (TorchRec's TrainPipelineBase: one batch at a time, nothing
+    overlapped) trains what the default TrainPipelineSparseDist trains: a pipeline changes
+    when the input all-to-all runs, not what is computed. Evaluation mid-run included."""
+    common = ["sharding=row_wise", "train.eval_every=3"]
+    cfgs = [_cfg(*common), _cfg(*common, "train.pipeline=base")]
+    sparse_dist, base = launch(train_and_gather, 2, cfgs, str(tmp_path))
+    assert (sparse_dist["pipeline"], base["pipeline"]) == ("TrainPipelineSparseDist", "BasePipeline")
+    assert_same_training(base, sparse_dist)
+    assert base["summary"]["eval_history"] == sparse_dist["summary"]["eval_history"]
+
+
+@pytest.mark.dist
 def test_reduced_precision_stays_close_to_fp32(one_rank, tmp_path):
     """bf16 dense compute with fp32 reduction, and bf16 embedding all-to-alls (qcomms): not
     bit-equal to fp32, within stated bounds over the same steps."""
