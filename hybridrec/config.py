@@ -349,6 +349,9 @@ class DType(str, Enum):
 
 
 class FSDPUnits(str, Enum):
+    root = "root"
+    """All dense modules in one unit: one all-gather and one reduce-scatter per step. Fewest
+    collectives, no overlap between units: for small dense parts (ctr's MLPs)."""
     arch = "arch"
     """Each dense block the model names (bottom MLP, cross net, top MLP) is one unit."""
     layer = "layer"
@@ -391,7 +394,8 @@ class MeshConfig:
     reduce_dtype: Optional[DType] = None
     """FSDP2 mixed precision: dtype of gradient reduction (e.g. float32 with bf16 compute)."""
     units: FSDPUnits = FSDPUnits.arch
-    """FSDP2 unit granularity: arch (one per dense block) or layer (one per layer, then block)."""
+    """FSDP2 unit granularity: root (one for the whole dense part), arch (one per dense block)
+    or layer (one per layer, then block)."""
     forward_prefetch: int = 0
     """FSDP2: all-gather the next N units during a unit's forward (explicit prefetch)."""
     backward_prefetch: int = 0

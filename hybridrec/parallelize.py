@@ -84,7 +84,9 @@ class FSDP2Wrapper(DataParallelWrapper):
             else OffloadPolicy(),
         )
         units = []  # the modules whose parameters are gathered, in forward order
-        for block in dmp.module.dense_units():
+        # units=root: no per-block units; the root below then owns every dense parameter.
+        blocks = [] if cfg.units == FSDPUnits.root else dmp.module.dense_units()
+        for block in blocks:
             if cfg.units == FSDPUnits.layer:
                 for layer in dense_layers(block):
                     fully_shard(layer, **kwargs)

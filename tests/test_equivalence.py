@@ -142,6 +142,7 @@ VARIANTS = [
     ("fsdp per-layer units, prefetch, no reshard",
      ["sharding=table_wise", "mesh.units=layer", "mesh.forward_prefetch=2", "mesh.backward_prefetch=1",
       "mesh.reshard_after_forward=false"], "table_wise", 1),
+    ("fsdp one root unit", ["sharding=table_wise", "mesh.units=root"], "table_wise", 1),
     ("fsdp reshard to 2, cpu offload", ["sharding=table_wise", "mesh.reshard_after_forward=2",
                                         "mesh.cpu_offload=true"], "table_wise", 1),
     ("adamw + clipping", ["sharding=row_wise", *ADAMW], "row_wise", 2),
