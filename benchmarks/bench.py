@@ -138,7 +138,8 @@ def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), swee
     swept = [f"{k}={','.join(order(v))}" for k, v in values.items()]
     tag = f"rep{rep}_world{world}{'_profile' if extra else ''}"
     sweep_dir = os.path.join(out, "raw", tag)
-    shutil.rmtree(sweep_dir, ignore_errors=True)
+    if os.path.exists(sweep_dir):  # a previous suite's runs: Hydra would add to them
+        shutil.rmtree(sweep_dir)
     cmd = [sys.executable, "-m", "hybridrec.train", "-m", "+experiment=ctr", *swept,
            f"launcher.nproc_per_node={world}", f"data.batch_size={p.per_rank_batch * world}",
            f"train.steps={p.steps}", f"train.log_every={p.warmup}", "data.eval_batches=1",
@@ -165,7 +166,7 @@ def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), swee
             "step_time_p95_ms": s["train"]["step_time_p95_ms"],
             "peak_rss_mb": s["peak_rss_mb"],
             "memory_per_rank": s["memory_per_rank"],
-            "plan": {t: v["sharding_type"] for t, v in s["plan"].items()},
+            "plan": {t: [v["sharding_type"], len(v["ranks"])] for t, v in s["plan"].items()},
             "train_loss": s["train_loss"],
             "profile": s.get("profile"),
             "overrides": _load_yaml(os.path.join(job_dir, ".hydra", "overrides.yaml")),
@@ -218,7 +219,7 @@ def machine() -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchrec": torchrec.__version__ if hasattr(torchrec, "__version__") else _dist_version("torchrec"),
+        "torchrec": getattr(torchrec, "__version__", None) or _dist_version("torchrec"),
         "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", None) or _dist_version("fbgemm-gpu-cpu"),
         "hydra": hydra.__version__,
     }
@@ -269,7 +270,8 @@ def summarize(runs: list[dict]) -> list[dict]:
             "step_time_p50_ms": statistics.median(r["step_time_p50_ms"] for r in rs),
             "step_time_p95_ms": statistics.median(r["step_time_p95_ms"] for r in rs),
             "peak_rss_mb": [statistics.median(r["peak_rss_mb"][i] for r in rs) for i in range(ranks)],
-            "plan_types": sorted(set(rs[0]["plan"].values())),
+            # e.g. "column_wise x1": the type, and over how many ranks each table is split
+            "plan_types": sorted({f"{t} x{n}" for t, n in rs[0]["plan"].values()}),
         }
         if key[0] == "hybridrec":
             c["est_host_mb"] = [m["est_host_mb"] for m in rs[0]["memory_per_rank"]]
@@ -312,6 +314,12 @@ def answers(configs: list[dict]) -> dict[str, Any]:
         a["default"] = default["name"]
         a["default_behind_fastest_pct"] = 100 * behind
         a["target_default_within_5pct"] = behind <= 0.05
+    # memory split: the default's peak per rank, and the configuration with the most even split
+    balanced = min(hyb, key=lambda c: max(c["peak_rss_mb"]) / min(c["peak_rss_mb"]))
+    a["memory"] = {"default": default["peak_rss_mb"] if default else None,
+                   "default_estimate": [h + d for h, d in zip(default["est_host_mb"], default["est_device_mb"])]
+                   if default else None,
+                   "most_even": balanced["name"], "most_even_peak_rss_mb": balanced["peak_rss_mb"]}
     if ddp_auto:
         r = ddp_auto["ratio_vs_reference"]
         a["ddp_vs_reference"] = {"config": ddp_auto["name"], **{k: r[k] for k in ("median", "min", "max")}}
@@ -364,6 +372,12 @@ def report(res: dict[str, Any]) -> str:
             verdict = "meets" if a["target_ddp_at_least_reference"] else "misses"
             L.append(f"- hybridrec `ddp` vs the hand-written TorchRec loop: {d['median']:.3f}x "
                      f"({d['min']:.3f} - {d['max']:.3f} over repetitions): {verdict} the target (>= 1.0x).")
+    if "memory" in a:
+        mem = a["memory"]
+        if mem["default"]:
+            L.append(f"- Memory per rank, default: peak RSS {_rank_list(mem['default'])} MB (planner estimate for "
+                     f"the tables {_rank_list(mem['default_estimate'])} MB); most even split: {mem['most_even']} "
+                     f"({_rank_list(mem['most_even_peak_rss_mb'])} MB).")
     if res["scaling"]:  # the default mode's scaling when measured
         sc = next((x for x in res["scaling"] if x["name"] == "auto · fsdp · sparse_dist"), res["scaling"][0])
         L.append(f"- Scaling 1 -> 2 ranks ({sc['name']}): {sc['speedup']:.2f}x throughput "
@@ -379,7 +393,7 @@ def report(res: dict[str, Any]) -> str:
     L += ["", "## Memory per rank", "",
           "Peak RSS per rank (median over repetitions) beside the planner's estimate for the tables it "
           "placed (host MB on CPU; the rest of RSS is the runtime, dense model, buffers and batches).", "",
-          "| configuration | sharding chosen | peak RSS MB per rank | planner estimate MB per rank |",
+          "| configuration | sharding chosen (x shards per table) | peak RSS MB per rank | planner estimate MB per rank |",
           "|---|---|---|---|"]
     for c in configs:
         est = [h + d for h, d in zip(c.get("est_host_mb", []), c.get("est_device_mb", []))]

@@ -148,7 +148,7 @@ def train(cfg, steps: int, warmup: int) -> dict | None:
         "step_time_p95_ms": float(np.percentile(ms, 95)),
         "peak_rss_mb": peak_rss,
         "train_loss": float(loss_tail) / world_size,  # mean of the last 10% of steps, global
-        "plan": {t: p.sharding_type for m in plan.plan.values() for t, p in m.items()},
+        "plan": {t: [p.sharding_type, len(p.ranks)] for m in plan.plan.values() for t, p in m.items()},
     }
     dist.destroy_process_group()
     return out if rank == 0 else None

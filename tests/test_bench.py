@@ -18,7 +18,7 @@ import bench  # noqa: E402
 def _run(rep, world, kind, rate, dense="fsdp", sharding="auto"):
     return {"kind": kind, "rep": rep, "world_size": world, "sharding": sharding, "dense": dense,
             "pipeline": "sparse_dist", "samples_per_second": rate, "step_time_p50_ms": 1.0,
-            "step_time_p95_ms": 2.0, "peak_rss_mb": [100.0] * world, "plan": {"t": "table_wise"},
+            "step_time_p95_ms": 2.0, "peak_rss_mb": [100.0] * world, "plan": {"t": ["table_wise", 1]},
             "memory_per_rank": [{"est_host_mb": 10.0, "est_device_mb": 0.0}] * world}
 
 
