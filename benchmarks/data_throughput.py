@@ -61,16 +61,13 @@ def training_rate(steps: int = 120) -> float:
         return (last["step"] - first["step"]) * 2048 / (last["elapsed_s"] - first["elapsed_s"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=300_000)
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = parser.parse_args()
+def reader_rates(rows: int) -> dict[str, float]:
+    """Rows/s of each Criteo reader on ``rows`` generated rows, into global batches of 2048."""
     with tempfile.TemporaryDirectory() as tmp:
         plain, gz = os.path.join(tmp, "day_0.tsv"), os.path.join(tmp, "gz", "day_0.tsv.gz")
         os.makedirs(os.path.dirname(gz))
-        write_tsv(plain, args.rows)
-        write_tsv(gz, args.rows)
+        write_tsv(plain, rows)
+        write_tsv(gz, rows)
         common = dict(batch_size=2048, num_embeddings_per_feature=CRITEO_KAGGLE_CAPPED, id_mapping="modulo",
                       eval_batches=None, seed=0)
         tsv = CriteoTSV(train_path=plain, eval_path=plain, bad_rows="skip", block_size_mb=16, **common)
@@ -81,7 +78,15 @@ def main() -> None:
         np.save(os.path.join(tmp, "day_0_sparse.npy"), np.concatenate([s for _, s, _ in parsed]).astype(np.int64))
         np.save(os.path.join(tmp, "day_0_labels.npy"), np.concatenate([l for _, _, l in parsed]).astype(np.int32).reshape(-1, 1))
         binary = CriteoBinary(train_path=tmp, eval_path=tmp, **common)
-        readers = {"TSV": rate(tsv, "eval"), "TSV gzip": rate(tsv_gz, "eval"), "binary (npy)": rate(binary, "eval")}
+        return {"TSV": rate(tsv, "eval"), "TSV gzip": rate(tsv_gz, "eval"), "binary (npy)": rate(binary, "eval")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+    readers = reader_rates(args.rows)
     train = training_rate()
     lines = [
         "# Data reader throughput",

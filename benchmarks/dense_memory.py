@@ -39,38 +39,79 @@ def local_bytes(t: torch.Tensor | None) -> int:
     return t.numel() * t.element_size()
 
 
-def measure(cfg, steps: int) -> dict:
-    """Runs on every rank: a few real training steps, then this rank's dense-state bytes."""
+def measure(cfgs: list, steps: int) -> list[list[dict]]:
+    """Runs on every rank: for each config, a few real training steps, then every rank's
+    dense-state bytes (one process group for all configs: start-up is paid once)."""
     from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
 
     warnings.simplefilter("ignore", FutureWarning)
-    device = pick_device(cfg)
+    device = pick_device(cfgs[0])
     init_distributed(device)
+    done = False
     try:
-        trainer = Trainer(cfg, "/tmp", device)
-        batches = trainer.data.batches("train", trainer.rank, trainer.world_size, steps + 2)
-        for _ in range(2):  # warm-up: tracing, pipeline fill, lazy FSDP init
-            trainer.pipeline.progress(batches)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            trainer.pipeline.progress(batches)
-        dist.barrier()
-        seconds = time.perf_counter() - start
-        params = trainer.optimizer.dense_params
-        state = [v for s in trainer.optimizer.dense.state.values() for v in s.values() if torch.is_tensor(v)]
-        out = {
-            "params": sum(local_bytes(p) for p in params),
-            "grads": sum(local_bytes(p.grad) for p in params),
-            "optimizer_state": sum(local_bytes(v) for v in state),
-            "numel": sum(p.numel() for p in params),  # global parameter count
-            "samples_per_second": steps * cfg.data.batch_size / seconds,
-        }
-        per_rank = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, out)
-        return per_rank
+        results = []
+        for cfg in cfgs:
+            trainer = Trainer(cfg, "/tmp", device)
+            batches = trainer.data.batches("train", trainer.rank, trainer.world_size, steps + 2)
+            for _ in range(2):  # warm-up: tracing, pipeline fill, lazy FSDP init
+                trainer.pipeline.progress(batches)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                trainer.pipeline.progress(batches)
+            dist.barrier()
+            seconds = time.perf_counter() - start
+            params = trainer.optimizer.dense_params
+            state = [v for s in trainer.optimizer.dense.state.values() for v in s.values() if torch.is_tensor(v)]
+            out = {
+                "params": sum(local_bytes(p) for p in params),
+                "grads": sum(local_bytes(p.grad) for p in params),
+                "optimizer_state": sum(local_bytes(v) for v in state),
+                "numel": sum(p.numel() for p in params),  # global parameter count
+                "samples_per_second": steps * cfg.data.batch_size / seconds,
+            }
+            per_rank = [None] * dist.get_world_size()
+            dist.all_gather_object(per_rank, out)
+            results.append(per_rank)
+            del trainer, batches
+        done = True
+        return results
     finally:
-        shutdown_distributed(clean=True)
+        shutdown_distributed(clean=done)
+
+
+def run(steps: int, model: list[str] = MODEL) -> dict[str, list[dict]]:
+    """Each mode's per-rank bytes and samples/s: {"ddp": [rank 0, rank 1], "fsdp": [...]}."""
+    from hybridrec.config import register_configs
+    from hybridrec.launch import spawn
+
+    register_configs()
+    modes = ("ddp", "fsdp")
+    cfgs = []
+    for mode in modes:
+        with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
+            cfgs.append(compose(config_name="config", overrides=model + [f"mesh={mode}"]))
+    return dict(zip(modes, spawn(measure, 2, cfgs, steps)))
+
+
+def totals(results: dict[str, list[dict]]) -> dict[str, list[int]]:
+    return {mode: [m["params"] + m["grads"] + m["optimizer_state"] for m in ranks] for mode, ranks in results.items()}
+
+
+def table(results: dict[str, list[dict]]) -> list[str]:
+    """The per-rank table (markdown lines) and the FSDP2 / DDP ratio."""
+    mib = lambda b: f"{b / 2**20:,.1f}"
+    lines = [
+        "| mode | rank | params MiB | grads MiB | optimizer state MiB | total MiB | samples/s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    tot = totals(results)
+    for mode, ranks in results.items():
+        for r, m in enumerate(ranks):
+            lines.append(f"| {mode} | {r} | {mib(m['params'])} | {mib(m['grads'])} | "
+                         f"{mib(m['optimizer_state'])} | {mib(tot[mode][r])} | {m['samples_per_second']:,.0f} |")
+    ratio = max(tot["fsdp"]) / max(tot["ddp"])
+    return lines + ["", f"FSDP2 / DDP, largest rank: {ratio:.3f} (ideal 1/2 = 0.500; the excess is shard padding)."]
 
 
 def main() -> None:
@@ -78,16 +119,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
-    from hybridrec.config import register_configs
-    from hybridrec.launch import spawn
-
-    register_configs()
-    results = {}
-    for mode in ("ddp", "fsdp"):
-        with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=MODEL + [f"mesh={mode}"])
-        results[mode] = spawn(measure, 2, cfg, args.steps)
-    mib = lambda b: f"{b / 2**20:,.1f}"
+    results = run(args.steps)
     numel = results["ddp"][0]["numel"]
     lines = [
         "# Dense-state memory per rank: DDP vs FSDP2",
@@ -96,24 +128,15 @@ def main() -> None:
         f"{numel / 1e6:.1f} M dense parameters (3 cross layers of rank 1024, top MLP 2048-2048-1024-1), "
         f"dense Adagrad, 2 ranks (gloo, CPU), global batch 512. Bytes each rank holds after a step.",
         "",
-        "| mode | rank | params MiB | grads MiB | optimizer state MiB | total MiB | samples/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *table(results),
     ]
-    totals = {}
-    for mode, ranks in results.items():
-        for r, m in enumerate(ranks):
-            total = m["params"] + m["grads"] + m["optimizer_state"]
-            totals.setdefault(mode, []).append(total)
-            lines.append(f"| {mode} | {r} | {mib(m['params'])} | {mib(m['grads'])} | "
-                         f"{mib(m['optimizer_state'])} | {mib(total)} | {m['samples_per_second']:,.0f} |")
-    ratio = max(totals["fsdp"]) / max(totals["ddp"])
-    lines += ["", f"FSDP2 / DDP, largest rank: {ratio:.3f} (ideal 1/2 = 0.500; the excess is shard padding)."]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "DENSE_MEMORY.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     # The property this benchmark exists to check: at most 1/N of DDP's plus a small constant.
-    if max(totals["fsdp"]) > max(totals["ddp"]) / 2 + 2**20:
+    tot = totals(results)
+    if max(tot["fsdp"]) > max(tot["ddp"]) / 2 + 2**20:
         sys.exit("FSDP2 holds more than 1/2 of DDP's dense state + 1 MiB")
 
 

@@ -425,6 +425,9 @@ class DType(str, Enum):
 
 
 class FSDPUnits(str, Enum):
+    root = "root"
+    """All dense modules in one unit: one all-gather and one reduce-scatter per step. Fewest
+    collectives, no overlap between units: for small dense parts (ctr's MLPs)."""
     arch = "arch"
     """Each dense block the model names (bottom MLP, cross net, top MLP) is one unit."""
     layer = "layer"
@@ -467,7 +470,8 @@ class MeshConfig:
     reduce_dtype: Optional[DType] = None
     """FSDP2 mixed precision: dtype of gradient reduction (e.g. float32 with bf16 compute)."""
     units: FSDPUnits = FSDPUnits.arch
-    """FSDP2 unit granularity: arch (one per dense block) or layer (one per layer, then block)."""
+    """FSDP2 unit granularity: root (one for the whole dense part), arch (one per dense block)
+    or layer (one per layer, then block)."""
     forward_prefetch: int = 0
     """FSDP2: all-gather the next N units during a unit's forward (explicit prefetch)."""
     backward_prefetch: int = 0
@@ -523,6 +527,14 @@ class LauncherConfig:
     """Timeout of every collective (process group timeout)."""
 
 
+class Pipeline(str, Enum):
+    sparse_dist = "sparse_dist"
+    """TorchRec's TrainPipelineSparseDist: the next batch's input all-to-all overlaps this
+    batch's forward/backward."""
+    base = "base"
+    """TorchRec's TrainPipelineBase: one batch at a time, nothing overlapped (a baseline)."""
+
+
 @dataclass
 class TrainConfig:
     steps: int = 100
@@ -531,6 +543,8 @@ class TrainConfig:
     """Steps between loss reductions across ranks (one collective per window, not per step)."""
     eval_every: int = 0
     """Evaluate on the whole eval set every N steps (0 = only at the end, which always runs)."""
+    pipeline: Pipeline = Pipeline.sparse_dist
+    """TorchRec train pipeline that runs each step: sparse_dist (overlapped) or base."""
 
 
 @dataclass

@@ -75,6 +75,14 @@ def job_nodes() -> Nodes:
     return Nodes(job.num_nodes, f"{torch_env.master_addr}:{torch_env.master_port}", f"hybridrec-{job.job_id}")
 
 
+def in_sweep() -> bool:
+    """True inside a Hydra multirun job (``-m``), where jobs share the Hydra process."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def world_size(cfg: DictConfig) -> int:
     if already_launched():
         return int(os.environ["WORLD_SIZE"])
@@ -88,8 +96,10 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
             log.info("already launched (torchrun/srun): launcher.nproc_per_node is ignored")
         return run(cfg, run_dir)
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
-    if nproc == 1 and nodes.count == 1:
+    if nproc == 1 and nodes.count == 1 and not in_sweep():
         return run(cfg, run_dir)
+    # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
+    # thread settings and library state of one job must not leak into the next.
     return spawn(run, nproc, cfg, run_dir, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
 
 

@@ -20,11 +20,11 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from tqdm import tqdm
 
 from hybridrec import checkpoint
-from hybridrec.config import Device, Logger
+from hybridrec.config import Device, Logger, Pipeline
 from hybridrec.losses import BCE
 from hybridrec.metrics import (
     MetricsLog,
@@ -48,6 +48,17 @@ from hybridrec.sharding import format_report
 log = logging.getLogger(__name__)
 
 
+class BasePipeline(TrainPipelineBase):
+    """TorchRec's plain pipeline. It never rewires the model's forward, so detaching it for
+    evaluation (as TrainPipelineSparseDist needs) just hands the model back."""
+
+    def detach(self) -> torch.nn.Module:
+        return self._model
+
+
+PIPELINES = {Pipeline.sparse_dist: TrainPipelineSparseDist, Pipeline.base: BasePipeline}
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> None:
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
@@ -69,8 +80,8 @@ class Trainer:
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
         # 2D (DMPCollection): the R replicas of each table drift apart between syncs.
         self.sync_every = cfg.mesh.embedding_sync_every if cfg.mesh.embedding_replicas > 1 else 0
-        # Overlaps the next batch's input all-to-all with this batch's forward/backward.
-        self.pipeline = TrainPipelineSparseDist(self.model, self.optimizer, device)
+        # sparse_dist overlaps the next batch's input all-to-all with this batch's forward/backward.
+        self.pipeline = PIPELINES[cfg.train.pipeline](self.model, self.optimizer, device)
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
         self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None, tensorboard)
         self.losses: list[float] = []  # global mean loss of every step

@@ -46,6 +46,7 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
         "plan_notes": (trainer.plan or {}).get("notes"),
         "grad_norms": [n.item() for n in trainer.optimizer.grad_norms],
         "eval_logits": _eval_logits(trainer),
+        "pipeline": type(trainer.pipeline).__name__,
     })
 
 

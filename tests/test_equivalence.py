@@ -143,6 +143,7 @@ VARIANTS = [
     ("fsdp per-layer units, prefetch, no reshard",
      ["sharding=table_wise", "mesh.units=layer", "mesh.forward_prefetch=2", "mesh.backward_prefetch=1",
       "mesh.reshard_after_forward=false"], "table_wise", 1),
+    ("fsdp one root unit", ["sharding=table_wise", "mesh.units=root"], "table_wise", 1),
     ("fsdp reshard to 2, cpu offload", ["sharding=table_wise", "mesh.reshard_after_forward=2",
                                         "mesh.cpu_offload=true"], "table_wise", 1),
     ("adamw + clipping", ["sharding=row_wise", *ADAMW], "row_wise", 2),
@@ -201,6 +202,19 @@ def test_evaluation_during_training_changes_nothing(one_rank):
     """Eval detaches TorchRec's pipeline and re-attaches it: training stays bit-identical."""
     assert one_rank[8]["losses"] == one_rank[1]["losses"]
     assert [e["step"] for e in one_rank[8]["summary"]["eval_history"]] == [3, 6, 8]
+
+
+@pytest.mark.dist
+def test_base_pipeline_matches_sparse_dist(tmp_path):
+    """train.pipeline=base (TorchRec's TrainPipelineBase: one batch at a time, nothing
+    overlapped) trains what the default TrainPipelineSparseDist trains: a pipeline changes
+    when the input all-to-all runs, not what is computed. Evaluation mid-run included."""
+    common = ["sharding=row_wise", "train.eval_every=3"]
+    cfgs = [_cfg(*common), _cfg(*common, "train.pipeline=base")]
+    sparse_dist, base = launch(train_and_gather, 2, cfgs, str(tmp_path))
+    assert (sparse_dist["pipeline"], base["pipeline"]) == ("TrainPipelineSparseDist", "BasePipeline")
+    assert_same_training(base, sparse_dist)
+    assert base["summary"]["eval_history"] == sparse_dist["summary"]["eval_history"]
 
 
 @pytest.mark.dist
