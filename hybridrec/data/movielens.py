@@ -6,6 +6,10 @@ flags). Sparse features: user, item, and with the side files age bucket, gender,
 zip prefix and genres (multi-hot). Dense features: age and release year, scaled. Label: rating
 >= ``label_threshold``. The eval split is a fixed random 20% (from the seed) or the latest 20%
 by time. 100k ratings fit in memory: train rows are reshuffled every epoch from the seed.
+
+``MovieLensRank`` (data=movielens_rank) serves the same ratings as per-user lists for
+learning to rank and retrieval. Both yield ``RecBatch``: the rating as graded relevance, the
+user as query id, and each item's training frequency for the log-q correction.
 """
 
 from __future__ import annotations
