@@ -14,7 +14,7 @@ Order, fixed for every model:
 from __future__ import annotations
 
 import zlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map_only
 from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
@@ -93,6 +94,13 @@ class FSDP2Wrapper(DataParallelWrapper):
         units = []  # the modules whose parameters are gathered, in forward order
         # units=root: no per-block units; the root below then owns every dense parameter.
         blocks = [] if cfg.units == FSDPUnits.root else dmp.module.dense_units()
+        if cfg.units == FSDPUnits.root and cfg.param_dtype:
+            # A unit casts its own inputs to the compute dtype and its outputs back to fp32.
+            # With one root unit only the model's input is cast: a dense block fed by the
+            # fp32 embeddings (DLRM's top MLP after the interaction) would see fp32 inputs
+            # with bf16 weights. Give each block the unit's casts without making it a unit.
+            for block in dmp.module.dense_units():
+                cast_at_boundary(block, dtype(cfg.param_dtype))
         for block in blocks:
             if cfg.units == FSDPUnits.layer:
                 for layer in dense_layers(block):
@@ -111,6 +119,19 @@ class FSDP2Wrapper(DataParallelWrapper):
                 unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + cfg.forward_prefetch])
             if cfg.backward_prefetch:
                 unit.set_modules_to_backward_prefetch(units[max(0, i - cfg.backward_prefetch) : i][::-1])
+
+
+def cast_at_boundary(module: nn.Module, dtype: torch.dtype) -> None:
+    """Floating-point inputs of ``module`` cast to ``dtype``, its outputs back to fp32: what
+    FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True, output_dtype=float32)`` does at
+    a unit boundary, for a block inside a larger unit."""
+
+    def cast(x: Any, to: torch.dtype) -> Any:
+        return tree_map_only(torch.Tensor, lambda t: t.to(to) if t.is_floating_point() else t, x)
+
+    module.register_forward_pre_hook(lambda _m, args, kwargs: (cast(args, dtype), cast(kwargs, dtype)),
+                                     with_kwargs=True)
+    module.register_forward_hook(lambda _m, _args, out: cast(out, torch.float32))
 
 
 class NoDataParallel(DataParallelWrapper):
