@@ -50,7 +50,8 @@ def export(checkpoint: str, out: str) -> nn.Module:
         cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
         items, batch = instantiate(cfg.data, seed=cfg.seed).catalogue_batch()
         model.eval()
-        vectors = model.item_vectors(batch)
+        with torch.no_grad():
+            vectors = model.item_vectors(batch)
         path = os.path.join(os.path.dirname(out), "item_vectors.pt")
         torch.save({"item_ids": torch.from_numpy(items), "vectors": vectors}, path)
         print(f"hybridrec.export: {len(items):,} item vectors of width {vectors.shape[1]} -> {path}")
