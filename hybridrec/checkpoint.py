@@ -2,9 +2,17 @@
 
 A checkpoint is a directory ``<checkpoint.dir>/step_<N>`` holding DCP's files for the model
 (TorchRec's sharded tables as ShardedTensors, FSDP2 parameters as DTensors) and the
-optimizers (fused sparse state, dense state), plus ``trainer_state.pt`` (step = data position,
-learning-rate schedules, RNG states) and ``config.yaml``. DCP stores every tensor by its global
-offsets, so a checkpoint loads under another world size or sharding plan (resharding).
+optimizers (fused sparse state, dense state), plus hybridrec's own state (``TrainState``:
+step = data position, learning-rate schedules, RNG states, losses, feature list) and
+``config.yaml``. DCP stores every tensor by its global offsets, so a checkpoint loads under
+another world size or sharding plan (resharding).
+
+Loading hybridrec's files never runs code from the checkpoint: ``trainer_state.json`` is
+JSON, ``trainer_state.pt`` holds plain tensors and is read with ``torch.load(weights_only=True)``
+(a file with pickled objects is refused, not loaded), and ``config.yaml`` is read by
+OmegaConf with yaml's safe loader. DCP's own ``.metadata`` is a pickle that
+torch.distributed.checkpoint unpickles itself: like any DCP checkpoint, load one only from a
+trusted source.
 
 Atomic commit: a save writes ``step_<N>.partial`` and, once every rank has finished,
 rank 0 renames it to ``step_<N>``. A crash mid-save leaves only a ``.partial`` directory,
@@ -15,10 +23,14 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import logging
 import os
+import pickle
 import re
 import shutil
+import warnings
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +43,86 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
+STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint hybridrec refuses to load: state files holding pickled objects, a format
+    written by an older hybridrec, or files missing."""
+
+
+@dataclass
+class TrainState:
+    """hybridrec's own part of a checkpoint, beside DCP's files: what resume needs besides the
+    model and optimizer state, and what export needs to rebuild the model.
+
+    Stored as ``trainer_state.json`` and ``trainer_state.pt`` (plain tensors, read with
+    ``torch.load(weights_only=True)``), so loading it never unpickles an object.
+    """
+
+    step: int
+    """Steps done, which is also the data position: every source restarts at that global batch."""
+    schedulers: list[dict[str, Any]]
+    """``LambdaLR.state_dict()`` of each optimizer part. Numbers only: the schedules are plain
+    functions rebuilt from the config, which torch stores as None in ``lr_lambdas``."""
+    features: list[dict[str, Any]]
+    """The sparse features (``SparseFeature`` fields), so export needs no data files."""
+    num_dense_features: int
+    rng: torch.Tensor
+    """uint8, ``[world_size, n]``: every rank's CPU RNG state."""
+    losses: torch.Tensor
+    """float64: the global mean loss of every step so far (the Python floats, exactly)."""
+
+    def to_files(self, directory: str) -> None:
+        torch.save({"rng": self.rng, "losses": self.losses}, os.path.join(directory, STATE_TENSORS))
+        fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
+                  "num_dense_features": self.num_dense_features}
+        with open(os.path.join(directory, STATE_JSON), "w") as f:
+            json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
+
+    @classmethod
+    def from_files(cls, directory: str) -> TrainState:
+        """Read and check the state (a ``CheckpointError`` says what is wrong with it)."""
+        json_path, tensors_path = os.path.join(directory, STATE_JSON), os.path.join(directory, STATE_TENSORS)
+        if not os.path.isfile(json_path) and os.path.isfile(tensors_path):
+            # Never opened: before this format, trainer_state.pt was read with a full unpickle.
+            raise CheckpointError(
+                f"{directory} was written by an older hybridrec, whose state ({STATE_TENSORS} without "
+                f"{STATE_JSON}) was read by unpickling arbitrary objects; this version does not load that "
+                f"format. Re-create the checkpoint by training again with this version"
+            )
+        for path in (json_path, tensors_path):
+            if not os.path.isfile(path):
+                name = os.path.basename(path)
+                raise CheckpointError(f"{directory} is not a complete hybridrec checkpoint (no {name})")
+        try:
+            with open(json_path) as f:
+                fields = json.load(f)
+        except ValueError as e:  # not JSON, or not text
+            raise CheckpointError(f"{json_path} is not a valid checkpoint file: {e}") from e
+        tensors = _load_tensors(tensors_path)
+        if (not isinstance(fields, dict) or {"step", "schedulers", "features", "num_dense_features"} - fields.keys()
+                or not all(isinstance(tensors.get(k), torch.Tensor) for k in ("rng", "losses"))):
+            raise CheckpointError(f"{directory} is not a valid hybridrec checkpoint: its state lacks fields it needs")
+        return cls(step=int(fields["step"]), schedulers=fields["schedulers"], features=fields["features"],
+                   num_dense_features=int(fields["num_dense_features"]), rng=tensors["rng"], losses=tensors["losses"])
+
+
+def _load_tensors(path: str) -> dict[str, Any]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about a pickle protocol before refusing it
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message is a paragraph; the line naming the refused global is what matters
+        reason = next((line.strip().rstrip(".") for line in str(e).splitlines() if "nsupported" in line), "")
+        raise CheckpointError(
+            f"{path} is not a safe checkpoint file (it holds pickled objects, which loading would execute)"
+            f"{': ' + reason if reason else ''}; refused, nothing in it was run"
+        ) from e
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"{path} is not a valid checkpoint file: a {type(tensors).__name__}, not tensors by name")
+    return tensors
 
 
 def probe_writable(directory: str) -> None:
@@ -125,25 +217,24 @@ class Checkpointer:
             raise RuntimeError(f"checkpoint save at step {step} into {partial} failed: {e}") from e
         self._commit(step, partial, final, extra)
 
-    def _trainer_state(self, step: int) -> dict[str, Any]:
+    def _trainer_state(self, step: int) -> TrainState:
         t = self.trainer
         rng = [None] * t.world_size
         dist.all_gather_object(rng, torch.get_rng_state())
-        return {
-            "step": step,
-            "schedulers": copy.deepcopy([s.state_dict() for s in t.optimizer.schedulers]),
-            "rng": rng,
-            "losses": list(t.losses),
-            # what export needs to rebuild the model without the data files
-            "features": [vars(f) for f in t.data.features],
-            "num_dense_features": t.data.num_dense_features,
-        }
+        return TrainState(
+            step=step,
+            schedulers=copy.deepcopy([s.state_dict() for s in t.optimizer.schedulers]),
+            features=[vars(f) for f in t.data.features],
+            num_dense_features=t.data.num_dense_features,
+            rng=torch.stack(rng),
+            losses=torch.tensor(t.losses, dtype=torch.float64),
+        )
 
-    def _commit(self, step: int, partial: str, final: str, extra: dict[str, Any]) -> None:
+    def _commit(self, step: int, partial: str, final: str, extra: TrainState) -> None:
         t = self.trainer
         dist.barrier()  # every rank's files are written
         if t.rank == 0:
-            torch.save(extra, os.path.join(partial, "trainer_state.pt"))
+            extra.to_files(partial)
             OmegaConf.save(t.cfg, os.path.join(partial, "config.yaml"))
             shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step replaces it
             os.replace(partial, final)  # the commit: atomic on one filesystem
@@ -179,6 +270,7 @@ def _prune(directory: str, keep: int) -> None:
 
 def load(trainer: Any, path: str) -> int:
     """Load a checkpoint into the trainer (any world size or plan); returns its step."""
+    extra = TrainState.from_files(path)  # first: a refused checkpoint loads nothing
     # The dense optimizers create their state lazily: create it now so DCP can load into it.
     for name, opt in trainer.optimizer.optimizer.optimizers:
         if name != "sparse":
@@ -187,10 +279,9 @@ def load(trainer: Any, path: str) -> int:
     dcp.load(state, checkpoint_id=path)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.optimizer.load_state_dict(state["optim"])
-    extra = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-    for scheduler, saved in zip(trainer.optimizer.schedulers, extra["schedulers"]):
+    for scheduler, saved in zip(trainer.optimizer.schedulers, extra.schedulers):
         scheduler.load_state_dict(saved)
-    rng = extra["rng"]
-    torch.set_rng_state(rng[trainer.rank] if len(rng) == trainer.world_size else rng[0])
-    trainer.losses = list(extra["losses"])
-    return int(extra["step"])
+    rng = extra.rng
+    torch.set_rng_state((rng[trainer.rank] if len(rng) == trainer.world_size else rng[0]).clone())
+    trainer.losses = extra.losses.tolist()
+    return extra.step

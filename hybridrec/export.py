@@ -6,9 +6,13 @@ Rebuilds the plain (non-distributed) model from the checkpoint's own config and 
 list, lets torch.distributed.checkpoint load every sharded tensor into its full form (no
 process group needed), and saves ``model.state_dict()`` with torch.save (default:
 ``<checkpoint>/model.pt``). Load it with ``build_model(checkpoint)`` +
-``load_state_dict(torch.load(file))``. For a two-tower model it also writes
-``item_vectors.pt`` beside it: every catalogue item's id and item-tower vector (needs the
-run's data, to build the item features), ready for a nearest-neighbour index.
+``load_state_dict(torch.load(file, weights_only=True))``: it holds tensors only. For a
+two-tower model it also writes ``item_vectors.pt`` beside it (tensors only too): every
+catalogue item's id and item-tower vector (needs the run's data, to build the item
+features), ready for a nearest-neighbour index.
+
+A checkpoint whose hybridrec state holds pickled objects is refused, never loaded
+(``checkpoint.TrainState``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from hybridrec import models
+from hybridrec.checkpoint import CheckpointError, TrainState
 from hybridrec.data import SparseFeature
 
 
 def build_model(checkpoint: str) -> nn.Module:
     """The checkpoint's model, unsharded, on CPU, uninitialized."""
     cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
-    state = torch.load(os.path.join(checkpoint, "trainer_state.pt"), weights_only=False)
-    model = models.build_model(cfg, [SparseFeature(**f) for f in state["features"]], state["num_dense_features"])
+    state = TrainState.from_files(checkpoint)
+    model = models.build_model(cfg, [SparseFeature(**f) for f in state.features], state.num_dense_features)
     model.sparse_module().to_empty(device="cpu")  # the tables were created on `meta`
     return model
 
@@ -45,7 +50,8 @@ def export(checkpoint: str, out: str) -> nn.Module:
         cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
         items, batch = instantiate(cfg.data, seed=cfg.seed).catalogue_batch()
         model.eval()
-        vectors = model.item_vectors(batch)
+        with torch.no_grad():
+            vectors = model.item_vectors(batch)
         path = os.path.join(os.path.dirname(out), "item_vectors.pt")
         torch.save({"item_ids": torch.from_numpy(items), "vectors": vectors}, path)
         print(f"hybridrec.export: {len(items):,} item vectors of width {vectors.shape[1]} -> {path}")
@@ -61,7 +67,10 @@ def main(argv: list[str]) -> None:
     if not os.path.isfile(os.path.join(ckpt, ".metadata")):
         sys.exit(f"hybridrec.export: {ckpt} is not a complete checkpoint (no .metadata)")
     out = args.get("out", os.path.join(ckpt, "model.pt"))
-    model = export(ckpt, out)
+    try:
+        model = export(ckpt, out)
+    except CheckpointError as e:
+        sys.exit(f"hybridrec.export: {e}")
     print(f"hybridrec.export: {sum(p.numel() for p in model.parameters()):,} parameters -> {out}")
 
 

@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
-from hybridrec.checkpoint import probe_writable
+from hybridrec.checkpoint import CheckpointError, TrainState, probe_writable, resume_path
 from hybridrec.launch import already_launched, launch, world_size
 from hybridrec.plan import dry_plan, quiet_enumerator, run_device_type
 
@@ -30,11 +30,15 @@ def main(cfg: DictConfig) -> float:
         check_device(cfg, device)
         if cfg.checkpoint.dir:
             probe_writable(cfg.checkpoint.dir)
+        if path := resume_path(cfg):
+            TrainState.from_files(path)  # a checkpoint the ranks would refuse fails here, before launch
         if not already_launched():
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.
             quiet_enumerator()
             dry_plan(cfg, world, cfg.launcher.nproc_per_node, device, detect=True)
+    except CheckpointError as e:
+        sys.exit(f"hybridrec: {e}")
     except ValueError as e:  # PlanError included
         sys.exit(f"hybridrec: invalid config: {e}")
     summary = launch(cfg, HydraConfig.get().runtime.output_dir)

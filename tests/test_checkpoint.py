@@ -1,7 +1,9 @@
 """Checkpoints: exact resume, resharding across world sizes and plans, atomic commit,
-export for inference, and the guards around them."""
+export for inference, the guards around them, and loading that never runs code."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ from conftest import compose_cfg
 from dist_helpers import launch, train_and_gather
 from hydra.utils import instantiate
 
-from hybridrec.checkpoint import latest, probe_writable
+from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
 from hybridrec.export import build_model
 from test_equivalence import BASE, TOL, assert_same_training
 
@@ -82,13 +84,70 @@ def test_export_predicts_like_the_distributed_model(runs, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     model = build_model(str(ckpt))
-    model.load_state_dict(torch.load(out))  # a plain state dict of full tensors
+    model.load_state_dict(torch.load(out, weights_only=True))  # a plain state dict of full tensors
     model.eval()
     cfg = _cfg()
     batch = next(instantiate(cfg.data, seed=cfg.seed).batches("eval", 0, 1, 1))
     with torch.no_grad():
         _, (_, logits, _) = model(batch)
     torch.testing.assert_close(logits, two[0]["eval_logits"], **TOL)
+
+
+class _Planted:
+    """A pickled object that runs a command when unpickled: what a full torch.load would do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.dist
+def test_checkpoint_state_is_json_and_plain_tensors(runs):
+    tmp, two, _ = runs
+    ckpt = tmp / "a" / "step_00000008"
+    fields = json.load(open(ckpt / "trainer_state.json"))
+    assert fields["step"] == 8 and len(fields["schedulers"]) == 2 and fields["num_dense_features"] > 0
+    tensors = torch.load(ckpt / "trainer_state.pt", weights_only=True)
+    assert tensors["rng"].dtype == torch.uint8 and tensors["rng"].shape[0] == 2
+    assert tensors["losses"].tolist() == two[0]["losses"]  # float64: the logged losses exactly
+
+
+@pytest.mark.dist
+def test_a_planted_pickle_is_refused_and_never_run(runs, tmp_path):
+    tmp, _, _ = runs
+    ckpt, marker = tmp_path / "planted", tmp_path / "ran"
+    shutil.copytree(tmp / "a" / "step_00000004", ckpt)
+    torch.save({"rng": _Planted(marker), "losses": torch.zeros(4)}, ckpt / "trainer_state.pt")
+    export = [sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}"]
+    resume = [sys.executable, "-m", "hybridrec.train", *RUN, f"checkpoint.resume={ckpt}", f"checkpoint.dir={tmp_path}",
+              f"hydra.run.dir={tmp_path / 'run'}"]
+    for cmd, prefix in ((export, "hybridrec.export: "), (resume, "hybridrec: ")):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            f"{prefix}{ckpt / 'trainer_state.pt'} is not a safe checkpoint file (it holds pickled objects"
+        ), proc.stderr[-2000:]
+        assert not marker.exists()
+    assert not (ckpt / "model.pt").exists()
+
+
+@pytest.mark.dist
+def test_old_or_broken_state_files_are_refused(runs, tmp_path):
+    tmp, _, _ = runs
+    ckpt, marker = tmp_path / "old", tmp_path / "ran"
+    shutil.copytree(tmp / "a" / "step_00000004", ckpt)
+    with open(ckpt / "trainer_state.json", "wb") as f:  # JSON cannot hold objects: only unreadable
+        f.write(b"\x80\x04not json")
+    with pytest.raises(CheckpointError, match="trainer_state.json is not a valid checkpoint file"):
+        TrainState.from_files(str(ckpt))
+    # An older hybridrec kept its state as pickled objects in trainer_state.pt alone: never opened.
+    os.remove(ckpt / "trainer_state.json")
+    torch.save({"step": 4, "rng": [_Planted(marker)]}, ckpt / "trainer_state.pt")
+    with pytest.raises(CheckpointError, match="written by an older hybridrec"):
+        TrainState.from_files(str(ckpt))
+    assert not marker.exists()
 
 
 def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):

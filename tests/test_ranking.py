@@ -128,7 +128,7 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_item_vectors(tm
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={step}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    saved = torch.load(step / "item_vectors.pt")
+    saved = torch.load(step / "item_vectors.pt", weights_only=True)
     ids, v = saved["item_ids"], saved["vectors"]
     assert ids.tolist() == list(range(1, 61)) and v.shape == (60, 32)
     cos = v @ v.T
