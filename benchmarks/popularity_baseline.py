@@ -23,7 +23,7 @@ def main() -> None:
     data = instantiate(cfg.data, seed=cfg.seed)
     train = data.split_rows["train"]
     popularity = np.bincount(data.item[train][data.label[train] > 0], minlength=data.features[1].num_embeddings)
-    e = data.eval_rows
+    e = data.eval_rows["eval"]
     # ties (equally popular movies) broken at random, not by id order
     scores = popularity[e["item"]] + np.random.default_rng(0).random(len(e["item"])) * 1e-3
     print(ranking_metrics(scores, e["rating"], e["user"], data.threshold, data.ranking_k))

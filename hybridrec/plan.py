@@ -16,10 +16,10 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from hybridrec.config import Device, register_configs, validate
+from hybridrec.data import build_source
 from hybridrec.metrics import write_json
 from hybridrec.models import build_model
 from hybridrec.sharding import HybridEBCSharder, PlanError, format_report, plan_tables
@@ -40,7 +40,7 @@ def dry_plan(
     """Plan ``cfg``'s tables for the given topology without any process group. ``detect``:
     take unset memory sizes from this machine (the check before a run here) rather than
     TorchRec's defaults (planning for another cluster)."""
-    data = instantiate(cfg.data, seed=cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
     model = build_model(cfg, data.features, data.num_dense_features, getattr(data, "list_size", None))
     pooling = {f.name: f.pooling_factor for f in data.features}
     _, report = plan_tables(

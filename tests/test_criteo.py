@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -44,10 +45,13 @@ def write(path, rows, gz=False):
     return str(path)
 
 
-def reader(train, eval_=None, batch=4, **kw):
-    args = dict(batch_size=batch, train_path=str(train), eval_path=str(eval_ or train),
-                num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="skip",
-                block_size_mb=1, eval_batches=None, seed=0)
+def reader(path, batch=4, split="eval", **kw):
+    """A CriteoTSV whose ``split`` files are ``path``; the other split gets a file of its own
+    (splits may not share a file)."""
+    other = write(os.path.join(tempfile.mkdtemp(), "other.tsv"), [row()] * batch)
+    args = dict(batch_size=batch, train_path=other, eval_path=other, num_embeddings_per_feature=SIZES,
+                id_mapping="modulo", bad_rows="skip", block_size_mb=1, eval_batches=None, seed=0)
+    args[f"{split}_path"] = str(path)
     args.update(kw)
     return CriteoTSV(**args)
 
@@ -55,7 +59,7 @@ def reader(train, eval_=None, batch=4, **kw):
 def test_values_are_parsed_exactly(tmp_path):
     cats = ["68fd1e64", "80E26C9B", ""] + ["fffffff0"] * 23
     write(tmp_path / "a.tsv", [row(1, [5, -3, ""] + [0] * 10, cats)] * 4)
-    b = next(reader(tmp_path / "a.tsv").batches("train", 0, 1, 1))
+    b = next(reader(tmp_path / "a.tsv", split="train").batches("train", 0, 1, 1))
     expected = np.log1p([5, 0, 0] + [0] * 10).astype(np.float32)  # negatives clamp, missing = 0
     torch.testing.assert_close(b.dense_features[0], torch.from_numpy(expected))
     kjt = b.sparse_features
@@ -113,7 +117,7 @@ def test_fail_mode_stops_at_the_first_bad_row(tmp_path):
 
 def test_missing_path_and_empty_dataset_fail_at_construction(tmp_path):
     with pytest.raises(DataError, match="data.train_path=.*nope.*no such file"):
-        reader(tmp_path / "nope.tsv")
+        reader(tmp_path / "nope.tsv", split="train")
     write(tmp_path / "empty.tsv", [])
     open(tmp_path / "empty.tsv", "w").close()
     with pytest.raises(DataError, match="every file is empty"):
@@ -134,7 +138,7 @@ def test_ranks_partition_each_global_batch(tmp_path, world_size):
 
 def test_table_collisions_are_estimated(tmp_path):
     write(tmp_path / "a.tsv", rand_rows(64))
-    data = reader(tmp_path / "a.tsv", num_embeddings_per_feature=[7] * 26)
+    data = reader(tmp_path / "a.tsv", split="train", num_embeddings_per_feature=[7] * 26)
     next(data.batches("train", 0, 1, 1))
     c = data.report()["collisions"]["cat_0"]
     assert c["distinct_ids"] > c["distinct_rows"] and c["distinct_rows"] <= 7
@@ -143,7 +147,10 @@ def test_table_collisions_are_estimated(tmp_path):
 def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
     tsv = write(tmp_path / "day_0.tsv", rand_rows(30, seed=3))
     BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / f"day_0_{p}.npy") for p in ("dense", "sparse", "labels")))
-    binary = CriteoBinary(batch_size=6, train_path=str(tmp_path), eval_path=str(tmp_path),
+    os.makedirs(tmp_path / "train")
+    train = write(tmp_path / "train" / "day_1.tsv", rand_rows(6, seed=4))
+    BinaryCriteoUtils.tsv_to_npys(train, *(str(tmp_path / "train" / f"day_1_{p}.npy") for p in ("dense", "sparse", "labels")))
+    binary = CriteoBinary(batch_size=6, train_path=str(tmp_path / "train"), eval_path=str(tmp_path),
                           num_embeddings_per_feature=SIZES, id_mapping="modulo", eval_batches=None, seed=0)
     text = list(reader(tsv, batch=6).batches("eval", 0, 1))
     for world_size in (1, 2, 3):
@@ -154,7 +161,7 @@ def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
             for f in ("cat_0", "cat_25"):
                 ids = torch.cat([p[i].sparse_features[f].values() for p in parts])
                 assert torch.equal(ids, t.sparse_features[f].values())
-    assert binary.report()["rows"] == 30
+    assert binary.report()["files"][str(tmp_path / "day_0")]["rows"] == 30
 
 
 def test_binary_day_missing_a_part_is_an_error(tmp_path):

@@ -1,16 +1,20 @@
 """Data sources (one module each). Every source yields torchrec ``Batch`` objects.
 
 A source exposes ``features`` (one SparseFeature per embedding table), ``num_dense_features``,
-``batch_size`` (global), ``batches(split, rank, world_size, num_batches)`` and ``report()``.
-``batches`` gives rank r the rows [r * L, (r + 1) * L) of every global batch of L * world_size
-rows, so the global batches are the same for any world size and every rank runs the same
-number of steps (a partial last global batch is dropped, and counted).
+``batch_size`` (global), ``splits`` (the splits it serves: ``train``, ``eval`` = the test
+set, and ``valid`` when a validation split is configured), ``batches(split, rank,
+world_size, num_batches)`` and ``report()``. ``batches`` gives rank r the rows
+[r * L, (r + 1) * L) of every global batch of L * world_size rows, so the global batches are
+the same for any world size and every rank runs the same number of steps (a partial last
+global batch is dropped, and counted).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+
+import os
 
 import numpy as np
 import torch
@@ -31,6 +35,48 @@ class SparseFeature:
 class DataError(ValueError):
     """Input that cannot be read: a missing path, an empty dataset, or (data.bad_rows=fail)
     the first bad row, with file:line and the reason."""
+
+
+def build_source(cfg: Any, seed: int) -> Any:
+    """The data source of ``cfg`` (the ``data`` node). A source refuses bad input with a
+    DataError (a ValueError) naming the key; Hydra's instantiate wraps it in a generic
+    InstantiationException, so it is unwrapped here to reach the user as one line."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(cfg, seed=seed)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, ValueError):
+            raise e.__cause__ from None
+        raise
+
+
+def check_disjoint(paths: dict[str, list[str]]) -> None:
+    """Refuse a file that two splits would both read (``{"data.train_path": [...], ...}``):
+    training on the rows a model is selected or tested on makes every metric a lie."""
+    seen: dict[str, str] = {}
+    for key, files in paths.items():
+        for path in files:
+            real = os.path.realpath(path)
+            if real in seen and seen[real] != key:
+                raise DataError(
+                    f"{path} is in both {seen[real]} and {key}: the splits would share rows. Point "
+                    f"{seen[real]} at files without it (a narrower directory or glob)"
+                )
+            seen[real] = key
+
+
+def holdout(seed: int, stream: int, rows: np.ndarray, fraction: float) -> np.ndarray:
+    """Whether each row (by its index in a stream: a file's line, a rating) is held out for
+    validation: a hash of (seed, stream, row) below ``fraction``. A pure function of the row,
+    so the same rows are held out however the data are read, split over ranks or resumed."""
+    x = rows.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) % 2**64)
+    with np.errstate(over="ignore"):  # splitmix64's finalizer: multiplication wraps on purpose
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
 
 
 def make_batch(

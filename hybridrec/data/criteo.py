@@ -18,7 +18,9 @@ format for large runs.
 from __future__ import annotations
 
 import glob
+import logging
 import os
+import zlib
 from typing import Iterator, Optional
 
 import numpy as np
@@ -28,7 +30,18 @@ import pyarrow.csv as pacsv
 from torchrec.datasets.criteo import BinaryCriteoUtils
 from torchrec.datasets.utils import Batch
 
-from hybridrec.data import DataError, ReadReport, SparseFeature, make_batch, one_hot, rank_rows
+from hybridrec.data import (
+    DataError,
+    ReadReport,
+    SparseFeature,
+    check_disjoint,
+    holdout,
+    make_batch,
+    one_hot,
+    rank_rows,
+)
+
+log = logging.getLogger(__name__)
 
 INT_FEATURES, CAT_FEATURES = 13, 26
 COLUMNS = ["label"] + [f"int_{i}" for i in range(INT_FEATURES)] + [f"cat_{i}" for i in range(CAT_FEATURES)]
@@ -37,6 +50,7 @@ for _i, _c in enumerate("0123456789abcdef"):
     _HEX[ord(_c)] = _HEX[ord(_c.upper())] = _i
 _NIBBLE_WEIGHTS = (np.uint64(16) ** np.arange(7, -1, -1, dtype=np.uint64)).astype(np.uint64)
 _COLLISION_SAMPLE = 100_000  # rows on which table collisions are estimated
+_HOLDOUT_RUN = 4096  # binary format: validation rows are held out in runs of this many rows
 
 
 def resolve_paths(spec: Optional[str], key: str, pattern: str = "*") -> list[str]:
@@ -77,13 +91,41 @@ def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: str) -> np.ndarray:
 
 
 def estimate_collisions(raw: np.ndarray, mapped: np.ndarray, names: list[str]) -> dict:
-    """Per table: distinct raw ids and distinct rows they landed on, over a sample of rows."""
+    """Per table, over a sample of rows: distinct raw ids, the distinct rows they landed on,
+    and the share of those ids that share their row with another id."""
     out = {}
     for f, name in enumerate(names):
-        ids, rows = len(np.unique(raw[:, f])), len(np.unique(mapped[:, f]))
-        if ids > rows:
-            out[name] = {"distinct_ids": ids, "distinct_rows": rows, "sample_rows": len(raw)}
+        pairs = np.unique(np.stack([mapped[:, f].astype(np.int64), raw[:, f].astype(np.int64)], axis=1), axis=0)
+        ids = len(pairs)
+        _, per_row = np.unique(pairs[:, 0], return_counts=True)
+        if ids > len(per_row):
+            out[name] = {"distinct_ids": ids, "distinct_rows": len(per_row), "sample_rows": len(raw),
+                         "colliding_share": round(float(per_row[per_row > 1].sum()) / ids, 4)}
     return out
+
+
+def warn_collisions(collisions: dict, names: list[str], sizes: np.ndarray) -> None:
+    """A table where most ids share rows has collapsed: the model cannot tell them apart."""
+    bad = {name: c for name, c in collisions.items() if c["colliding_share"] > 0.5}
+    if bad:
+        tables = "; ".join(
+            f"t_{name}: {int(sizes[names.index(name)]):,} rows for {c['distinct_ids']:,} ids, "
+            f"{c['colliding_share']:.0%} share a row" for name, c in bad.items()
+        )
+        first = next(iter(bad.values()))["sample_rows"]
+        log.warning(
+            f"data: most ids collide in {len(bad)} table(s) over the first {first:,} training rows ({tables}). "
+            f"Raise data.num_embeddings_per_feature at index "
+            f"{', '.join(str(names.index(n)) for n in bad)}, or use data.id_mapping=hash if ids share low bits"
+        )
+
+
+def validation_fraction(valid_path: Optional[str], valid_fraction: float) -> float:
+    if not 0 <= valid_fraction < 1:
+        raise DataError(f"data.valid_fraction must be in [0, 1), got {valid_fraction}")
+    if valid_path and valid_fraction:
+        raise DataError("data.valid_path and data.valid_fraction are both set: choose one source of validation rows")
+    return valid_fraction
 
 
 class _Rechunk:
@@ -114,6 +156,8 @@ class CriteoTSV:
         block_size_mb: int,
         eval_batches: Optional[int],
         seed: int,
+        valid_path: Optional[str] = None,
+        valid_fraction: float = 0.0,
     ) -> None:
         self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
         self.batch_size = batch_size
@@ -121,15 +165,21 @@ class CriteoTSV:
             "train": resolve_paths(train_path, "data.train_path"),
             "eval": resolve_paths(eval_path, "data.eval_path"),
         }
+        self.seed, self.valid_fraction = seed, validation_fraction(valid_path, valid_fraction)
+        if valid_path:
+            self.files["valid"] = resolve_paths(valid_path, "data.valid_path")
+        check_disjoint({f"data.{split}_path": paths for split, paths in self.files.items()})
         for split, paths in self.files.items():
             if all(os.path.getsize(p) == 0 for p in paths):
                 raise DataError(f"data.{split}_path: every file is empty: {', '.join(paths)}")
+        self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.num_dense_features = INT_FEATURES
         self.id_mapping = getattr(id_mapping, "value", id_mapping)
         self.fail = getattr(bad_rows, "value", bad_rows) == "fail"
         self.block_size = block_size_mb * 2**20
         self.eval_batches = eval_batches
         self._report = ReadReport()
+        self._counted: set[str] = set()  # splits whose files were read once: counted already
 
     def report(self) -> dict:
         return self._report.to_dict()
@@ -143,14 +193,16 @@ class CriteoTSV:
         Train: the files in order, again and again (epochs), until ``num_batches``.
         Eval: one pass (``data.eval_batches`` caps it). A partial last global batch is
         dropped on every rank alike, and counted."""
-        if num_batches is None and split == "eval":
+        if num_batches is None and split != "train":
             num_batches = self.eval_batches
         rows, keys = rank_rows(self.batch_size, rank, world_size), [f.name for f in self.features]
         produced, epoch = 0, 0
         while True:
-            first = epoch == 0  # count rows, bad rows and collisions once
+            # Count rows, bad rows and collisions on a split's first pass only: later epochs
+            # and repeated evaluations read the same lines again.
+            first = split not in self._counted
             chunks = _Rechunk(self.batch_size)
-            for block in self._read(split, first):
+            for block in self._read(split, first, warn=rank == 0):
                 for dense, ids, labels in chunks.push(block):
                     if produced >= start:
                         yield make_batch(dense[rows], one_hot(ids[rows]), labels[rows], keys)
@@ -159,27 +211,48 @@ class CriteoTSV:
                         return
             if first:
                 self._report.dropped_tail_rows[split] = chunks.rows
+                self._counted.add(split)
             if produced == 0:
                 raise DataError(
                     f"data.{split}_path has {chunks.rows} usable rows, fewer than one global "
                     f"batch (data.batch_size={self.batch_size})"
                 )
-            if split == "eval":
+            if split != "train":
                 return
             epoch += 1
 
-    def _read(self, split: str, count: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        sampled = 0
-        for path in self.files[split]:
-            for dense, raw, labels in self._read_file(path, count):
+    def _read(self, split: str, count: bool, warn: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        # valid_fraction: the validation rows are a seeded share of the training files' rows.
+        source = "train" if split == "valid" and "valid" not in self.files else split
+        held = self.valid_fraction if source == "train" else 0.0
+        names, sample = [f.name for f in self.features], []
+        for path in self.files[source]:
+            # The training files are counted by the training pass, not again by validation.
+            for dense, raw, labels, line in self._read_file(path, count and split == source):
+                if held:
+                    keep = holdout(self.seed, zlib.crc32(os.path.basename(path).encode()), line, held)
+                    keep = keep if split == "valid" else ~keep
+                    dense, raw, labels = dense[keep], raw[keep], labels[keep]
                 ids = map_ids(raw, self.sizes, self.id_mapping)
-                if count and split == "train" and sampled < _COLLISION_SAMPLE:
-                    sampled += len(raw)
-                    self._report.collisions = estimate_collisions(raw, ids, [f.name for f in self.features])
+                if count and split == "train" and sample is not None:
+                    # The estimate grows with the sample (block by block) up to its size;
+                    # the warning waits for the whole sample.
+                    sample.append((raw, ids))
+                    full = sum(len(r) for r, _ in sample) >= _COLLISION_SAMPLE
+                    self._estimate_collisions(sample, names, warn and full)
+                    sample = None if full else sample
                 yield dense, ids, labels
+        if sample:  # fewer training rows than the sample size
+            self._estimate_collisions(sample, names, warn)
+
+    def _estimate_collisions(self, sample: list, names: list[str], warn: bool) -> None:
+        raw, ids = (np.concatenate(parts)[:_COLLISION_SAMPLE] for parts in zip(*sample))
+        self._report.collisions = estimate_collisions(raw, ids, names)
+        if warn:
+            warn_collisions(self._report.collisions, names, self.sizes)
 
     # -- one file ----------------------------------------------------------------------
-    def _read_file(self, path: str, count: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _read_file(self, path: str, count: bool) -> Iterator[tuple[np.ndarray, ...]]:
         report = self._report if count else ReadReport()
         skipped: list[int] = []  # line numbers of rows with the wrong number of fields
         fatal: list[str] = []
@@ -209,10 +282,10 @@ class CriteoTSV:
                     if self.fail:
                         raise DataError(f"{path}:{line}: {why(int(i))}")
                     report.bad(path, line, why(int(i)))
-                parsed += block.num_rows
                 report.good(path, int(ok.sum()))
-                if ok.any():
-                    yield dense[ok], raw[ok], labels[ok]
+                if ok.any():  # with each row's index in the file: what the validation holdout keys on
+                    yield dense[ok], raw[ok], labels[ok], parsed + np.flatnonzero(ok)
+                parsed += block.num_rows
         except (pa.ArrowInvalid, OSError, EOFError) as e:  # truncated gzip, unreadable bytes
             if fatal:
                 raise DataError(fatal[0]) from None
@@ -289,22 +362,37 @@ class CriteoBinary:
         id_mapping: str,
         eval_batches: Optional[int],
         seed: int,
+        valid_path: Optional[str] = None,
+        valid_fraction: float = 0.0,
     ) -> None:
         self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
         self.batch_size = batch_size
-        self.days = {
-            "train": self._days(train_path, "data.train_path"),
-            "eval": self._days(eval_path, "data.eval_path"),
-        }
+        specs = {"train": train_path, "eval": eval_path, **({"valid": valid_path} if valid_path else {})}
+        self.days = {split: self._days(spec, f"data.{split}_path") for split, spec in specs.items()}
+        check_disjoint({f"data.{split}_path": [f"{p}_dense.npy" for p, _ in days] for split, days in self.days.items()})
+        fraction = validation_fraction(valid_path, valid_fraction)
+        self.splits = ("train", "valid", "eval") if valid_path or fraction else ("train", "eval")
+        # Rows of each split as segments (first row, count) of its days laid end to end.
+        # valid_fraction holds out a seeded share of the training rows in runs of
+        # _HOLDOUT_RUN rows, so that every read stays a few contiguous memory-mapped ranges.
+        self.segments = {split: [(0, sum(rows for _, rows in days))] for split, days in self.days.items()}
+        if fraction:
+            total = self.segments["train"][0][1]
+            runs = np.arange(-(-total // _HOLDOUT_RUN))
+            held = holdout(seed, 0, runs, fraction)
+            self.days["valid"] = self.days["train"]
+            for split, mask in (("train", ~held), ("valid", held)):
+                self.segments[split] = [(int(r) * _HOLDOUT_RUN, min(_HOLDOUT_RUN, total - int(r) * _HOLDOUT_RUN))
+                                        for r in runs[mask]]
         self.num_dense_features = INT_FEATURES
         self.id_mapping = getattr(id_mapping, "value", id_mapping)
         self.eval_batches = eval_batches
         self._report = ReadReport()
         for split, days in self.days.items():
             for prefix, rows in days:
-                if prefix not in self._report.files:  # train and eval may share files
+                if prefix not in self._report.files:  # validation may be a share of the training files
                     self._report.good(prefix, rows)
-            if sum(rows for _, rows in days) < batch_size:
+            if sum(n for _, n in self.segments[split]) < batch_size:
                 raise DataError(f"data.{split}_path has fewer rows than one global batch ({batch_size})")
 
     @staticmethod
@@ -333,10 +421,10 @@ class CriteoBinary:
     def batches(
         self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
     ) -> Iterator[Batch]:
-        if num_batches is None and split == "eval":
+        if num_batches is None and split != "train":
             num_batches = self.eval_batches
-        days = self.days[split]
-        total = sum(rows for _, rows in days)
+        days, segments = self.days[split], self.segments[split]
+        total = sum(n for _, n in segments)
         full = total // self.batch_size
         self._report.dropped_tail_rows[split] = total - full * self.batch_size
         rows = rank_rows(self.batch_size, rank, world_size)
@@ -345,15 +433,29 @@ class CriteoBinary:
         while True:
             for b in range(start % full if produced == start else 0, full):
                 first_row = b * self.batch_size + rows.start
-                dense, sparse, labels = (self._range(days, part, first_row, rows.stop - rows.start)
+                dense, sparse, labels = (self._rows(days, segments, part, first_row, rows.stop - rows.start)
                                          for part in ("dense", "sparse", "labels"))
                 ids = map_ids(sparse, self.sizes, self.id_mapping)
                 yield make_batch(dense, one_hot(ids), labels.reshape(-1), keys)
                 produced += 1
                 if num_batches is not None and produced >= num_batches:
                     return
-            if split == "eval":
+            if split != "train":
                 return
+
+    @classmethod
+    def _rows(cls, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,
+              count: int) -> np.ndarray:
+        """Rows [start, start + count) of a split whose rows are ``segments`` of the days."""
+        out, offset = [], 0
+        for first, n in segments:
+            if count and start < offset + n:
+                lo = max(start - offset, 0)
+                take = min(n - lo, count)
+                out.append(cls._range(days, part, first + lo, take))
+                start, count = start + take, count - take
+            offset += n
+        return np.concatenate(out)
 
     @staticmethod
     def _range(days: list[tuple[str, int]], part: str, start: int, count: int) -> np.ndarray:

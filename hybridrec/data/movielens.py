@@ -41,6 +41,7 @@ class MovieLens:
         bad_rows: str,
         eval_batches: Optional[int],
         seed: int,
+        valid_fraction: float = 0.0,
     ) -> None:
         ratings_path = os.path.join(path, "u.data")
         if not os.path.isfile(ratings_path):
@@ -64,7 +65,12 @@ class MovieLens:
             mean_genres = float(np.mean([len(self.item_genres[i]) for i in item]))
             self.features.append(SparseFeature("genres", GENRES, mean_genres))
             self.num_dense_features = 2  # age and release year
+        if not 0 <= valid_fraction < 1 or not 0 < eval_fraction < 1:
+            raise DataError(f"data.eval_fraction must be in (0, 1) and data.valid_fraction in [0, 1), got "
+                            f"{eval_fraction} and {valid_fraction}")
+        self.valid_fraction = valid_fraction
         self.split_rows = self._split(split, eval_fraction, ts)
+        self.splits = tuple(name for name in ("train", "valid", "eval") if name in self.split_rows)
         # log of each item's frequency among training rows: in-batch negatives are drawn
         # with this probability (the log-q correction of sampled softmax)
         counts = np.bincount(item[self.split_rows["train"]], minlength=int(item.max()) + 1)
@@ -164,8 +170,13 @@ class MovieLens:
         n = len(ts)
         order = np.argsort(ts, kind="stable") if kind == "time" else np.random.default_rng([self.seed, 7]).permutation(n)
         n_eval = int(round(n * fraction))
-        return {"train": np.sort(order[: n - n_eval]) if kind == "random" else order[: n - n_eval],
-                "eval": order[n - n_eval :]}
+        rest = order[: n - n_eval]  # random order, or oldest first: validation is its tail
+        n_valid = int(round(len(rest) * self.valid_fraction))
+        train = rest[: len(rest) - n_valid]
+        out = {"train": np.sort(train) if kind == "random" else train, "eval": order[n - n_eval :]}
+        if n_valid:
+            out["valid"] = rest[len(rest) - n_valid :]
+        return out
 
     # -- batches -----------------------------------------------------------------------
     def _pairs_batch(self, user: np.ndarray, item: np.ndarray, rating: np.ndarray, weights: np.ndarray) -> RecBatch:
@@ -188,7 +199,7 @@ class MovieLens:
     ) -> Iterator[Batch]:
         """Train: a new permutation of the train rows every epoch (from the seed). Eval: the
         eval rows in order, once. The partial last global batch is dropped and counted."""
-        if num_batches is None and split == "eval":
+        if num_batches is None and split != "train":
             num_batches = self.eval_batches
         rows_of = self.split_rows[split]
         full = len(rows_of) // self.batch_size
@@ -198,13 +209,13 @@ class MovieLens:
         mine = rank_rows(self.batch_size, rank, world_size)
         produced, epoch = start, start // full
         while True:
-            order = rows_of if split == "eval" else np.random.default_rng([self.seed, 11, epoch]).permutation(rows_of)
+            order = rows_of if split != "train" else np.random.default_rng([self.seed, 11, epoch]).permutation(rows_of)
             for b in range(start % full if produced == start else 0, full):
                 yield self._batch(order[b * self.batch_size : (b + 1) * self.batch_size][mine])
                 produced += 1
                 if num_batches is not None and produced >= num_batches:
                     return
-            if split == "eval":
+            if split != "train":
                 return
             epoch += 1
 
@@ -241,29 +252,35 @@ class MovieLensRank(MovieLens):
         self.catalogue = np.unique(self.item)  # movies that occur in the ratings
         self.short_negatives = 0  # lists where fewer unrated movies than asked could be sampled
         self.eval_seen_in_train = 0  # catalogue eval: held-out ratings of movies the user also rated in training
-        self.eval_rows = self._eval_lists()
+        self.eval_rows = {split: self._eval_lists(split) for split in self.splits if split != "train"}
 
     def _split(self, kind: str, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
         """Per user: the latest (split=time) or a random ``fraction`` of their ratings."""
         kind = getattr(kind, "value", kind)
         rng = np.random.default_rng([self.seed, 7])
-        train, held = [], []
+        train, valid, held = [], [], []
         for rows in self._user_rows(np.arange(len(self.user))):
             rows = rows[np.argsort(ts[rows], kind="stable")] if kind == "time" else rng.permutation(rows)
             n_eval = int(round(len(rows) * fraction))
-            train.append(rows[: len(rows) - n_eval])
+            rest = rows[: len(rows) - n_eval]
+            n_valid = int(round(len(rest) * self.valid_fraction))
+            train.append(rest[: len(rest) - n_valid])
+            valid.append(rest[len(rest) - n_valid :])
             held.append(rows[len(rows) - n_eval :])
-        return {"train": np.sort(np.concatenate(train)), "eval": np.sort(np.concatenate(held))}
+        out = {"train": np.sort(np.concatenate(train)), "eval": np.sort(np.concatenate(held))}
+        if self.valid_fraction:
+            out["valid"] = np.sort(np.concatenate(valid))
+        return out
 
     def _user_rows(self, rows: np.ndarray) -> list[np.ndarray]:
         """``rows`` grouped by user (users in id order, rows in their given order)."""
         rows = rows[np.argsort(self.user[rows], kind="stable")]
         return np.split(rows, np.flatnonzero(np.diff(self.user[rows])) + 1)
 
-    def _eval_lists(self) -> dict[str, np.ndarray]:
-        """(user, item, rating) of every eval row, grouped by user."""
-        rows = self.split_rows["eval"]
-        rng = np.random.default_rng([self.seed, 13])
+    def _eval_lists(self, split: str) -> dict[str, np.ndarray]:
+        """(user, item, rating) of every row of an evaluated split, grouped by user."""
+        rows = self.split_rows[split]
+        rng = np.random.default_rng([self.seed, 13 if split == "eval" else 19])
         users, items, ratings = [], [], []
         train_rated = np.zeros_like(self.rated)
         train_rated[self.user[self.split_rows["train"]], self.item[self.split_rows["train"]]] = True
@@ -273,7 +290,7 @@ class MovieLensRank(MovieLens):
                 cand = self.catalogue[~train_rated[u, self.catalogue]]
                 rating = np.zeros(len(cand), dtype=np.float32)
                 unseen = ~train_rated[u, self.item[mine]]  # a movie rated again after training is no candidate
-                self.eval_seen_in_train += int((~unseen).sum())
+                self.eval_seen_in_train += int((~unseen).sum()) if split == "eval" else 0
                 rating[np.searchsorted(cand, self.item[mine][unseen])] = self.rating[mine][unseen]
             else:
                 negs = self._unrated(u, self.catalogue, self.eval_negatives, rng)
@@ -317,8 +334,8 @@ class MovieLensRank(MovieLens):
 
     def batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
                 start: int = 0) -> Iterator[RecBatch]:
-        if split == "eval":
-            yield from self._eval_batches(rank, world_size, num_batches or self.eval_batches)
+        if split != "train":
+            yield from self._eval_batches(split, rank, world_size, num_batches or self.eval_batches)
             return
         per_batch = self.batch_size // self.list_size  # lists per global batch
         mine = rank_rows(per_batch, rank, world_size)
@@ -340,8 +357,8 @@ class MovieLensRank(MovieLens):
                     return
             epoch += 1
 
-    def _eval_batches(self, rank: int, world_size: int, num_batches: Optional[int]) -> Iterator[RecBatch]:
-        e = self.eval_rows
+    def _eval_batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int]) -> Iterator[RecBatch]:
+        e = self.eval_rows[split]
         n = len(e["user"])
         total = -(-n // self.batch_size)  # the last batch padded: no user's list is cut
         mine = rank_rows(self.batch_size, rank, world_size)

@@ -21,7 +21,9 @@ from torchrec.datasets.utils import Batch
 
 from hybridrec.data import SparseFeature, make_batch, rank_rows
 
-_SPLITS = {"train": 0, "eval": 1}
+# Each split draws from its own random streams: validation and test rows are new samples of
+# the same planted model, never training rows.
+_SPLITS = {"train": 0, "eval": 1, "valid": 2}
 # Multiplier of the bijective scatter rank -> row (a prime, so coprime to any table size
 # it does not divide; checked in __init__).
 _SCATTER = 2_654_435_761
@@ -39,6 +41,7 @@ class SyntheticClickLog:
         eval_batches: int,
         seed: int,
         dense_distribution: str = "normal",
+        valid_batches: int = 0,
     ) -> None:
         self.batch_size = batch_size
         self.num_dense_features = num_dense_features
@@ -59,6 +62,8 @@ class SyntheticClickLog:
         self.zipf_exponent = zipf_exponent
         self.dense_distribution = getattr(dense_distribution, "value", dense_distribution)
         self.eval_batches = eval_batches
+        self.valid_batches = valid_batches
+        self.splits = ("train", "valid", "eval") if valid_batches else ("train", "eval")
         self.seed = seed
         # The planted model's dense weights; sparse weights are a hash of (feature, id), so
         # even a billion-row table needs no stored truth.
@@ -123,7 +128,7 @@ class SyntheticClickLog:
         Every rank generates the whole global batch and keeps its rows: generation is cheap
         next to a training step, and it makes the batches independent of the world size."""
         if num_batches is None:
-            num_batches = self.eval_batches if split == "eval" else None
+            num_batches = {"eval": self.eval_batches, "valid": self.valid_batches}.get(split)
         rows = rank_rows(self.batch_size, rank, world_size)
         index = start
         while num_batches is None or index < num_batches:
