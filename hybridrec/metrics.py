@@ -211,14 +211,21 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     train = [r for r in records if "loss" in r]
-    evals = [r for r in records if "eval" in r]
+    # The curve is the split evaluated during training (validation when there is one); the
+    # test split, scored once at the end, is its own marker.
+    splits = {r.get("split", "eval") for r in records if "eval" in r}
+    curve = "valid" if "valid" in splits else "eval"
+    evals = [r for r in records if "eval" in r and r.get("split", "eval") == curve]
+    test = [r for r in records if "eval" in r and r.get("split", "eval") == "eval"] if curve == "valid" else []
     fig, (ax_loss, ax_eval, ax_rate) = plt.subplots(1, 3, figsize=(15, 4))
     ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
-    ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="BCE")
+    ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
     if evals:
         steps = [r["step"] for r in evals]
-        ax_eval.plot(steps, [r["eval"]["auc"] for r in evals], "o-", color="tab:green", label="AUC")
-        ax_eval.set(title="eval", xlabel="step", ylabel="AUC")
+        ax_eval.plot(steps, [r["eval"]["auc"] for r in evals], "o-", color="tab:green", label=f"{curve} AUC")
+        for r in test:
+            ax_eval.plot([r["step"]], [r["eval"]["auc"]], "*", markersize=12, color="black", label="test AUC")
+        ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel="AUC")
         ax_ne = ax_eval.twinx()
         if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs
             ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
@@ -254,7 +261,8 @@ def format_summary(s: dict[str, Any]) -> str:
         ("samples/s", f"{t['samples_per_second']:,.0f}"),
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
-        ("eval", format_eval(e)),
+        *([("valid", format_eval(s["valid"]))] if "valid" in s else []),
+        ("eval (test)" if "valid" in s else "eval", format_eval(e)),
         ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
     ]
     if "profile" in s:

@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import datetime
 import gc
+import hashlib
 import logging
 import math
 import os
+import platform
 import time
 import warnings
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Device, Logger, Pipeline
+from hybridrec.data import build_source
 from hybridrec.losses import BCE
 from hybridrec.metrics import (
     MetricsLog,
@@ -66,7 +68,7 @@ class Trainer:
         # Dense layers are initialized from the global RNG before sharding: same values on
         # every rank and for every world size. Embeddings get their own plan-independent init.
         torch.manual_seed(cfg.seed)
-        self.data = instantiate(cfg.data, seed=cfg.seed)
+        self.data = build_source(cfg.data, cfg.seed)
         model = build_model(cfg, self.data.features, self.data.num_dense_features, getattr(self.data, "list_size", None))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         pooling = {f.name: f.pooling_factor for f in self.data.features}
@@ -91,8 +93,10 @@ class Trainer:
         self.profile: Optional[dict[str, Any]] = None
         self.start_step = 0  # > 0 when resuming: the steps (= global batches) already done
         self.checkpointer = checkpoint.Checkpointer(self) if cfg.checkpoint.dir else None
+        self.resumed_from: Optional[dict[str, Any]] = None
         if path := checkpoint.resume_path(cfg):
             self.start_step = checkpoint.load(self, path)
+            self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
 
     def train(self) -> dict[str, Any]:
@@ -117,7 +121,7 @@ class Trainer:
             if save:
                 self.checkpointer.save(step)
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                self._evaluate_and_log(step, bar)
+                self._evaluate_and_log(self.select_split, step, bar)
             bar.update()
         if self.checkpointer:
             self.checkpointer.wait()  # an async save still in flight is committed here
@@ -125,7 +129,10 @@ class Trainer:
         bar.close()
         if profiler:
             profiler.stop()
-        final = self._evaluate_and_log(cfg.steps, bar)
+        # Validation (when the source has it) drives the history; the test split is scored
+        # once, at the end, and never used to choose anything.
+        final = {split: self._evaluate_and_log(split, cfg.steps, bar) for split in ("valid", "eval")
+                 if split in self.data.splits}
         return self._finish(wall, final)
 
     def _log(self, step: int, bar: tqdm) -> None:
@@ -151,23 +158,30 @@ class Trainer:
         dist.all_reduce(total)
         return (total / self.world_size).tolist()
 
-    def _evaluate_and_log(self, step: int, bar: tqdm) -> dict[str, float]:
+    @property
+    def select_split(self) -> str:
+        """The split that evaluations during training report on: validation if there is one."""
+        return "valid" if "valid" in self.data.splits else "eval"
+
+    def _evaluate_and_log(self, split: str, step: int, bar: tqdm) -> dict[str, float]:
         tick = time.perf_counter()
-        result = self.evaluate()
+        result = self.evaluate(split)
         self.eval_seconds += time.perf_counter() - tick
-        self.eval_history.append({"step": step, **result})
-        self.metrics.log(step=step, eval=result)
+        if split == self.select_split:
+            self.eval_history.append({"step": step, "split": split, **result})
+        self.metrics.log(step=step, split=split, eval=result)
         if self.rank == 0:
-            bar.write(f"eval @ step {step}: {format_eval(result)}")
+            bar.write(f"{split} @ step {step}: {format_eval(result)}")
         return result
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Metrics over the whole eval split, predictions gathered from every rank."""
+    def evaluate(self, split: str = "eval") -> dict[str, float]:
+        """Metrics over the whole ``split`` (``eval`` = test, ``valid``), predictions gathered
+        from every rank."""
         model = self.pipeline.detach()  # restores the model's own forward (no pipelining)
         model.eval()
         columns: dict[str, list[torch.Tensor]] = {"score": [], "label": []}
-        for batch in self.data.batches("eval", self.rank, self.world_size):
+        for batch in self.data.batches(split, self.rank, self.world_size):
             _, (_, logits, y) = model(batch.to(self.device))
             columns["score"].append(logits)
             columns["label"].append(y)
@@ -212,9 +226,9 @@ class Trainer:
         profiler.start()
         return profiler
 
-    def _finish(self, wall: float, final_eval: dict[str, float]) -> dict[str, Any]:
+    def _finish(self, wall: float, final: dict[str, dict[str, float]]) -> dict[str, Any]:
         self.metrics.close()
-        summary = self.summary(wall, final_eval)
+        summary = self.summary(wall, final)
         report = self.data.report()
         if report is not None:  # file sources: rows read, bad rows, dropped tails, collisions
             summary["data"] = report
@@ -227,7 +241,7 @@ class Trainer:
             log.info("summary\n" + format_summary(summary))
         return summary
 
-    def summary(self, wall: float, eval_metrics: dict[str, float]) -> dict[str, Any]:
+    def summary(self, wall: float, final: dict[str, dict[str, float]]) -> dict[str, Any]:
         steps = len(self.losses)
         tail = self.losses[-max(1, steps // 10) :]
         run_samples = (steps - self.start_step) * self.cfg.data.batch_size  # in this process
@@ -253,8 +267,10 @@ class Trainer:
                 "samples_per_second": run_samples / wall,
                 **percentiles_ms(self.step_times),
             },
-            "eval": eval_metrics,
-            "eval_history": self.eval_history,
+            "eval": final["eval"],  # the test split: scored once, at the end
+            **({"valid": final["valid"]} if "valid" in final else {}),
+            "eval_history": self.eval_history,  # on validation when the source has it
+            "provenance": provenance(self.cfg, self.resumed_from),
             "plan": plan["tables"],
             "peak_rss_mb": rss,
             # the planner's estimate beside the measurement, per rank
@@ -271,6 +287,34 @@ class Trainer:
         if self.cfg.profile.enabled:
             summary["profile"] = [p for _, p in per_rank]
         return summary
+
+
+def provenance(cfg: DictConfig, resumed_from: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """What a result came from: the checkpoint it resumed (path, step), the library versions,
+    and a hash of the resolved config (equal hashes, same settings)."""
+    import hydra
+    import torchrec
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> Optional[str]:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    resolved = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
+    return {
+        "resumed_from": resumed_from,
+        "config_sha256": hashlib.sha256(resolved.encode()).hexdigest(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchrec": torchrec.__version__,
+            "fbgemm_gpu": installed("fbgemm-gpu-cpu") or installed("fbgemm-gpu"),
+            "hydra": hydra.__version__,
+            "hybridrec": installed("hybridrec"),
+        },
+    }
 
 
 def pick_device(cfg: DictConfig) -> torch.device:
