@@ -123,7 +123,10 @@ class SyntheticDataConfig(DataConfig):
     dense_distribution: DenseDistribution = DenseDistribution.normal
     """Distribution of the dense features."""
     eval_batches: int = 8
-    """Held-out global batches used for the evaluation at the end of training."""
+    """Test global batches, scored at the end of training (the `eval` metrics)."""
+    valid_batches: int = 4
+    """Validation global batches (a third stream of the planted model), scored every
+    train.eval_every steps and at the end; 0 = no validation split."""
 
 
 class IdMapping(str, Enum):
@@ -151,7 +154,13 @@ class CriteoDataConfig(DataConfig):
     train_path: str = MISSING
     """Criteo TSV for training: a file, a directory or a glob; plain or .gz."""
     eval_path: str = MISSING
-    """Criteo TSV for evaluation (same forms)."""
+    """Criteo TSV for the test metrics (same forms); scored once, at the end."""
+    valid_path: Optional[str] = None
+    """Criteo TSV for validation (same forms): scored every train.eval_every steps and at the
+    end, kept apart from the test set. Must not share a file with train or eval."""
+    valid_fraction: float = 0.0
+    """Instead of valid_path: this share of the training rows, chosen by the seed (a hash of
+    file and line), held out for validation."""
     num_embeddings_per_feature: list[int] = field(default_factory=lambda: list(CRITEO_KAGGLE_CAPPED))
     """Rows of each of the 26 tables."""
     id_mapping: IdMapping = IdMapping.modulo
@@ -168,6 +177,11 @@ class CriteoBinaryDataConfig(DataConfig):
     train_path: str = MISSING
     """Directory or glob of TorchRec's `<day>_dense.npy` (with `_sparse` and `_labels` beside)."""
     eval_path: str = MISSING
+    """The test day(s), same forms; must not be among the training days."""
+    valid_path: Optional[str] = None
+    """Validation day(s), same forms (e.g. one half of day 23, the other being eval_path)."""
+    valid_fraction: float = 0.0
+    """Instead of valid_path: this share of the training rows, in seeded runs of 4096 rows."""
     num_embeddings_per_feature: list[int] = field(default_factory=lambda: list(CRITEO_KAGGLE_CAPPED))
     id_mapping: IdMapping = IdMapping.modulo
     eval_batches: Optional[int] = None
@@ -189,6 +203,10 @@ class MovieLensDataConfig(DataConfig):
     """label = rating >= this."""
     split: SplitKind = SplitKind.random
     eval_fraction: float = 0.2
+    """Share of the ratings held out as the test set (the `eval` metrics)."""
+    valid_fraction: float = 0.0
+    """Share of the remaining (training) ratings held out for validation, chosen by the seed
+    (by time with split=time: the latest training ratings); 0 = no validation split."""
     side_features: bool = True
     """Age, gender, occupation, zip prefix and genres beside user and item."""
     bad_rows: BadRows = BadRows.skip
@@ -309,6 +327,13 @@ class AdagradConfig:
     lr: float = 0.01
     eps: float = 1e-8
     weight_decay: float = 0.0
+
+
+@dataclass
+class DenseAdagradConfig(AdagradConfig):
+    initial_accumulator_value: float = 0.0
+    """Starting value of the squared-gradient sums (torch.optim.Adagrad). At 0 the first step
+    moves every weight by about lr whatever its gradient."""
 
 
 @dataclass
@@ -622,7 +647,7 @@ def register_configs() -> None:
     for name, node in [("rowwise_adagrad", RowWiseAdagradConfig), ("adagrad", AdagradConfig),
                        ("adam", SparseAdamConfig), ("sgd", SGDConfig)]:
         cs.store(group="schema/optimizer/sparse", name=name, node=node)
-    for name, node in [("adagrad", AdagradConfig), ("adam", AdamConfig),
+    for name, node in [("adagrad", DenseAdagradConfig), ("adam", AdamConfig),
                        ("adamw", AdamWConfig), ("sgd", DenseSGDConfig)]:
         cs.store(group="schema/optimizer/dense", name=name, node=node)
 
@@ -779,6 +804,18 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     hsdp_degrees(mesh, world_size, mesh.local_world_size or world_size)  # raises if inconsistent
     if mesh.dense == DenseParallel.single and world_size != 1:
         raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
+    if (mesh.param_dtype or mesh.reduce_dtype) and mesh.dense not in (DenseParallel.fsdp, DenseParallel.hsdp):
+        raise ValueError(
+            f"mesh.param_dtype / mesh.reduce_dtype are FSDP2's mixed-precision policy, and mesh={mesh.dense.value} "
+            f"does not use FSDP2 (its dense parameters and gradients stay fp32): use mesh=fsdp or mesh=hsdp "
+            f"for bf16 dense compute, or unset them"
+        )
+    if mesh.param_dtype == DType.float16:
+        # fp16 gradients underflow without loss scaling, which hybridrec does not apply.
+        raise ValueError(
+            "mesh.param_dtype=float16 needs loss scaling (gradients underflow in fp16), which hybridrec "
+            "does not apply: use mesh.param_dtype=bfloat16 (same exponent range as fp32)"
+        )
     raf = mesh.reshard_after_forward
     if not isinstance(raf, bool) and not (isinstance(raf, int) and raf >= 1):
         raise ValueError(f"mesh.reshard_after_forward must be true, false or an int >= 1, got {raf!r}")
