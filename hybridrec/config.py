@@ -331,9 +331,11 @@ class AdagradConfig:
 
 @dataclass
 class DenseAdagradConfig(AdagradConfig):
-    initial_accumulator_value: float = 0.0
-    """Starting value of the squared-gradient sums (torch.optim.Adagrad). At 0 the first step
-    moves every weight by about lr whatever its gradient."""
+    initial_accumulator_value: float = 0.1
+    """Starting value of the squared-gradient sums (torch.optim.Adagrad; TensorFlow's default).
+    torch's 0 makes the first step move every weight by about lr whatever its gradient: on ctr
+    (lr 0.05, 512-wide MLPs) the loss went 0.70 -> 2,031 at step 2 and the run ended at AUC
+    0.792; at 0.1 the curve is smooth and the run ends at 0.860 (planted model: 0.885)."""
 
 
 @dataclass

@@ -111,3 +111,8 @@ def train_replicated(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
                 "topology": (trainer.plan or {}).get("topology")}
 
     return _train_each(cfgs, run_dir, collect)
+
+
+def train_and_summarize(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
+    """Per config: per-step global losses and the run's summary (no weights gathered)."""
+    return _train_each(cfgs, run_dir, lambda trainer, summary: {"losses": trainer.losses, "summary": summary})

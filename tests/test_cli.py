@@ -48,11 +48,17 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     assert s["eval"]["auc"] > 0.7 and s["eval"]["ne"] < 0.95
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert [r["step"] for r in records if "loss" in r] == [10, 20, 30, 40]
-    assert [r["step"] for r in records if "eval" in r] == [20, 40]  # every 20 steps and at the end
+    # validation every 20 steps and at the end; the test split once, at the end
+    assert [(r["step"], r["split"]) for r in records if "eval" in r] == [(20, "valid"), (40, "valid"), (40, "eval")]
     assert set(records[0]) >= {"step", "loss", "loss_mean", "samples_per_second", "elapsed_s", "lr"}
     # summary schema
     assert set(s["eval"]) == {"auc", "ne", "logloss", "calibration", "ctr", "accuracy", "n"}
-    assert [e["step"] for e in s["eval_history"]] == [20, 40] and s["eval_history"][-1]["auc"] == s["eval"]["auc"]
+    assert [(e["step"], e["split"]) for e in s["eval_history"]] == [(20, "valid"), (40, "valid")]
+    assert s["eval_history"][-1]["auc"] == s["valid"]["auc"] != s["eval"]["auc"]
+    assert s["valid"]["n"] == 4 * 2048 and s["valid"]["auc"] > 0.7
+    prov = s["provenance"]
+    assert prov["resumed_from"] is None and len(prov["config_sha256"]) == 64
+    assert prov["versions"]["torch"].startswith("2.13.0") and prov["versions"]["torchrec"] == "1.8.0"
     t = s["train"]
     assert t["steps"] == 40 and t["samples"] == 40 * 2048 and t["samples_per_second"] > 0
     assert 0 < t["step_time_p50_ms"] <= t["step_time_p95_ms"]

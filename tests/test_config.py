@@ -5,7 +5,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import compose_cfg
@@ -18,7 +17,7 @@ from hybridrec.models import build_model
 GROUPS = {
     "model": ["dlrm", "dcn", "deepfm", "two_tower"],
     "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax"],
-    "data": ["synthetic", "criteo", "criteo_binary", "movielens", "movielens_rank"],
+    "data": ["synthetic", "synthetic_criteo", "criteo", "criteo_binary", "movielens", "movielens_rank"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
                  "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd", "adam"],
@@ -79,7 +78,7 @@ def test_optimizers_instantiate():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("optimizer.dense.lrr=0.1", "Key 'lrr' not in 'AdagradConfig'"),
+        ("optimizer.dense.lrr=0.1", "Key 'lrr' not in 'DenseAdagradConfig'"),
         ("data.batch_size=big", "full_key: data.batch_size"),
         ("sharding.types=[diagonal]", "expected one of .*table_wise, row_wise, column_wise"),
         ("mesh.dense=zero3", "expected one of \\[fsdp, hsdp, ddp, single\\]"),
@@ -118,29 +117,24 @@ def test_cross_field_validation(overrides, world_size, message):
 
 
 def _cli(*args, timeout=60):
-    start = time.perf_counter()
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "hybridrec.train", *args],
         capture_output=True, text=True, timeout=timeout,
     )
-    return proc, time.perf_counter() - start
 
 
 def test_cli_bad_group_option_fails_fast_with_choices(tmp_path):
-    proc, seconds = _cli("+experiment=ctr", "optimizer=adamx", f"hydra.run.dir={tmp_path}")
+    proc = _cli("+experiment=ctr", "optimizer=adamx", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
     assert "optimizer" in proc.stderr and "adagrad" in proc.stderr and "sgd" in proc.stderr
-    assert seconds < 10
+    assert "[rank" not in proc.stderr  # failed while composing: no rank was started
 
 
 def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
-    proc, seconds = _cli(
-        "+experiment=ctr", "launcher.nproc_per_node=3", f"hydra.run.dir={tmp_path}"
-    )
+    proc = _cli("+experiment=ctr", "launcher.nproc_per_node=3", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
     assert "data.batch_size=2048" in proc.stderr and "world_size=3" in proc.stderr
     assert "[rank" not in proc.stderr  # no rank was started
-    assert seconds < 10
 
 
 def test_lr_schedule_formula():
