@@ -490,8 +490,12 @@ class MeshConfig:
     shard: Optional[int] = None
     """hsdp: ranks each replica is sharded over. Unset = ranks per node."""
     reshard_after_forward: Any = True
-    """FSDP2: true frees gathered parameters after forward (less memory, one more all-gather
-    in backward); false keeps them; an int N reshards to groups of N ranks."""
+    """FSDP2, for the units below the root (blocks or layers): true frees gathered parameters
+    after forward (less memory, one more all-gather in backward); false keeps them; an int N
+    reshards to groups of N ranks."""
+    root_reshard_after_forward: Optional[bool] = None
+    """FSDP2: the same for the root unit (the model, which owns every dense parameter with
+    units=root). Unset = FSDP2's own rule: the root stays unsharded after forward."""
     param_dtype: Optional[DType] = None
     """FSDP2 mixed precision: dtype of the gathered parameters and of compute (e.g. bfloat16)."""
     reduce_dtype: Optional[DType] = None

@@ -111,8 +111,14 @@ class FSDP2Wrapper(DataParallelWrapper):
                 units.append(block)
         # Then the root, as torchtitan does: one root state for all units (lazy init, and
         # prefetch across blocks). The tables are TorchRec's; FSDP2 must not touch them.
+        # The root gets FSDP2's own rule unless the user sets one for it: passing any value
+        # (even mesh.reshard_after_forward's default True) turns off FSDP2's automatic choice,
+        # which keeps the root unsharded after forward because backward needs it at once.
+        # With units=root (the whole dense part in the root) an explicit True all-gathers it
+        # twice per step.
         root = dmp._dmp_wrapped_module
-        fully_shard(root, **kwargs, ignored_params=set(root.sparse_module().parameters()))
+        root_kwargs = {**kwargs, "reshard_after_forward": cfg.root_reshard_after_forward}
+        fully_shard(root, **root_kwargs, ignored_params=set(root.sparse_module().parameters()))
         # Explicit prefetch: issue the next units' all-gathers while this one computes.
         for i, unit in enumerate(units):
             if cfg.forward_prefetch:

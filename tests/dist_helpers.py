@@ -116,3 +116,19 @@ def train_replicated(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
 def train_and_summarize(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
     """Per config: per-step global losses and the run's summary (no weights gathered)."""
     return _train_each(cfgs, run_dir, lambda trainer, summary: {"losses": trainer.losses, "summary": summary})
+
+
+def fsdp_reshard_states(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
+    """Per config, after one training step: for the FSDP2 root and each dense unit, whether
+    it reshards its parameters after forward (FSDP2's post-forward mesh is set)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def collect(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any]:
+        root = trainer.model._dmp_wrapped_module
+        units = {"root": root, **{f"unit{i}": u for i, u in enumerate(trainer.model.module.dense_units())
+                                  if isinstance(u, FSDPModule)}}
+        groups = {name: module._get_fsdp_state()._fsdp_param_group for name, module in units.items()}
+        # a unit without parameters of its own (the root when every block is a unit) has no group
+        return {name: None if g is None else g.post_forward_mesh_info is not None for name, g in groups.items()}
+
+    return _train_each(cfgs, run_dir, collect)

@@ -12,7 +12,7 @@ Three levels, all on the same data and initial weights:
 import pytest
 import torch
 from conftest import compose_cfg
-from dist_helpers import launch, train_and_gather
+from dist_helpers import fsdp_reshard_states, launch, train_and_gather
 from hydra.utils import instantiate
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -228,3 +228,18 @@ def test_reduced_precision_stays_close_to_fp32(one_rank, tmp_path):
     torch.testing.assert_close(torch.tensor(bf16["losses"]), fp32, rtol=0, atol=1e-2)
     torch.testing.assert_close(torch.tensor(qcomms["losses"]), fp32, rtol=0, atol=1e-4)
     assert bf16["losses"] != one_rank[1]["losses"]  # the policy really applied
+
+
+@pytest.mark.dist
+def test_fsdp2_root_keeps_its_own_reshard_rule(tmp_path):
+    """The root unit gets FSDP2's automatic rule (stay unsharded after forward: backward needs
+    it at once) unless mesh.root_reshard_after_forward says otherwise; the units below follow
+    mesh.reshard_after_forward."""
+    cfgs = [_cfg("mesh.units=root", "train.steps=1"),
+            _cfg("mesh.units=root", "train.steps=1", "mesh.root_reshard_after_forward=true"),
+            _cfg("mesh.units=arch", "train.steps=1"),
+            _cfg("mesh.units=arch", "train.steps=1", "mesh.reshard_after_forward=false")]
+    auto, explicit_root, units, units_kept = launch(fsdp_reshard_states, 2, cfgs, str(tmp_path))
+    assert auto == {"root": False} and explicit_root == {"root": True}
+    assert units == {"root": None, "unit0": True, "unit1": True}
+    assert units_kept == {"root": None, "unit0": False, "unit1": False}
