@@ -192,3 +192,10 @@ def test_fused_adam_is_refused_on_cpu_before_launch():
 def test_sparse_weight_decay_is_refused_not_ignored():
     with pytest.raises(ValueError, match="not applied by TorchRec"):
         validate(compose_cfg(["optimizer.sparse.weight_decay=0.1"]), world_size=1)
+
+
+def test_readme_result_blocks_are_current():
+    """README.md quotes benchmarks/results/*.md through marked blocks, never typed by hand."""
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "readme_numbers.py"),
+                           "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
