@@ -8,15 +8,16 @@ live in :func:`validate`, which the entry point runs before launching.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 
 # ---------------------------------------------------------------------------- model
@@ -743,8 +744,75 @@ def _validate_loss(cfg: DictConfig, world_size: int) -> None:
             )
 
 
+# Keys whose children are free-form: an optimizer's keyword arguments, checked against its
+# signature instead; Hydra's own config (present when a launcher callback validates).
+_FREE_FORM = ("optimizer.sparse", "optimizer.dense", "hydra")
+
+
+def _check_keys(node: Any, path: str = "") -> None:
+    """Every key is a field of its schema. Hydra's ``+key=value`` adds a key even to a typed
+    config, so a misspelled ``+train.stepz=30`` would otherwise be silently ignored."""
+    if path in _FREE_FORM:
+        return
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if is_dataclass(schema):
+        names = [f.name for f in fields(schema)]
+        for key in node:
+            if key not in names:
+                near = difflib.get_close_matches(str(key), names, n=1)
+                where = f"{path}." if path else ""
+                raise ValueError(
+                    f"unknown key {where}{key}{f' (did you mean {where}{near[0]}?)' if near else ''}: "
+                    f"the keys of {path or 'the top level'} are {', '.join(n for n in names if not n.startswith('_'))}"
+                )
+    if isinstance(node, (DictConfig, ListConfig)):
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key):
+                child = node[key]
+                if isinstance(child, (DictConfig, ListConfig)):
+                    _check_keys(child, f"{path}.{key}" if path else str(key))
+
+
+def _paths(node: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of a config, depth first, in order."""
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        out.append(path)
+        if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key) \
+                and isinstance(node[key], DictConfig):
+            out += _paths(node[key], path + ".")
+    return out
+
+
+def _check_positive(cfg: DictConfig) -> None:
+    """Sizes and degrees that must be positive. Checked explicitly: 0 would otherwise read as
+    "unset" (``x or default``) or fail deep inside a library."""
+    if cfg.data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
+    if cfg.model.embedding_dim < 1:
+        raise ValueError(f"model.embedding_dim must be >= 1, got {cfg.model.embedding_dim}")
+    mesh = cfg.mesh
+    for key in ("replicate", "shard", "world_size", "local_world_size"):
+        if mesh[key] is not None and mesh[key] < 1:
+            raise ValueError(f"mesh.{key} must be >= 1 (or unset), got {mesh[key]}")
+    for key in ("device_memory_gb", "host_memory_gb", "intra_host_bandwidth_gbs", "inter_host_bandwidth_gbs"):
+        if mesh[key] is not None and mesh[key] <= 0:
+            raise ValueError(f"mesh.{key} must be > 0 (or unset to detect it), got {mesh[key]}")
+
+
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Cross-field checks, run before any rank starts. Raises ValueError naming the keys."""
+    unset = OmegaConf.missing_keys(cfg)  # a set: reported in the config's own order
+    missing = [k for k in _paths(cfg) if k in unset and not k.startswith("hydra.")]
+    if missing:
+        raise ValueError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: give "
+            f"{' '.join(f'{k}=...' for k in missing)} on the command line or in an experiment"
+        )
+    _check_keys(cfg)
+    _check_positive(cfg)
     if cfg.train.steps < 1:
         raise ValueError(f"train.steps must be >= 1, got {cfg.train.steps}")
     if cfg.train.log_every < 1:
