@@ -549,8 +549,11 @@ class LauncherConfig:
     health_check_timeout_s: float = 60.0
     """At start, every rank must reach a monitored barrier within this time, or the run stops
     naming the ranks that did not."""
-    collective_timeout_s: float = 600.0
-    """Timeout of every collective (process group timeout)."""
+    collective_timeout_s: float = 300.0
+    """Timeout of every collective (process group timeout): how long a hung or stopped rank
+    holds the others before the job fails. It must also cover the longest wait of a healthy
+    run: a rank planning the tables while the others wait, and writing its shards of a
+    checkpoint (raise it for very large tables on slow storage)."""
 
 
 class Pipeline(str, Enum):

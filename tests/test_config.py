@@ -233,6 +233,11 @@ def test_optimizer_keyword_arguments_may_be_added():
     validate(compose_cfg(["optimizer/dense=adam", "+optimizer.dense.amsgrad=true"]), world_size=1)
 
 
+def test_collective_timeout_fails_a_hung_rank_within_minutes():
+    # a stopped rank holds the others for this long; planning and checkpoint writes must fit in it
+    assert 120 <= compose_cfg([]).launcher.collective_timeout_s <= 300
+
+
 def test_cli_errors_are_one_line(tmp_path):
     for args, line in [
         (["data.batch_size=0"], "hybridrec: invalid config: data.batch_size must be >= 1, got 0"),
