@@ -241,6 +241,7 @@ def test_collective_timeout_fails_a_hung_rank_within_minutes():
 def test_cli_errors_are_one_line(tmp_path):
     for args, line in [
         (["data.batch_size=0"], "hybridrec: invalid config: data.batch_size must be >= 1, got 0"),
+        (["checkpoint.resume=/nonexistent"], "hybridrec: checkpoint.resume=/nonexistent: no such checkpoint directory"),
     ]:
         proc, seconds = _cli(*args, f"hydra.run.dir={tmp_path}")
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
