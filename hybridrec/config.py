@@ -167,7 +167,8 @@ class CriteoDataConfig(DataConfig):
     id_mapping: IdMapping = IdMapping.modulo
     bad_rows: BadRows = BadRows.skip
     block_size_mb: int = 16
-    """Bytes parsed per block by the streaming reader."""
+    """MiB of (decompressed) text the reader parses per block: whole lines, so a longer line
+    is a block of its own. Memory, not results: rows and their indices do not depend on it."""
     eval_batches: Optional[int] = None
     """Cap on eval global batches; None = the whole eval set."""
 

@@ -246,6 +246,8 @@ class Trainer:
                 first = next(e for f in report["files"].values() for e in f["errors"])
                 log.warning(f"data: skipped {report['bad_rows']} bad rows of "
                             f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
+            for lost in report.get("unreadable", []) if self.rank == 0 else []:
+                log.warning(f"data: {lost}; the lines before it were used")
         if self.rank == 0:
             plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"))
             log.info("summary\n" + format_summary(summary))
