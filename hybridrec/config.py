@@ -762,7 +762,7 @@ def _check_keys(node: Any, path: str = "") -> None:
     if is_dataclass(schema):
         names = [f.name for f in fields(schema)]
         for key in node:
-            if key not in names:
+            if key not in names and f"{path}.{key}".lstrip(".") not in _FREE_FORM:
                 near = difflib.get_close_matches(str(key), names, n=1)
                 where = f"{path}." if path else ""
                 raise ValueError(
@@ -808,8 +808,10 @@ def _check_positive(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Cross-field checks, run before any rank starts. Raises ValueError naming the keys."""
-    unset = OmegaConf.missing_keys(cfg)  # a set: reported in the config's own order
-    missing = [k for k in _paths(cfg) if k in unset and not k.startswith("hydra.")]
+    # hybridrec's keys only: Hydra's own (present under a launcher callback) resolve later
+    ours = [k for k in cfg.keys() if k != "hydra"]
+    unset = {m for k in ours if isinstance(cfg[k], DictConfig) for m in OmegaConf.missing_keys(cfg[k])}  # full keys
+    missing = [p for k in ours if isinstance(cfg[k], DictConfig) for p in _paths(cfg[k], f"{k}.") if p in unset]
     if missing:
         raise ValueError(
             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: give "
