@@ -16,12 +16,19 @@ trusted source.
 
 Atomic commit: a save writes ``step_<N>.partial`` and, once every rank has finished,
 rank 0 renames it to ``step_<N>``. A crash mid-save leaves only a ``.partial`` directory,
-which resume never picks and the next save removes.
+which resume never picks and a save of the same step replaces; a save that fails (disk
+full) removes its own ``.partial`` and says why in one line.
+
+Ownership: every checkpoint records the runs it descends from (``TrainState.runs``, a
+random id per run, inherited on resume). ``keep_last`` prunes only checkpoints written by
+this run or by the runs it continues, so a directory shared by mistake never loses another
+run's checkpoints; ``train.py`` refuses such a directory before launch anyway.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import glob
 import json
 import logging
@@ -29,15 +36,17 @@ import os
 import pickle
 import re
 import shutil
+import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from omegaconf import DictConfig, OmegaConf
 
@@ -72,11 +81,15 @@ class TrainState:
     """uint8, ``[world_size, n]``: every rank's CPU RNG state."""
     losses: torch.Tensor
     """float64: the global mean loss of every step so far (the Python floats, exactly)."""
+    runs: list[str]
+    """Ids of the runs whose training this checkpoint holds, oldest first: the last one wrote
+    it. A run prunes only checkpoints written by a run in its own list (itself, or a run it
+    resumed). Empty in checkpoints written before the field existed: never pruned."""
 
     def to_files(self, directory: str) -> None:
         torch.save({"rng": self.rng, "losses": self.losses}, os.path.join(directory, STATE_TENSORS))
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
-                  "num_dense_features": self.num_dense_features}
+                  "num_dense_features": self.num_dense_features, "runs": self.runs}
         with open(os.path.join(directory, STATE_JSON), "w") as f:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
 
@@ -93,8 +106,7 @@ class TrainState:
             )
         for path in (json_path, tensors_path):
             if not os.path.isfile(path):
-                name = os.path.basename(path)
-                raise CheckpointError(f"{directory} is not a complete hybridrec checkpoint (no {name})")
+                raise CheckpointError(f"{directory} is damaged: {path} is missing")
         try:
             with open(json_path) as f:
                 fields = json.load(f)
@@ -105,7 +117,8 @@ class TrainState:
                 or not all(isinstance(tensors.get(k), torch.Tensor) for k in ("rng", "losses"))):
             raise CheckpointError(f"{directory} is not a valid hybridrec checkpoint: its state lacks fields it needs")
         return cls(step=int(fields["step"]), schedulers=fields["schedulers"], features=fields["features"],
-                   num_dense_features=int(fields["num_dense_features"]), rng=tensors["rng"], losses=tensors["losses"])
+                   num_dense_features=int(fields["num_dense_features"]), rng=tensors["rng"], losses=tensors["losses"],
+                   runs=[str(r) for r in fields.get("runs", [])])
 
 
 def _load_tensors(path: str) -> dict[str, Any]:
@@ -137,26 +150,125 @@ def probe_writable(directory: str) -> None:
         raise ValueError(f"checkpoint.dir={directory} is not writable: {e}") from e
 
 
-def latest(directory: str) -> Optional[str]:
-    """The newest complete checkpoint (committed, with DCP's metadata), or None."""
-    complete = [
-        (int(m.group(1)), path)
-        for path in glob.glob(os.path.join(directory, "step_*"))
-        if (m := _STEP_DIR.search(path)) and os.path.isfile(os.path.join(path, ".metadata"))
-    ]
-    return max(complete)[1] if complete else None
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
-def resume_path(cfg: DictConfig) -> Optional[str]:
-    """checkpoint.resume: auto (newest complete, if any), never, or a checkpoint path."""
+def committed(directory: str) -> list[tuple[int, str]]:
+    """(step, path) of the committed checkpoint directories (``step_<N>``, not ``.partial``),
+    oldest first, whether complete or damaged."""
+    return sorted((int(m.group(1)), path) for path in glob.glob(os.path.join(directory, "step_*"))
+                  if (m := _STEP_DIR.search(path)) and os.path.isdir(path))
+
+
+def check_complete(path: str) -> TrainState:
+    """The checkpoint's state, once every file it needs is there: DCP's ``.metadata``, the
+    storage files it lists (at their full length), and hybridrec's state. Checked before
+    loading, so a damaged checkpoint is named (``CheckpointError``) instead of failing in DCP."""
+    metadata = os.path.join(path, ".metadata")
+    if not os.path.isfile(metadata):
+        raise CheckpointError(f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
+                              f"save, or not a checkpoint directory)")
+    state = TrainState.from_files(path)
+    try:
+        storage = dcp.FileSystemReader(path).read_metadata().storage_data
+    except Exception as e:  # a truncated or foreign file: its error names no file
+        raise CheckpointError(f"{metadata} is unreadable ({type(e).__name__}: {_one_line(e)})") from e
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise CheckpointError(f"{path} is damaged: {file} is missing (its .metadata lists it)")
+        if os.path.getsize(file) < end:
+            raise CheckpointError(f"{path} is damaged: {file} is truncated ({os.path.getsize(file):,} of "
+                                  f"{end:,} bytes)")
+    return state
+
+
+def latest(directory: str, warn: bool = False) -> Optional[str]:
+    """The newest loadable checkpoint in ``directory``, or None if there is none. Damaged newer
+    ones are skipped (with a warning naming what is wrong when ``warn``); a directory whose
+    every checkpoint is damaged is refused, rather than trained over from scratch."""
+    skipped = []
+    for _, path in reversed(committed(directory)):
+        try:
+            check_complete(path)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        if skipped and warn:
+            log.warning(f"resuming from {path}, the newest loadable checkpoint, not from a newer one: "
+                        f"{'; '.join(skipped)}")
+        return path
+    if skipped:
+        raise CheckpointError(f"checkpoint.dir={directory} holds no loadable checkpoint ({skipped[0]}): "
+                              f"repair or delete its step_* directories, or use another checkpoint.dir")
+    return None
+
+
+def resume_path(cfg: DictConfig, warn: bool = False) -> Optional[str]:
+    """checkpoint.resume: auto (newest loadable, if any), never, or a checkpoint path, checked."""
     resume = cfg.checkpoint.resume
     if resume == "never" or not cfg.checkpoint.dir and resume == "auto":
         return None
     if resume == "auto":
-        return latest(cfg.checkpoint.dir)
-    if not os.path.isfile(os.path.join(resume, ".metadata")):
-        raise ValueError(f"checkpoint.resume={resume} is not a complete checkpoint (no .metadata)")
+        return latest(cfg.checkpoint.dir, warn)
+    if not os.path.isdir(resume):
+        raise CheckpointError(f"checkpoint.resume={resume}: no such checkpoint directory")
+    check_complete(resume)
     return resume
+
+
+def _writer(path: str) -> Optional[str]:
+    """The id of the run that wrote the checkpoint at ``path`` (None: unknown or unreadable)."""
+    try:
+        with open(os.path.join(path, STATE_JSON)) as f:
+            runs = json.load(f).get("runs") or [None]
+        return runs[-1]
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_dir(cfg: DictConfig, resume: Optional[str], state: Optional[TrainState]) -> None:
+    """Refuse, before launch, a ``checkpoint.dir`` holding checkpoints that this run does not
+    continue: its saves would mix with them (and replace any of the same step). With
+    ``resume=auto`` the newest one is continued, so the directory is this run's."""
+    ck = cfg.checkpoint
+    if not ck.dir or ck.resume == "auto":
+        return
+    ours = set(state.runs) if state else set()
+    foreign = [(step, path) for step, path in committed(ck.dir)
+               if os.path.realpath(path) != os.path.realpath(resume or "") and (not ours or _writer(path) not in ours)]
+    if not foreign:
+        return
+    step, path = foreign[-1]
+    why = ("checkpoint.resume=never" if resume is None
+           else f"checkpoint.resume={resume} continues another run")
+    raise CheckpointError(
+        f"checkpoint.dir={ck.dir} holds checkpoints of another run (newest: {os.path.basename(path)}, step {step}) "
+        f"and {why}: use another checkpoint.dir, checkpoint.resume=auto to continue the run in it, or delete "
+        f"its step_* directories yourself"
+    )
+
+
+def _one_line(e: BaseException) -> str:
+    """The first line of an exception's message: what goes into a one-line error."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """What went wrong under DCP's wrapper: a ``CheckpointException`` holds each failed rank's
+    exception (lowest rank first here), and an exception may be chained to its cause."""
+    while True:
+        if isinstance(e, CheckpointException) and e.failures:
+            e = e.failures[min(e.failures)][0]
+        elif isinstance(e, OSError) or (e.__cause__ or e.__context__) is None:
+            return e
+        else:
+            e = e.__cause__ or e.__context__
 
 
 def _app_state(trainer: Any) -> dict[str, Any]:
@@ -179,6 +291,7 @@ class Checkpointer:
         self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
         self.writer = ThreadPoolExecutor(max_workers=1) if self.cfg.async_save else None
         self.pending: Optional[tuple] = None
+        self.last: Optional[str] = None  # the newest checkpoint this run committed
 
     def save(self, step: int) -> None:
         """Save the state after ``step`` (collective)."""
@@ -201,8 +314,9 @@ class Checkpointer:
                 self.pending = (future, step, partial, final, extra)
                 return
             dcp.save(_app_state(t), checkpoint_id=partial)
-        except OSError as e:  # disk full, permissions: the previous checkpoint is untouched
-            raise RuntimeError(f"checkpoint save at step {step} into {partial} failed: {e}") from e
+        # DCP wraps every rank's failure in a CheckpointException (a BaseException), on every rank
+        except (CheckpointException, OSError) as e:
+            self._abandon(step, partial, e)
         self._commit(step, partial, final, extra)
 
     def wait(self) -> None:
@@ -213,9 +327,33 @@ class Checkpointer:
         self.pending = None
         try:
             future.result()
-        except OSError as e:
-            raise RuntimeError(f"checkpoint save at step {step} into {partial} failed: {e}") from e
+        except (CheckpointException, OSError) as e:
+            self._abandon(step, partial, e)
         self._commit(step, partial, final, extra)
+
+    def _abandon(self, step: int, partial: str, error: BaseException) -> NoReturn:
+        """A save that failed: remove what it wrote and, when the cause is the storage (disk
+        full, permissions, I/O), say why in one line. Nothing else was touched, so the previous
+        checkpoint stays loadable. Any other cause is a bug: its traceback is kept."""
+        cause = _root_cause(error)
+        try:
+            free = shutil.disk_usage(self.cfg.dir).free
+        except OSError:
+            free = None
+        full = getattr(cause, "errno", None) == errno.ENOSPC or free == 0
+        if self.trainer.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        # torch's zip writer reports a short write (a full disk) as "unexpected pos", not OSError
+        if not (isinstance(cause, OSError) or full or "unexpected pos" in str(cause)):
+            raise error
+        previous = self.last or (self.trainer.resumed_from or {}).get("path")
+        raise CheckpointError(
+            f"checkpoint save at step {step} failed{': no space left on device' if full else ''} "
+            f"({type(cause).__name__}: {_one_line(cause)}; {'?' if free is None else f'{free:,}'} bytes free "
+            f"in checkpoint.dir={self.cfg.dir}); removed the partial save {partial}; "
+            + (f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint of this run")
+            + ". Free space there or point checkpoint.dir elsewhere"
+        ) from error
 
     def _trainer_state(self, step: int) -> TrainState:
         t = self.trainer
@@ -228,17 +366,26 @@ class Checkpointer:
             num_dense_features=t.data.num_dense_features,
             rng=torch.stack(rng),
             losses=torch.tensor(t.losses, dtype=torch.float64),
+            runs=list(t.runs),
         )
 
     def _commit(self, step: int, partial: str, final: str, extra: TrainState) -> None:
         t = self.trainer
         dist.barrier()  # every rank's files are written
         if t.rank == 0:
-            extra.to_files(partial)
-            OmegaConf.save(t.cfg, os.path.join(partial, "config.yaml"))
-            shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step replaces it
+            if os.path.isdir(final) and _writer(final) not in t.runs:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise CheckpointError(f"{final} was written by another run: not replaced (saving step {step}); "
+                                      f"use another checkpoint.dir")
+            try:
+                extra.to_files(partial)
+                OmegaConf.save(t.cfg, os.path.join(partial, "config.yaml"))
+            except OSError as e:
+                self._abandon(step, partial, e)
+            shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step (this run's) replaces it
             os.replace(partial, final)  # the commit: atomic on one filesystem
-            _prune(self.cfg.dir, self.cfg.keep_last)
+            _prune(self.cfg.dir, self.cfg.keep_last, t.runs)
+        self.last = final
         dist.barrier()
         log.info(f"checkpoint committed: {final}")
 
@@ -259,13 +406,12 @@ def _stage(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def _prune(directory: str, keep: int) -> None:
-    steps = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(directory, "step_*"))
-                   if (m := _STEP_DIR.search(p)))
-    for _, path in steps[: max(0, len(steps) - keep)]:
+def _prune(directory: str, keep: int, runs: list[str]) -> None:
+    """Delete all but the newest ``keep`` checkpoints written by ``runs`` (this run and the runs
+    it continues): never one another run wrote, nor one whose writer is unknown."""
+    ours = [path for _, path in committed(directory) if _writer(path) in runs]
+    for path in ours[: max(0, len(ours) - keep)]:
         shutil.rmtree(path, ignore_errors=True)
-    for stale in glob.glob(os.path.join(directory, "step_*.partial")):
-        shutil.rmtree(stale, ignore_errors=True)  # an interrupted save
 
 
 def load(trainer: Any, path: str) -> int:
@@ -276,7 +422,16 @@ def load(trainer: Any, path: str) -> int:
         if name != "sparse":
             opt.init_state()
     state = _app_state(trainer)
-    dcp.load(state, checkpoint_id=path)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except CheckpointException as e:
+        # Tables or layers of another size or name: the model's config changed since the save
+        # (the files themselves were checked before launch).
+        raise CheckpointError(
+            f"{path} does not fit this run's model ({type(_root_cause(e)).__name__}: {_one_line(_root_cause(e))}): "
+            f"resume with the model and data config it was saved with ({path}/config.yaml), or start "
+            f"a new run in another checkpoint.dir"
+        ) from e
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.optimizer.load_state_dict(state["optim"])
     for scheduler, saved in zip(trainer.optimizer.schedulers, extra.schedulers):
@@ -284,4 +439,5 @@ def load(trainer: Any, path: str) -> int:
     rng = extra.rng
     torch.set_rng_state((rng[trainer.rank] if len(rng) == trainer.world_size else rng[0]).clone())
     trainer.losses = extra.losses.tolist()
+    trainer.runs = extra.runs + [trainer.runs[-1]]  # this run continues those: their checkpoints are its own
     return extra.step

@@ -8,15 +8,16 @@ live in :func:`validate`, which the entry point runs before launching.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 
 # ---------------------------------------------------------------------------- model
@@ -166,7 +167,8 @@ class CriteoDataConfig(DataConfig):
     id_mapping: IdMapping = IdMapping.modulo
     bad_rows: BadRows = BadRows.skip
     block_size_mb: int = 16
-    """Bytes parsed per block by the streaming reader."""
+    """MiB of (decompressed) text the reader parses per block: whole lines, so a longer line
+    is a block of its own. Memory, not results: rows and their indices do not depend on it."""
     eval_batches: Optional[int] = None
     """Cap on eval global batches; None = the whole eval set."""
 
@@ -554,8 +556,11 @@ class LauncherConfig:
     health_check_timeout_s: float = 60.0
     """At start, every rank must reach a monitored barrier within this time, or the run stops
     naming the ranks that did not."""
-    collective_timeout_s: float = 600.0
-    """Timeout of every collective (process group timeout)."""
+    collective_timeout_s: float = 300.0
+    """Timeout of every collective (process group timeout): how long a hung or stopped rank
+    holds the others before the job fails. It must also cover the longest wait of a healthy
+    run: a rank planning the tables while the others wait, and writing its shards of a
+    checkpoint (raise it for very large tables on slow storage)."""
 
 
 class Pipeline(str, Enum):
@@ -749,8 +754,77 @@ def _validate_loss(cfg: DictConfig, world_size: int) -> None:
             )
 
 
+# Keys whose children are free-form: an optimizer's keyword arguments, checked against its
+# signature instead; Hydra's own config (present when a launcher callback validates).
+_FREE_FORM = ("optimizer.sparse", "optimizer.dense", "hydra")
+
+
+def _check_keys(node: Any, path: str = "") -> None:
+    """Every key is a field of its schema. Hydra's ``+key=value`` adds a key even to a typed
+    config, so a misspelled ``+train.stepz=30`` would otherwise be silently ignored."""
+    if path in _FREE_FORM:
+        return
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if is_dataclass(schema):
+        names = [f.name for f in fields(schema)]
+        for key in node:
+            if key not in names and f"{path}.{key}".lstrip(".") not in _FREE_FORM:
+                near = difflib.get_close_matches(str(key), names, n=1)
+                where = f"{path}." if path else ""
+                raise ValueError(
+                    f"unknown key {where}{key}{f' (did you mean {where}{near[0]}?)' if near else ''}: "
+                    f"the keys of {path or 'the top level'} are {', '.join(n for n in names if not n.startswith('_'))}"
+                )
+    if isinstance(node, (DictConfig, ListConfig)):
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key):
+                child = node[key]
+                if isinstance(child, (DictConfig, ListConfig)):
+                    _check_keys(child, f"{path}.{key}" if path else str(key))
+
+
+def _paths(node: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of a config, depth first, in order."""
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        out.append(path)
+        if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key) \
+                and isinstance(node[key], DictConfig):
+            out += _paths(node[key], path + ".")
+    return out
+
+
+def _check_positive(cfg: DictConfig) -> None:
+    """Sizes and degrees that must be positive. Checked explicitly: 0 would otherwise read as
+    "unset" (``x or default``) or fail deep inside a library."""
+    if cfg.data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
+    if cfg.model.embedding_dim < 1:
+        raise ValueError(f"model.embedding_dim must be >= 1, got {cfg.model.embedding_dim}")
+    mesh = cfg.mesh
+    for key in ("replicate", "shard", "world_size", "local_world_size"):
+        if mesh[key] is not None and mesh[key] < 1:
+            raise ValueError(f"mesh.{key} must be >= 1 (or unset), got {mesh[key]}")
+    for key in ("device_memory_gb", "host_memory_gb", "intra_host_bandwidth_gbs", "inter_host_bandwidth_gbs"):
+        if mesh[key] is not None and mesh[key] <= 0:
+            raise ValueError(f"mesh.{key} must be > 0 (or unset to detect it), got {mesh[key]}")
+
+
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Cross-field checks, run before any rank starts. Raises ValueError naming the keys."""
+    # hybridrec's keys only: Hydra's own (present under a launcher callback) resolve later
+    ours = [k for k in cfg.keys() if k != "hydra"]
+    unset = {m for k in ours if isinstance(cfg[k], DictConfig) for m in OmegaConf.missing_keys(cfg[k])}  # full keys
+    missing = [p for k in ours if isinstance(cfg[k], DictConfig) for p in _paths(cfg[k], f"{k}.") if p in unset]
+    if missing:
+        raise ValueError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: give "
+            f"{' '.join(f'{k}=...' for k in missing)} on the command line or in an experiment"
+        )
+    _check_keys(cfg)
+    _check_positive(cfg)
     if cfg.train.steps < 1:
         raise ValueError(f"train.steps must be >= 1, got {cfg.train.steps}")
     if cfg.train.log_every < 1:

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from hybridrec import models
-from hybridrec.checkpoint import CheckpointError, TrainState
+from hybridrec.checkpoint import CheckpointError, TrainState, check_complete
 from hybridrec.data import SparseFeature
 
 
@@ -45,7 +45,7 @@ def export(checkpoint: str, out: str) -> nn.Module:
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=checkpoint, no_dist=True)  # one process: loads full tensors
     model.load_state_dict(state["model"])
-    torch.save(model.state_dict(), out)
+    _save(model.state_dict(), out)
     if hasattr(model, "item_vectors"):  # two-tower: the item side of nearest-neighbour search
         cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
         items, batch = instantiate(cfg.data, seed=cfg.seed).catalogue_batch()
@@ -53,9 +53,17 @@ def export(checkpoint: str, out: str) -> nn.Module:
         with torch.no_grad():
             vectors = model.item_vectors(batch)
         path = os.path.join(os.path.dirname(out), "item_vectors.pt")
-        torch.save({"item_ids": torch.from_numpy(items), "vectors": vectors}, path)
+        _save({"item_ids": torch.from_numpy(items), "vectors": vectors}, path)
         print(f"hybridrec.export: {len(items):,} item vectors of width {vectors.shape[1]} -> {path}")
     return model
+
+
+def _save(obj: object, path: str) -> None:
+    try:
+        torch.save(obj, path)
+    except (OSError, RuntimeError) as e:  # torch's file writer reports open and write failures as RuntimeError
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OSError(f"{path}: {reason}") from e
 
 
 def main(argv: list[str]) -> None:
@@ -64,13 +72,23 @@ def main(argv: list[str]) -> None:
     if "checkpoint" not in args or unknown:
         sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<file>] (unknown: {sorted(unknown)})")
     ckpt = args["checkpoint"]
-    if not os.path.isfile(os.path.join(ckpt, ".metadata")):
-        sys.exit(f"hybridrec.export: {ckpt} is not a complete checkpoint (no .metadata)")
     out = args.get("out", os.path.join(ckpt, "model.pt"))
+    # Checked before anything is loaded: each failure is one line naming the file.
+    try:
+        check_complete(ckpt)
+        if not os.path.isfile(os.path.join(ckpt, "config.yaml")):
+            raise CheckpointError(f"{ckpt} is not a complete checkpoint (no config.yaml)")
+    except CheckpointError as e:
+        sys.exit(f"hybridrec.export: {e}")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        sys.exit(f"hybridrec.export: out={out}: {folder} is not a writable directory")
     try:
         model = export(ckpt, out)
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
+    except OSError as e:  # disk full, a directory named like the file
+        sys.exit(f"hybridrec.export: cannot write {e}")
     print(f"hybridrec.export: {sum(p.numel() for p in model.parameters()):,} parameters -> {out}")
 
 

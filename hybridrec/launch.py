@@ -26,9 +26,22 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hybridrec.config import Device, validate
-from hybridrec.trainer import run
+from hybridrec.trainer import USER_ERROR_EXIT, run
 
 log = logging.getLogger(__name__)
+
+
+class RankError(Exception):
+    """A user error (``trainer.USER_ERRORS``) that stopped a rank, as its one-line message."""
+
+
+class _QuietUserErrors(logging.Filter):
+    """The elastic agent logs every failed rank with a traceback; a rank stopped by a user
+    error has none worth showing (``spawn`` prints its one line instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (str(record.msg).startswith("failed (exitcode") and record.args
+                    and record.args[0] == USER_ERROR_EXIT)
 
 
 def already_launched() -> bool:
@@ -100,7 +113,7 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
         return run(cfg, run_dir)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
-    return spawn(run, nproc, cfg, run_dir, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+    return spawn(run, nproc, cfg, run_dir, True, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
 
 
 def spawn(
@@ -110,7 +123,9 @@ def spawn(
     local ranks, started by PyTorch's elastic launcher: c10d rendezvous (on a free local port
     for one node), spawned workers, no restarts. Tests and benchmarks use it too, so they start
     ranks exactly as users do. With ``max_restarts``, a failed rank makes the agent stop and
-    restart every rank. With ``nodes``, this call is one node of several, as torchrun --nnodes."""
+    restart every rank. With ``nodes``, this call is one node of several, as torchrun --nnodes.
+    A rank that exits with USER_ERROR_EXIT raises ``RankError`` with the message it recorded."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     nodes = nodes or Nodes(1, "localhost:0", f"hybridrec-{uuid.uuid4().hex[:8]}")
@@ -127,7 +142,19 @@ def spawn(
     )
     # The elastic agent logs every state change at INFO; keep the user's console for training.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    results = elastic_launch(config, fn)(*args)  # keyed by global rank, this node's ranks only
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if not any(isinstance(f, _QuietUserErrors) for f in agent_log.filters):
+        agent_log.addFilter(_QuietUserErrors())
+    # When one rank fails, the others are stopped with SIGTERM, each logged: the failure
+    # itself is what the user needs, and it is reported.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    try:
+        results = elastic_launch(config, fn)(*args)  # keyed by global rank, this node's ranks only
+    except ChildFailedError as e:
+        stopped = sorted((rank, f) for rank, f in e.failures.items() if f.exitcode == USER_ERROR_EXIT)
+        if stopped:
+            raise RankError(stopped[0][1].message) from None
+        raise
     return results[min(results)]
 
 

@@ -58,8 +58,9 @@ def quiet_enumerator() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    world = cfg.mesh.world_size or cfg.launcher.nproc_per_node
-    local = cfg.mesh.local_world_size or world
+    # "is None", not "or": a 0 given is refused by validate, not read as unset
+    world = cfg.mesh.world_size if cfg.mesh.world_size is not None else cfg.launcher.nproc_per_node
+    local = cfg.mesh.local_world_size if cfg.mesh.local_world_size is not None else world
     device = run_device_type(cfg) if cfg.mesh.compute_device == Device.auto else cfg.mesh.compute_device.value
     logging.getLogger().setLevel(logging.WARNING)  # TorchRec's planner logs at INFO
     quiet_enumerator()

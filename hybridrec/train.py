@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
-from hybridrec.checkpoint import CheckpointError, TrainState, probe_writable, resume_path
-from hybridrec.launch import already_launched, launch, world_size
+from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
+from hybridrec.launch import RankError, already_launched, launch, world_size
 from hybridrec.plan import dry_plan, quiet_enumerator, run_device_type
+from hybridrec.trainer import USER_ERRORS, full_errors
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     try:
         world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
         validate(cfg, world)
@@ -30,19 +33,36 @@ def main(cfg: DictConfig) -> float:
         check_device(cfg, device)
         if cfg.checkpoint.dir:
             probe_writable(cfg.checkpoint.dir)
-        if path := resume_path(cfg):
-            TrainState.from_files(path)  # a checkpoint the ranks would refuse fails here, before launch
+        # A checkpoint the ranks would refuse or find damaged fails here, before launch.
+        path = resume_path(cfg)
+        state = TrainState.from_files(path) if path else None  # checked complete by resume_path
+        if state and state.step >= cfg.train.steps:
+            raise CheckpointError(
+                f"checkpoint {path} is at step {state.step} and train.steps={cfg.train.steps}: nothing to "
+                f"train; raise train.steps (the total, e.g. train.steps={state.step + cfg.train.steps}), or "
+                f"start a new run in another checkpoint.dir"
+            )
+        check_dir(cfg, path, state)
         if not already_launched():
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.
             quiet_enumerator()
             dry_plan(cfg, world, cfg.launcher.nproc_per_node, device, detect=True)
     except CheckpointError as e:
-        sys.exit(f"hybridrec: {e}")
-    except ValueError as e:  # PlanError included
-        sys.exit(f"hybridrec: invalid config: {e}")
-    summary = launch(cfg, HydraConfig.get().runtime.output_dir)
+        _exit(e, f"hybridrec: {e}")
+    except ValueError as e:  # PlanError and DataError included
+        _exit(e, f"hybridrec: invalid config: {e}")
+    try:
+        summary = launch(cfg, HydraConfig.get().runtime.output_dir)
+    except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
+        _exit(e, f"hybridrec: {e}")
     return summary["train_loss"]  # what a Hydra sweeper would minimize
+
+
+def _exit(error: BaseException, message: str) -> NoReturn:
+    if full_errors():
+        raise error
+    sys.exit(message)
 
 
 def _quiet_secondary_ranks() -> None:

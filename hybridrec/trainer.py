@@ -9,10 +9,12 @@ from __future__ import annotations
 import datetime
 import gc
 import hashlib
+import json
 import logging
 import math
 import os
 import platform
+import sys
 import time
 import warnings
 from typing import Any, Optional
@@ -26,7 +28,7 @@ from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Device, Logger, Pipeline
-from hybridrec.data import build_source
+from hybridrec.data import DataError, build_source
 from hybridrec.losses import BCE
 from hybridrec.metrics import (
     MetricsLog,
@@ -92,9 +94,13 @@ class Trainer:
         self.eval_seconds = 0.0  # excluded from the training throughput
         self.profile: Optional[dict[str, Any]] = None
         self.start_step = 0  # > 0 when resuming: the steps (= global batches) already done
+        # This run's id, after the ids of the runs it continues (rank 0's is the one saved):
+        # what decides which checkpoints keep_last may delete.
+        self.runs = [checkpoint.new_run_id()]
         self.checkpointer = checkpoint.Checkpointer(self) if cfg.checkpoint.dir else None
         self.resumed_from: Optional[dict[str, Any]] = None
-        if path := checkpoint.resume_path(cfg):
+        # Rank 0 warns when a damaged newer checkpoint is skipped (again after each restart).
+        if path := checkpoint.resume_path(cfg, warn=self.rank == 0):
             self.start_step = checkpoint.load(self, path)
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
@@ -106,25 +112,29 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc="train", unit="step", disable=self.rank != 0)
         profiler = self._profiler()
         self.start = time.perf_counter()
-        for step in range(self.start_step + 1, cfg.steps + 1):
-            tick = time.perf_counter()
-            loss, _logits, _labels = self.pipeline.progress(batches)
-            self.local_losses[step - 1] = loss
-            if self.sync_every and (step % self.sync_every == 0 or step == cfg.steps):
-                self.model.sync()  # average the replicas' tables and sparse optimizer state
-            self.step_times.append(time.perf_counter() - tick)
-            if profiler:
-                profiler.step()
-            save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
-            if step % cfg.log_every == 0 or step == cfg.steps or save:
-                self._log(step, bar)  # also checks the losses are finite: no bad checkpoint
-            if save:
-                self.checkpointer.save(step)
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                self._evaluate_and_log(self.select_split, step, bar)
-            bar.update()
-        if self.checkpointer:
-            self.checkpointer.wait()  # an async save still in flight is committed here
+        try:
+            for step in range(self.start_step + 1, cfg.steps + 1):
+                tick = time.perf_counter()
+                loss, _logits, _labels = self.pipeline.progress(batches)
+                self.local_losses[step - 1] = loss
+                if self.sync_every and (step % self.sync_every == 0 or step == cfg.steps):
+                    self.model.sync()  # average the replicas' tables and sparse optimizer state
+                self.step_times.append(time.perf_counter() - tick)
+                if profiler:
+                    profiler.step()
+                save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
+                if step % cfg.log_every == 0 or step == cfg.steps or save:
+                    self._log(step, bar)  # also checks the losses are finite: no bad checkpoint
+                if save:
+                    self.checkpointer.save(step)
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                    self._evaluate_and_log(self.select_split, step, bar)
+                bar.update()
+            if self.checkpointer:
+                self.checkpointer.wait()  # an async save still in flight is committed here
+        except BaseException:
+            bar.close()  # the bar's last state first, then whatever reports the error
+            raise
         wall = time.perf_counter() - self.start - self.eval_seconds
         bar.close()
         if profiler:
@@ -236,6 +246,8 @@ class Trainer:
                 first = next(e for f in report["files"].values() for e in f["errors"])
                 log.warning(f"data: skipped {report['bad_rows']} bad rows of "
                             f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
+            for lost in report.get("unreadable", []) if self.rank == 0 else []:
+                log.warning(f"data: {lost}; the lines before it were used")
         if self.rank == 0:
             plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"))
             log.info("summary\n" + format_summary(summary))
@@ -328,7 +340,7 @@ def pick_device(cfg: DictConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
+def init_distributed(device: torch.device, timeout_s: float = 300.0) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)  # every collective's timeout
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -382,9 +394,25 @@ def _configure_logging(rank: int) -> None:
     quiet_enumerator()
 
 
+# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk):
+# reported as one line naming the file or key, without a traceback.
+USER_ERRORS = (DataError, checkpoint.CheckpointError)
+USER_ERROR_EXIT = 3
+"""Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
+
+
+def full_errors() -> bool:
+    """HYDRA_FULL_ERROR=1 (Hydra's own switch) shows the traceback of user errors too."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
-def run(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
-    """One rank's whole job: process group, Trainer, summary (rank 0), teardown."""
+def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str, Any]:
+    """One rank's whole job: process group, Trainer, summary (rank 0), teardown.
+
+    ``parent_reports``: the rank was started by ``launch.spawn``, which prints a user error's
+    one line itself; the rank then records the message in the elastic error file and exits
+    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller."""
     device = pick_device(cfg)
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
@@ -398,6 +426,13 @@ def run(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
         summary = _train_rank(cfg, run_dir, device)  # the Trainer is freed when it returns
         dist.barrier()  # leave together: no rank tears down while another still communicates
         return summary
+    except USER_ERRORS as e:
+        if parent_reports and not full_errors() and (error_file := os.environ.get("TORCHELASTIC_ERROR_FILE")):
+            # The format torch elastic reads back into ChildFailedError (a plain message).
+            with open(error_file, "w") as f:
+                json.dump({"message": str(e), "timestamp": int(time.time())}, f)
+            sys.exit(USER_ERROR_EXIT)
+        raise
     finally:
         shutdown_distributed(clean=summary is not None)
 

@@ -199,3 +199,51 @@ def test_readme_result_blocks_are_current():
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "readme_numbers.py"),
                            "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["data.batch_size=0"], r"^data.batch_size must be >= 1, got 0$"),
+        (["data.batch_size=-64"], r"^data.batch_size must be >= 1, got -64$"),
+        # -1 x -2 = 2 ranks: the product alone would pass
+        (["mesh=hsdp", "mesh.replicate=-1", "mesh.shard=-2"], r"^mesh.replicate must be >= 1 \(or unset\), got -1$"),
+        (["mesh=hsdp", "mesh.replicate=0", "mesh.shard=0"], r"^mesh.replicate must be >= 1 \(or unset\), got 0$"),
+        (["model.embedding_dim=0"], r"^model.embedding_dim must be >= 1, got 0$"),
+        (["+train.stepz=30"], r"^unknown key train.stepz \(did you mean train.steps\?\): the keys of train are steps, "),
+        (["+seeed=1"], r"^unknown key seeed \(did you mean seed\?\): the keys of the top level are model, "),
+        (["sharding.tables=[{match:t_cat_0}]", "+sharding.tables.0.min_partitions=4"],
+         r"^unknown key sharding.tables.0.min_partitions \(did you mean sharding.tables.0.min_partition\?\)"),
+        (["data=criteo"], r"^data.train_path and data.eval_path are not set: give data.train_path=\.\.\. "
+                          r"data.eval_path=\.\.\. on the command line or in an experiment$"),
+        (["data=criteo", "data.train_path=x"], r"^data.eval_path is not set"),
+        (["mesh.world_size=0"], r"^mesh.world_size must be >= 1 \(or unset\), got 0$"),
+        (["mesh.world_size=-4"], r"^mesh.world_size must be >= 1 \(or unset\), got -4$"),
+        (["mesh.local_world_size=0"], r"^mesh.local_world_size must be >= 1 \(or unset\), got 0$"),
+        (["mesh.device_memory_gb=-1"], r"^mesh.device_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
+        (["mesh.host_memory_gb=-1"], r"^mesh.host_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
+    ],
+)
+def test_bad_sizes_unknown_keys_and_unset_paths_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        validate(compose_cfg(overrides), world_size=2)
+
+
+def test_optimizer_keyword_arguments_may_be_added():
+    # optimizer.sparse / optimizer.dense are the optimizer's own arguments, checked by its signature
+    validate(compose_cfg(["optimizer/dense=adam", "+optimizer.dense.amsgrad=true"]), world_size=1)
+
+
+def test_collective_timeout_fails_a_hung_rank_within_minutes():
+    # a stopped rank holds the others for this long; planning and checkpoint writes must fit in it
+    assert 120 <= compose_cfg([]).launcher.collective_timeout_s <= 300
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    for args, line in [
+        (["data.batch_size=0"], "hybridrec: invalid config: data.batch_size must be >= 1, got 0"),
+        (["checkpoint.resume=/nonexistent"], "hybridrec: checkpoint.resume=/nonexistent: no such checkpoint directory"),
+    ]:
+        proc = _cli(*args, f"hydra.run.dir={tmp_path}")
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1] == line

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import zlib
 
 import numpy as np
 import pytest
@@ -100,7 +101,10 @@ def test_bad_rows_are_skipped_counted_and_located(tmp_path):
         f"{tmp_path / 'a.tsv'}:6: cat_0 '123456789' is not a hex id of at most 8 digits",
     ]
     d = report["files"][str(tmp_path / "d.tsv.gz")]
-    assert d["bad_rows"] == 1 and "unreadable after" in d["errors"][0]
+    # a truncated gzip keeps every complete line before the break; the rest is reported, not counted
+    assert d["rows"] > 0 and d["bad_rows"] == 0 and d["errors"] == []
+    assert d["unreadable"].startswith(f"unreadable from {tmp_path / 'd.tsv.gz'}:{d['rows'] + 1} (truncated gzip: ")
+    assert report["unreadable"] == [d["unreadable"]]
     assert report["files"][str(tmp_path / "b.tsv.gz")]["rows"] == 3
     # every row is accounted for: kept rows = batches x batch + dropped tail
     assert report["rows"] == len(batches) * 2 + report["dropped_tail_rows"]["eval"]
@@ -189,3 +193,92 @@ def test_missing_data_path_fails_before_any_rank_starts(tmp_path):
                            "data.eval_path=/nope", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "data.train_path=/nope" in proc.stderr and "[rank" not in proc.stderr
+
+
+# ---------------------------------------------------------------- no silent data loss
+def _gz(path, lines):
+    with gzip.open(path, "wb") as f:
+        f.write(("\n".join(lines) + "\n").encode())
+    return str(path)
+
+
+def _complete_lines(compressed: bytes) -> int:
+    """Complete lines a decompressor recovers from a damaged gzip: the reference count."""
+    text = zlib.decompressobj(wbits=31).decompress(compressed)
+    return text.count(b"\n")
+
+
+def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
+    lines = [row() for _ in range(1000)]
+    data = ("\n".join(lines) + "\n").encode()
+    at = data.index(b"\n", sum(len(l) + 1 for l in lines[:10]) + 5)  # inside line 11
+    open(tmp_path / "a.tsv", "wb").write(data[:at - 3] + b"\xff" + data[at - 2:])
+    source = reader(tmp_path / "a.tsv", batch=8)
+    list(source.batches("eval", 0, 1))
+    f = source.report()["files"][str(tmp_path / "a.tsv")]
+    assert f["rows"] == 999 and f["bad_rows"] == 1 and f["rows"] + f["bad_rows"] == 1000
+    assert f["errors"] == [f"{tmp_path / 'a.tsv'}:11: not UTF-8 text (byte 0xff at column {len(lines[10]) - 2})"]
+    with pytest.raises(DataError, match=r"a.tsv:11: not UTF-8 text \(byte 0xff"):
+        list(reader(tmp_path / "a.tsv", batch=8, bad_rows="fail").batches("eval", 0, 1))
+
+
+@pytest.mark.parametrize("block_size_mb", [1, 16])
+def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path, block_size_mb):
+    path = _gz(tmp_path / "a.tsv.gz", rand_rows(20_000, seed=2))  # about 4 MB of text
+    compressed = open(path, "rb").read()
+    open(path, "wb").write(compressed[: len(compressed) // 2])
+    complete = _complete_lines(compressed[: len(compressed) // 2])
+    assert complete > 9_000
+    source = reader(path, batch=1, block_size_mb=block_size_mb)
+    kept = sum(len(b.labels) for b in source.batches("eval", 0, 1))
+    f = source.report()["files"][path]
+    assert kept == f["rows"] == complete and f["bad_rows"] == 0  # rows + bad_rows = the complete lines read
+    assert f["unreadable"].startswith(f"unreadable from {path}:{complete + 1} (truncated gzip: ")
+    assert "bytes of that line read, nothing after it" in f["unreadable"]
+    with pytest.raises(DataError, match=rf"a.tsv.gz:{complete + 1}: unreadable from here \(truncated gzip"):
+        list(reader(path, batch=1, bad_rows="fail", block_size_mb=block_size_mb).batches("eval", 0, 1))
+
+
+def test_every_line_is_counted_and_row_indices_do_not_depend_on_the_block_size(tmp_path):
+    lines = rand_rows(12_000, seed=5)  # > 2 MB: several 1 MB blocks
+    for i in (10, 5_000, 11_999):
+        lines[i] = "1\tbroken"
+    lines[7_000] = ""  # an empty line is a bad row too (and a structurally valid one)
+    path = write(tmp_path / "a.tsv", lines)
+    parts = {}
+    for mb in (1, 16):
+        source = reader(path, block_size_mb=mb)
+        parts[mb] = list(source._read_file(path, count=True))
+        f = source.report()["files"][path]
+        assert f["rows"] + f["bad_rows"] == 12_000 and f["bad_rows"] == 4
+        assert f["errors"][:3] == [f"{path}:11: 2 fields, expected 40", f"{path}:5001: 2 fields, expected 40",
+                                   f"{path}:7001: empty line"]
+    index = {mb: np.concatenate([p[3] for p in blocks]) for mb, blocks in parts.items()}
+    assert len(parts[1]) > 1 and np.array_equal(index[1], index[16])
+    valid = np.delete(np.arange(12_000), [10, 5_000, 11_999])  # line - 1 of the rows with 40 fields (or none)
+    kept = np.searchsorted(valid, np.delete(np.arange(12_000), [10, 5_000, 7_000, 11_999]))
+    assert np.array_equal(index[1], kept)  # each kept row's index among the structurally valid rows
+
+
+@pytest.mark.parametrize("value,accepted", [("9223372036854775807", True), ("-9223372036854775808", True),
+                                            ("9223372036854775808", False), ("12345678901234567890", False)])
+def test_a_19_digit_integer_gets_the_same_verdict_whatever_its_neighbours(tmp_path, value, accepted):
+    probe = row(ints=[value] + [1] * 12)
+    verdicts = []
+    for neighbour in (row(), row(ints=["x"] + [1] * 12)):  # fast path (all cast), slow path (cell by cell)
+        path = write(tmp_path / "a.tsv", [probe, neighbour, row()])
+        source = reader(path, batch=1)
+        list(source.batches("eval", 0, 1))
+        errors = source.report()["files"][path]["errors"]
+        verdicts.append(not any(e.startswith(f"{path}:1:") for e in errors))
+    assert verdicts == [accepted, accepted]
+
+
+def test_a_huge_bad_field_is_quoted_short(tmp_path):
+    path = write(tmp_path / "a.tsv", [row(cats=["z" * 3_000_000] + ["a"] * 25), row()])
+    source = reader(path, batch=1)
+    list(source.batches("eval", 0, 1))
+    report = source.report()
+    error = report["files"][path]["errors"][0]
+    assert error == f"{path}:1: cat_0 {'z' * 40!r}…(3000000 bytes) is not a hex id of at most 8 digits"
+    assert len(json.dumps(report)) < 5_000

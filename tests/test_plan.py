@@ -123,3 +123,14 @@ def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "embedding planner found no plan" in proc.stderr and "[rank" not in proc.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ("mesh.world_size=0", "mesh.world_size must be >= 1 (or unset), got 0"),  # not read as "unset"
+    ("mesh.device_memory_gb=-1", "mesh.device_memory_gb must be > 0 (or unset to detect it), got -1.0"),
+])
+def test_plan_cli_refuses_bad_topology_naming_the_key(tmp_path, override, message):
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.plan", *SMALL, override, f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"hybridrec.plan: {message}"

@@ -133,6 +133,11 @@ def rec_batch(batch: Batch, relevance: np.ndarray, weights: np.ndarray, query: n
                     as_f32(weights), torch.from_numpy(np.ascontiguousarray(query, dtype=np.int64)), as_f32(log_q))
 
 
+def _clip(reason: str, limit: int = 300) -> str:
+    """A reason from any source, bounded: the last guard against a huge value in a report."""
+    return reason if len(reason) <= limit else f"{reason[:limit]}…({len(reason.encode())} bytes)"
+
+
 def one_hot(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """(b, F) ids, one per sample and feature, as make_batch's (values, lengths) pairs."""
     ones = np.ones(ids.shape[0], dtype=np.int32)
@@ -145,11 +150,24 @@ def rank_rows(global_rows: int, rank: int, world_size: int) -> slice:
     return slice(rank * local, (rank + 1) * local)
 
 
+def shorten(value: Any, limit: int = 40) -> str:
+    """A value as an error message quotes it: repr, cut to ``limit`` characters with its full
+    size, so that a 3 MB field does not become a 3 MB warning and summary.json."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}…({len(text.encode())} bytes)"
+
+
 @dataclass
 class FileReport:
     rows: int = 0
+    """Lines kept."""
     bad_rows: int = 0
+    """Lines skipped; rows + bad_rows = the lines read (a broken file: those before the break)."""
     errors: list[str] = field(default_factory=list)  # the first few "file:line: reason"
+    unreadable: Optional[str] = None
+    """Where and why the rest of the file could not be read (a truncated gzip), or None."""
 
 
 @dataclass
@@ -167,7 +185,11 @@ class ReadReport:
         f = self.files.setdefault(path, FileReport())
         f.bad_rows += 1
         if len(f.errors) < self.max_errors:
-            f.errors.append(f"{path}:{line if line is not None else '?'}: {reason}")
+            f.errors.append(f"{path}:{line if line is not None else '?'}: {_clip(reason)}")
+
+    def unreadable(self, path: str, line: int, reason: str) -> None:
+        """The rest of ``path`` from ``line`` on could not be read: not rows, so not counted."""
+        self.files.setdefault(path, FileReport()).unreadable = f"unreadable from {path}:{line} ({_clip(reason)})"
 
     def good(self, path: str, rows: int) -> None:
         self.files.setdefault(path, FileReport()).rows += rows
@@ -176,6 +198,7 @@ class ReadReport:
         return {
             "rows": sum(f.rows for f in self.files.values()),
             "bad_rows": sum(f.bad_rows for f in self.files.values()),
+            "unreadable": [f.unreadable for f in self.files.values() if f.unreadable],
             "files": {p: vars(f) for p, f in self.files.items()},
             "dropped_tail_rows": self.dropped_tail_rows,
             "collisions": self.collisions,

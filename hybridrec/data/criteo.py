@@ -5,9 +5,12 @@ the real logs), tab-separated, an empty field meaning missing. Integer features 
 log(x + 1) with negatives clamped to 0 (the DLRM convention); missing values are 0, as in
 TorchRec's own Criteo conversion. A categorical id maps into its table by modulo or by a hash.
 
-The TSV reader streams each file with PyArrow's CSV reader (gzip detected from the name) and
-validates and converts whole columns at a time: no Python loop over fields. Bad rows are
-skipped and counted (``data.bad_rows=skip``) or stop the run (``fail``) with file:line.
+The TSV reader reads each file (gunzipped when its name ends in .gz) in blocks of whole
+lines, parses each block with PyArrow's CSV parser and validates and converts whole columns
+at a time: no Python loop over fields. Bad rows are skipped and counted
+(``data.bad_rows=skip``) or stop the run (``fail``) with file:line; a line that is not
+UTF-8 costs that line only. A stream that breaks (truncated gzip) keeps every complete line
+before the break, and the lost rest is reported with the line it starts at.
 
 Every rank reads the files in the same order and keeps its slice of each global batch, so
 global batches do not depend on the world size. That means every rank parses every row; the
@@ -18,6 +21,7 @@ format for large runs.
 from __future__ import annotations
 
 import glob
+import gzip
 import logging
 import os
 import zlib
@@ -39,6 +43,7 @@ from hybridrec.data import (
     make_batch,
     one_hot,
     rank_rows,
+    shorten,
 )
 
 log = logging.getLogger(__name__)
@@ -253,46 +258,77 @@ class CriteoTSV:
 
     # -- one file ----------------------------------------------------------------------
     def _read_file(self, path: str, count: bool) -> Iterator[tuple[np.ndarray, ...]]:
+        """The file's valid rows, block by block: (dense, raw ids, labels, index), where index
+        is each row's position among the file's structurally valid rows (what the validation
+        holdout keys on: stable for a file, whatever the block size). Every line is counted:
+        kept (``rows``) or bad (``bad_rows``, with file:line and the reason), and a broken
+        stream's lost rest is reported as ``unreadable`` from the line it starts at."""
         report = self._report if count else ReadReport()
-        skipped: list[int] = []  # line numbers of rows with the wrong number of fields
-        fatal: list[str] = []
+        line, index = 1, 0  # the block's first line (1-based); valid rows before it
+        blocks = _line_blocks(path, self.block_size)
+        try:
+            for text in blocks:
+                lines = text.count(b"\n") + (not text.endswith(b"\n"))
+                block, errors = self._parse(text, path, line)
+                # in-block line of each parsed row: the lines the parser did not skip
+                rows_at = np.setdiff1d(np.arange(1, lines + 1), list(errors), assume_unique=True)
+                if len(rows_at) != block.num_rows:  # PyArrow also ends a line at a lone \r
+                    raise DataError(f"{path}:{line}: a carriage return inside a line within the next {lines} "
+                                    f"lines: not a Criteo TSV (lines end with \\n)")
+                ok = np.zeros(0, dtype=bool)
+                if block.num_rows:  # (a block of only bad lines has none to convert)
+                    dense, raw, labels, ok, why = self._convert(block)
+                    errors.update((int(rows_at[i]), why(int(i))) for i in np.flatnonzero(~ok))
+                for at in sorted(errors):
+                    if self.fail:
+                        raise DataError(f"{path}:{line + at - 1}: {errors[at]}")
+                    report.bad(path, line + at - 1, errors[at])
+                report.good(path, int(ok.sum()))
+                if ok.any():
+                    yield dense[ok], raw[ok], labels[ok], index + np.flatnonzero(ok)
+                line, index = line + lines, index + block.num_rows
+        except _Unreadable as e:
+            reason = f"{e.kind}: {e.cause}; {e.partial:,} bytes of that line read, nothing after it"
+            if self.fail:
+                raise DataError(f"{path}:{line}: unreadable from here ({reason})") from None
+            report.unreadable(path, line, reason)
+
+    def _parse(self, text: bytes, path: str, line: int) -> tuple[pa.RecordBatch, dict[int, str]]:
+        """A block of whole lines as string columns, and the in-block lines (1-based) the
+        parser skipped, with the reason: a wrong number of fields, or not UTF-8."""
+        errors: dict[int, str] = {}
 
         def wrong_field_count(row: pacsv.InvalidRow) -> str:
-            # PyArrow swallows exceptions raised here: record, and let the reader stop.
-            reason = f"{path}:{row.number}: {row.actual_columns} fields, expected {row.expected_columns}"
-            if self.fail:
-                fatal.append(reason)
-                return "error"
-            skipped.append(row.number)
-            report.bad(path, row.number, reason.split(": ", 1)[1])
+            if row.number not in errors:  # an undecodable line, blanked: already has its reason
+                errors[row.number] = f"{row.actual_columns} fields, expected {row.expected_columns}"
             return "skip"
 
-        parsed = 0  # rows the reader returned so far (structurally valid)
-        try:  # opening reads the first block already: a truncated file can fail here
-            reader = pacsv.open_csv(
-                pa.input_stream(path, compression="detect"),
-                read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=self.block_size, use_threads=False),
-                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, invalid_row_handler=wrong_field_count),
+        def parse(data: bytes) -> pa.Table:
+            return pacsv.read_csv(
+                pa.py_buffer(data),
+                # one parser block for the whole buffer: its rows come back in one chunk
+                read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=len(data) + 1, use_threads=False),
+                # an empty line is a row (of empty fields, refused by _convert): every line is
+                # counted, and the parser's line numbers are the file's
+                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False,
+                                                 invalid_row_handler=wrong_field_count),
                 convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS}),
             )
-            for block in reader:
-                dense, raw, labels, ok, why = self._convert(block)
-                for i in np.flatnonzero(~ok):
-                    line = _line_number(parsed + int(i), skipped)
-                    if self.fail:
-                        raise DataError(f"{path}:{line}: {why(int(i))}")
-                    report.bad(path, line, why(int(i)))
-                report.good(path, int(ok.sum()))
-                if ok.any():  # with each row's index in the file: what the validation holdout keys on
-                    yield dense[ok], raw[ok], labels[ok], parsed + np.flatnonzero(ok)
-                parsed += block.num_rows
-        except (pa.ArrowInvalid, OSError, EOFError) as e:  # truncated gzip, unreadable bytes
-            if fatal:
-                raise DataError(fatal[0]) from None
-            reason = f"unreadable after {parsed} rows ({type(e).__name__}: {e})"
-            if self.fail:
-                raise DataError(f"{path}: {reason}") from e
-            report.bad(path, None, reason)
+
+        try:
+            table = parse(text)
+        except pa.ArrowInvalid:
+            # PyArrow refuses a whole block for one byte that is not UTF-8. Blank those lines
+            # (their line numbers stay) and parse again: the slow path, on damaged blocks only.
+            text, undecodable = _blank_undecodable(text)
+            errors.clear()
+            errors.update(undecodable)
+            try:
+                table = parse(text)
+            except pa.ArrowInvalid as e:
+                raise DataError(f"{path}:{line}: PyArrow cannot parse the block of lines from here: {e}") from None
+        batches = table.combine_chunks().to_batches()
+        return (batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)), errors
 
     @staticmethod
     def _convert(block: pa.RecordBatch):
@@ -308,10 +344,7 @@ class CriteoTSV:
             try:  # fast path: the whole column is integers
                 dense[:, j] = np.asarray(pc.cast(pc.if_else(pc.equal(col, ""), "0", col), pa.int64()))
             except pa.ArrowInvalid:  # find the bad cells, convert the rest
-                valid = np.asarray(pc.match_substring_regex(col, r"^(-?\d{1,18})?$"))
-                bad_int[:, j] = ~valid
-                fixed = pc.if_else(pa.array(valid & (np.asarray(pc.binary_length(col)) > 0)), col, "0")
-                dense[:, j] = np.asarray(pc.cast(fixed, pa.int64()))
+                dense[:, j], bad_int[:, j] = _integer_cells(col)
         raw = np.zeros((n, CAT_FEATURES), dtype=np.uint64)
         bad_cat = np.zeros((n, CAT_FEATURES), dtype=bool)
         for j in range(CAT_FEATURES):
@@ -325,26 +358,99 @@ class CriteoTSV:
             raw[:, j] = np.where(bad_cat[:, j], 0, nibbles.astype(np.uint64) @ _NIBBLE_WEIGHTS)
         ok = ~(bad_label | bad_int.any(axis=1) | bad_cat.any(axis=1))
 
-        def why(i: int) -> str:
+        def why(i: int) -> str:  # values shortened: a 3 MB field must not fill the console
+            if bad_label[i] and not any(block.column(c)[i].as_py() for c in COLUMNS):
+                return "empty line"
             if bad_label[i]:
-                return f"label {label[i].as_py()!r} is not 0 or 1"
+                return f"label {shorten(label[i].as_py())} is not 0 or 1"
             if bad_int[i].any():
                 j = int(np.argmax(bad_int[i]))
-                return f"int_{j} {block.column(f'int_{j}')[i].as_py()!r} is not an integer"
+                return f"int_{j} {shorten(block.column(f'int_{j}')[i].as_py())} is not an integer"
             j = int(np.argmax(bad_cat[i]))
-            return f"cat_{j} {block.column(f'cat_{j}')[i].as_py()!r} is not a hex id of at most 8 digits"
+            return f"cat_{j} {shorten(block.column(f'cat_{j}')[i].as_py())} is not a hex id of at most 8 digits"
 
         features = np.log1p(np.maximum(dense, 0)).astype(np.float32)
         return features, raw, np.asarray(pc.cast(pc.if_else(pa.array(bad_label), "0", label), pa.float32())), ok, why
 
 
-def _line_number(row: int, skipped: list[int]) -> int:
-    """1-based line of the ``row``-th structurally valid row, given the skipped lines."""
-    line = row + 1
-    for s in sorted(skipped):
-        if s is not None and s <= line:
-            line += 1
-    return line
+def _integer_cells(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Each cell's int64 value (0 when empty or bad) and whether it is bad, by the rule of the
+    fast path, a cast to int64: the verdict on a cell never depends on the other cells of its
+    column. Cells that surely fit are converted by column; the rest that PyArrow might accept
+    (19+ digits, 0x...) are cast one by one."""
+    n = len(col)
+    plain = np.asarray(pc.match_substring_regex(col, r"^(-?[0-9]{1,18})?$"))  # or empty
+    maybe = np.asarray(pc.match_substring_regex(col, r"^-?(0[xX][0-9a-fA-F]+|[0-9]+)$")) & ~plain
+    nonempty = np.asarray(pc.binary_length(col)) > 0
+    values = np.asarray(pc.cast(pc.if_else(pa.array(plain & nonempty), col, "0"), pa.int64())).copy()
+    good = plain.copy()
+    for i in np.flatnonzero(maybe):
+        try:
+            values[i] = pc.cast(pa.array([col[int(i)].as_py()]), pa.int64())[0].as_py()
+            good[i] = True
+        except pa.ArrowInvalid:  # out of int64's range
+            pass
+    return values, ~good
+
+
+class _Unreadable(Exception):
+    """A file's stream broke after the blocks already yielded; ``partial`` bytes of the next
+    line had been read."""
+
+    def __init__(self, kind: str, cause: BaseException, partial: int) -> None:
+        super().__init__(kind)
+        self.kind, self.cause, self.partial = kind, cause, partial
+
+
+def _line_blocks(path: str, size: int) -> Iterator[bytes]:
+    """The file's text, decompressed, in blocks of whole lines of about ``size`` bytes (a
+    longer line is one block). When the stream breaks (truncated or corrupt gzip, an I/O
+    error), every complete line before the break is yielded, then ``_Unreadable`` raised."""
+    gz = path.endswith(".gz")
+    parts: list[bytes] = []
+    held, error = 0, None
+    # Python's gzip hands out what it decompressed before a truncation (read1: one step at a
+    # time, so no read spans the break); PyArrow's stream loses its whole last read.
+    with gzip.open(path, "rb") if gz else pa.input_stream(path, compression="detect") as f:
+        read = f.read1 if gz else f.read
+        while True:
+            try:
+                chunk = read(size)
+            except (EOFError, OSError, zlib.error, pa.ArrowInvalid) as e:
+                error = e
+                break
+            if not chunk:
+                break
+            parts.append(chunk)
+            held += len(chunk)
+            if held >= size and b"\n" in chunk:
+                data = b"".join(parts)
+                cut = data.rfind(b"\n") + 1
+                yield data[:cut]
+                parts, held = [data[cut:]], len(data) - cut
+    data = b"".join(parts)
+    cut = len(data) if error is None else data.rfind(b"\n") + 1  # at a clean end, the last line may lack its newline
+    if cut:
+        yield data[:cut]
+    if error is not None:
+        kind = ("truncated gzip" if isinstance(error, EOFError) else
+                "corrupt gzip" if gz and isinstance(error, (zlib.error, gzip.BadGzipFile)) else "read error")
+        raise _Unreadable(kind, error, len(data) - cut)
+
+
+def _blank_undecodable(text: bytes) -> tuple[bytes, dict[int, str]]:
+    """``text`` with every line that is not UTF-8 replaced by a placeholder, and those lines
+    (1-based) with the reason. Replaced, not removed, so the parser's line numbers still
+    match the file's."""
+    lines = text.split(b"\n")
+    bad = {}
+    for i, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad[i + 1] = f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+            lines[i] = b"-"  # one field: the parser skips it as a row of the wrong shape
+    return b"\n".join(lines), bad
 
 
 class CriteoBinary:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from torchrec.datasets.utils import Batch
 
-from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, make_batch, rank_rows, rec_batch
+from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, make_batch, rank_rows, rec_batch, shorten
 
 GENRES = 19
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
@@ -112,7 +112,7 @@ class MovieLens:
         for j in numeric:
             ok &= np.asarray(pc.match_substring_regex(table.column(j), r"^\d+$").combine_chunks())
         for i in np.flatnonzero(~ok):
-            reason = "non-integer in an integer field: " + "|".join(str(table.column(j)[i]) for j in numeric)
+            reason = "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
             if self.fail:
                 raise DataError(f"{path}:{int(i) + 1}: {reason}")
             self._report.bad(path, int(i) + 1, reason)  # (line numbers assume no skipped rows)
