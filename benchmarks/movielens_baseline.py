@@ -79,42 +79,6 @@ def fit(index, width, dense, labels, l2: float) -> tuple[torch.Tensor, torch.Ten
     return w.detach(), v.detach(), b.detach()
 
 
-def fit_fm(train, valid, width, dim: int = 16, l2: float = 1e-5, steps: int = 400):
-    """A factorization machine (Rendle 2010) with L2 on every weight, full-batch Adam: the
-    embedding regularization the fused TorchRec optimizers cannot apply. The step count is
-    chosen on validation (every 10 steps); returns the scoring function at that step."""
-    torch.manual_seed(0)
-    xs = {name: torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), (len(y), int(width))).coalesce()
-          for name, (idx, _, _, y) in (("train", train), ("valid", valid))}
-    w, v = torch.zeros(int(width), requires_grad=True), (0.01 * torch.randn(int(width), dim)).requires_grad_()
-    lin, b = torch.zeros(train[2].shape[1], requires_grad=True), torch.zeros(1, requires_grad=True)
-    opt = torch.optim.Adam([w, v, lin, b], lr=0.02)
-
-    def score(x, dense):
-        xv, xv2 = torch.sparse.mm(x, v), torch.sparse.mm(x, v * v)
-        return torch.sparse.mm(x, w[:, None]).squeeze(1) + 0.5 * (xv * xv - xv2).sum(1) + dense @ lin + b
-
-    best = (-1.0, 0, None)
-    for step in range(1, steps + 1):
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(score(xs["train"], train[2]), train[3])
-        (loss + l2 * (w @ w + (v * v).sum())).backward()
-        opt.step()
-        if step % 10 == 0:
-            with torch.no_grad():
-                auc = binary_metrics(torch.sigmoid(score(xs["valid"], valid[2])), valid[3])["auc"]
-            if auc > best[0]:
-                best = (auc, step, [t.detach().clone() for t in (w, v, lin, b)])
-    auc, step, (w_, v_, lin_, b_) = best
-
-    def predict_fm(idx, dense, n):
-        x = torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), (n, int(width))).coalesce()
-        xv, xv2 = torch.sparse.mm(x, v_), torch.sparse.mm(x, v_ * v_)
-        return torch.sigmoid(torch.sparse.mm(x, w_[:, None]).squeeze(1) + 0.5 * (xv * xv - xv2).sum(1) + dense @ lin_ + b_)
-
-    return predict_fm, auc, step
-
-
 def predict(params, index, width, dense, n) -> torch.Tensor:
     w, v, b = params
     x = torch.sparse_coo_tensor(index, torch.ones(index.shape[1]), (n, int(width))).coalesce()
@@ -161,8 +125,6 @@ def main() -> None:
     best = max(scores, key=scores.get)  # chosen on validation, then scored once on test
     t_idx, _, t_dense, t_labels = design(data, test)
     baseline = binary_metrics(predict(fits[best], t_idx, width, t_dense, len(test)), t_labels)
-    predict_fm, fm_valid, fm_step = fit_fm((idx, width, dense, labels), (v_idx, width, v_dense, v_labels), width)
-    fm = binary_metrics(predict_fm(t_idx, t_dense, len(test)), t_labels)
 
     with tempfile.TemporaryDirectory() as run:
         subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=movielens", f"data.path={args.path}",
@@ -184,9 +146,6 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|",
         f"| logistic regression, L2 {best:g} | {baseline['auc']:.4f} | {baseline['ne']:.4f} | {baseline['logloss']:.4f} | "
         f"{baseline['calibration']:.3f} | {scores[best]:.4f} |",
-        f"| factorization machine, L2 1e-05 (outside hybridrec; full-batch Adam, step {fm_step} chosen on "
-        f"validation) | {fm['auc']:.4f} | {fm['ne']:.4f} | {fm['logloss']:.4f} | {fm['calibration']:.3f} | "
-        f"{fm_valid:.4f} |",
         f"| DLRM (hybridrec, `+experiment=movielens`) | {dlrm['auc']:.4f} | {dlrm['ne']:.4f} | {dlrm['logloss']:.4f} | "
         f"{dlrm['calibration']:.3f} | {dlrm_valid['auc']:.4f} |",
     ]
