@@ -282,3 +282,50 @@ def test_a_huge_bad_field_is_quoted_short(tmp_path):
     error = report["files"][path]["errors"][0]
     assert error == f"{path}:1: cat_0 {'z' * 40!r}…(3000000 bytes) is not a hex id of at most 8 digits"
     assert len(json.dumps(report)) < 5_000
+
+
+def test_a_file_two_splits_would_read_is_refused(tmp_path):
+    """The eval day inside the training directory (or glob), or validation = a training file."""
+    for day in ("day_0", "day_1"):
+        write(tmp_path / f"{day}.tsv", rand_rows(8))
+    common = dict(batch_size=4, num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="skip",
+                  block_size_mb=1, eval_batches=None, seed=0)
+    with pytest.raises(DataError, match=r"day_1.tsv is in both data.train_path and data.eval_path"):
+        CriteoTSV(train_path=str(tmp_path), eval_path=str(tmp_path / "day_1.tsv"), **common)
+    os.makedirs(tmp_path / "test")
+    test = write(tmp_path / "test" / "day_2.tsv", rand_rows(4))
+    with pytest.raises(DataError, match=r"day_0.tsv is in both data.train_path and data.valid_path"):
+        CriteoTSV(train_path=str(tmp_path / "day_*.tsv"), eval_path=test, valid_path=str(tmp_path / "day_0.tsv"), **common)
+    for day in ("day_0", "day_1"):
+        tsv = str(tmp_path / f"{day}.tsv")
+        BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / f"{day}_{p}.npy") for p in ("dense", "sparse", "labels")))
+    with pytest.raises(DataError, match=r"day_1_dense.npy is in both data.train_path and data.eval_path"):
+        CriteoBinary(4, str(tmp_path), str(tmp_path / "day_1_dense.npy"), SIZES, "modulo", None, 0)
+
+
+def test_most_ids_colliding_in_a_table_warns_once_naming_it(tmp_path, caplog):
+    write(tmp_path / "a.tsv", rand_rows(64))
+    data = reader(tmp_path / "a.tsv", split="train", num_embeddings_per_feature=[7] + [1000] * 25)
+    with caplog.at_level("WARNING", logger="hybridrec.data.criteo"):
+        list(data.batches("train", 0, 1, 20))  # 20 batches of 4: the file once (16), then again
+    warnings = [r.getMessage() for r in caplog.records if "collide" in r.getMessage()]
+    assert len(warnings) == 1 and "t_cat_0: 7 rows" in warnings[0] and "index 0" in warnings[0]
+    assert "t_cat_1" not in warnings[0]  # 64 ids in 1000 rows: few collide
+
+
+def test_valid_fraction_holds_out_disjoint_seeded_rows(tmp_path):
+    """Validation rows are a seeded share of the training file: disjoint from the rows trained
+    on, together all of them, the same for any world size."""
+    rows = [row(label=i % 2, ints=[i] + [0] * 12) for i in range(200)]  # int_0 identifies the row
+    write(tmp_path / "a.tsv", rows)
+    data = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
+    assert data.splits == ("train", "valid", "eval")
+    ident = lambda batches: sorted(int(round(float(torch.expm1(b.dense_features[i, 0]))))
+                                   for b in batches for i in range(len(b.labels)))
+    train, valid = ident(data.batches("train", 0, 1, 200 // 5 * 3 // 4)), ident(data.batches("valid", 0, 1))
+    assert not set(train) & set(valid) and 30 <= len(valid) <= 70
+    assert len(set(train) | set(valid)) >= 195  # every row but the dropped tails
+    again = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
+    assert ident(again.batches("valid", 0, 1)) == valid  # fixed by the seed
+    other_seed = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25, seed=1)
+    assert ident(other_seed.batches("valid", 0, 1)) != valid

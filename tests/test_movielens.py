@@ -124,3 +124,13 @@ def test_train_movielens_end_to_end(layout, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.load(open(run / "summary.json"))
     assert s["eval"]["n"] == 60 and 0 <= s["eval"]["auc"] <= 1 and s["data"]["rows"] == 300 + 20 + 30
+
+
+def test_validation_is_a_seeded_share_of_the_training_ratings(layout):
+    """valid_fraction leaves the test split as it was and carves validation out of training."""
+    plain, data = ml(layout), ml(layout, valid_fraction=0.25)
+    np.testing.assert_array_equal(data.split_rows["eval"], plain.split_rows["eval"])
+    train, valid = set(data.split_rows["train"]), set(data.split_rows["valid"])
+    assert not train & valid and train | valid == set(plain.split_rows["train"]) and len(valid) == 60
+    assert data.splits == ("train", "valid", "eval") and plain.splits == ("train", "eval")
+    assert len(list(data.batches("valid", 0, 1))) == 3
