@@ -906,7 +906,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     embedding_groups(mesh.world_size or world_size, 1, mesh.embedding_replicas)  # R divides the world
     if mesh.embedding_replicas > 1 and cfg.checkpoint.dir:
         # TorchRec saves 2D tables as DTensors replicated over the replica groups; hybridrec's
-        # checkpoints are tested with 1-D sharding only, and 2D cannot run on our machines.
+        # checkpoints are tested with 1-D sharding only, and 2D has not yet run (it needs GPUs).
         raise ValueError(
             "mesh.embedding_replicas > 1 with checkpoint.dir: checkpoints of 2D-sharded tables "
             "are not supported yet (untested); unset checkpoint.dir or set mesh.embedding_replicas=1"

@@ -137,7 +137,7 @@ VARIANTS = [
       "t_cat_3": "data_parallel"}, None),
     ("table_wise+ddp", ["sharding=table_wise", "mesh=ddp"], "table_wise", 1),
     ("row_wise+sgd", ["sharding=row_wise", "optimizer=sgd"], "row_wise", 2),
-    # dense parallelism variants (issue 4), all against the same 1-rank run
+    # dense parallelism variants, all against the same 1-rank run
     ("hsdp 1x2", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=1", "mesh.shard=2"], "table_wise", 1),
     ("hsdp 2x1", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=2", "mesh.shard=1"], "table_wise", 1),
     ("fsdp per-layer units, prefetch, no reshard",
