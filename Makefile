@@ -1,5 +1,5 @@
 # hybridrec — `make help` lists the targets.
-# All versions come from constraints.txt. GPU=1 installs the CUDA builds (untested on our CPU machines).
+# All versions come from constraints.txt. GPU=1 installs the CUDA builds (not yet run on a GPU).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
