@@ -33,7 +33,7 @@ def test_every_group_option_is_shipped():
             assert sorted(os.listdir(os.path.join(conf, group, "sparse"))) == [
                 "adagrad.yaml", "adam.yaml", "rowwise_adagrad.yaml", "sgd.yaml"]
             assert sorted(os.listdir(os.path.join(conf, group, "dense"))) == [
-                "adagrad.yaml", "adam.yaml", "adamw.yaml", "sgd.yaml"]
+                "adagrad.yaml", "adagrad_zero.yaml", "adam.yaml", "adamw.yaml", "sgd.yaml"]
         assert shipped == sorted(options), group
 
 
