@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
+from hybridrec.data import build_source
 
 from hybridrec.config import register_configs
 from hybridrec.metrics import ranking_metrics
@@ -20,7 +20,7 @@ def main() -> None:
     register_configs()
     with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["+experiment=movielens_retrieval"])
-    data = instantiate(cfg.data, seed=cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
     train = data.split_rows["train"]
     popularity = np.bincount(data.item[train][data.label[train] > 0], minlength=data.features[1].num_embeddings)
     e = data.eval_rows["eval"]

@@ -95,6 +95,11 @@ class DataConfig:
     _target_: str = MISSING
     batch_size: int = 1024
     """Global batch size: each of the world_size ranks takes batch_size / world_size rows."""
+    num_workers: int = 0
+    """Worker processes that build each rank's batches (torch DataLoader workers, forked);
+    0 = on the training thread. Batches are the same for any number of workers."""
+    prefetch: int = 2
+    """Batches each worker builds ahead (DataLoader's prefetch_factor)."""
 
 
 class DenseDistribution(str, Enum):
@@ -167,8 +172,16 @@ class CriteoDataConfig(DataConfig):
     id_mapping: IdMapping = IdMapping.modulo
     bad_rows: BadRows = BadRows.skip
     block_size_mb: int = 16
-    """MiB of (decompressed) text the reader parses per block: whole lines, so a longer line
-    is a block of its own. Memory, not results: rows and their indices do not depend on it."""
+    """At most this many MiB of (decompressed) text per block of whole lines, the unit that
+    is parsed and dealt to shards (small inputs get smaller blocks: about 4 per shard).
+    Changing it changes which shard a line belongs to, hence the order of rows."""
+    shards: int = 8
+    """Independent sequential readers of the input: block j of the i-th file belongs to
+    shard (i + j) mod shards, and every global batch takes batch_size / shards rows from
+    each shard. Rank r reads only its shards (shards / world_size of them), so a rank
+    parses 1/world_size of the rows. Must be a multiple of the world size and divide
+    data.batch_size; the global batches are the same for every such world size.
+    1 = the files' rows in order."""
     eval_batches: Optional[int] = None
     """Cap on eval global batches; None = the whole eval set."""
 
@@ -929,6 +942,18 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"data.batch_size={cfg.data.batch_size} is the global batch and must divide "
             f"evenly over world_size={world_size} ranks"
         )
+    if cfg.data.num_workers < 0 or cfg.data.prefetch < 1:
+        raise ValueError(f"data.num_workers must be >= 0 and data.prefetch >= 1, got "
+                         f"{cfg.data.num_workers} and {cfg.data.prefetch}")
+    if "shards" in cfg.data:
+        shards = cfg.data.shards
+        if shards < 1 or shards % world_size or cfg.data.batch_size % shards:
+            raise ValueError(
+                f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
+                f"data.batch_size={cfg.data.batch_size}: each rank reads whole shards. Set data.shards to "
+                f"a multiple of {world_size} (it changes the order of rows), or convert the logs with "
+                f"`python -m hybridrec.data.convert` and use data=criteo_binary"
+            )
     if "num_embeddings_per_feature" in cfg.data:
         sizes = list(cfg.data.num_embeddings_per_feature)
         if not sizes or min(sizes) < 1:

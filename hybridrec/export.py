@@ -22,13 +22,12 @@ import sys
 
 import torch
 import torch.distributed.checkpoint as dcp
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import nn
 
 from hybridrec import models
 from hybridrec.checkpoint import CheckpointError, TrainState, check_complete
-from hybridrec.data import SparseFeature
+from hybridrec.data import SparseFeature, build_source
 
 
 def build_model(checkpoint: str) -> nn.Module:
@@ -48,7 +47,7 @@ def export(checkpoint: str, out: str) -> nn.Module:
     _save(model.state_dict(), out)
     if hasattr(model, "item_vectors"):  # two-tower: the item side of nearest-neighbour search
         cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
-        items, batch = instantiate(cfg.data, seed=cfg.seed).catalogue_batch()
+        items, batch = build_source(cfg.data, cfg.seed).catalogue_batch()
         model.eval()
         with torch.no_grad():
             vectors = model.item_vectors(batch)

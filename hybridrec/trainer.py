@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Device, Logger, Pipeline
-from hybridrec.data import DataError, build_source
+from hybridrec.data import DataError, ReadReport, RecBatch, build_source, loader
+from hybridrec.data.loader import padding_batch
 from hybridrec.losses import BCE
 from hybridrec.metrics import (
     MetricsLog,
@@ -71,6 +72,7 @@ class Trainer:
         # every rank and for every world size. Embeddings get their own plan-independent init.
         torch.manual_seed(cfg.seed)
         self.data = build_source(cfg.data, cfg.seed)
+        loader.check_splits(self.data)  # an empty split fails here, before any training
         model = build_model(cfg, self.data.features, self.data.num_dense_features, getattr(self.data, "list_size", None))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         pooling = {f.name: f.pooling_factor for f in self.data.features}
@@ -107,7 +109,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
-        batches = self.data.batches("train", self.rank, self.world_size, cfg.steps, start=self.start_step)
+        batches = self._batches("train", cfg.steps, start=self.start_step)
         self.local_losses = torch.zeros(cfg.steps, device=self.device)
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc="train", unit="step", disable=self.rank != 0)
         profiler = self._profiler()
@@ -190,19 +192,31 @@ class Trainer:
         from every rank."""
         model = self.pipeline.detach()  # restores the model's own forward (no pipelining)
         model.eval()
-        columns: dict[str, list[torch.Tensor]] = {"score": [], "label": []}
-        for batch in self.data.batches(split, self.rank, self.world_size):
-            _, (_, logits, y) = model(batch.to(self.device))
+        columns: dict[str, list[torch.Tensor]] = {"score": [], "label": [], "real": []}
+        batches = self._batches(split)
+        while True:
+            item = next(batches, None)
+            # Ranks can run out at different batches (a sharded source): one all-reduce per
+            # batch agrees on the end, and a rank that ran out feeds padding meanwhile (the
+            # sharded embedding lookups are collectives every rank must join).
+            more = torch.tensor([item is not None], dtype=torch.int32, device=self.device)
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+            if not more.item():
+                break
+            item = item or padding_batch(self.data, self.world_size)
+            _, (_, logits, y) = model(item.batch.to(self.device))
             columns["score"].append(logits)
             columns["label"].append(y)
-            for name in ("weights", "relevance", "query"):  # ranking sources (RecBatch)
-                if hasattr(batch, name):
-                    columns.setdefault(name, []).append(getattr(batch, name))
+            real = item.real
+            if isinstance(item.batch, RecBatch):  # ranking sources: padding inside lists too
+                real = real & (item.batch.weights > 0)
+                for name in ("relevance", "query"):
+                    columns.setdefault(name, []).append(getattr(item.batch, name))
+            columns["real"].append(real.to(torch.uint8))  # (gloo gathers no bool)
         model.train()  # the pipeline re-attaches itself at the next progress()
         c = {name: all_gather_cat(torch.cat(parts).to(self.device)).cpu() for name, parts in columns.items()}
-        if "weights" in c:  # padding rows (the eval tail of list sources) are no rows
-            real = c.pop("weights") > 0
-            c = {name: t[real] for name, t in c.items()}
+        real = c.pop("real").bool()  # padding rows (the last batch of a split) are no rows
+        c = {name: t[real] for name, t in c.items()}
         result = binary_metrics(torch.sigmoid(c["score"]), c["label"])
         if not isinstance(self.loss, BCE):
             # Scores trained by a ranking or regression objective are not click probabilities:
@@ -212,6 +226,13 @@ class Trainer:
             result |= ranking_metrics(c["score"].double().numpy(), c["relevance"].numpy(), c["query"].numpy(),
                                       self.data.threshold, self.data.ranking_k)
         return result
+
+    def _batches(self, split: str, num_batches: Optional[int] = None, start: int = 0):
+        """This rank's batches of ``split`` from the shared input loop, with the configured
+        worker processes (pinned memory when training on CUDA)."""
+        d = self.cfg.data
+        return loader.batches(self.data, split, self.rank, self.world_size, num_batches, start,
+                              num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=self.device.type == "cuda")
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
         """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
@@ -239,7 +260,7 @@ class Trainer:
     def _finish(self, wall: float, final: dict[str, dict[str, float]]) -> dict[str, Any]:
         self.metrics.close()
         summary = self.summary(wall, final)
-        report = self.data.report()
+        report = self._read_report()
         if report is not None:  # file sources: rows read, bad rows, dropped tails, collisions
             summary["data"] = report
             if report["bad_rows"] and self.rank == 0:
@@ -252,6 +273,21 @@ class Trainer:
             plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"))
             log.info("summary\n" + format_summary(summary))
         return summary
+
+    def _read_report(self) -> Optional[dict[str, Any]]:
+        """The source's read report, summed over ranks when each rank read its own part of
+        the files (``per_rank_report``); otherwise every rank read the same and rank 0's is
+        the report."""
+        report = self.data.report()
+        if report is None or not getattr(self.data, "per_rank_report", False):
+            return report
+        parts = [None] * self.world_size
+        dist.all_gather_object(parts, report)
+        total = ReadReport()
+        for part in parts:
+            total.merge(ReadReport.from_dict(part))
+        total.collisions = parts[0]["collisions"]  # estimated by rank 0 (shard 0)
+        return total.to_dict()
 
     def summary(self, wall: float, final: dict[str, dict[str, float]]) -> dict[str, Any]:
         steps = len(self.losses)

@@ -57,7 +57,7 @@ def _eval_logits(trainer: Trainer) -> torch.Tensor:
 
     model = trainer.pipeline.detach()
     model.eval()
-    batch = next(trainer.data.batches("eval", trainer.rank, trainer.world_size, 1))
+    batch = next(trainer.data.batches("eval", trainer.rank, trainer.world_size, 1)).batch
     _, (_, logits, _) = model(batch.to(trainer.device))
     return all_gather_cat(logits).cpu()
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import launch, train_and_gather
-from hydra.utils import instantiate
+from hybridrec.data import build_source
 
 from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
 from hybridrec.export import build_model
@@ -87,7 +87,7 @@ def test_export_predicts_like_the_distributed_model(runs, tmp_path):
     model.load_state_dict(torch.load(out, weights_only=True))  # a plain state dict of full tensors
     model.eval()
     cfg = _cfg()
-    batch = next(instantiate(cfg.data, seed=cfg.seed).batches("eval", 0, 1, 1))
+    batch = next(build_source(cfg.data, cfg.seed).batches("eval", 0, 1, 1)).batch
     with torch.no_grad():
         _, (_, logits, _) = model(batch)
     torch.testing.assert_close(logits, two[0]["eval_logits"], **TOL)

@@ -10,6 +10,7 @@ import pytest
 from conftest import compose_cfg
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
+from hybridrec.data import build_source
 
 from hybridrec.config import validate
 from hybridrec.models import build_model
@@ -57,7 +58,7 @@ def test_every_optimizer_sub_option_composes(part, option):
 def test_ctr_experiment_builds_data_and_model(model):
     cfg = compose_cfg(["+experiment=ctr", f"model={model}", "model.embedding_dim=64",
                        "model.dense_arch_layer_sizes=[32,64]"])
-    data = instantiate(cfg.data, seed=cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
     model = build_model(cfg, data.features, data.num_dense_features)
     assert len(data.features) == len(cfg.data.num_embeddings_per_feature)
     assert [t.num_embeddings for t in model.sparse_module().embedding_bag_configs()] == list(

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
-from hybridrec.data import DataError
-from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids
+from hybridrec.data import DataError, ReadReport
+from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids, read_tsv_file
 
 SIZES = [1000] * 26
 
@@ -106,8 +106,8 @@ def test_bad_rows_are_skipped_counted_and_located(tmp_path):
     assert d["unreadable"].startswith(f"unreadable from {tmp_path / 'd.tsv.gz'}:{d['rows'] + 1} (truncated gzip: ")
     assert report["unreadable"] == [d["unreadable"]]
     assert report["files"][str(tmp_path / "b.tsv.gz")]["rows"] == 3
-    # every row is accounted for: kept rows = batches x batch + dropped tail
-    assert report["rows"] == len(batches) * 2 + report["dropped_tail_rows"]["eval"]
+    # every kept row is scored: the last batch is padded, not dropped
+    assert report["rows"] == sum(int(b.real.sum()) for b in batches) and "eval" not in report["dropped_tail_rows"]
 
 
 def test_fail_mode_stops_at_the_first_bad_row(tmp_path):
@@ -130,14 +130,20 @@ def test_missing_path_and_empty_dataset_fail_at_construction(tmp_path):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_ranks_partition_each_global_batch(tmp_path, world_size):
-    write(tmp_path / "a.tsv", rand_rows(40))
-    whole = [b for b in reader(tmp_path / "a.tsv", batch=6).batches("eval", 0, 1)]
-    parts = [list(reader(tmp_path / "a.tsv", batch=6).batches("eval", r, world_size)) for r in range(world_size)]
-    assert all(len(p) == len(whole) == 6 for p in parts)  # same steps on every rank; tail of 4 dropped
+    """Each rank reads only its shards, and together they make the 1-rank global batches."""
+    write(tmp_path / "a.tsv", rand_rows(400))
+    whole = [b for b in reader(tmp_path / "a.tsv", batch=12, shards=6).batches("eval", 0, 1)]
+    parts = [list(reader(tmp_path / "a.tsv", batch=12, shards=6).batches("eval", r, world_size))
+             for r in range(world_size)]
+    assert sum(int(b.real.sum()) for b in whole) == 400  # every row, the tails padded
     for i, w in enumerate(whole):
-        labels = torch.cat([p[i].labels for p in parts])
-        dense = torch.cat([p[i].dense_features for p in parts])
-        assert torch.equal(labels, w.labels) and torch.equal(dense, w.dense_features)  # union, no overlap
+        got = [p[i] if i < len(p) else None for p in parts]  # a rank may run out first: padding
+        real = torch.cat([g.real if g else torch.zeros(12 // world_size, dtype=torch.bool) for g in got])
+        assert torch.equal(real, w.real)
+        labels = torch.cat([g.batch.labels for g in got if g])[real[: sum(len(g.real) for g in got if g)]]
+        assert torch.equal(labels, w.batch.labels[w.real])  # union, no overlap, same order
+    for world in parts:  # a rank whose shards ran dry stopped; the others padded to its length
+        assert len(world) <= len(whole)
 
 
 def test_table_collisions_are_estimated(tmp_path):
@@ -156,9 +162,9 @@ def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
     BinaryCriteoUtils.tsv_to_npys(train, *(str(tmp_path / "train" / f"day_1_{p}.npy") for p in ("dense", "sparse", "labels")))
     binary = CriteoBinary(batch_size=6, train_path=str(tmp_path / "train"), eval_path=str(tmp_path),
                           num_embeddings_per_feature=SIZES, id_mapping="modulo", eval_batches=None, seed=0)
-    text = list(reader(tsv, batch=6).batches("eval", 0, 1))
+    text = [b.batch for b in reader(tsv, batch=6).batches("eval", 0, 1)]
     for world_size in (1, 2, 3):
-        parts = [list(binary.batches("eval", r, world_size)) for r in range(world_size)]
+        parts = [[b.batch for b in binary.batches("eval", r, world_size)] for r in range(world_size)]
         assert all(len(p) == 5 for p in parts)
         for i, t in enumerate(text):
             assert torch.equal(torch.cat([p[i].labels for p in parts]), t.labels)
@@ -180,7 +186,7 @@ def test_train_on_criteo_files_end_to_end(tmp_path):
     eval_ = write(tmp_path / "eval.tsv", rows[500:])
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", f"data.train_path={train}",
-                           f"data.eval_path={eval_}", "data.batch_size=50", "train.steps=12", "train.log_every=4",
+                           f"data.eval_path={eval_}", "data.batch_size=50", "data.shards=2", "train.steps=12", "train.log_every=4",
                            f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.load(open(run / "summary.json"))
@@ -230,7 +236,7 @@ def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path, b
     complete = _complete_lines(compressed[: len(compressed) // 2])
     assert complete > 9_000
     source = reader(path, batch=1, block_size_mb=block_size_mb)
-    kept = sum(len(b.labels) for b in source.batches("eval", 0, 1))
+    kept = sum(int(b.real.sum()) for b in source.batches("eval", 0, 1))
     f = source.report()["files"][path]
     assert kept == f["rows"] == complete and f["bad_rows"] == 0  # rows + bad_rows = the complete lines read
     assert f["unreadable"].startswith(f"unreadable from {path}:{complete + 1} (truncated gzip: ")
@@ -247,17 +253,15 @@ def test_every_line_is_counted_and_row_indices_do_not_depend_on_the_block_size(t
     path = write(tmp_path / "a.tsv", lines)
     parts = {}
     for mb in (1, 16):
-        source = reader(path, block_size_mb=mb)
-        parts[mb] = list(source._read_file(path, count=True))
-        f = source.report()["files"][path]
+        report = ReadReport()
+        parts[mb] = list(read_tsv_file(path, mb * 2**20, False, report))
+        f = report.to_dict()["files"][path]
         assert f["rows"] + f["bad_rows"] == 12_000 and f["bad_rows"] == 4
         assert f["errors"][:3] == [f"{path}:11: 2 fields, expected 40", f"{path}:5001: 2 fields, expected 40",
                                    f"{path}:7001: empty line"]
-    index = {mb: np.concatenate([p[3] for p in blocks]) for mb, blocks in parts.items()}
-    assert len(parts[1]) > 1 and np.array_equal(index[1], index[16])
-    valid = np.delete(np.arange(12_000), [10, 5_000, 11_999])  # line - 1 of the rows with 40 fields (or none)
-    kept = np.searchsorted(valid, np.delete(np.arange(12_000), [10, 5_000, 7_000, 11_999]))
-    assert np.array_equal(index[1], kept)  # each kept row's index among the structurally valid rows
+    lines = {mb: np.concatenate([p[3] for p in blocks]) for mb, blocks in parts.items()}
+    assert len(parts[1]) > 1 and np.array_equal(lines[1], lines[16])
+    assert np.array_equal(lines[1], np.delete(np.arange(1, 12_001), [10, 5_000, 7_000, 11_999]))  # each kept row's line
 
 
 @pytest.mark.parametrize("value,accepted", [("9223372036854775807", True), ("-9223372036854775808", True),
@@ -320,11 +324,12 @@ def test_valid_fraction_holds_out_disjoint_seeded_rows(tmp_path):
     write(tmp_path / "a.tsv", rows)
     data = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
     assert data.splits == ("train", "valid", "eval")
-    ident = lambda batches: sorted(int(round(float(torch.expm1(b.dense_features[i, 0]))))
-                                   for b in batches for i in range(len(b.labels)))
+    real = lambda b: (b.batch, b.real) if hasattr(b, "real") else (b, torch.ones(len(b.labels), dtype=torch.bool))
+    ident = lambda batches: sorted(int(round(float(torch.expm1(x))))
+                                   for b, r in map(real, batches) for x in b.dense_features[r, 0])
     train, valid = ident(data.batches("train", 0, 1, 200 // 5 * 3 // 4)), ident(data.batches("valid", 0, 1))
     assert not set(train) & set(valid) and 30 <= len(valid) <= 70
-    assert len(set(train) | set(valid)) >= 195  # every row but the dropped tails
+    assert len(set(train) | set(valid)) >= 195  # every row but the few training did not reach
     again = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
     assert ident(again.batches("valid", 0, 1)) == valid  # fixed by the seed
     other_seed = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25, seed=1)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import compose_cfg
-from hydra.utils import instantiate
+from hybridrec.data import build_source
 
 from hybridrec.data.synthetic import SyntheticClickLog
 
@@ -67,7 +67,7 @@ def test_labels_follow_the_planted_model():
 
 
 def test_eval_split_has_configured_length():
-    data = instantiate(compose_cfg(["data.eval_batches=3"]).data, seed=0)
+    data = build_source(compose_cfg(["data.eval_batches=3"]).data, 0)
     assert len(list(data.batches("eval", 0, 2))) == 3
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import fsdp_reshard_states, launch, train_and_gather
-from hydra.utils import instantiate
+from hybridrec.data import build_source
 from torch.optim.lr_scheduler import LambdaLR
 
 from hybridrec.models import build_model
@@ -44,7 +44,7 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     """Unsharded DLRM trained with plain SGD by hand: the same math, no distributed code.
     Applies the config's lr schedules (torch's LambdaLR) and dense clipping the plain way."""
     torch.manual_seed(cfg.seed)
-    data = instantiate(cfg.data, seed=cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
     model = build_model(cfg, data.features, data.num_dense_features)
     ebc = model.sparse_module()
     ebc.to_empty(device="cpu")

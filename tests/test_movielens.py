@@ -59,7 +59,7 @@ def test_features_labels_and_split(layout):
     np.testing.assert_array_equal(data.label, (ratings >= 4).astype(np.float32))
     assert len(data.split_rows["eval"]) == 60 and len(data.split_rows["train"]) == 240
     assert not set(data.split_rows["eval"]) & set(data.split_rows["train"])
-    b = next(data.batches("eval", 0, 1))
+    b = next(data.batches("eval", 0, 1)).batch
     rows = data.split_rows["eval"][:20]
     assert b.sparse_features["user"].values().tolist() == [t["data"][r]["user_id"] for r in rows]
     genres = [[g for g, name in enumerate(GENRE_NAMES) if t["items"][t["data"][r]["movie_id"] - 1][name]] for r in rows]
@@ -83,8 +83,10 @@ def test_train_order_is_deterministic_from_the_seed(layout):
 def test_ranks_partition_each_global_batch(layout):
     whole = list(ml(layout).batches("eval", 0, 1))
     halves = [list(ml(layout).batches("eval", r, 2)) for r in range(2)]
+    assert sum(int(b.real.sum()) for b in whole) == len(ml(layout).split_rows["eval"])  # every row, once
     for i, w in enumerate(whole):
-        assert torch.equal(torch.cat([h[i].labels for h in halves]), w.labels)
+        assert torch.equal(torch.cat([h[i].batch.labels for h in halves]), w.batch.labels)
+        assert torch.equal(torch.cat([h[i].real for h in halves]), w.real)
 
 
 def test_bad_rating_rows_are_counted_or_fatal(layout):

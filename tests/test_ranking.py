@@ -13,6 +13,7 @@ from conftest import compose_cfg
 from dist_helpers import launch, train_and_gather
 from test_movielens import tables
 
+from hybridrec.data import LOADER_KEYS
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.movielens import MovieLensRank
 
@@ -49,7 +50,7 @@ def _cfg(layout, overrides):
 
 def test_lists_are_whole_users_and_the_same_for_any_world_size(layout):
     cfg = _cfg(layout, [])
-    kw = {k: v for k, v in cfg.data.items() if k != "_target_"}
+    kw = {k: v for k, v in cfg.data.items() if k not in ("_target_", *LOADER_KEYS)}
     data = MovieLensRank(**kw, seed=0)
     one = next(data.batches("train", 0, 1, 1))
     halves = [next(data.batches("train", r, 2, 1)) for r in range(2)]
@@ -64,7 +65,7 @@ def test_lists_are_whole_users_and_the_same_for_any_world_size(layout):
         assert not data.rated[u, row].any() and (r == 0).all()
     # eval: every held-out rating once, in user lists; the padded tail has weight 0
     ev = list(data.batches("eval", 0, 1))
-    w = torch.cat([b.weights for b in ev])
+    w = torch.cat([b.batch.weights for b in ev])
     assert w.sum() == len(data.split_rows["eval"]) + 5 * len(np.unique(data.user[data.split_rows["eval"]]))
     assert (w[int(w.sum()):] == 0).all()
 

@@ -37,15 +37,21 @@ class DataError(ValueError):
     the first bad row, with file:line and the reason."""
 
 
+LOADER_KEYS = ("num_workers", "prefetch")
+
+
 def build_source(cfg: Any, seed: int) -> Any:
     """The data source of ``cfg`` (the ``data`` node). A source refuses bad input with a
     DataError (a ValueError) naming the key; Hydra's instantiate wraps it in a generic
     InstantiationException, so it is unwrapped here to reach the user as one line."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
+    # num_workers and prefetch configure the loader (hybridrec.data.loader), not the source
+    node = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in LOADER_KEYS}
     try:
-        return instantiate(cfg, seed=seed)
+        return instantiate(node, seed=seed)
     except InstantiationException as e:
         if isinstance(e.__cause__, ValueError):
             raise e.__cause__ from None
@@ -159,6 +165,14 @@ def shorten(value: Any, limit: int = 40) -> str:
     return f"{text[:limit]!r}…({len(text.encode())} bytes)"
 
 
+def _error_order(error: str) -> int:
+    """A "file:line: reason" error's line (the first errors of a file are kept)."""
+    try:
+        return int(error.split(": ", 1)[0].rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 2**62
+
+
 @dataclass
 class FileReport:
     rows: int = 0
@@ -193,6 +207,24 @@ class ReadReport:
 
     def good(self, path: str, rows: int) -> None:
         self.files.setdefault(path, FileReport()).rows += rows
+
+    def merge(self, other: "ReadReport") -> None:
+        """Add what another reader (a worker process, a rank) counted."""
+        for path, f in other.files.items():
+            mine = self.files.setdefault(path, FileReport())
+            mine.rows += f.rows
+            mine.bad_rows += f.bad_rows
+            mine.errors = sorted(mine.errors + f.errors, key=_error_order)[: self.max_errors]
+            mine.unreadable = mine.unreadable or f.unreadable
+        for split, rows in other.dropped_tail_rows.items():
+            self.dropped_tail_rows[split] = self.dropped_tail_rows.get(split, 0) + rows
+        self.collisions = other.collisions or self.collisions
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "ReadReport":
+        r = ReadReport(files={p: FileReport(**f) for p, f in d["files"].items()},
+                       dropped_tail_rows=dict(d["dropped_tail_rows"]), collisions=d["collisions"])
+        return r
 
     def to_dict(self) -> dict[str, Any]:
         return {

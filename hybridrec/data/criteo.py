@@ -34,15 +34,15 @@ import pyarrow.csv as pacsv
 from torchrec.datasets.criteo import BinaryCriteoUtils
 from torchrec.datasets.utils import Batch
 
+from hybridrec.data import loader
+from hybridrec.data.source import Rows, Source
 from hybridrec.data import (
     DataError,
     ReadReport,
     SparseFeature,
     check_disjoint,
     holdout,
-    make_batch,
     one_hot,
-    rank_rows,
     shorten,
 )
 
@@ -133,23 +133,8 @@ def validation_fraction(valid_path: Optional[str], valid_fraction: float) -> flo
     return valid_fraction
 
 
-class _Rechunk:
-    """Re-cuts a stream of row blocks into global batches of exactly ``size`` rows."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.parts, self.rows = size, [], 0
-
-    def push(self, arrays: tuple[np.ndarray, ...]) -> Iterator[tuple[np.ndarray, ...]]:
-        self.parts.append(arrays)
-        self.rows += len(arrays[0])
-        while self.rows >= self.size:
-            joined = tuple(np.concatenate(cols) for cols in zip(*self.parts))
-            yield tuple(a[: self.size] for a in joined)
-            rest = tuple(a[self.size :] for a in joined)
-            self.parts, self.rows = ([rest] if len(rest[0]) else []), len(rest[0])
-
-
-class CriteoTSV:
+class CriteoTSV(Source):
+    per_rank_report = True  # each rank reads (and counts) its own shards
     def __init__(
         self,
         batch_size: int,
@@ -163,9 +148,13 @@ class CriteoTSV:
         seed: int,
         valid_path: Optional[str] = None,
         valid_fraction: float = 0.0,
+        shards: int = 1,
     ) -> None:
         self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
         self.batch_size = batch_size
+        if shards < 1 or batch_size % shards:
+            raise DataError(f"data.shards={shards} must be >= 1 and divide data.batch_size={batch_size}")
+        self.shards = shards
         self.files = {
             "train": resolve_paths(train_path, "data.train_path"),
             "eval": resolve_paths(eval_path, "data.eval_path"),
@@ -185,82 +174,109 @@ class CriteoTSV:
         self.eval_batches = eval_batches
         self._report = ReadReport()
         self._counted: set[str] = set()  # splits whose files were read once: counted already
+        self._counting: dict[str, bool] = {}  # whether this pass of a split counts its files
+        self._readers: dict[tuple[str, int], _ShardReader] = {}
+        self._lines = _LineIndex()
 
     def report(self) -> dict:
         return self._report.to_dict()
 
-    # -- batches -----------------------------------------------------------------------
-    def batches(
-        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
-    ) -> Iterator[Batch]:
-        """Global batches ``start`` .. ``num_batches - 1`` (``start`` > 0 resumes a run: the
-        batches before it are parsed, to count them exactly, but not returned).
-        Train: the files in order, again and again (epochs), until ``num_batches``.
-        Eval: one pass (``data.eval_batches`` caps it). A partial last global batch is
-        dropped on every rank alike, and counted."""
-        if num_batches is None and split != "train":
-            num_batches = self.eval_batches
-        rows, keys = rank_rows(self.batch_size, rank, world_size), [f.name for f in self.features]
-        produced, epoch = 0, 0
-        while True:
-            # Count rows, bad rows and collisions on a split's first pass only: later epochs
-            # and repeated evaluations read the same lines again.
-            first = split not in self._counted
-            chunks = _Rechunk(self.batch_size)
-            for block in self._read(split, first, warn=rank == 0):
-                for dense, ids, labels in chunks.push(block):
-                    if produced >= start:
-                        yield make_batch(dense[rows], one_hot(ids[rows]), labels[rows], keys)
-                    produced += 1
-                    if num_batches is not None and produced >= num_batches:
-                        return
-            if first:
-                self._report.dropped_tail_rows[split] = chunks.rows
-                self._counted.add(split)
-            if produced == 0:
-                raise DataError(
-                    f"data.{split}_path has {chunks.rows} usable rows, fewer than one global "
-                    f"batch (data.batch_size={self.batch_size})"
-                )
-            if split != "train":
-                return
-            epoch += 1
+    # -- the Source contract ---------------------------------------------------------------
+    def num_batches(self, split: str) -> None:
+        """Unknown: training cycles every shard on its own (nothing dropped); an evaluated
+        split ends when its shards run dry."""
+        return None
 
-    def _read(self, split: str, count: bool, warn: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        # valid_fraction: the validation rows are a seeded share of the training files' rows.
-        source = "train" if split == "valid" and "valid" not in self.files else split
-        held = self.valid_fraction if source == "train" else 0.0
-        names, sample = [f.name for f in self.features], []
-        for path in self.files[source]:
-            # The training files are counted by the training pass, not again by validation.
-            for dense, raw, labels, line in self._read_file(path, count and split == source):
-                if held:
-                    keep = holdout(self.seed, zlib.crc32(os.path.basename(path).encode()), line, held)
-                    keep = keep if split == "valid" else ~keep
-                    dense, raw, labels = dense[keep], raw[keep], labels[keep]
-                ids = map_ids(raw, self.sizes, self.id_mapping)
-                if count and split == "train" and sample is not None:
-                    # The estimate grows with the sample (block by block) up to its size;
-                    # the warning waits for the whole sample.
-                    sample.append((raw, ids))
-                    full = sum(len(r) for r, _ in sample) >= _COLLISION_SAMPLE
-                    self._estimate_collisions(sample, names, warn and full)
-                    sample = None if full else sample
-                yield dense, ids, labels
-        if sample:  # fewer training rows than the sample size
-            self._estimate_collisions(sample, names, warn)
+    def pieces(self, world_size: int) -> int:
+        return self.shards // world_size
 
-    def _estimate_collisions(self, sample: list, names: list[str], warn: bool) -> None:
-        raw, ids = (np.concatenate(parts)[:_COLLISION_SAMPLE] for parts in zip(*sample))
-        self._report.collisions = estimate_collisions(raw, ids, names)
-        if warn:
-            warn_collisions(self._report.collisions, names, self.sizes)
+    def begin_pass(self, split: str, epoch: int) -> None:
+        # Count rows, bad rows and collisions on a split's first pass only: repeated
+        # evaluations read the same lines again. Worker processes fork after this.
+        self._counting[split] = split not in self._counted
+        self._counted.add(split)
+        self._readers = {key: r for key, r in self._readers.items() if key[0] != split}
 
-    # -- one file ----------------------------------------------------------------------
-    def _read_file(self, path: str, count: bool) -> Iterator[tuple[np.ndarray, ...]]:
-        """``read_tsv_file`` with this source's block size and bad-row mode, counting into the
-        source's report (``count``) or a scratch one."""
-        return read_tsv_file(path, self.block_size, self.fail, self._report if count else ReadReport())
+    def merge_report(self, part: ReadReport) -> None:
+        self._report.merge(part)
+
+    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
+        """Rows [index * m, (index + 1) * m) of shard ``lo // m``'s stream (m = batch_size /
+        shards). A shard is read sequentially; a jump (resume) re-reads it from the start,
+        parsing and counting the rows it skips."""
+        m = self.batch_size // self.shards
+        shard = lo // m
+        if hi - lo != m or lo % m:
+            raise AssertionError(f"rows [{lo}, {hi}) are not one shard's piece of {m} rows")  # a loader bug
+        reader = self._readers.get((split, shard))
+        if reader is None or reader.position > index * m:
+            reader = self._readers[(split, shard)] = _ShardReader(self, split, shard, self._counting.get(split, True))
+        if reader.position < index * m:
+            reader.take(index * m - reader.position)
+        dense, ids, labels = reader.take(m)
+        rows = Rows.of(dense, one_hot(ids), labels)
+        rows.report, reader.report = reader.report, ReadReport()
+        return rows
+
+    # -- shards ----------------------------------------------------------------------------
+    def block_bytes(self, split: str) -> int:
+        """Bytes per block of a split's files: about four blocks per shard for small inputs,
+        data.block_size_mb for large ones. A function of the files and data.shards only, so
+        the blocks, and with them the shards, are the same for every world size."""
+        total = sum(os.path.getsize(p) for p in self.files[self._file_split(split)])
+        return int(min(self.block_size, max(_MIN_BLOCK, -(-total // (4 * self.shards)))))
+
+    def _file_split(self, split: str) -> str:
+        """The split whose files ``split`` reads (valid_fraction: the training files)."""
+        return "train" if split == "valid" and "valid" not in self.files else split
+
+    def shard_blocks(self, split: str, shard: int) -> Iterator[tuple[str, int, Optional[int], bytes, Optional["_Unreadable"]]]:
+        """Shard ``shard``'s blocks of whole lines, in order: (path, byte offset of the block
+        in the file's text, its first line or None when not known yet, text, and the error
+        that broke the file's stream there, if it did: reported by that block's shard). Block j of the i-th file belongs to shard (i + j) mod shards.
+        Plain files are read at the blocks' byte ranges only; a .gz file is decompressed
+        whole by each of its readers (a gzip stream cannot be entered in the middle), and
+        only the shard's blocks are parsed."""
+        size = self.block_bytes(split)
+        for i, path in enumerate(self.files[self._file_split(split)]):
+            if path.endswith(".gz"):
+                line, offset, j = 1, 0, 0
+                blocks = _line_blocks(path, size)
+                while True:
+                    try:
+                        text = next(blocks)
+                    except StopIteration:
+                        break
+                    except _Unreadable as e:
+                        if (i + j) % self.shards == shard:  # reported once: by the lost block's shard
+                            yield path, offset, line, b"", e
+                        break
+                    if (i + j) % self.shards == shard:
+                        yield path, offset, line, text, None
+                    line += text.count(b"\n")
+                    offset += len(text)
+                    j += 1
+                continue
+            file_size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                for j in range((shard - i) % self.shards, -(-file_size // size), self.shards):
+                    begin, end = _line_start(f, j * size, file_size), _line_start(f, (j + 1) * size, file_size)
+                    if end > begin:
+                        f.seek(begin)
+                        yield path, begin, None, f.read(end - begin), None
+
+    def parse_rows(self, split: str, path: str, offset: int, line: Optional[int], text: bytes,
+                   report: ReadReport) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A block's valid rows (dense, table ids, labels), the validation holdout applied
+        (a seeded hash of file and line offset), bad lines counted into ``report``."""
+        first_line = (lambda: line) if line is not None else (lambda: self._lines.line_at(path, offset))
+        dense, raw, labels, at = parse_block(text, path, first_line, self.fail, report)
+        if self.valid_fraction and self._file_split(split) == "train":
+            starts = offset + np.concatenate([[0], np.flatnonzero(np.frombuffer(text, np.uint8) == 10) + 1])
+            keep = holdout(self.seed, zlib.crc32(os.path.basename(path).encode()), starts[at - 1], self.valid_fraction)
+            keep = keep if split == "valid" else ~keep
+            dense, raw, labels = dense[keep], raw[keep], labels[keep]
+        return dense, raw, labels
 
     @staticmethod
     def _parse(text: bytes, path: str, line: int) -> tuple[pa.RecordBatch, dict[int, str]]:
@@ -343,36 +359,173 @@ class CriteoTSV:
         return features, raw, np.asarray(pc.cast(pc.if_else(pa.array(bad_label), "0", label), pa.float32())), ok, why
 
 
+_MIN_BLOCK = 4096  # bytes: the smallest block, so that a tiny file still spreads over shards
+
+
+class _ShardReader:
+    """One shard of a split, read sequentially: ``take(n)`` gives its next n valid rows.
+    Training cycles the shard for ever (its rows counted on the first cycle only); an
+    evaluated split is one pass, and ``take`` comes up short at its end. What the reading
+    counted accumulates in ``report`` until the caller takes it."""
+
+    def __init__(self, source: "CriteoTSV", split: str, shard: int, count: bool) -> None:
+        self.source, self.split, self.shard, self.count = source, split, shard, count
+        self.position = 0  # rows handed out
+        self.report = ReadReport()
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.buffered = 0
+        self.sample: Optional[list] = [] if count and split == "train" and shard == 0 else None
+        self.rows = self._rows()
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        while self.buffered < n:
+            part = next(self.rows, None)
+            if part is None:
+                break
+            self.parts.append(part)
+            self.buffered += len(part[0])
+        joined = tuple(np.concatenate(cols) for cols in zip(*self.parts)) if self.parts else (
+            np.zeros((0, INT_FEATURES), np.float32), np.zeros((0, CAT_FEATURES), np.int64), np.zeros(0, np.float32))
+        out, rest = tuple(a[:n] for a in joined), tuple(a[n:] for a in joined)
+        self.parts, self.buffered = ([rest] if len(rest[0]) else []), len(rest[0])
+        self.position += len(out[0])
+        return out
+
+    def _rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        src, cycle = self.source, 0
+        while True:
+            rows = 0
+            # the training files are counted by the training pass, not again by validation
+            count = self.count and cycle == 0 and src._file_split(self.split) == self.split
+            scratch = ReadReport()  # (self.report is handed out and replaced between blocks)
+            for path, offset, line, text, broken in src.shard_blocks(self.split, self.shard):
+                if broken is not None:
+                    reason = f"{broken.kind}: {broken.cause}; {broken.partial:,} bytes of that line read, nothing after it"
+                    if src.fail:
+                        raise DataError(f"{path}:{line}: unreadable from here ({reason})")
+                    (self.report if count else scratch).unreadable(path, line, reason)
+                    continue
+                dense, raw, labels = src.parse_rows(self.split, path, offset, line, text,
+                                                    self.report if count else scratch)
+                ids = map_ids(raw, src.sizes, src.id_mapping)
+                if self.sample is not None:
+                    self._sample(raw, ids)
+                rows += len(labels)
+                if len(labels):
+                    yield dense, ids, labels
+            if self.sample is not None:
+                self.finish_sample()
+            if self.split != "train":
+                return
+            if rows == 0:
+                raise DataError(
+                    f"data.train_path: shard {self.shard} of data.shards={src.shards} has no usable row (the files "
+                    f"are too small or too damaged for {src.shards} shards): lower data.shards"
+                )
+            cycle += 1
+
+    def _sample(self, raw: np.ndarray, ids: np.ndarray) -> None:
+        """Collisions in the tables, over the first rows of shard 0 (up to _COLLISION_SAMPLE)."""
+        self.sample.append((raw, ids))
+        full = sum(len(r) for r, _ in self.sample) >= _COLLISION_SAMPLE
+        names = [f.name for f in self.source.features]
+        raw_s, ids_s = (np.concatenate(parts)[:_COLLISION_SAMPLE] for parts in zip(*self.sample))
+        self.collisions = self.report.collisions = estimate_collisions(raw_s, ids_s, names)
+        if full:
+            self.finish_sample()
+
+    def finish_sample(self) -> None:
+        """The estimate is complete (the sample is full, or shard 0 has fewer rows): warn."""
+        if self.sample is not None:
+            warn_collisions(self.collisions, [f.name for f in self.source.features], self.source.sizes)
+            self.sample = None
+
+
+class _LineIndex:
+    """Line numbers of byte offsets in plain files, for the bad rows of blocks read by byte
+    range: the newlines before the offset are counted once, forward from the last offset
+    asked (a reader moves forward), and only when a line number is needed."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, tuple[int, int]] = {}  # path -> (offset, line at that offset)
+
+    def line_at(self, path: str, offset: int) -> int:
+        at, line = self.known.get(path, (0, 1))
+        if offset < at:
+            at, line = 0, 1
+        with open(path, "rb") as f:
+            f.seek(at)
+            while at < offset:
+                chunk = f.read(min(2**24, offset - at))
+                if not chunk:
+                    break
+                line += chunk.count(b"\n")
+                at += len(chunk)
+        self.known[path] = (offset, line)
+        return line
+
+
+def _line_start(f, offset: int, size: int) -> int:
+    """The first line start at or after ``offset`` in an open plain file of ``size`` bytes."""
+    if offset <= 0:
+        return 0
+    if offset >= size:
+        return size
+    f.seek(offset - 1)
+    at = offset - 1
+    while True:
+        chunk = f.read(65536)
+        if not chunk:
+            return size
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            return at + cut + 1
+        at += len(chunk)
+
+
+def parse_block(text: bytes, path: str, first_line, fail: bool, report: ReadReport
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A block of whole lines: the valid rows' (dense, raw ids, labels) and their in-block
+    line numbers (1-based). Every line is counted in ``report``: kept or bad (file:line and
+    the reason; ``fail`` stops at the first). ``first_line()`` gives the block's first line
+    in the file; it is asked only when a bad line needs its number."""
+    lines = text.count(b"\n") + (not text.endswith(b"\n"))
+    block, errors = CriteoTSV._parse(text, path, 0)
+    # in-block line of each parsed row: the lines the parser did not skip
+    rows_at = np.setdiff1d(np.arange(1, lines + 1), list(errors), assume_unique=True)
+    if len(rows_at) != block.num_rows:  # PyArrow also ends a line at a lone \r
+        raise DataError(f"{path}:{first_line()}: a carriage return inside a line within the next {lines} "
+                        f"lines: not a Criteo TSV (lines end with \\n)")
+    ok = np.zeros(0, dtype=bool)
+    dense = raw = labels = None
+    if block.num_rows:  # (a block of only bad lines has none to convert)
+        dense, raw, labels, ok, why = CriteoTSV._convert(block)
+        errors.update((int(rows_at[i]), why(int(i))) for i in np.flatnonzero(~ok))
+    if errors:
+        line = first_line()
+        for at in sorted(errors):
+            if fail:
+                raise DataError(f"{path}:{line + at - 1}: {errors[at]}")
+            report.bad(path, line + at - 1, errors[at])
+    report.good(path, int(ok.sum()))
+    if not ok.any():
+        return (np.zeros((0, INT_FEATURES), np.float32), np.zeros((0, CAT_FEATURES), np.uint64),
+                np.zeros(0, np.float32), np.zeros(0, np.int64))
+    return dense[ok], raw[ok], labels[ok], rows_at[ok]
+
+
 def read_tsv_file(path: str, block_size: int, fail: bool, report: ReadReport) -> Iterator[tuple[np.ndarray, ...]]:
-    """The file's valid rows, block by block (what CriteoTSV reads and ``hybridrec.data.convert``
-    writes): (dense, raw ids, labels, index), where index is each row's position among the
-    file's structurally valid rows (what the validation holdout keys on: stable for a file,
-    whatever the block size). Every line is counted: kept (``rows``) or bad (``bad_rows``,
-    with file:line and the reason), and a broken stream's lost rest is reported as
-    ``unreadable`` from the line it starts at."""
-    line, index = 1, 0  # the block's first line (1-based); valid rows before it
-    blocks = _line_blocks(path, block_size)
+    """The file's valid rows in order, block by block (what ``hybridrec.data.convert``
+    writes): (dense, raw ids, labels, line). Every line is counted: kept (``rows``) or bad
+    (``bad_rows``, with file:line and the reason), and a broken stream's lost rest is
+    reported as ``unreadable`` from the line it starts at."""
+    line = 1  # the block's first line (1-based)
     try:
-        for text in blocks:
-            lines = text.count(b"\n") + (not text.endswith(b"\n"))
-            block, errors = CriteoTSV._parse(text, path, line)
-            # in-block line of each parsed row: the lines the parser did not skip
-            rows_at = np.setdiff1d(np.arange(1, lines + 1), list(errors), assume_unique=True)
-            if len(rows_at) != block.num_rows:  # PyArrow also ends a line at a lone \r
-                raise DataError(f"{path}:{line}: a carriage return inside a line within the next {lines} "
-                                f"lines: not a Criteo TSV (lines end with \\n)")
-            ok = np.zeros(0, dtype=bool)
-            if block.num_rows:  # (a block of only bad lines has none to convert)
-                dense, raw, labels, ok, why = CriteoTSV._convert(block)
-                errors.update((int(rows_at[i]), why(int(i))) for i in np.flatnonzero(~ok))
-            for at in sorted(errors):
-                if fail:
-                    raise DataError(f"{path}:{line + at - 1}: {errors[at]}")
-                report.bad(path, line + at - 1, errors[at])
-            report.good(path, int(ok.sum()))
-            if ok.any():
-                yield dense[ok], raw[ok], labels[ok], index + np.flatnonzero(ok)
-            line, index = line + lines, index + block.num_rows
+        for text in _line_blocks(path, block_size):
+            dense, raw, labels, at = parse_block(text, path, lambda: line, fail, report)
+            if len(labels):
+                yield dense, raw, labels, line + at - 1
+            line += text.count(b"\n") + (not text.endswith(b"\n"))
     except _Unreadable as e:
         reason = f"{e.kind}: {e.cause}; {e.partial:,} bytes of that line read, nothing after it"
         if fail:
@@ -460,7 +613,7 @@ def _blank_undecodable(text: bytes) -> tuple[bytes, dict[int, str]]:
     return b"\n".join(lines), bad
 
 
-class CriteoBinary:
+class CriteoBinary(Source):
     """TorchRec's preprocessed Criteo format: ``X_dense.npy`` (n, 13) float32, already
     log-transformed, ``X_sparse.npy`` (n, 26) raw ids, ``X_labels.npy`` (n, 1), as written by
     ``torchrec.datasets.criteo.BinaryCriteoUtils.tsv_to_npys``. Each rank reads only its own
@@ -505,8 +658,10 @@ class CriteoBinary:
             for prefix, rows in days:
                 if prefix not in self._report.files:  # validation may be a share of the training files
                     self._report.good(prefix, rows)
-            if sum(n for _, n in self.segments[split]) < batch_size:
-                raise DataError(f"data.{split}_path has fewer rows than one global batch ({batch_size})")
+            rows = sum(n for _, n in self.segments[split])
+            if (rows < batch_size) if split == "train" else rows == 0:  # an evaluated split is padded
+                raise DataError(f"data.{split}_path has {rows} rows: " + (
+                    f"fewer than one global batch (data.batch_size={batch_size})" if rows else "nothing to evaluate"))
 
     @staticmethod
     def _days(spec: str, key: str) -> list[tuple[str, int]]:
@@ -531,30 +686,26 @@ class CriteoBinary:
     def report(self) -> dict:
         return self._report.to_dict()
 
-    def batches(
-        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
-    ) -> Iterator[Batch]:
-        if num_batches is None and split != "train":
-            num_batches = self.eval_batches
-        days, segments = self.days[split], self.segments[split]
-        total = sum(n for _, n in segments)
-        full = total // self.batch_size
-        self._report.dropped_tail_rows[split] = total - full * self.batch_size
-        rows = rank_rows(self.batch_size, rank, world_size)
-        keys = [f.name for f in self.features]
-        produced = start
-        while True:
-            for b in range(start % full if produced == start else 0, full):
-                first_row = b * self.batch_size + rows.start
-                dense, sparse, labels = (self._rows(days, segments, part, first_row, rows.stop - rows.start)
-                                         for part in ("dense", "sparse", "labels"))
-                ids = map_ids(sparse, self.sizes, self.id_mapping)
-                yield make_batch(dense, one_hot(ids), labels.reshape(-1), keys)
-                produced += 1
-                if num_batches is not None and produced >= num_batches:
-                    return
-            if split != "train":
-                return
+    # -- the Source contract ---------------------------------------------------------------
+    def num_batches(self, split: str) -> int:
+        """Train: full global batches (the partial last one is dropped, and counted); evaluated
+        splits: every row, the last batch padded."""
+        total = sum(n for _, n in self.segments[split])
+        return total // self.batch_size if split == "train" else -(-total // self.batch_size)
+
+    def begin_pass(self, split: str, epoch: int) -> None:
+        if split == "train":
+            self._report.dropped_tail_rows["train"] = sum(n for _, n in self.segments["train"]) % self.batch_size
+
+    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
+        """The rows, memory-mapped ranges of the days: the same order every epoch."""
+        total = sum(n for _, n in self.segments[split])
+        first = min(index * self.batch_size + lo, total)
+        count = min(index * self.batch_size + hi, total) - first
+        dense, sparse, labels = (self._rows(self.days[split], self.segments[split], part, first, count)
+                                 for part in ("dense", "sparse", "labels"))
+        ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping)
+        return Rows.of(dense.reshape(-1, INT_FEATURES), one_hot(ids), labels.reshape(-1))
 
     @classmethod
     def _rows(cls, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,
@@ -568,7 +719,7 @@ class CriteoBinary:
                 out.append(cls._range(days, part, first + lo, take))
                 start, count = start + take, count - take
             offset += n
-        return np.concatenate(out)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
     @staticmethod
     def _range(days: list[tuple[str, int]], part: str, start: int, count: int) -> np.ndarray:

@@ -23,13 +23,15 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from torchrec.datasets.utils import Batch
 
-from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, make_batch, rank_rows, rec_batch, shorten
+from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, loader, shorten
+from hybridrec.data.source import RANKING_FIELDS, Rows, Source
 
 GENRES = 19
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
 
 
-class MovieLens:
+class MovieLens(Source):
+    extra_fields = RANKING_FIELDS
     def __init__(
         self,
         batch_size: int,
@@ -180,9 +182,7 @@ class MovieLens:
 
     # -- batches -----------------------------------------------------------------------
     def _pairs_batch(self, user: np.ndarray, item: np.ndarray, rating: np.ndarray, weights: np.ndarray) -> RecBatch:
-        dense, ids, keys = self._pair_features(user, item)
-        batch = make_batch(dense, ids, (rating >= self.threshold).astype(np.float32), keys)
-        return rec_batch(batch, rating, weights, user, self.item_log_q[item])
+        return self._pairs_rows(user, item, rating, weights).batch(self.keys)
 
     def catalogue_batch(self) -> tuple[np.ndarray, RecBatch]:
         """Every movie of the ratings, each paired with user 0 (no such user): the input from
@@ -191,33 +191,36 @@ class MovieLens:
         none = np.zeros(len(items), dtype=np.int64)
         return items, self._pairs_batch(none, items, np.zeros(len(items), np.float32), np.ones(len(items)))
 
-    def _batch(self, rows: np.ndarray) -> RecBatch:
-        return self._pairs_batch(self.user[rows], self.item[rows], self.rating[rows], np.ones(len(rows)))
+    def _pairs_rows(self, user: np.ndarray, item: np.ndarray, rating: np.ndarray, weights: np.ndarray) -> Rows:
+        dense, ids, _ = self._pair_features(user, item)
+        return Rows.of(dense, ids, (rating >= self.threshold).astype(np.float32),
+                       {"relevance": rating, "weights": weights, "query": user, "log_q": self.item_log_q[item]})
 
-    def batches(
-        self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0
-    ) -> Iterator[Batch]:
-        """Train: a new permutation of the train rows every epoch (from the seed). Eval: the
-        eval rows in order, once. The partial last global batch is dropped and counted."""
-        if num_batches is None and split != "train":
-            num_batches = self.eval_batches
+    # -- the Source contract ---------------------------------------------------------------
+    def num_batches(self, split: str) -> int:
+        """Train: full global batches (the partial last one is dropped, and counted);
+        evaluated splits: every row, the last batch padded."""
+        rows = len(self.split_rows[split])
+        return rows // self.batch_size if split == "train" else -(-rows // self.batch_size)
+
+    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
+        """Train: a new permutation of the train rows every epoch (from the seed). Evaluated
+        splits: their rows in order."""
         rows_of = self.split_rows[split]
-        full = len(rows_of) // self.batch_size
-        if full == 0:
-            raise DataError(f"the {split} split has {len(rows_of)} rows, fewer than one global batch ({self.batch_size})")
-        self._report.dropped_tail_rows[split] = len(rows_of) - full * self.batch_size
-        mine = rank_rows(self.batch_size, rank, world_size)
-        produced, epoch = start, start // full
-        while True:
-            order = rows_of if split != "train" else np.random.default_rng([self.seed, 11, epoch]).permutation(rows_of)
-            for b in range(start % full if produced == start else 0, full):
-                yield self._batch(order[b * self.batch_size : (b + 1) * self.batch_size][mine])
-                produced += 1
-                if num_batches is not None and produced >= num_batches:
-                    return
-            if split != "train":
-                return
-            epoch += 1
+        if split == "train":
+            rows_of = self._permutation(epoch)
+        rows = rows_of[index * self.batch_size + lo : index * self.batch_size + hi]
+        return self._pairs_rows(self.user[rows], self.item[rows], self.rating[rows], np.ones(len(rows)))
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        """The train rows in epoch ``epoch``'s order (kept for the epoch: not redrawn per batch)."""
+        if getattr(self, "_epoch", None) != epoch:
+            self._epoch, self._order = epoch, np.random.default_rng([self.seed, 11, epoch]).permutation(self.split_rows["train"])
+        return self._order
+
+    def begin_pass(self, split: str, epoch: int) -> None:
+        if split == "train":
+            self._report.dropped_tail_rows["train"] = len(self.split_rows["train"]) % self.batch_size
 
 
 class MovieLensRank(MovieLens):
@@ -319,7 +322,7 @@ class MovieLensRank(MovieLens):
             lists += [(int(self.user[rows[0]]), rows[i : i + self.list_items]) for i in range(0, len(rows), self.list_items)]
         return [lists[i] for i in rng.permutation(len(lists))]
 
-    def _list_batch(self, lists: list[tuple[int, np.ndarray]], pool: np.ndarray, first: int, epoch: int) -> RecBatch:
+    def _list_rows(self, lists: list[tuple[int, np.ndarray]], pool: np.ndarray, first: int, epoch: int) -> Rows:
         users, items, ratings, weights = [], [], [], []
         for j, (u, rows) in enumerate(lists):
             pad = self.list_items - len(rows)
@@ -330,43 +333,41 @@ class MovieLensRank(MovieLens):
             ratings.append(np.concatenate([self.rating[rows], np.zeros(pad + self.negatives, np.float32)]))
             weights.append(np.concatenate([np.ones(len(rows)), np.zeros(pad), np.ones(len(negs)), np.zeros(missing)]))
             users.append(np.full(self.list_size, u))
-        return self._pairs_batch(*(np.concatenate(a) for a in (users, items, ratings, weights)))
+        return self._pairs_rows(*(np.concatenate(a) for a in (users, items, ratings, weights)))
 
-    def batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
-                start: int = 0) -> Iterator[RecBatch]:
+    # -- the Source contract ---------------------------------------------------------------
+    def num_batches(self, split: str) -> int:
+        """Train: full global batches of whole lists (the remaining lists are dropped and
+        counted); evaluated splits: every row of every list, the last batch padded."""
+        if split == "train":
+            lists = sum(-(-len(r) // self.list_items) for r in self._user_rows(self.split_rows["train"]))
+            return lists // (self.batch_size // self.list_size)  # lists per epoch do not depend on the shuffle
+        return -(-len(self.eval_rows[split]["user"]) // self.batch_size)
+
+    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
         if split != "train":
-            yield from self._eval_batches(split, rank, world_size, num_batches or self.eval_batches)
-            return
+            e = self.eval_rows[split]
+            at = slice(min(index * self.batch_size + lo, len(e["user"])), min(index * self.batch_size + hi, len(e["user"])))
+            return self._pairs_rows(e["user"][at], e["item"][at], e["rating"][at], np.ones(at.stop - at.start))
         per_batch = self.batch_size // self.list_size  # lists per global batch
-        mine = rank_rows(per_batch, rank, world_size)
-        # the number of lists per epoch does not depend on the epoch's shuffle
-        full = sum(-(-len(r) // self.list_items) for r in self._user_rows(self.split_rows["train"])) // per_batch
-        if full == 0:
-            raise DataError(f"the train split has fewer lists than one global batch ({per_batch} lists)")
-        produced, epoch = start, start // full
-        while True:
-            lists = self._epoch_lists(epoch)
-            dropped = lists[full * per_batch :]
-            self._report.dropped_tail_rows["train"] = int(sum(len(r) for _, r in dropped))
-            for b in range(produced - epoch * full, full):
-                group = lists[b * per_batch : (b + 1) * per_batch]
-                pool = np.unique(np.concatenate([self.item[r] for _, r in group]))
-                yield self._list_batch(group[mine], pool, b * per_batch + mine.start, epoch)
-                produced += 1
-                if num_batches is not None and produced >= num_batches:
-                    return
-            epoch += 1
+        lists = self._lists(epoch)
+        group = lists[index * per_batch : (index + 1) * per_batch]
+        pool = np.unique(np.concatenate([self.item[r] for _, r in group]))  # the whole global batch's items
+        first = lo // self.list_size
+        return self._list_rows(group[first : hi // self.list_size], pool, index * per_batch + first, epoch)
 
-    def _eval_batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int]) -> Iterator[RecBatch]:
-        e = self.eval_rows[split]
-        n = len(e["user"])
-        total = -(-n // self.batch_size)  # the last batch padded: no user's list is cut
-        mine = rank_rows(self.batch_size, rank, world_size)
-        for b in range(total if num_batches is None else min(total, num_batches)):
-            idx = np.arange(b * self.batch_size, (b + 1) * self.batch_size)[mine]
-            real = idx < n
-            idx = np.where(real, idx, 0)
-            yield self._pairs_batch(e["user"][idx], e["item"][idx], e["rating"][idx], real.astype(np.float32))
+    def _lists(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+        """Epoch ``epoch``'s training lists, kept for the epoch."""
+        if getattr(self, "_lists_epoch", None) != epoch:
+            self._lists_epoch, self._epoch_lists_cache = epoch, self._epoch_lists(epoch)
+            dropped = self._epoch_lists_cache[self.num_batches("train") * (self.batch_size // self.list_size) :]
+            self._dropped = int(sum(len(r) for _, r in dropped))
+        return self._epoch_lists_cache
+
+    def begin_pass(self, split: str, epoch: int) -> None:
+        if split == "train":  # the rows of the lists that do not fill the epoch's last batch
+            self._lists(epoch)
+            self._report.dropped_tail_rows["train"] = self._dropped
 
     def report(self) -> dict:
         report = super().report()

@@ -7,19 +7,22 @@ row-wise shard. Its label is Bernoulli(sigmoid(logit)) where the logit is a fixe
 of the ids and dense features (the "planted model"): a trained model can recover it, so a
 short run's AUC is clearly above 0.5.
 
-Determinism: global batch ``b`` of a split is a pure function of (seed, split, b). Every rank
-generates the same global batch and keeps its own contiguous slice, so the global batches
-are identical for any world size; that is what makes 1-rank and N-rank runs comparable.
+Determinism and cost: every random number is a hash of (seed, split, global batch, row of
+that batch, column), a counter-based generator. A rank computes only its own rows
+[r * B/N, (r + 1) * B/N) of a global batch, so its cost is proportional to its rows whatever
+the world size, and the global batches are identical for every world size (what makes
+1-rank and N-rank runs comparable).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
-from hybridrec.data import SparseFeature, make_batch, rank_rows
+from hybridrec.data import DataError, SparseFeature, loader
+from hybridrec.data.source import Rows, Source
 
 # Each split draws from its own random streams: validation and test rows are new samples of
 # the same planted model, never training rows.
@@ -29,7 +32,18 @@ _SPLITS = {"train": 0, "eval": 1, "valid": 2}
 _SCATTER = 2_654_435_761
 
 
-class SyntheticClickLog:
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer, in place: uint32 in, well-mixed uint32 out (the
+    multiplications wrap on purpose)."""
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+class SyntheticClickLog(Source):
     def __init__(
         self,
         batch_size: int,
@@ -57,8 +71,13 @@ class SyntheticClickLog:
         ]
         self._sizes = [int(k) for k in sizes]
         for f in self.features:
-            if f.num_embeddings % _SCATTER == 0 or f.num_embeddings >= 2**33:
-                raise ValueError(f"synthetic table size {f.num_embeddings} is not supported")
+            if f.num_embeddings % _SCATTER == 0 or f.num_embeddings >= 2**32:
+                raise DataError(f"data.num_embeddings_per_feature: synthetic table size {f.num_embeddings} is not "
+                                f"supported (at most 2**32 - 1 rows, not a multiple of {_SCATTER})")
+        self._columns = 2 * num_dense_features + sum(self._sizes) + 1  # random numbers per row
+        if batch_size * self._columns >= 2**32:
+            raise DataError(f"data.batch_size={batch_size}: at most {2**32 // self._columns - 1} rows per global "
+                            f"batch for these features (the generator counts rows x columns in 32 bits)")
         self.zipf_exponent = zipf_exponent
         self.dense_distribution = getattr(dense_distribution, "value", dense_distribution)
         self.eval_batches = eval_batches
@@ -72,69 +91,94 @@ class SyntheticClickLog:
         )
 
     # -- sampling ------------------------------------------------------------------------
-    def _zipf_rows(self, rng: np.random.Generator, n: int, size: int) -> np.ndarray:
-        # Inverse CDF of the continuous power law on [1, n+1): popularity rank, 0 = hottest.
-        u = rng.random(size)
+    def _zipf_rows(self, u: np.ndarray, n: int) -> np.ndarray:
+        """Table rows from uniforms ``u`` (float32, consumed): the inverse CDF of the
+        continuous power law on [1, n+1) gives a popularity rank (0 = hottest), scattered
+        over the table by a bijection. In place: this is the generator's hot loop."""
         a = self.zipf_exponent
         if abs(a - 1.0) < 1e-9:
-            x = np.exp(u * np.log(n + 1.0))
+            u *= np.float32(np.log(n + 1.0))
+            x = np.exp(u, out=u)
         else:
-            x = ((np.power(n + 1.0, 1 - a) - 1) * u + 1) ** (1 / (1 - a))
-        rank = np.minimum(x.astype(np.int64) - 1, n - 1)
-        return (rank.astype(np.uint64) * np.uint64(_SCATTER) % np.uint64(n)).astype(np.int64)
+            u *= np.float32(np.power(n + 1.0, 1 - a) - 1)
+            u += np.float32(1)
+            x = np.power(u, np.float32(1 / (1 - a)), out=u)
+        rank = x.astype(np.uint64)
+        rank -= np.uint64(1)
+        np.minimum(rank, np.uint64(n - 1), out=rank)
+        rank *= np.uint64(_SCATTER)  # < 2**64: rank < 2**32 and _SCATTER < 2**32
+        rank %= np.uint64(n)
+        return rank.view(np.int64)
 
     @staticmethod
     def _planted_weight(feature: int, ids: np.ndarray) -> np.ndarray:
         # A fixed pseudo-random weight in [-1, 1) per (feature, id): an integer hash.
-        h = (ids.astype(np.uint64) * np.uint64(0x9E3779B1) + np.uint64(feature * 0x85EBCA77 + 1))
-        h ^= h >> np.uint64(15)
-        h = (h * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
-        return h.astype(np.float64) / 2**31 - 1.0
+        h = ids.astype(np.uint32)
+        h *= np.uint32(0x9E3779B1)
+        h += np.uint32((feature * 0x85EBCA77 + 1) % 2**32)
+        w = _fmix32(h).astype(np.float32)
+        w *= np.float32(2.0**-31)
+        w -= np.float32(1)
+        return w
 
-    def _global_arrays(self, split: str, index: int) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-        """The ``index``-th global batch of ``split`` as arrays: dense (b, d), per feature
-        ids (b, k), labels (b,). A pure function of (seed, split, index)."""
-        rng = np.random.default_rng([self.seed, _SPLITS[split], index])
-        b, shape = self.batch_size, (self.batch_size, self.num_dense_features)
-        if self.dense_distribution == "lognormal":  # raw-count-like; the model sees log(1 + x)
-            raw = rng.lognormal(0.0, 1.5, shape)
-            dense = np.log1p(raw)
-            signal = (dense - 1.0) / 0.8  # roughly centred, for the planted logit
-        else:
-            dense = rng.standard_normal(shape) if self.dense_distribution == "normal" else rng.random(shape)
-            signal = dense if self.dense_distribution == "normal" else (dense - 0.5) * 3.4
-        ids = [
-            self._zipf_rows(rng, f.num_embeddings, b * k).reshape(b, k)
-            for f, k in zip(self.features, self._sizes)
-        ]
-        logit = -1.0 + 1.5 * signal @ self._dense_w
+    def _key(self, split: str, index: int) -> np.uint32:
+        """The 32-bit key of a global batch: a 64-bit mix of (seed, split, index)."""
+        x = (self.seed * 0x9E3779B97F4A7C15 + _SPLITS[split] * 0xD1B54A32D192ED03 + index * 0xBF58476D1CE4E5B9) % 2**64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+        return np.uint32((x ^ (x >> 31)) & 0xFFFFFFFF)
+
+    def _arrays(self, split: str, index: int, lo: int, hi: int) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """Rows [lo, hi) of global batch ``index`` of ``split``: dense (n, d), per feature
+        ids (n, k), labels (n,). Each row is a pure function of (seed, split, index, row)."""
+        d, total = self.num_dense_features, self._columns
+        rows = np.arange(lo, hi, dtype=np.uint32)[:, None] * np.uint32(total)  # B * columns < 2**32 (checked)
+        key = self._key(split, index)
+
+        def uniform(first: int, count: int) -> np.ndarray:  # (n, count) in (0, 1), 24 bits
+            h = rows + np.arange(first, first + count, dtype=np.uint32)
+            h ^= key
+            h = _fmix32(h)
+            h >>= np.uint32(8)
+            u = h.astype(np.float32)
+            u += np.float32(0.5)
+            u *= np.float32(2.0**-24)
+            return u
+
+        if self.dense_distribution == "uniform":
+            dense = uniform(0, d)
+            signal = (dense - 0.5) * 3.4
+        else:  # Box-Muller: two uniforms per standard normal
+            z = np.sqrt(-2 * np.log(uniform(0, d))) * np.cos(np.float32(2 * np.pi) * uniform(d, d))
+            if self.dense_distribution == "lognormal":  # raw-count-like; the model sees log(1 + x)
+                dense = np.log1p(np.exp(np.float32(1.5) * z))
+                signal = (dense - 1.0) / 0.8  # roughly centred, for the planted logit
+            else:
+                dense, signal = z, z
+        ids, col = [], 2 * d
+        for f, k in zip(self.features, self._sizes):
+            ids.append(self._zipf_rows(uniform(col, k), f.num_embeddings))
+            col += k
+        logit = -1.0 + 1.5 * signal.astype(np.float64) @ self._dense_w
         for i, f_ids in enumerate(ids):
             logit += 3.0 * self._planted_weight(i, f_ids).mean(axis=1) / np.sqrt(len(ids))
-        labels = rng.random(b) < 1 / (1 + np.exp(-logit))
+        labels = uniform(col, 1)[:, 0] < 1 / (1 + np.exp(-logit))
         return dense, ids, labels
 
-    def _batch(self, dense: np.ndarray, ids: list[np.ndarray], labels: np.ndarray) -> Batch:
-        pairs = [(i.reshape(-1), np.full(len(i), i.shape[1], dtype=np.int32)) for i in ids]
-        return make_batch(dense, pairs, labels, [f.name for f in self.features])
+    def rows(self, split: str, index: int, lo: int, hi: int) -> Rows:
+        dense, ids, labels = self._arrays(split, index, lo, hi)
+        return Rows.of(dense, [(i.reshape(-1), np.full(len(i), i.shape[1], dtype=np.int32)) for i in ids], labels)
 
     def global_batch(self, split: str, index: int) -> Batch:
         """The ``index``-th global batch of ``split``, whole."""
-        return self._batch(*self._global_arrays(split, index))
+        return self.rows(split, index, 0, self.batch_size).batch(self.keys)
 
-    def batches(
-        self, split: str, rank: int, world_size: int, num_batches: int | None = None, start: int = 0
-    ) -> Iterator[Batch]:
-        """This rank's slice of global batches ``start`` .. ``num_batches - 1`` of ``split``.
-        Every rank generates the whole global batch and keeps its rows: generation is cheap
-        next to a training step, and it makes the batches independent of the world size."""
-        if num_batches is None:
-            num_batches = {"eval": self.eval_batches, "valid": self.valid_batches}.get(split)
-        rows = rank_rows(self.batch_size, rank, world_size)
-        index = start
-        while num_batches is None or index < num_batches:
-            dense, ids, labels = self._global_arrays(split, index)
-            yield self._batch(dense[rows], [i[rows] for i in ids], labels[rows])
-            index += 1
+    # -- the Source contract ---------------------------------------------------------------
+    def num_batches(self, split: str) -> Optional[int]:
+        return {"eval": self.eval_batches, "valid": self.valid_batches}.get(split)  # train: endless
+
+    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
+        return self.rows(split, index, lo, hi)
 
     def report(self) -> None:
         """Nothing is read from files: no read report."""

@@ -1,0 +1,193 @@
+"""The input loop every source shares: epochs, resume position, end of split, padding of the
+last evaluated batch, worker processes and read-report merging.
+
+``batches(source, split, rank, world_size, ...)`` yields this rank's ``Batch`` of global
+batches ``start`` .. ``num_batches - 1`` of ``split``. Training passes over the split again
+and again (epochs); a partial last global batch is dropped by the source and counted.
+An evaluated split (``valid``, ``eval``) is one pass that scores every row: its last batch
+is padded with rows that carry no ids and weight 0, and ``EvalBatch.real`` marks the rows
+that count. Ranks can run out at different batches (sharded sources); ``Trainer.evaluate``
+agrees on the end with one all-reduce per batch.
+
+Workers: ``num_workers`` > 0 builds batches in ``torch.utils.data.DataLoader`` worker
+processes (forked: the source is not pickled), ``prefetch`` batches ahead each. Batch k of
+a random-access source is built by worker k mod W, and DataLoader returns the workers'
+outputs round-robin, so the batches are the same for any number of workers. A sharded
+source's pieces are read by the worker that owns their shard (a sequential reader never
+changes process). Errors in a worker reach the training process as the same one-line
+DataError, not as DataLoader's wrapped traceback.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional, Union
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchrec.datasets.utils import Batch
+
+from hybridrec.data import DataError
+from hybridrec.data.source import Rows, Source
+
+
+@dataclass
+class EvalBatch:
+    """A batch of an evaluated split and which of its rows are real (not padding)."""
+
+    batch: Batch
+    real: torch.Tensor
+
+
+@dataclass
+class _Piece:
+    index: int  # the global batch
+    piece: int  # which of the rank's P pieces
+    rows: Rows  # fewer rows than asked, or none: the end of an evaluated split
+    end: bool = False  # past the end: carries only the read report
+
+
+@dataclass
+class _Failed:
+    """An error raised while reading, sent to the training process as its message: the
+    DataLoader would re-raise it wrapped in a worker traceback."""
+
+    message: str
+
+
+def plan_pieces(source: Source, world_size: int, rank: int) -> list[tuple[int, int]]:
+    """The [lo, hi) row ranges of global batch rows that this rank's pieces read."""
+    local = source.batch_size // world_size
+    pieces = source.pieces(world_size)
+    per = local // pieces
+    return [(rank * local + p * per, rank * local + (p + 1) * per) for p in range(pieces)]
+
+
+class _Stream(IterableDataset):
+    """The pieces of this rank's batches, for the worker it runs in (all of them inline)."""
+
+    def __init__(self, source: Source, split: str, ranges: list[tuple[int, int]], start: int,
+                 stop: Optional[int], per_epoch: Optional[int], workers: int) -> None:
+        self.source, self.split, self.ranges = source, split, ranges
+        self.start, self.stop, self.per_epoch, self.workers = start, stop, per_epoch, workers
+
+    def __iter__(self) -> Iterator[Union[_Piece, _Failed]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        pieces = len(self.ranges)
+        try:
+            index = self.start
+            while self.stop is None or index < self.stop:
+                epoch, at = divmod(index, self.per_epoch) if self.per_epoch else (0, index)
+                out = []
+                for p, (lo, hi) in enumerate(self.ranges):
+                    # unit u = (batch, piece) goes to worker u mod W; with W dividing P every
+                    # worker keeps the same pieces (shards), with P = 1 whole batches alternate
+                    if ((index - self.start) * pieces + p) % workers == worker:
+                        out.append(_Piece(index, p, self.source.read(self.split, epoch, at, lo, hi)))
+                # a pass of unknown length ends when every reader of this worker runs dry
+                # (other workers' pieces of the batch, if any, are padded by the loader)
+                if out and self.per_epoch is None and self.split != "train" and not any(len(o.rows) for o in out):
+                    for o in out:  # no batch, but what the last reads counted (a broken file)
+                        o.end = True
+                        yield o
+                    return
+                yield from out
+                index += 1
+        except DataError as e:
+            yield _Failed(str(e))
+
+
+def check_splits(source: Source) -> None:
+    """Refuse a split with nothing to train on or to score, before training starts."""
+    for split in source.splits:
+        n = source.num_batches(split)
+        if n == 0:
+            raise DataError(
+                f"the {split} split has " + (f"fewer rows than one global batch (data.batch_size={source.batch_size})"
+                                             if split == "train" else "no rows to evaluate")
+            )
+
+
+def batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
+            start: int = 0, num_workers: int = 0, prefetch: int = 2, pin_memory: bool = False,
+            ) -> Iterator[Union[Batch, EvalBatch]]:
+    """This rank's batches of ``split``: global batches ``start`` .. ``num_batches - 1``
+    (training: endless when None; an evaluated split: one pass, capped by ``num_batches`` or
+    ``source.eval_batches``). Training yields ``Batch``; an evaluated split ``EvalBatch``."""
+    train = split == "train"
+    if split not in source.splits:
+        raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
+    per_epoch = source.num_batches(split)
+    if per_epoch == 0:
+        raise DataError(f"the {split} split has fewer rows than one global batch (data.batch_size={source.batch_size})")
+    if train:
+        stop = num_batches
+    else:
+        cap = num_batches if num_batches is not None else source.eval_batches
+        stop = per_epoch if cap is None else (cap if per_epoch is None else min(cap, per_epoch))
+    ranges = plan_pieces(source, world_size, rank)
+    # (batch, piece) units are dealt to workers round-robin: a sequential piece must stay in
+    # one worker, so with P pieces at most gcd(W, P) workers are used (all W when P = 1)
+    workers = num_workers if len(ranges) == 1 or not num_workers else math.gcd(num_workers, len(ranges))
+    source.begin_pass(split, start // per_epoch if per_epoch else 0)
+    stream = _Stream(source, split, ranges, start, stop, per_epoch, max(workers, 1))
+    if workers:
+        pieces: Iterator = iter(DataLoader(stream, batch_size=None, num_workers=workers, prefetch_factor=prefetch,
+                                           persistent_workers=False, multiprocessing_context="fork"))
+    else:
+        pieces = iter(stream)
+    local = source.batch_size // world_size
+    per = local // len(ranges)
+    pending: dict[int, Rows] = {}
+    index = None
+    for item in pieces:
+        if isinstance(item, _Failed):
+            raise DataError(item.message)
+        if item.end:
+            if item.rows.report is not None:
+                source.merge_report(item.rows.report)
+            continue
+        if index is not None and item.index != index:
+            yield _assemble(source, pending, len(ranges), per, train, pin_memory)
+            pending = {}
+        index = item.index
+        if item.rows.report is not None:
+            source.merge_report(item.rows.report)
+            item.rows.report = None
+        pending[item.piece] = item.rows
+    if pending:
+        yield _assemble(source, pending, len(ranges), per, train, pin_memory)
+
+
+def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, train: bool,
+              pin_memory: bool) -> Union[Batch, EvalBatch]:
+    """One batch from its pieces; an evaluated split's missing or short pieces are padded."""
+    if not train:  # a piece whose reader ran out early (a shard of a sharded source) is padding
+        like = next(iter(pending.values()))
+        pending = {p: pending.get(p, _empty_like(like)).padded(per) for p in range(pieces)}
+    rows = Rows.cat([pending[p] for p in range(pieces)])
+    if train and len(rows) != per * pieces:
+        raise AssertionError(f"a training batch of {len(rows)} rows, expected {per * pieces}")  # a source bug
+    batch = rows.batch(source.keys)
+    if pin_memory:
+        batch = batch.pin_memory()
+    return batch if train else EvalBatch(batch, rows.real_mask())
+
+
+def padding_batch(source: Source, world_size: int) -> EvalBatch:
+    """A batch of padding only: what a rank whose split ran out feeds while others finish."""
+    n, empty = source.batch_size // world_size, torch.zeros(0, dtype=torch.int64)
+    rows = Rows(torch.zeros(0, source.num_dense_features), [empty] * len(source.features),
+                [torch.zeros(0, dtype=torch.int32)] * len(source.features), torch.zeros(0),
+                {k: torch.zeros(0, dtype=torch.int64 if k == "query" else torch.float32) for k in source.extra_fields})
+    rows = rows.padded(n)
+    return EvalBatch(rows.batch(source.keys), rows.real_mask())
+
+
+def _empty_like(rows: Rows) -> Rows:
+    """No rows, shaped like ``rows`` (a piece whose reader ran out: all padding)."""
+    head = lambda t: t[:0]
+    return Rows(head(rows.dense), [head(i) for i in rows.ids], [head(n) for n in rows.lengths], head(rows.labels),
+                {k: head(v) for k, v in rows.extra.items()})

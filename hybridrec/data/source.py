@@ -1,0 +1,161 @@
+"""The contract between a data source and the shared input loop (``hybridrec.data.loader``).
+
+A source describes its data and reads rows; it owns no loop. The loader owns epochs, the
+resume position, the end-of-split rule, padding of the last evaluated batch, worker
+processes and the merging of read reports. A source implements:
+
+- ``num_batches(split)``: global batches in one pass of the split (an epoch of ``train``),
+  or None for a stream without a pass length (synthetic training data, sharded TSV);
+- ``read(split, epoch, index, lo, hi)``: rows [lo, hi) of global batch ``index`` of that
+  pass, as ``Rows``. An evaluated split may return fewer rows at its end (the loader pads
+  them, weight 0); training batches are always whole.
+
+Rank r of N reads rows [r * B/N, (r + 1) * B/N) of every global batch of B rows, so global
+batches are the same for every world size; a source whose rank slice is made of several
+independent sequential readers (sharded TSV) says so with ``pieces``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from hybridrec.data import ReadReport, RecBatch, SparseFeature
+
+SPLITS = ("train", "valid", "eval")
+RANKING_FIELDS = ("relevance", "weights", "query", "log_q")
+"""RecBatch's fields beside the Batch ones, in its order."""
+
+
+@dataclass
+class Rows:
+    """Rows of a batch as column tensors: what a source reads and a worker process sends.
+
+    ``ids[f]`` and ``lengths[f]`` are feature f's values and per-row lengths. ``extra`` holds
+    the ranking fields (``RANKING_FIELDS``) of list sources. ``real`` marks padding rows
+    (False); None = every row is real. ``report`` is what reading these rows counted (bad
+    rows, file rows): the loader merges it into the source's report in the training
+    process, whichever process read the rows."""
+
+    dense: torch.Tensor
+    ids: list[torch.Tensor]
+    lengths: list[torch.Tensor]
+    labels: torch.Tensor
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    real: Optional[torch.Tensor] = None
+    report: Optional[ReadReport] = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @staticmethod
+    def of(dense: np.ndarray, ids: Sequence[tuple[np.ndarray, np.ndarray]], labels: np.ndarray,
+           extra: Optional[dict[str, np.ndarray]] = None) -> "Rows":
+        """From NumPy: dense (n, d), per feature (values, lengths), labels (n,), extra fields."""
+        t = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+        return Rows(
+            t(dense, np.float32), [t(v, np.int64) for v, _ in ids], [t(n, np.int32) for _, n in ids],
+            t(labels, np.float32),
+            {k: t(v, np.int64 if k == "query" else np.float32) for k, v in (extra or {}).items()},
+        )
+
+    def real_mask(self) -> torch.Tensor:
+        return torch.ones(len(self), dtype=torch.bool) if self.real is None else self.real
+
+    def padded(self, n: int) -> "Rows":
+        """These rows and ``n - len(self)`` padding rows after them: dense 0, no ids (length
+        0), label 0, weight 0, not real."""
+        pad = n - len(self)
+        if pad <= 0:
+            return self
+        zeros = lambda t: torch.zeros((pad, *t.shape[1:]), dtype=t.dtype)
+        cat = lambda t: torch.cat([t, zeros(t)])
+        return Rows(cat(self.dense), self.ids, [cat(n_) for n_ in self.lengths], cat(self.labels),
+                    {k: cat(v) for k, v in self.extra.items()},
+                    torch.cat([self.real_mask(), torch.zeros(pad, dtype=torch.bool)]), self.report)
+
+    @staticmethod
+    def cat(parts: list["Rows"]) -> "Rows":
+        """Rows of several parts, in order (a rank's slice read by several readers)."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        real = None if all(p.real is None for p in parts) else torch.cat([p.real_mask() for p in parts])
+        return Rows(
+            torch.cat([p.dense for p in parts]),
+            [torch.cat([p.ids[f] for p in parts]) for f in range(len(first.ids))],
+            [torch.cat([p.lengths[f] for p in parts]) for f in range(len(first.lengths))],
+            torch.cat([p.labels for p in parts]),
+            {k: torch.cat([p.extra[k] for p in parts]) for k in first.extra},
+            real,
+        )
+
+    def batch(self, keys: list[str]) -> Batch:
+        """The torchrec Batch (RecBatch for list sources) the model and pipeline take."""
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=torch.cat(self.ids), lengths=torch.cat(self.lengths)
+        )
+        if self.extra:
+            weights = self.extra["weights"] if self.real is None else self.extra["weights"] * self.real
+            fields = {**self.extra, "weights": weights}
+            return RecBatch(self.dense, kjt, self.labels, *(fields[k] for k in RANKING_FIELDS))
+        return Batch(dense_features=self.dense, sparse_features=kjt, labels=self.labels)
+
+
+class Source(ABC):
+    """A data source (see the module docstring). Attributes every source sets:
+    ``features`` (one SparseFeature per table), ``num_dense_features``, ``batch_size``
+    (global rows per step) and ``splits`` (``train``, ``eval`` = the test set, and
+    ``valid`` when a validation split is configured)."""
+
+    features: list[SparseFeature]
+    num_dense_features: int
+    batch_size: int
+    splits: tuple[str, ...]
+    eval_batches: Optional[int] = None
+    """Cap on the global batches of an evaluated split (None = all of it)."""
+    extra_fields: tuple[str, ...] = ()
+    """RANKING_FIELDS when the source yields RecBatch (MovieLens), else nothing."""
+
+    @abstractmethod
+    def num_batches(self, split: str) -> Optional[int]:
+        """Global batches in one pass of ``split`` (an epoch of ``train``); None = unknown
+        or endless: the pass ends when ``read`` comes up short."""
+
+    @abstractmethod
+    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
+        """Rows [lo, hi) of global batch ``index`` of pass ``epoch`` of ``split``. Calls come
+        in increasing ``index`` within a pass (a sequential reader may rely on it)."""
+
+    def pieces(self, world_size: int) -> int:
+        """Independent sequential readers that make up one rank's slice (1 = random access).
+        With P pieces, ``read`` is called once per piece, with [lo, hi) the piece's rows."""
+        return 1
+
+    def report(self) -> Optional[dict]:
+        """What was read (file sources): rows, bad rows, dropped tails; None = nothing."""
+        return None
+
+    def merge_report(self, part: ReadReport) -> None:
+        """Add a report that ``read`` produced (maybe in a worker process) to this one."""
+
+    def begin_pass(self, split: str, epoch: int) -> None:
+        """Called in the training process before each pass: a source counts a split's
+        files on its first pass only."""
+
+    def batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0):
+        """This rank's batches, built inline: ``hybridrec.data.loader.batches`` (training
+        yields Batch, an evaluated split EvalBatch, padding marked)."""
+        from hybridrec.data import loader  # (loader imports this module)
+
+        return loader.batches(self, split, rank, world_size, num_batches, start)
+
+    @property
+    def keys(self) -> list[str]:
+        return [f.name for f in self.features]
