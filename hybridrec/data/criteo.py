@@ -190,6 +190,18 @@ class CriteoTSV(Source):
     def pieces(self, world_size: int) -> int:
         return self.shards // world_size
 
+    def has_rows(self, split: str) -> bool:
+        """Parse blocks, shard by shard, until one valid row (uncounted: a probe)."""
+        fail, self.fail = self.fail, False  # a probe reports nothing; the pass itself will
+        try:
+            for shard in range(self.shards):
+                for path, offset, line, text, broken in self.shard_blocks(split, shard):
+                    if broken is None and len(self.parse_rows(split, path, offset, line, text, ReadReport())[2]):
+                        return True
+            return False
+        finally:
+            self.fail = fail
+
     def begin_pass(self, split: str, epoch: int) -> None:
         # Count rows, bad rows and collisions on a split's first pass only: repeated
         # evaluations read the same lines again. Worker processes fork after this.

@@ -133,6 +133,10 @@ class Source(ABC):
         """Rows [lo, hi) of global batch ``index`` of pass ``epoch`` of ``split``. Calls come
         in increasing ``index`` within a pass (a sequential reader may rely on it)."""
 
+    def has_rows(self, split: str) -> bool:
+        """Whether a split of unknown length has at least one row (checked before training)."""
+        return True
+
     def pieces(self, world_size: int) -> int:
         """Independent sequential readers that make up one rank's slice (1 = random access).
         With P pieces, ``read`` is called once per piece, with [lo, hi) the piece's rows."""
