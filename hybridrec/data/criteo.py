@@ -258,42 +258,12 @@ class CriteoTSV:
 
     # -- one file ----------------------------------------------------------------------
     def _read_file(self, path: str, count: bool) -> Iterator[tuple[np.ndarray, ...]]:
-        """The file's valid rows, block by block: (dense, raw ids, labels, index), where index
-        is each row's position among the file's structurally valid rows (what the validation
-        holdout keys on: stable for a file, whatever the block size). Every line is counted:
-        kept (``rows``) or bad (``bad_rows``, with file:line and the reason), and a broken
-        stream's lost rest is reported as ``unreadable`` from the line it starts at."""
-        report = self._report if count else ReadReport()
-        line, index = 1, 0  # the block's first line (1-based); valid rows before it
-        blocks = _line_blocks(path, self.block_size)
-        try:
-            for text in blocks:
-                lines = text.count(b"\n") + (not text.endswith(b"\n"))
-                block, errors = self._parse(text, path, line)
-                # in-block line of each parsed row: the lines the parser did not skip
-                rows_at = np.setdiff1d(np.arange(1, lines + 1), list(errors), assume_unique=True)
-                if len(rows_at) != block.num_rows:  # PyArrow also ends a line at a lone \r
-                    raise DataError(f"{path}:{line}: a carriage return inside a line within the next {lines} "
-                                    f"lines: not a Criteo TSV (lines end with \\n)")
-                ok = np.zeros(0, dtype=bool)
-                if block.num_rows:  # (a block of only bad lines has none to convert)
-                    dense, raw, labels, ok, why = self._convert(block)
-                    errors.update((int(rows_at[i]), why(int(i))) for i in np.flatnonzero(~ok))
-                for at in sorted(errors):
-                    if self.fail:
-                        raise DataError(f"{path}:{line + at - 1}: {errors[at]}")
-                    report.bad(path, line + at - 1, errors[at])
-                report.good(path, int(ok.sum()))
-                if ok.any():
-                    yield dense[ok], raw[ok], labels[ok], index + np.flatnonzero(ok)
-                line, index = line + lines, index + block.num_rows
-        except _Unreadable as e:
-            reason = f"{e.kind}: {e.cause}; {e.partial:,} bytes of that line read, nothing after it"
-            if self.fail:
-                raise DataError(f"{path}:{line}: unreadable from here ({reason})") from None
-            report.unreadable(path, line, reason)
+        """``read_tsv_file`` with this source's block size and bad-row mode, counting into the
+        source's report (``count``) or a scratch one."""
+        return read_tsv_file(path, self.block_size, self.fail, self._report if count else ReadReport())
 
-    def _parse(self, text: bytes, path: str, line: int) -> tuple[pa.RecordBatch, dict[int, str]]:
+    @staticmethod
+    def _parse(text: bytes, path: str, line: int) -> tuple[pa.RecordBatch, dict[int, str]]:
         """A block of whole lines as string columns, and the in-block lines (1-based) the
         parser skipped, with the reason: a wrong number of fields, or not UTF-8."""
         errors: dict[int, str] = {}
@@ -371,6 +341,43 @@ class CriteoTSV:
 
         features = np.log1p(np.maximum(dense, 0)).astype(np.float32)
         return features, raw, np.asarray(pc.cast(pc.if_else(pa.array(bad_label), "0", label), pa.float32())), ok, why
+
+
+def read_tsv_file(path: str, block_size: int, fail: bool, report: ReadReport) -> Iterator[tuple[np.ndarray, ...]]:
+    """The file's valid rows, block by block (what CriteoTSV reads and ``hybridrec.data.convert``
+    writes): (dense, raw ids, labels, index), where index is each row's position among the
+    file's structurally valid rows (what the validation holdout keys on: stable for a file,
+    whatever the block size). Every line is counted: kept (``rows``) or bad (``bad_rows``,
+    with file:line and the reason), and a broken stream's lost rest is reported as
+    ``unreadable`` from the line it starts at."""
+    line, index = 1, 0  # the block's first line (1-based); valid rows before it
+    blocks = _line_blocks(path, block_size)
+    try:
+        for text in blocks:
+            lines = text.count(b"\n") + (not text.endswith(b"\n"))
+            block, errors = CriteoTSV._parse(text, path, line)
+            # in-block line of each parsed row: the lines the parser did not skip
+            rows_at = np.setdiff1d(np.arange(1, lines + 1), list(errors), assume_unique=True)
+            if len(rows_at) != block.num_rows:  # PyArrow also ends a line at a lone \r
+                raise DataError(f"{path}:{line}: a carriage return inside a line within the next {lines} "
+                                f"lines: not a Criteo TSV (lines end with \\n)")
+            ok = np.zeros(0, dtype=bool)
+            if block.num_rows:  # (a block of only bad lines has none to convert)
+                dense, raw, labels, ok, why = CriteoTSV._convert(block)
+                errors.update((int(rows_at[i]), why(int(i))) for i in np.flatnonzero(~ok))
+            for at in sorted(errors):
+                if fail:
+                    raise DataError(f"{path}:{line + at - 1}: {errors[at]}")
+                report.bad(path, line + at - 1, errors[at])
+            report.good(path, int(ok.sum()))
+            if ok.any():
+                yield dense[ok], raw[ok], labels[ok], index + np.flatnonzero(ok)
+            line, index = line + lines, index + block.num_rows
+    except _Unreadable as e:
+        reason = f"{e.kind}: {e.cause}; {e.partial:,} bytes of that line read, nothing after it"
+        if fail:
+            raise DataError(f"{path}:{line}: unreadable from here ({reason})") from None
+        report.unreadable(path, line, reason)
 
 
 def _integer_cells(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
