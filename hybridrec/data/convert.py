@@ -28,6 +28,7 @@ import gzip
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 import zlib
@@ -144,6 +145,9 @@ _rows_done: Optional[Any] = None  # a worker's shared row counter (a multiproces
 def _init_worker(rows_done: Any) -> None:
     global _rows_done
     _rows_done = rows_done
+    # Ctrl-C is the main process's to handle: it stops the workers and removes their partial
+    # files (a worker would only die with a traceback of its own).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _count(rows: int) -> None:
