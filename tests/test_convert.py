@@ -2,7 +2,6 @@
 output, refusals, and training on its output equal to training on the TSV."""
 
 import glob
-import gzip
 import json
 import os
 import subprocess
