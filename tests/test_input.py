@@ -145,7 +145,7 @@ def test_the_tsv_reader_reads_each_line_once_over_ranks_and_workers(tmp_path):
     """Each rank parses its own shards: the lines counted over ranks and workers are the
     file's lines, once, however many passes evaluation makes."""
     totals = []
-    for world_size, workers in ((1, 0), (2, 0), (2, 2), (4, 1)):
+    for world_size, workers in ((1, 0), (2, 0), (2, 2), (4, 2)):
         reports = []
         for rank in range(world_size):
             source = _tsv(tmp_path)
@@ -175,6 +175,7 @@ def test_workers_stop_at_the_end_on_error_and_when_abandoned(tmp_path):
     assert len(list(loader.batches(source, "eval", 0, 1, num_workers=2))) == 3  # no hang at the end of a split
     assert multiprocessing.active_children() == []
     write(tmp_path / "bad.tsv", [row()] * 40 + ["1\tbroken"])
+    write(tmp_path / "eval.tsv", [row()] * 4)
     bad = CriteoTSV(batch_size=4, train_path=str(tmp_path / "bad.tsv"), eval_path=str(tmp_path / "eval.tsv"),
                     num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="fail", block_size_mb=1,
                     eval_batches=None, seed=0, shards=2)

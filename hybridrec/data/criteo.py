@@ -135,6 +135,7 @@ def validation_fraction(valid_path: Optional[str], valid_fraction: float) -> flo
 
 class CriteoTSV(Source):
     per_rank_report = True  # each rank reads (and counts) its own shards
+    sequential = True  # a shard is a stream of blocks
     def __init__(
         self,
         batch_size: int,

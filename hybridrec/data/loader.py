@@ -128,9 +128,10 @@ def batches(source: Source, split: str, rank: int, world_size: int, num_batches:
         cap = num_batches if num_batches is not None else source.eval_batches
         stop = per_epoch if cap is None else (cap if per_epoch is None else min(cap, per_epoch))
     ranges = plan_pieces(source, world_size, rank)
-    # (batch, piece) units are dealt to workers round-robin: a sequential piece must stay in
-    # one worker, so with P pieces at most gcd(W, P) workers are used (all W when P = 1)
-    workers = num_workers if len(ranges) == 1 or not num_workers else math.gcd(num_workers, len(ranges))
+    # (batch, piece) units are dealt to workers round-robin. A sequential reader must stay in
+    # one worker (else every worker would read, and count, the rows the others return), so a
+    # sequential source with P pieces uses gcd(W, P) workers; a random-access one uses all W.
+    workers = math.gcd(num_workers, len(ranges)) if source.sequential and num_workers else num_workers
     source.begin_pass(split, start // per_epoch if per_epoch else 0)
     stream = _Stream(source, split, ranges, start, stop, per_epoch, max(workers, 1))
     if workers:

@@ -120,6 +120,9 @@ class Source(ABC):
     splits: tuple[str, ...]
     eval_batches: Optional[int] = None
     """Cap on the global batches of an evaluated split (None = all of it)."""
+    sequential: bool = False
+    """``read`` of one piece must be called in batch order by one process (a stream reader);
+    False = any batch can be read anywhere (random access)."""
     extra_fields: tuple[str, ...] = ()
     """RANKING_FIELDS when the source yields RecBatch (MovieLens), else nothing."""
 
