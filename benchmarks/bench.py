@@ -17,8 +17,9 @@ one), so slow phases of a shared machine hit every configuration alike.
   the same steps. Step time p50/p95 and peak RSS per rank come from summary.json.
 - At 1 rank every sharding type puts every shard on the same rank: sharding is not varied
   there (sharding=auto), only dense mode and pipeline.
-- Folded in: FSDP2 vs DDP dense-state bytes (dense_memory.py), reader rows/s beside training
-  (data_throughput.py), and the comm/compute split of profiled runs (profile.enabled=true).
+- Folded in: FSDP2 vs DDP dense-state bytes (dense_memory.py), the input pipeline's per-rank
+  cost against world size and its rate beside training (input_scaling.py), and the
+  comm/compute split of profiled runs (profile.enabled=true).
 
     python benchmarks/bench.py                 # full suite (make bench), ~25-30 min on 2 cores
     python benchmarks/bench.py --preset quick  # representative subset (make bench-quick), < 5 min
@@ -68,8 +69,8 @@ class Preset:
     """Dense modes profiled once each (2 ranks, default sharding and pipeline); [] = none."""
     dense_memory_steps: int
     """0 = not run."""
-    reader_rows: int
-    """0 = not run."""
+    input: dict[str, Any]
+    """input_scaling.measure's arguments ({} = not run)."""
     reference_worlds: tuple[int, ...] = (1, 2)
     """World sizes the reference runs at."""
     overrides: list[str] = dataclasses.field(default_factory=list)
@@ -83,23 +84,26 @@ PRESETS = {
     # ~25-30 min on 2 CPU cores.
     "full": Preset(reps=3, steps=150, warmup=30, per_rank_batch=1024,
                    world1={"sharding": ["auto"], **BOTH}, world2={"sharding": SHARDINGS, **BOTH},
-                   profile=["ddp", "fsdp"], dense_memory_steps=8, reader_rows=300_000),
+                   profile=["ddp", "fsdp"], dense_memory_steps=8,
+                   input=dict(reps=3, tsv_rows=200_000, steps=12, train_steps=60)),
     # The default (fsdp) and ddp at both sizes beside the reference, every section of the
     # report: ~3 min on a quiet 2-core machine (6 min measured with the cores shared).
     "quick": Preset(reps=2, steps=80, warmup=20, per_rank_batch=1024,
                     world1={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
                     world2={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
-                    profile=[], dense_memory_steps=2, reader_rows=100_000),
+                    profile=[], dense_memory_steps=2,
+                    input=dict(reps=1, tsv_rows=50_000, steps=6, train_steps=40, quick=True, scale=4)),
     # A tiny model, to check the suite runs and its outputs are well-formed (CI): no timings.
     "smoke": Preset(reps=1, steps=6, warmup=2, per_rank_batch=64,
                     world1={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
                     world2={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
-                    profile=[], dense_memory_steps=1, reader_rows=4096, reference_worlds=(2,),
+                    profile=[], dense_memory_steps=1, reference_worlds=(2,),
+                    input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16),
                     overrides=TINY, dense_memory_model=TINY_DENSE),
 }
 REPORT_SECTIONS = ["## Machine and method", "## Answers", "## Throughput and ratio vs reference",
                    "## Memory per rank", "## Weak scaling", "## Communication share (profiled)",
-                   "## Dense-state memory: DDP vs FSDP2", "## Data readers vs training", "## Charts"]
+                   "## Dense-state memory: DDP vs FSDP2", "## Input pipeline", "## Charts"]
 CHARTS = ["throughput_by_strategy.png", "memory_per_rank.png", "reference_ratio.png", "scaling.png"]
 
 
@@ -428,14 +432,13 @@ def report(res: dict[str, Any]) -> str:
               *dense_memory.table(dm["ranks"])]
     else:
         L.append("Not run in this preset.")
-    L += ["", "## Data readers vs training", ""]
-    rd = res.get("readers")
-    if rd:
-        train = rd["training_samples_per_second"]
-        L += [f"`benchmarks/data_throughput.py` readers on {rd['rows']:,} Criteo-format rows, one process, "
-              f"beside training: {rd['training']} at {train:,.0f} samples/s (this run).", "",
-              "| reader | rows/s | x training |", "|---|---:|---:|"]
-        L += [f"| {n} | {r:,.0f} | {r / train:.1f}x |" for n, r in rd["rows_per_second"].items()]
+    L += ["", "## Input pipeline", ""]
+    if res.get("input"):
+        import input_scaling
+
+        L += [f"`benchmarks/input_scaling.py` (in this run):", "", *input_scaling.table(res["input"])]
+    else:
+        L.append("Not run in this preset.")
     L += ["", "## Charts", ""] + [f"![{c}]({c})" for c in CHARTS]
     return "\n".join(L) + "\n"
 
@@ -580,13 +583,10 @@ def main() -> None:
         ranks = dense_memory.run(p.dense_memory_steps, p.dense_memory_model or dense_memory.MODEL)
         res["dense_memory"] = {"steps": p.dense_memory_steps, "numel": ranks["ddp"][0]["numel"], "ranks": ranks,
                                "fsdp_over_ddp": max(dense_memory.totals(ranks)["fsdp"]) / max(dense_memory.totals(ranks)["ddp"])}
-    if p.reader_rows:
-        import data_throughput
+    if p.input:
+        import input_scaling
 
-        one = [c for c in configs if c["world_size"] == 1 and c["kind"] == "hybridrec"]
-        train = max(one, key=lambda c: c["median_samples_per_second"])
-        res["readers"] = {"rows": p.reader_rows, "rows_per_second": data_throughput.reader_rates(p.reader_rows),
-                          "training": train["name"], "training_samples_per_second": train["median_samples_per_second"]}
+        res["input"] = input_scaling.measure(**p.input)
     res["suite"]["duration_s"] = time.time() - started
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)

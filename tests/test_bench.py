@@ -83,7 +83,12 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     assert res["answers"]["default"] == "2 ranks · auto · fsdp · sparse_dist"
     assert set(res["dense_memory"]["ranks"]) == {"ddp", "fsdp"}
     assert all(len(v) == 2 for v in res["dense_memory"]["ranks"].values())
-    assert set(res["readers"]["rows_per_second"]) == {"TSV", "TSV gzip", "binary (npy)"}
+    sources = {"synthetic (ctr)", "Criteo TSV (8 shards)", "Criteo binary"}  # the smoke preset's (quick)
+    assert set(res["input"]["scaling"]) == set(res["input"]["rates"]) == sources
+    for s in res["input"]["scaling"].values():
+        assert set(s["weak"]) == set(s["strong"]) == {"1", "2", "4", "8"} and min(s["weak"].values()) > 0
+    assert set(res["input"]["training"]) == {"num_workers=0", "num_workers=2", "pre-built batch"}
+    assert all(v > 0 for v in res["input"]["converter"].values())
 
     # the report: every section, in order, and a table row per configuration
     text = open(out / "REPORT.md").read()
