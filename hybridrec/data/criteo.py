@@ -438,19 +438,19 @@ class _ShardReader:
             cycle += 1
 
     def _sample(self, raw: np.ndarray, ids: np.ndarray) -> None:
-        """Collisions in the tables, over the first rows of shard 0 (up to _COLLISION_SAMPLE)."""
+        """Keep the first rows of shard 0 (up to _COLLISION_SAMPLE) for the collision estimate."""
         self.sample.append((raw, ids))
-        full = sum(len(r) for r, _ in self.sample) >= _COLLISION_SAMPLE
-        names = [f.name for f in self.source.features]
-        raw_s, ids_s = (np.concatenate(parts)[:_COLLISION_SAMPLE] for parts in zip(*self.sample))
-        self.collisions = self.report.collisions = estimate_collisions(raw_s, ids_s, names)
-        if full:
+        if sum(len(r) for r, _ in self.sample) >= _COLLISION_SAMPLE:
             self.finish_sample()
 
     def finish_sample(self) -> None:
-        """The estimate is complete (the sample is full, or shard 0 has fewer rows): warn."""
+        """Estimate the tables' collisions on the sample (full, or all of shard 0's rows) once,
+        and warn: estimating as the sample grows would sort it again at every block."""
         if self.sample is not None:
-            warn_collisions(self.collisions, [f.name for f in self.source.features], self.source.sizes)
+            names = [f.name for f in self.source.features]
+            raw, ids = (np.concatenate(parts)[:_COLLISION_SAMPLE] for parts in zip(*self.sample))
+            self.report.collisions = estimate_collisions(raw, ids, names)
+            warn_collisions(self.report.collisions, names, self.source.sizes)
             self.sample = None
 
 

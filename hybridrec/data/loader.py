@@ -85,7 +85,8 @@ class _Stream(IterableDataset):
                     # unit u = (batch, piece) goes to worker u mod W; with W dividing P every
                     # worker keeps the same pieces (shards), with P = 1 whole batches alternate
                     if ((index - self.start) * pieces + p) % workers == worker:
-                        out.append(_Piece(index, p, self.source.read(self.split, epoch, at, lo, hi)))
+                        rows = self.source.read(self.split, epoch, at, lo, hi)
+                        out.append(_Piece(index, p, rows.pack() if info else rows))
                 # a pass of unknown length ends when every reader of this worker runs dry
                 # (other workers' pieces of the batch, if any, are padded by the loader)
                 if out and self.per_epoch is None and self.split != "train" and not any(len(o.rows) for o in out):
@@ -157,7 +158,7 @@ def batches(source: Source, split: str, rank: int, world_size: int, num_batches:
         if item.rows.report is not None:
             source.merge_report(item.rows.report)
             item.rows.report = None
-        pending[item.piece] = item.rows
+        pending[item.piece] = item.rows.unpack(len(source.features))
     if pending:
         yield _assemble(source, pending, len(ranges), per, train, pin_memory)
 
