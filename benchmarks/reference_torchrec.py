@@ -67,7 +67,9 @@ def optimizer_class(target: str) -> type:
 
 
 def kwargs(node) -> dict:
-    return {k: v for k, v in OmegaConf.to_container(node).items() if not k.startswith("_")}
+    from hybridrec.data import LOADER_KEYS  # the loader's settings, not the source's
+
+    return {k: v for k, v in OmegaConf.to_container(node).items() if not k.startswith("_") and k not in LOADER_KEYS}
 
 
 def train(cfg, steps: int, warmup: int) -> dict | None:

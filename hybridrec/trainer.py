@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import sys
+import threading
 import time
 import warnings
 from typing import Any, Optional
@@ -111,6 +112,9 @@ class Trainer:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
         batches = self._batches("train", cfg.steps, start=self.start_step)
         self.local_losses = torch.zeros(cfg.steps, device=self.device)
+        # tqdm's default lock is a multiprocessing semaphore: a rank stopped while another
+        # reports a data error would leave it behind, and Python warns of the leak at exit.
+        tqdm.set_lock(threading.RLock())
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc="train", unit="step", disable=self.rank != 0)
         profiler = self._profiler()
         self.start = time.perf_counter()

@@ -71,11 +71,11 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     return losses, model.state_dict(), norms
 
 
-def assert_same_training(a, b):
+def assert_same_training(a, b, state_tol=TOL):
     torch.testing.assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **TOL)
     assert a["state"].keys() == b["state"].keys()
     for key in a["state"]:
-        torch.testing.assert_close(a["state"][key], b["state"][key], **TOL, msg=key)
+        torch.testing.assert_close(a["state"][key], b["state"][key], **state_tol, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,10 @@ def test_one_rank_schedules_and_clipping_match_plain_pytorch(one_rank):
 SPLIT = "sharding.tables=[{match:'*',min_partition:4}]"  # 8-dim tables split into 2 x 4 columns
 # Column splits are exact under element-wise optimizers (see test_rowwise_adagrad_...).
 ADAGRAD = "optimizer.sparse._target_=torch.optim.Adagrad"
+# Element-wise Adagrad's first step is lr * g / (|g| + 1e-10): for a weight whose gradient
+# nearly cancels within the batch (|g| ~ 1e-9), the summation order moves the step by more
+# than fp32 noise elsewhere. Its weights are compared at atol 1e-5 (losses still at TOL).
+ADAGRAD_STATE_TOL = dict(rtol=1e-5, atol=1e-5)
 # warmup then cosine decay (sparse), warmup then polynomial decay (dense), clipping
 SCHEDULED = ["optimizer.sparse_schedule.warmup_steps=2", "optimizer.sparse_schedule.name=cosine",
              "optimizer.sparse_schedule.decay_start=3", "optimizer.sparse_schedule.decay_steps=4",
@@ -178,7 +182,7 @@ def test_two_ranks_match_one_rank(one_rank, tmp_path):
         if reference["grad_norms"]:  # clipping: the global norm is the single-process norm
             torch.testing.assert_close(torch.tensor(result["grad_norms"]), torch.tensor(reference["grad_norms"]), **TOL)
         try:
-            assert_same_training(result, reference)
+            assert_same_training(result, reference, ADAGRAD_STATE_TOL if ADAGRAD in overrides else TOL)
         except AssertionError as e:
             raise AssertionError(f"{name}: {e}") from None
 

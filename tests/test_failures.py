@@ -212,15 +212,17 @@ CRITEO = ["data=criteo", "data.batch_size=64", f"data.num_embeddings_per_feature
 
 @pytest.mark.parametrize("case,ranks", [("bad_row", 1), ("bad_row", 2), ("too_small", 1)])
 def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
+    """A bad row reaches one rank only (its shard): the others are stopped, quietly."""
     train = _criteo(tmp_path / "train.tsv", 300 if case == "bad_row" else 40, bad_line=150 if case == "bad_row" else None)
     test = _criteo(tmp_path / "test.tsv", 64)
+    shards = ["data.shards=1"] if case == "too_small" else []
     proc = subprocess.run(
-        [sys.executable, "-m", "hybridrec.train", *CRITEO, f"data.train_path={train}", f"data.eval_path={test}",
+        [sys.executable, "-m", "hybridrec.train", *CRITEO, *shards, f"data.train_path={train}", f"data.eval_path={test}",
          f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=240)
     expected = {"bad_row": f"hybridrec: {train}:150: int_0 '12x1",
-                "too_small": f"hybridrec: data.train_path has 40 usable rows, fewer than one global batch "
-                             f"(data.batch_size=64)"}[case]
+                "too_small": f"hybridrec: data.train_path has 40 usable rows in shard 0 of data.shards=1, fewer "
+                             f"than its 64 rows of one global batch (data.batch_size=64)"}[case]
     assert _one_line_error(proc).startswith(expected)
     assert "[rank" not in proc.stderr and "ChildFailedError" not in proc.stderr
 

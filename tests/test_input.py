@@ -47,7 +47,9 @@ def global_batches(source, split: str, world_size: int, workers: int, n: int = N
             cols = [_columns(b.batch) for b in parts]
             whole = {k: torch.cat([c[k] for c in cols]) for k in cols[0]}
             keep = {k: v[real] for k, v in whole.items() if not k.endswith(".values")}  # row columns
-            out.append((keep, {k: v for k, v in whole.items() if k.endswith(".values")}, int(real.sum())))
+            ids = {k: v[torch.repeat_interleave(real, whole[k.replace(".values", ".lengths")])]
+                   for k, v in whole.items() if k.endswith(".values")}  # the real rows' ids
+            out.append((keep, ids, int(real.sum())))
     return out
 
 
@@ -58,7 +60,7 @@ def assert_same(a, b):
             assert x[2] == y[2]
             for k in x[0]:
                 assert torch.equal(x[0][k], y[0][k]), k
-            for k in x[1]:  # padding rows have no ids: the values are the real rows' values
+            for k in x[1]:
                 assert torch.equal(x[1][k], y[1][k]), k
         else:
             for k in x:

@@ -430,10 +430,12 @@ class _ShardReader:
                 self.finish_sample()
             if self.split != "train":
                 return
-            if rows == 0:
+            m = src.batch_size // src.shards
+            if rows < m:  # a global batch would hold one of the shard's rows twice
                 raise DataError(
-                    f"data.train_path: shard {self.shard} of data.shards={src.shards} has no usable row (the files "
-                    f"are too small or too damaged for {src.shards} shards): lower data.shards"
+                    f"data.train_path has {rows} usable rows in shard {self.shard} of data.shards={src.shards}, "
+                    f"fewer than its {m} rows of one global batch (data.batch_size={src.batch_size}): "
+                    f"use more training rows, a smaller data.batch_size or fewer data.shards"
                 )
             cycle += 1
 

@@ -104,7 +104,7 @@ def check_splits(source: Source) -> None:
     """Refuse a split with nothing to train on or to score, before training starts."""
     for split in source.splits:
         n = source.num_batches(split)
-        if n == 0 or (n is None and split != "train" and not source.has_rows(split)):
+        if n == 0 or (n is None and not source.has_rows(split)):
             raise DataError(
                 f"the {split} split has " + (f"fewer rows than one global batch (data.batch_size={source.batch_size})"
                                              if split == "train" else "no rows to evaluate")

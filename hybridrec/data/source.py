@@ -72,14 +72,15 @@ class Rows:
         return torch.ones(len(self), dtype=torch.bool) if self.real is None else self.real
 
     def padded(self, n: int) -> "Rows":
-        """These rows and ``n - len(self)`` padding rows after them: dense 0, no ids (length
-        0), label 0, weight 0, not real."""
+        """These rows and ``n - len(self)`` padding rows after them: dense 0, one id 0 per
+        feature (models may rely on one item id per row), label 0, weight 0, not real."""
         pad = n - len(self)
         if pad <= 0:
             return self
         zeros = lambda t: torch.zeros((pad, *t.shape[1:]), dtype=t.dtype)
         cat = lambda t: torch.cat([t, zeros(t)])
-        return Rows(cat(self.dense), self.ids, [cat(n_) for n_ in self.lengths], cat(self.labels),
+        ones = lambda t: torch.cat([t, torch.ones(pad, dtype=t.dtype)])
+        return Rows(cat(self.dense), [cat(i) for i in self.ids], [ones(n_) for n_ in self.lengths], cat(self.labels),
                     {k: cat(v) for k, v in self.extra.items()},
                     torch.cat([self.real_mask(), torch.zeros(pad, dtype=torch.bool)]), self.report)
 
