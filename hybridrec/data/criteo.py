@@ -397,12 +397,23 @@ class _ShardReader:
                 break
             self.parts.append(part)
             self.buffered += len(part[0])
-        joined = tuple(np.concatenate(cols) for cols in zip(*self.parts)) if self.parts else (
-            np.zeros((0, INT_FEATURES), np.float32), np.zeros((0, CAT_FEATURES), np.int64), np.zeros(0, np.float32))
-        out, rest = tuple(a[:n] for a in joined), tuple(a[n:] for a in joined)
-        self.parts, self.buffered = ([rest] if len(rest[0]) else []), len(rest[0])
-        self.position += len(out[0])
-        return out
+        out, need = [], n
+        while need and self.parts:  # views of the buffered blocks: only the n rows are copied
+            head = self.parts[0]
+            if len(head[0]) <= need:
+                out.append(self.parts.pop(0))
+                need -= len(head[0])
+            else:
+                out.append(tuple(a[:need] for a in head))
+                self.parts[0] = tuple(a[need:] for a in head)
+                need = 0
+        taken = n - need
+        self.buffered -= taken
+        self.position += taken
+        if not out:
+            return (np.zeros((0, INT_FEATURES), np.float32), np.zeros((0, CAT_FEATURES), np.int64),
+                    np.zeros(0, np.float32))
+        return tuple(np.concatenate(cols) for cols in zip(*out)) if len(out) > 1 else out[0]
 
     def _rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         src, cycle = self.source, 0
