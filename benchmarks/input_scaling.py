@@ -149,8 +149,9 @@ def scaling(makers: dict[str, Callable[[int], Any]], reps: int, sizes: dict[str,
         n = steps * 12 if "TSV" in name else steps
         weak_n = n * 4 if "TSV" in name else n
         for world in WORLDS:
-            configs.append((f"{name}|weak|{world}", lambda m=make, w=world, l=per_rank: step_ms(m, l * w, w, weak_n)))
-            configs.append((f"{name}|strong|{world}", lambda m=make, w=world, b=fixed: step_ms(m, b, w, n)))
+            configs.append((f"{name}|weak|{world}",
+                            lambda m=make, w=world, l=per_rank, k=weak_n: step_ms(m, l * w, w, k)))
+            configs.append((f"{name}|strong|{world}", lambda m=make, w=world, b=fixed, k=n: step_ms(m, b, w, k)))
     runs = alternate(configs, reps)
     out: dict[str, Any] = {}
     for key, values in runs.items():
@@ -162,7 +163,8 @@ def scaling(makers: dict[str, Callable[[int], Any]], reps: int, sizes: dict[str,
 
 def input_rates(makers: dict[str, Callable[[int], Any]], reps: int, batch: int, steps: int) -> dict[str, Any]:
     """Rows/s into one rank's batches, 0 and 2 workers."""
-    configs = [(f"{name}|{w}", lambda m=make, w=w: batch / step_ms(m, batch, 1, steps, workers=w) * 1000)
+    configs = [(f"{name}|{w}", lambda m=make, w=w, k=steps * 12 if "TSV" in name else steps:
+                batch / step_ms(m, batch, 1, k, workers=w) * 1000)  # (TSV: parse many blocks, see scaling)
                for name, make in makers.items() for w in (0, 2)]
     runs = alternate(configs, reps)
     out: dict[str, dict[str, float]] = {}
