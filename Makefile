@@ -42,7 +42,7 @@ train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hy
 test: install $(MOVIELENS) ## run the test suite (fetches MovieLens-100k first: the experiments are tested on it)
 	$(PY) -m pytest -q $(ARGS)
 
-bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~25-30 min on 2 CPU cores)
+bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~30-35 min on 2 CPU cores)
 	$(PY) benchmarks/bench.py $(ARGS)
 
 bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/

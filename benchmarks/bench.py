@@ -21,7 +21,7 @@ one), so slow phases of a shared machine hit every configuration alike.
   cost against world size and its rate beside training (input_scaling.py), and the
   comm/compute split of profiled runs (profile.enabled=true).
 
-    python benchmarks/bench.py                 # full suite (make bench), ~25-30 min on 2 cores
+    python benchmarks/bench.py                 # full suite (make bench), ~30-35 min on 2 cores
     python benchmarks/bench.py --preset quick  # representative subset (make bench-quick), < 5 min
     python benchmarks/bench.py --preset smoke --out /tmp/b   # tiny: checks the outputs only
 Writes <out>/results.json (every raw number), REPORT.md and PNG charts, and each run's own
@@ -80,8 +80,8 @@ class Preset:
 
 BOTH = {"mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist", "base"]}
 PRESETS = {
-    # 3 x (20 + 4 hybridrec runs + 2 reference runs) + profiles, dense memory, readers:
-    # ~25-30 min on 2 CPU cores.
+    # 3 x (20 + 4 hybridrec runs + 2 reference runs) + profiles, dense memory, input:
+    # ~30-35 min on 2 CPU cores (the input section: ~7 min).
     "full": Preset(reps=3, steps=150, warmup=30, per_rank_batch=1024,
                    world1={"sharding": ["auto"], **BOTH}, world2={"sharding": SHARDINGS, **BOTH},
                    profile=["ddp", "fsdp"], dense_memory_steps=8,
