@@ -166,7 +166,7 @@ class CriteoDataConfig(DataConfig):
     end, kept apart from the test set. Must not share a file with train or eval."""
     valid_fraction: float = 0.0
     """Instead of valid_path: this share of the training rows, chosen by the seed (a hash of
-    file and line), held out for validation."""
+    the file and the line's byte offset), held out for validation."""
     num_embeddings_per_feature: list[int] = field(default_factory=lambda: list(CRITEO_KAGGLE_CAPPED))
     """Rows of each of the 26 tables."""
     id_mapping: IdMapping = IdMapping.modulo
