@@ -53,7 +53,7 @@ def design(data: MovieLens, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tenso
     offsets, start = {}, 0
     for f in data.features:
         offsets[f.name], start = start, start + f.num_embeddings
-    batch = data._batch(rows)  # the exact batches the DLRM sees
+    batch = data._pairs_batch(data.user[rows], data.item[rows], data.rating[rows], np.ones(len(rows)))  # what the DLRM sees
     kjt = batch.sparse_features
     values = torch.cat([kjt[k].values() + offsets[k] for k in kjt.keys()])
     sample = torch.cat([torch.repeat_interleave(torch.arange(len(rows)), kjt[k].lengths().long()) for k in kjt.keys()])
@@ -140,7 +140,7 @@ def main() -> None:
         f"validation split only: the baseline's L2 ({best:g}, of "
         f"{', '.join(f'{k:g}: {v:.4f}' for k, v in scores.items())} validation AUC), and the experiment's "
         "settings (the sweep below). Test metrics are computed once per model. DLRM: `+experiment=movielens` "
-        f"(test on the full batches: {dlrm['n']:,} of {len(test):,} test ratings).",
+        f"(scored on {dlrm['n']:,} of {len(test):,} test ratings).",
         "",
         "| model | test AUC | NE | logloss | calibration | validation AUC |",
         "|---|---:|---:|---:|---:|---:|",
