@@ -1,12 +1,8 @@
-"""Data sources (one module each). Every source yields torchrec ``Batch`` objects.
+"""Data sources (one module each) and what they share: errors, read reports, RecBatch.
 
-A source exposes ``features`` (one SparseFeature per embedding table), ``num_dense_features``,
-``batch_size`` (global), ``splits`` (the splits it serves: ``train``, ``eval`` = the test
-set, and ``valid`` when a validation split is configured), ``batches(split, rank,
-world_size, num_batches)`` and ``report()``. ``batches`` gives rank r the rows
-[r * L, (r + 1) * L) of every global batch of L * world_size rows, so the global batches are
-the same for any world size and every rank runs the same number of steps (a partial last
-global batch is dropped, and counted).
+The contract a source implements is ``hybridrec.data.source.Source`` ("rows [a, b) of global
+batch k", and the number of global batches); the input loop every source shares, with
+epochs, resume, padding and worker processes, is ``hybridrec.data.loader``.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import os
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 @dataclass(frozen=True)
@@ -85,22 +80,6 @@ def holdout(seed: int, stream: int, rows: np.ndarray, fraction: float) -> np.nda
     return (x >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
 
 
-def make_batch(
-    dense: np.ndarray, ids: list[tuple[np.ndarray, np.ndarray]], labels: np.ndarray, keys: list[str]
-) -> Batch:
-    """A torchrec Batch from arrays: dense (b, d), per feature (values, lengths) with one
-    length per sample, labels (b,)."""
-    return Batch(
-        dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
-        sparse_features=KeyedJaggedTensor.from_lengths_sync(
-            keys=keys,
-            values=torch.from_numpy(np.concatenate([v for v, _ in ids]).astype(np.int64)),
-            lengths=torch.from_numpy(np.concatenate([n for _, n in ids]).astype(np.int32)),
-        ),
-        labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32)),
-    )
-
-
 @dataclass
 class RecBatch(Batch):
     """A Batch with what ranking objectives and metrics need beside the binary label.
@@ -132,28 +111,15 @@ class RecBatch(Batch):
         return RecBatch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
 
 
-def rec_batch(batch: Batch, relevance: np.ndarray, weights: np.ndarray, query: np.ndarray,
-              log_q: np.ndarray) -> RecBatch:
-    as_f32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-    return RecBatch(batch.dense_features, batch.sparse_features, batch.labels, as_f32(relevance),
-                    as_f32(weights), torch.from_numpy(np.ascontiguousarray(query, dtype=np.int64)), as_f32(log_q))
-
-
 def _clip(reason: str, limit: int = 300) -> str:
     """A reason from any source, bounded: the last guard against a huge value in a report."""
     return reason if len(reason) <= limit else f"{reason[:limit]}…({len(reason.encode())} bytes)"
 
 
 def one_hot(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(b, F) ids, one per sample and feature, as make_batch's (values, lengths) pairs."""
+    """(b, F) ids, one per sample and feature, as ``Rows.of``'s (values, lengths) pairs."""
     ones = np.ones(ids.shape[0], dtype=np.int32)
     return [(ids[:, f], ones) for f in range(ids.shape[1])]
-
-
-def rank_rows(global_rows: int, rank: int, world_size: int) -> slice:
-    """This rank's rows of a global batch."""
-    local = global_rows // world_size
-    return slice(rank * local, (rank + 1) * local)
 
 
 def shorten(value: Any, limit: int = 40) -> str:

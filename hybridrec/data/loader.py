@@ -5,8 +5,8 @@ last evaluated batch, worker processes and read-report merging.
 batches ``start`` .. ``num_batches - 1`` of ``split``. Training passes over the split again
 and again (epochs); a partial last global batch is dropped by the source and counted.
 An evaluated split (``valid``, ``eval``) is one pass that scores every row: its last batch
-is padded with rows that carry no ids and weight 0, and ``EvalBatch.real`` marks the rows
-that count. Ranks can run out at different batches (sharded sources); ``Trainer.evaluate``
+is padded with rows of weight 0 (dense 0, id 0 in every feature), and ``EvalBatch.real``
+marks the rows that count. Ranks can run out at different batches (sharded sources); ``Trainer.evaluate``
 agrees on the end with one all-reduce per batch.
 
 Workers: ``num_workers`` > 0 builds batches in ``torch.utils.data.DataLoader`` worker
@@ -68,9 +68,9 @@ class _Stream(IterableDataset):
     """The pieces of this rank's batches, for the worker it runs in (all of them inline)."""
 
     def __init__(self, source: Source, split: str, ranges: list[tuple[int, int]], start: int,
-                 stop: Optional[int], per_epoch: Optional[int], workers: int) -> None:
+                 stop: Optional[int], per_epoch: Optional[int]) -> None:
         self.source, self.split, self.ranges = source, split, ranges
-        self.start, self.stop, self.per_epoch, self.workers = start, stop, per_epoch, workers
+        self.start, self.stop, self.per_epoch = start, stop, per_epoch
 
     def __iter__(self) -> Iterator[Union[_Piece, _Failed]]:
         info = get_worker_info()
@@ -105,10 +105,13 @@ def check_splits(source: Source) -> None:
     for split in source.splits:
         n = source.num_batches(split)
         if n == 0 or (n is None and not source.has_rows(split)):
-            raise DataError(
-                f"the {split} split has " + (f"fewer rows than one global batch (data.batch_size={source.batch_size})"
-                                             if split == "train" else "no rows to evaluate")
-            )
+            raise _empty(source, split)
+
+
+def _empty(source: Source, split: str) -> DataError:
+    return DataError(f"the {split} split has " + (
+        f"fewer rows than one global batch (data.batch_size={source.batch_size})" if split == "train"
+        else "no rows to evaluate"))
 
 
 def batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
@@ -122,7 +125,7 @@ def batches(source: Source, split: str, rank: int, world_size: int, num_batches:
         raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
     per_epoch = source.num_batches(split)
     if per_epoch == 0:
-        raise DataError(f"the {split} split has fewer rows than one global batch (data.batch_size={source.batch_size})")
+        raise _empty(source, split)
     if train:
         stop = num_batches
     else:
@@ -134,7 +137,7 @@ def batches(source: Source, split: str, rank: int, world_size: int, num_batches:
     # sequential source with P pieces uses gcd(W, P) workers; a random-access one uses all W.
     workers = math.gcd(num_workers, len(ranges)) if source.sequential and num_workers else num_workers
     source.begin_pass(split, start // per_epoch if per_epoch else 0)
-    stream = _Stream(source, split, ranges, start, stop, per_epoch, max(workers, 1))
+    stream = _Stream(source, split, ranges, start, stop, per_epoch)
     if workers:
         pieces: Iterator = iter(DataLoader(stream, batch_size=None, num_workers=workers, prefetch_factor=prefetch,
                                            persistent_workers=False, multiprocessing_context="fork"))
