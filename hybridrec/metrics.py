@@ -1,4 +1,4 @@
-"""Evaluation metrics (TorchRec's formulas), step timing, the profiler's comm/compute split,
+"""Evaluation metrics (TorchRec's formulas), step timing, the profiler's comm/compute split and step breakdown,
 and the run's output files: metrics.jsonl, summary.json, report.png, TensorBoard events."""
 
 from __future__ import annotations
@@ -151,6 +151,97 @@ def comm_compute_split(events: Any) -> dict[str, Any]:
         "comm_share": comm / window if window else 0.0,
         "comm_ms_by_kind": {k: _union_us(v) / 1000 for k, v in sorted(by_kind.items())},
     }
+
+
+# Per-step phases of the host's main thread, innermost match wins (TorchRec's pipelines and
+# sharded modules, FSDP2 and c10d label their work with record_function; the names are theirs).
+# Anything inside a phase without a label of its own (aten ops) belongs to that phase.
+BREAKDOWN_PHASES = ("input", "embedding lookup + all-to-all", "dense forward + backward",
+                    "dense collective", "optimizer", "other")
+_PHASE_LABELS = (
+    ("input", ("## next_batch", "## load_batch", "copy_batch_to_gpu", "## wait_for_batch")),
+    ("embedding lookup + all-to-all", (
+        "sparse_data_dist", "kjtlistawaitable", "[lookup]", "[output_dist", "embeddingbagcollectionawaitable",
+        "all2all", "splitlookupfunction", "fbgemm::", "dmp_collection_sync", "alltoall")),
+    ("dense collective", ("fsdp::all_gather", "fsdp::post_backward_reduce", "fsdp::reduce_scatter",
+                          "c10d::allreduce", "c10d::_allgather_base", "c10d::allgather",
+                          "c10d::_reduce_scatter_base", "c10d::reduce_scatter")),
+    ("optimizer", ("## optimizer",)),
+    ("dense forward + backward", ("## forward", "## backward", "## zero_grad")),
+)
+# A collective running on the backend's own thread while the main thread sits in a phase
+# with no op of its own (a wait: DDP's reducer, an awaitable) is charged to that collective.
+_WAIT_KINDS = (("all_to_all", "embedding lookup + all-to-all"), ("alltoall", "embedding lookup + all-to-all"))
+
+
+def _phase(name: str) -> Optional[str]:
+    name = name.lower()
+    return next((phase for phase, labels in _PHASE_LABELS if any(s in name for s in labels)), None)
+
+
+def step_breakdown(events: Any) -> dict[str, float]:
+    """Milliseconds per profiled step in each of BREAKDOWN_PHASES, summing to the step time.
+
+    Host wall time of the thread that runs the steps. Each instant goes to the innermost
+    labelled event around it (see _PHASE_LABELS), so the embedding lookup inside the model's
+    forward counts as embedding, not as dense forward. The sparse optimizer is fused into the
+    embedding backward (fbgemm) and counts there; "optimizer" is the dense optimizer. Time in
+    a phase with no op running (the thread waiting) while a collective runs on the backend's
+    thread is charged to that collective: embedding for all-to-all, dense collective for the
+    rest. "other" is the remainder: Python, logging, the loss's all-reduce.
+    """
+    steps = [e for e in events if e.name.startswith("ProfilerStep")]
+    if not steps:
+        return {}
+    main = steps[0].thread
+    windows = sorted((e.time_range.start, e.time_range.end) for e in steps)
+    lo, hi = windows[0][0], windows[-1][1]
+    ops = sorted(((e.time_range.start, e.time_range.end, _phase(e.name)) for e in events
+                  if e.thread == main and not e.name.startswith("ProfilerStep")
+                  and e.time_range.end > lo and e.time_range.start < hi), key=lambda x: (x[0], -x[1]))
+    # Sweep: segments (start, end, phase, idle); idle = the thread is in no op, or only in a
+    # phase's own span with no child op open (waiting, not computing).
+    segments: list[tuple[float, float, str, bool]] = []
+    stack: list[tuple[float, Optional[str]]] = []  # open ops: (end, phase or None = inherit)
+    cursor = lo
+
+    def advance(to: float) -> None:
+        nonlocal cursor
+        while cursor < to:
+            while stack and stack[-1][0] <= cursor:
+                stack.pop()
+            end = min(to, stack[-1][0]) if stack else to
+            phase = next((p for _, p in reversed(stack) if p), "other")
+            idle = not stack or stack[-1][1] in ("dense forward + backward", "optimizer")
+            segments.append((cursor, end, phase, idle))
+            cursor = end
+
+    for start, end, phase in ops:
+        advance(max(start, lo))
+        stack.append((min(end, hi), phase))
+    advance(hi)
+    # Collectives on the backend's threads (gloo work, NCCL kernels), as disjoint intervals.
+    comm: list[tuple[float, float, str]] = []
+    reach = -math.inf
+    for s, e, name in sorted((e.time_range.start, e.time_range.end, e.name.lower()) for e in events
+                             if e.thread != main and e.name.lower().startswith(("gloo:", "nccl"))):
+        if e > max(s, reach):
+            comm.append((max(s, reach), e, next((p for k, p in _WAIT_KINDS if k in name), "dense collective")))
+            reach = e
+    totals = dict.fromkeys(BREAKDOWN_PHASES, 0.0)
+    for a, b, phase, idle in segments:
+        for wa, wb in windows:  # only time inside the profiled steps
+            sa, sb = max(a, wa), min(b, wb)
+            if sb <= sa:
+                continue
+            waited = 0.0
+            if idle:
+                for ca, cb, kind in comm:
+                    if (ob := min(sb, cb) - max(sa, ca)) > 0:
+                        totals[kind] += ob
+                        waited += ob
+            totals[phase] += sb - sa - waited
+    return {p: round(v / 1000 / len(steps), 3) for p, v in totals.items()}
 
 
 # ------------------------------------------------------------------------------ files

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,7 @@ from hybridrec.metrics import (
     format_eval,
     ranking_metrics,
     comm_compute_split,
+    step_breakdown,
     format_summary,
     peak_rss_mb,
     percentiles_ms,
@@ -251,7 +252,8 @@ class Trainer:
 
         def on_trace_ready(prof: torch.profiler.profile) -> None:
             prof.export_chrome_trace(os.path.join(trace_dir, f"trace_rank{self.rank}.json"))
-            self.profile = {"rank": self.rank, **comm_compute_split(prof.events())}
+            events = prof.events()
+            self.profile = {"rank": self.rank, **comm_compute_split(events), "breakdown_ms": step_breakdown(events)}
 
         profiler = torch.profiler.profile(
             activities=activities,
@@ -446,6 +448,17 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
+def intra_op_threads(cfg: DictConfig, device: torch.device, env: Mapping[str, str]) -> Optional[int]:
+    """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
+    if cfg.launcher.threads_per_rank:
+        return cfg.launcher.threads_per_rank
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in env:
+        # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
+        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores.
+        return max(1, (os.cpu_count() or 1) // int(env.get("LOCAL_WORLD_SIZE", 1)))
+    return None
+
+
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
 def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str, Any]:
     """One rank's whole job: process group, Trainer, summary (rank 0), teardown.
@@ -454,11 +467,8 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str
     one line itself; the rank then records the message in the elastic error file and exits
     quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller."""
     device = pick_device(cfg)
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
-        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores.
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    if threads := intra_op_threads(cfg, device, os.environ):
+        torch.set_num_threads(threads)
     init_distributed(device, cfg.launcher.collective_timeout_s)
     summary = None
     try:

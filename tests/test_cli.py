@@ -67,6 +67,9 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
         assert (run_dir / "profile" / f"trace_rank{r}.json").stat().st_size > 0
         assert p["profiled_steps"] == 5 and 0 < p["comm_share"] < 1
         assert p["comm_ms"] + p["compute_ms"] == pytest.approx(p["profiled_ms"])
+        # the per-step breakdown covers the step: its phases add up to the profiled time
+        assert sum(p["breakdown_ms"].values()) * 5 == pytest.approx(p["profiled_ms"], rel=1e-3)
+        assert p["breakdown_ms"]["dense forward + backward"] > 0 and p["breakdown_ms"]["embedding lookup + all-to-all"] > 0
         assert "embedding all-to-all" in p["comm_ms_by_kind"]
     # the plot and the TensorBoard events
     assert open(run_dir / "report.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrec.metrics import binary_metrics, comm_compute_split, percentiles_ms
+from hybridrec.metrics import BREAKDOWN_PHASES, binary_metrics, comm_compute_split, percentiles_ms, step_breakdown
 
 
 def test_binary_metrics_by_hand():
@@ -32,8 +32,8 @@ def test_auc_matches_pairwise_count_on_random_scores():
     assert m["auc"] == pytest.approx(pairwise, abs=1e-9)
 
 
-def _event(name, start, end):
-    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end))
+def _event(name, start, end, thread=1):
+    return SimpleNamespace(name=name, thread=thread, time_range=SimpleNamespace(start=start, end=end))
 
 
 def test_comm_split_adds_up_and_does_not_double_count_overlaps():
@@ -48,6 +48,38 @@ def test_comm_split_adds_up_and_does_not_double_count_overlaps():
     assert s["comm_ms"] + s["compute_ms"] == pytest.approx(s["profiled_ms"])
     assert s["comm_share"] == pytest.approx(0.2)
     assert s["comm_ms_by_kind"]["embedding all-to-all"] == pytest.approx(0.02)
+
+
+def test_step_breakdown_innermost_label_wins_and_waits_go_to_the_collective():
+    main = [
+        _event("ProfilerStep#1", 0, 1000), _event("ProfilerStep#2", 1000, 2000),
+        _event("## next_batch ##", 0, 50),
+        _event("## forward 1 ##", 50, 400),
+        _event("aten::addmm", 60, 160),  # unlabelled: dense, like its phase
+        _event("FSDP::all_gather", 160, 200),
+        _event("[lookup]_[model.sparse_arch.ebc]_[table_wise]", 200, 300),
+        _event("fbgemm::split_embedding_codegen_lookup", 210, 290),  # inside a lookup: still embedding
+        _event("## backward 1 ##", 400, 900),
+        _event("aten::mm", 400, 600),
+        # 600-700: the backward's own span, no op open, while gloo reduces on its thread
+        _event("## optimizer 1 ##", 900, 950),
+        # 950-1000: no event at all -> other
+        _event("## forward 2 ##", 1000, 2000),
+        _event("aten::mm", 1000, 1500),
+        # 1500-2000: forward's own span while an all-to-all runs: a wait for the embeddings
+    ]
+    workers = [_event("gloo:all_reduce", 600, 700, thread=2), _event("gloo:all_to_all", 1500, 1800, thread=2),
+               _event("gloo:all_to_all", 550, 580, thread=3)]  # overlaps compute: not a wait
+    b = step_breakdown(main + workers)
+    assert list(b) == list(BREAKDOWN_PHASES)
+    assert sum(b.values()) == pytest.approx(1.0)  # ms per step: 2 steps of 1000 us
+    assert b["input"] == pytest.approx(0.025)
+    assert b["dense collective"] == pytest.approx((40 + 100) / 2000)
+    assert b["embedding lookup + all-to-all"] == pytest.approx((100 + 300) / 2000)
+    assert b["optimizer"] == pytest.approx(0.025)
+    assert b["other"] == pytest.approx(0.025)
+    dense = (350 - 40 - 100) + (500 - 100) + 1000 - 300
+    assert b["dense forward + backward"] == pytest.approx(dense / 2000)
 
 
 def test_step_time_percentiles():
