@@ -175,6 +175,12 @@ def parallelize(
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
     mesh = cfg.mesh
+    if mesh.compile:
+        # The block's forward, not the module: DDP's and FSDP2's hooks run around the compiled
+        # code (as torchtitan compiles blocks before fully_shard), and the module keeps its
+        # class and parameter names, so plans and checkpoints do not change.
+        for block in model.dense_units():
+            block.forward = torch.compile(block.forward)
     qcomms = None
     if (mesh.embedding_comms_forward, mesh.embedding_comms_backward) != (CommPrecision.fp32,) * 2:
         qcomms = get_qcomm_codecs_registry(

@@ -166,6 +166,7 @@ def test_lr_schedule_formula():
         (["mesh.reshard_after_forward=0"], 2, "reshard_after_forward"),
         (["optimizer.dense_schedule.name=cosine"], 1, "needs decay_steps >= 1"),
         (["optimizer.clip_grad_norm=-1"], 1, "clip_grad_norm"),
+        (["launcher.threads_per_rank=0"], 1, "threads_per_rank must be >= 1"),
     ],
 )
 def test_mesh_and_optimizer_validation(overrides, world_size, message):

@@ -1,0 +1,41 @@
+"""Performance options: intra-op threads per rank, and torch.compile of the dense blocks."""
+
+import pytest
+import torch
+from conftest import compose_cfg
+from dist_helpers import launch
+
+from hybridrec.trainer import intra_op_threads
+
+BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "model.embedding_dim=16",
+        "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]", "data.batch_size=64",
+        "train.steps=6", "train.eval_every=0", "data.eval_batches=1", "mesh=single"]
+
+
+def test_threads_per_rank_split_the_cores_unless_set():
+    cpu = torch.device("cpu")
+    cores = torch.multiprocessing.cpu_count()
+    assert intra_op_threads(compose_cfg(["launcher.threads_per_rank=3"]), cpu, {}) == 3
+    assert intra_op_threads(compose_cfg([]), cpu, {"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg([]), cpu, {"OMP_NUM_THREADS": "1"}) is None  # the user's choice stands
+    assert intra_op_threads(compose_cfg([]), torch.device("cuda"), {}) is None
+
+
+def compiled_losses(cfg, run_dir):
+    from dist_helpers import _train_each
+    from torch._dynamo.utils import counters
+
+    def collect(trainer, summary):
+        return {"losses": list(trainer.losses), "graphs": counters["stats"]["unique_graphs"]}
+
+    return _train_each([cfg], run_dir, collect)[0]
+
+
+@pytest.mark.slow
+def test_compiled_dense_blocks_train_like_eager(tmp_path):
+    """mesh.compile=true really compiles (dynamo makes graphs) and trains to the eager losses
+    (inductor may reorder float sums: close, not bit-equal)."""
+    eager = launch(compiled_losses, 1, compose_cfg(BASE), str(tmp_path / "eager"))
+    compiled = launch(compiled_losses, 1, compose_cfg(BASE + ["mesh.compile=true"]), str(tmp_path / "compiled"))
+    assert eager["graphs"] == 0 and compiled["graphs"] >= 2  # one per dense block at least
+    torch.testing.assert_close(torch.tensor(compiled["losses"]), torch.tensor(eager["losses"]), rtol=0, atol=1e-5)
