@@ -5,7 +5,9 @@ README is typed by hand.
     python benchmarks/readme_numbers.py --check  # exit 1 if the README is out of date
 
 A block is ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` in README.md; its content
-becomes the first markdown table of ``benchmarks/results/NAME.md``.
+becomes the first markdown table of ``benchmarks/results/NAME.md``. ``NAME#heading-slug`` takes
+the section ``## Heading`` of that file instead: its first table, or its first bullet list
+when it has no table (REPORT.md's "Answers").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BLOCK = re.compile(r"(<!-- results:(\w+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+BLOCK = re.compile(r"(<!-- results:([\w#-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 
 def first_table(markdown: str) -> str:
@@ -31,11 +33,40 @@ def first_table(markdown: str) -> str:
     return "\n".join(table) + "\n"
 
 
+def slug(heading: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
+
+
+def section(markdown: str, heading_slug: str) -> str:
+    """The lines under the ``## `` heading whose slug is ``heading_slug`` (``Where the time
+    goes (profiled)`` -> ``where-the-time-goes-profiled``), up to the next such heading."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("## ") and slug(line[3:]) == heading_slug) + 1
+    end = next((i for i in range(start, len(lines)) if re.match(r"#{1,2} ", lines[i])), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def first_list(markdown: str) -> str:
+    items = []
+    for line in markdown.splitlines():
+        if line.startswith("- ") or (items and line.startswith("  ")):
+            items.append(line)
+        elif items:
+            break
+    if not items:
+        raise ValueError("no bullet list")
+    return "\n".join(items) + "\n"
+
+
 def render(readme: str) -> str:
     def fill(m: re.Match) -> str:
-        path = os.path.join(ROOT, "benchmarks", "results", f"{m.group(2)}.md")
-        with open(path) as f:
-            return m.group(1) + first_table(f.read()) + m.group(4)
+        name, _, heading = m.group(2).partition("#")
+        with open(os.path.join(ROOT, "benchmarks", "results", f"{name}.md")) as f:
+            text = f.read()
+        if heading:
+            text = section(text, heading)
+            return m.group(1) + (first_table(text) if "\n|" in "\n" + text else first_list(text)) + m.group(4)
+        return m.group(1) + first_table(text) + m.group(4)
 
     return BLOCK.sub(fill, readme)
 
