@@ -12,7 +12,7 @@ optimizers and learning rates as ``python -m hybridrec.train +experiment=ctr``: 
 are read from the config hybridrec composes for the same overrides, so the two cannot drift
 apart. Nothing of hybridrec's training path (parallelize, optimizer, trainer) is used.
 
-Timed like hybridrec's steady state (benchmarks/suite.py): the rate runs from the end of step
+Timed like hybridrec's steady state (benchmarks/bench.py): the rate runs from the end of step
 ``--warmup`` (tracing, pipeline fill and lazy init excluded) to the last step, both points
 after a collective, as hybridrec's log windows are. Step times are host wall time per
 ``progress`` call, over all steps, as hybridrec's summary.json reports them.

@@ -5,7 +5,7 @@
 Rebuilds the plain (non-distributed) model from the checkpoint's own config and feature
 list, lets torch.distributed.checkpoint load every sharded tensor into its full form (no
 process group needed), and saves ``model.state_dict()`` with torch.save (default:
-``<checkpoint>/model.pt``). Load it with ``build_model(checkpoint)`` +
+``<checkpoint>/model.pt``). Load it with ``load_model(checkpoint)`` +
 ``load_state_dict(torch.load(file, weights_only=True))``: it holds tensors only. For a
 two-tower model it also writes ``item_vectors.pt`` beside it (tensors only too): every
 catalogue item's id and item-tower vector (needs the run's data, to build the item
@@ -30,7 +30,7 @@ from hybridrec.checkpoint import CheckpointError, TrainState, check_complete
 from hybridrec.data import SparseFeature, build_source
 
 
-def build_model(checkpoint: str) -> nn.Module:
+def load_model(checkpoint: str) -> nn.Module:
     """The checkpoint's model, unsharded, on CPU, uninitialized."""
     cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
     state = TrainState.from_files(checkpoint)
@@ -40,7 +40,7 @@ def build_model(checkpoint: str) -> nn.Module:
 
 
 def export(checkpoint: str, out: str) -> nn.Module:
-    model = build_model(checkpoint)
+    model = load_model(checkpoint)
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=checkpoint, no_dist=True)  # one process: loads full tensors
     model.load_state_dict(state["model"])

@@ -121,9 +121,9 @@ def spawn(
 ) -> Any:
     """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
     local ranks, started by PyTorch's elastic launcher: c10d rendezvous (on a free local port
-    for one node), spawned workers, no restarts. Tests and benchmarks use it too, so they start
-    ranks exactly as users do. With ``max_restarts``, a failed rank makes the agent stop and
-    restart every rank. With ``nodes``, this call is one node of several, as torchrun --nnodes.
+    for one node) and spawned workers. Tests and benchmarks use it too, so they start ranks
+    exactly as users do. ``max_restarts`` (default 0: a failed rank fails the call) lets the
+    agent stop and restart every rank after a failure, up to that many times. With ``nodes``, this call is one node of several, as torchrun --nnodes.
     A rank that exits with USER_ERROR_EXIT raises ``RankError`` with the message it recorded."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -14,7 +14,7 @@ from dist_helpers import launch, train_and_gather
 from hybridrec.data import build_source
 
 from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
-from hybridrec.export import build_model
+from hybridrec.export import load_model
 from test_equivalence import BASE, TOL, assert_same_training
 
 RUN = BASE + ["train.steps=8", "checkpoint.every_n_steps=4", "sharding=table_wise"]
@@ -83,7 +83,7 @@ def test_export_predicts_like_the_distributed_model(runs, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}", f"out={out}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    model = build_model(str(ckpt))
+    model = load_model(str(ckpt))
     model.load_state_dict(torch.load(out, weights_only=True))  # a plain state dict of full tensors
     model.eval()
     cfg = _cfg()
