@@ -47,8 +47,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from omegaconf import DictConfig, OmegaConf
+
+from hybridrec.compat import Shard, ShardedTensor, sharded_tensor_with_shards
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
@@ -394,9 +395,7 @@ def _stage(obj: Any) -> Any:
     """A copy of a state dict that training can no longer change."""
     if isinstance(obj, ShardedTensor):
         shards = [Shard(s.tensor.detach().clone(), s.metadata) for s in obj.local_shards()]
-        return ShardedTensor._init_from_local_shards_and_global_metadata(
-            shards, obj.metadata(), process_group=obj._process_group
-        )
+        return sharded_tensor_with_shards(obj, shards)
     if isinstance(obj, torch.Tensor):  # DTensor included: clone keeps its placements
         return obj.detach().clone()
     if isinstance(obj, dict):

@@ -14,12 +14,11 @@ Order, fixed for every model:
 from __future__ import annotations
 
 import zlib
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -28,7 +27,6 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor
-from torch.utils._pytree import tree_map_only
 from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
@@ -39,6 +37,7 @@ from torchrec.distributed.model_parallel import (
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from hybridrec.compat import ShardedTensor, dmp_root, floating_to
 from hybridrec.config import (
     CommPrecision,
     DenseParallel,
@@ -116,7 +115,7 @@ class FSDP2Wrapper(DataParallelWrapper):
         # which keeps the root unsharded after forward because backward needs it at once.
         # With units=root (the whole dense part in the root) an explicit True all-gathers it
         # twice per step.
-        root = dmp._dmp_wrapped_module
+        root = dmp_root(dmp)
         root_kwargs = {**kwargs, "reshard_after_forward": cfg.root_reshard_after_forward}
         fully_shard(root, **root_kwargs, ignored_params=set(root.sparse_module().parameters()))
         # Explicit prefetch: issue the next units' all-gathers while this one computes.
@@ -132,12 +131,9 @@ def cast_at_boundary(module: nn.Module, dtype: torch.dtype) -> None:
     FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True, output_dtype=float32)`` does at
     a unit boundary, for a block inside a larger unit."""
 
-    def cast(x: Any, to: torch.dtype) -> Any:
-        return tree_map_only(torch.Tensor, lambda t: t.to(to) if t.is_floating_point() else t, x)
-
-    module.register_forward_pre_hook(lambda _m, args, kwargs: (cast(args, dtype), cast(kwargs, dtype)),
+    module.register_forward_pre_hook(lambda _m, args, kwargs: (floating_to(args, dtype), floating_to(kwargs, dtype)),
                                      with_kwargs=True)
-    module.register_forward_hook(lambda _m, _args, out: cast(out, torch.float32))
+    module.register_forward_hook(lambda _m, _args, out: floating_to(out, torch.float32))
 
 
 class NoDataParallel(DataParallelWrapper):

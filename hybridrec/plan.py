@@ -22,7 +22,7 @@ from hybridrec.config import Device, register_configs, validate
 from hybridrec.data import build_source
 from hybridrec.metrics import write_json
 from hybridrec.models import build_model
-from hybridrec.sharding import HybridEBCSharder, PlanError, format_report, plan_tables
+from hybridrec.sharding import HybridEBCSharder, format_report, plan_tables
 
 register_configs()
 

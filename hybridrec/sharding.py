@@ -31,7 +31,6 @@ from torchrec.distributed.planner.types import (
     KernelConfig,
     ParameterConstraints,
     PlannerError,
-    PlannerErrorType,
     ShardingOption,
     Stats,
     Topology,
@@ -41,6 +40,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from hybridrec.compat import planner_options, planner_reserved_share, planner_topology
 from hybridrec.config import MeshConfig, ShardingConfig, StorageReservation, embedding_groups
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
@@ -265,8 +265,8 @@ def explain_planner_error(
 ) -> str:
     """Turn TorchRec's PlannerError into what the user needs: which tables, how many GiB are
     missing and which knobs would make the plan fit. TorchRec's own text follows."""
-    topology: Topology = planner._topology
-    options = planner._enumerator.enumerate(module, [sharder])
+    topology: Topology = planner_topology(planner)
+    options = planner_options(planner, module, [sharder])
     by_table: dict[str, list[ShardingOption]] = {}
     for so in options:
         by_table.setdefault(so.name, []).append(so)
@@ -279,7 +279,7 @@ def explain_planner_error(
             f"a type/kernel pair they cannot take, e.g. data_parallel needs the `dense` kernel)."
         )
     # TorchRec's reservation (either policy) is taken from device memory only.
-    pct_hbm = getattr(planner._storage_reservation, "_percentage", 0.0)
+    pct_hbm = planner_reserved_share(planner)
     gpu = topology.compute_device in ("cuda", "mtia")
     tiers = [("hbm", "device", "device_memory_gb")] if gpu else []
     tiers.append(("ddr", "host", "host_memory_gb"))

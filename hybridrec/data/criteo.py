@@ -32,9 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from torchrec.datasets.criteo import BinaryCriteoUtils
-from torchrec.datasets.utils import Batch
 
-from hybridrec.data import loader
 from hybridrec.data.source import Rows, Source
 from hybridrec.data import (
     DataError,
@@ -564,7 +562,6 @@ def _integer_cells(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     fast path, a cast to int64: the verdict on a cell never depends on the other cells of its
     column. Cells that surely fit are converted by column; the rest that PyArrow might accept
     (19+ digits, 0x...) are cast one by one."""
-    n = len(col)
     plain = np.asarray(pc.match_substring_regex(col, r"^(-?[0-9]{1,18})?$"))  # or empty
     maybe = np.asarray(pc.match_substring_regex(col, r"^-?(0[xX][0-9a-fA-F]+|[0-9]+)$")) & ~plain
     nonempty = np.asarray(pc.binary_length(col)) > 0

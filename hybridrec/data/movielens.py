@@ -15,15 +15,14 @@ user as query id, and each item's training frequency for the log-q correction.
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-from torchrec.datasets.utils import Batch
 
-from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, loader, shorten
+from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, shorten
 from hybridrec.data.source import RANKING_FIELDS, Rows, Source
 
 GENRES = 19

@@ -16,12 +16,12 @@ the world size, and the global batches are identical for every world size (what 
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 from torchrec.datasets.utils import Batch
 
-from hybridrec.data import DataError, SparseFeature, loader
+from hybridrec.data import DataError, SparseFeature
 from hybridrec.data.source import Rows, Source
 
 # Each split draws from its own random streams: validation and test rows are new samples of

@@ -1,0 +1,58 @@
+"""Every use of a private TorchRec or torch attribute, in one place.
+
+The pins (constraints.txt: torch 2.13.0, torchrec 1.8.0) are what these were read against;
+a version bump breaks them here, not across the package. Each function says which public
+API is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# ShardedTensor and Shard live under torch.distributed._shard: TorchRec's sharded tables are
+# ShardedTensors, and torch has no public import path for the class while it deprecates it.
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor  # noqa: F401  (re-exported)
+from torch.utils._pytree import tree_map_only  # noqa: F401  (re-exported: no public pytree map by type)
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import Topology
+
+
+def dmp_root(dmp: DistributedModelParallel) -> nn.Module:
+    """The module DMP wraps, as the data-parallel wrapper must see it. ``dmp.module`` is the
+    public accessor, but it unwraps DDP/FSDP and so is not the object FSDP2's root
+    ``fully_shard`` must be applied to while DMP is still building its wrapper."""
+    return dmp._dmp_wrapped_module
+
+
+def planner_topology(planner: EmbeddingShardingPlanner) -> Topology:
+    """The topology the planner was built with (kept only privately by the planner)."""
+    return planner._topology
+
+
+def planner_options(planner: EmbeddingShardingPlanner, module: nn.Module, sharders: list) -> list:
+    """Every sharding option the planner's enumerator offers: the planner exposes no way to
+    ask why no plan fits, so the error message enumerates the options itself."""
+    return planner._enumerator.enumerate(module, sharders)
+
+
+def planner_reserved_share(planner: EmbeddingShardingPlanner) -> float:
+    """The share of device memory the planner's storage reservation holds back (no public
+    getter on either reservation policy; 0 when the policy has none)."""
+    return getattr(planner._storage_reservation, "_percentage", 0.0)
+
+
+def sharded_tensor_with_shards(like: ShardedTensor, shards: list[Shard]) -> ShardedTensor:
+    """A ShardedTensor with ``like``'s global metadata and process group over ``shards``
+    (the public constructors re-run a metadata collective, which a background copy must not)."""
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        shards, like.metadata(), process_group=like._process_group
+    )
+
+
+def floating_to(x: Any, dtype: torch.dtype) -> Any:
+    """Every floating-point tensor in a nested structure cast to ``dtype``."""
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, x)
