@@ -58,7 +58,7 @@ def dense_flops_per_sample(overrides: list[str], rows: int = 256) -> float:
     with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides) + [f"data.batch_size={rows}"])
     source = build_source(cfg.data, cfg.seed)
-    model = build_model(cfg, source.features, source.num_dense_features, getattr(source, "list_size", None))
+    model = build_model(cfg, source.features, source.num_dense_features, source.list_size)
     # The tables are built on the meta device (the planner places them): give them storage.
     # The values do not matter to a FLOP count.
     sparse = model.sparse_module().to_empty(device="cpu")

@@ -749,20 +749,23 @@ def _kwargs(node: DictConfig) -> dict[str, Any]:
 
 
 def _validate_loss(cfg: DictConfig, world_size: int) -> None:
-    """The loss, the model and the data must fit together."""
-    loss = get_class(cfg.loss._target_)
-    lists = "list_size" in cfg.data
-    if getattr(loss, "list_based", False) and not lists:
-        raise ValueError(
-            f"loss={cfg.loss._target_.rsplit('.', 1)[-1]} ranks lists: it needs a list source "
-            f"(data=movielens_rank, or +experiment=movielens_rank)"
-        )
-    if getattr(loss, "in_batch", False) and not cfg.model._target_.endswith("TwoTower"):
-        raise ValueError("loss=sampled_softmax scores users against in-batch items: it needs model=two_tower")
-    movielens = cfg.data._target_.startswith("hybridrec.data.movielens.")
-    if (getattr(loss, "in_batch", False) or cfg.loss._target_.endswith(".MSE")) and not movielens:
-        raise ValueError(f"loss {cfg.loss._target_} needs ratings and item ids: data=movielens or data=movielens_rank")
-    if lists:
+    """The loss, the model and the data must fit together: each class declares what it needs
+    or provides (hybridrec.losses.Loss, hybridrec.models.Ranker, hybridrec.data.source.Source)."""
+    loss, model, source = (get_class(cfg[g]._target_) for g in ("loss", "model", "data"))
+    name = lambda c: c.__name__
+    if loss.needs_lists and not source.lists:
+        raise ValueError(f"loss={name(loss)} ranks lists: it needs a list source "
+                         f"(data=movielens_rank, or +experiment=movielens_rank); data={name(source)} has none")
+    if loss.needs_relevance and "relevance" not in source.extra_fields:
+        raise ValueError(f"loss={name(loss)} needs graded relevance (ratings): data=movielens or data=movielens_rank; "
+                         f"data={name(source)} has labels only")
+    if loss.in_batch_negatives and not model.in_batch_negatives:
+        raise ValueError(f"loss={name(loss)} scores users against in-batch items: it needs a model with user and "
+                         f"item towers (model=two_tower), not model={name(model)}")
+    if model.needs_user_item_features and not source.user_item_features:
+        raise ValueError(f"model={name(model)} needs user and item features: data={name(source)} has none; "
+                         f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)")
+    if source.lists:
         d = cfg.data
         if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
             raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")

@@ -14,7 +14,7 @@ torchrec has no learning-to-rank losses, hence these.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,20 @@ from torchrec.datasets.utils import Batch
 
 
 class Loss(nn.Module):
-    list_based = False  # True: needs a list source (data=movielens_rank)
+    """The loss contract: ``forward(logits, batch)`` -> a scalar mean (see the module
+    docstring), built with the source's ``list_size`` (None: rows are not lists). What the
+    loss needs is declared on the class; validation and evaluation read it."""
+
+    needs_lists: ClassVar[bool] = False
+    """Rows must come as whole lists per rank (``Source.lists``: data=movielens_rank)."""
+    needs_relevance: ClassVar[bool] = False
+    """Batches must carry graded relevance (the source's ``extra_fields``: MovieLens)."""
+    in_batch_negatives: ClassVar[bool] = False
+    """Called with the towers, ``loss(user, item, batch)``: the model must declare
+    ``Ranker.in_batch_negatives``."""
+    calibrated: ClassVar[bool] = False
+    """The scores it trains are click logits, so NE, log loss, calibration and accuracy of
+    sigmoid(score) are reported; otherwise evaluation reports ordering metrics only."""
 
     def __init__(self, list_size: Optional[int] = None) -> None:
         super().__init__()
@@ -53,6 +66,8 @@ def _mean_per_list(values: torch.Tensor, weights: torch.Tensor, list_size: Optio
 class BCE(Loss):
     """Pointwise binary cross-entropy on the label (rating >= threshold, or click)."""
 
+    calibrated = True
+
     def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if getattr(batch, "weights", None) is None and self.list_size is None:
             return F.binary_cross_entropy_with_logits(logits, batch.labels)  # as TorchRec's DLRMTrain
@@ -62,6 +77,8 @@ class BCE(Loss):
 
 class MSE(Loss):
     """Pointwise squared error on the graded relevance (explicit feedback: the rating)."""
+
+    needs_relevance = True
 
     def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if getattr(batch, "relevance", None) is None:
@@ -75,7 +92,8 @@ class Pairwise(Loss):
     lists (a list without any pair counts as 0). The "negatives" are the list's lower-rated
     items and the unrated items the source samples into it (``data.negatives``)."""
 
-    list_based = True
+    needs_lists = True
+    needs_relevance = True
 
     def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
@@ -90,7 +108,8 @@ class ListwiseSoftmax(Loss):
     """Softmax cross-entropy over each list (ListNet top-one, targets relevance / sum of
     relevance, as TF-Ranking's SoftmaxLoss). Lists without relevant rows count as 0."""
 
-    list_based = True
+    needs_lists = True
+    needs_relevance = True
 
     def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
@@ -104,7 +123,8 @@ class ApproxNDCG(Loss):
     1 + sum_j sigmoid((s_j - s_i) / temperature); loss = -approximate NDCG per list, gains
     2^rel - 1. Lists without relevant rows count as 0."""
 
-    list_based = True
+    needs_lists = True
+    needs_relevance = True
 
     def __init__(self, list_size: Optional[int] = None, temperature: float = 0.1) -> None:
         super().__init__(list_size)
@@ -124,7 +144,7 @@ class ApproxNDCG(Loss):
         return -(dcg / idcg.clamp(min=1e-12)).mean()
 
 
-class InBatchSoftmax(nn.Module):
+class InBatchSoftmax(Loss):
     """Sampled softmax with in-batch negatives for two-tower retrieval (Yi et al. 2019).
 
     Every positive row (label 1) is a user whose own item must win over the items of every
@@ -136,11 +156,10 @@ class InBatchSoftmax(nn.Module):
 ``user @ item.T`` (the model divides ``user`` by its temperature).
     """
 
-    list_based = False
-    in_batch = True
+    in_batch_negatives = True
 
     def __init__(self, list_size: Optional[int] = None, logq_correction: bool = True) -> None:
-        super().__init__()
+        super().__init__(list_size)
         self.logq_correction = logq_correction
 
     def forward(self, user: torch.Tensor, item: torch.Tensor, batch: Batch) -> torch.Tensor:

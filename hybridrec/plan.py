@@ -41,7 +41,7 @@ def dry_plan(
     take unset memory sizes from this machine (the check before a run here) rather than
     TorchRec's defaults (planning for another cluster)."""
     data = build_source(cfg.data, cfg.seed)
-    model = build_model(cfg, data.features, data.num_dense_features, getattr(data, "list_size", None))
+    model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
     pooling = {f.name: f.pooling_factor for f in data.features}
     _, report = plan_tables(
         model, cfg, HybridEBCSharder(), world_size, local_world_size, device_type, pooling,

@@ -31,7 +31,6 @@ from hybridrec import checkpoint
 from hybridrec.config import Device, Logger, Pipeline
 from hybridrec.data import DataError, ReadReport, RecBatch, build_source, loader
 from hybridrec.data.loader import padding_batch
-from hybridrec.losses import BCE
 from hybridrec.metrics import (
     MetricsLog,
     all_gather_cat,
@@ -75,7 +74,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.data = build_source(cfg.data, cfg.seed)
         loader.check_splits(self.data)  # an empty split fails here, before any training
-        model = build_model(cfg, self.data.features, self.data.num_dense_features, getattr(self.data, "list_size", None))
+        model = build_model(cfg, self.data.features, self.data.num_dense_features, self.data.list_size)
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         pooling = {f.name: f.pooling_factor for f in self.data.features}
         self.loss = model.loss
@@ -223,11 +222,11 @@ class Trainer:
         real = c.pop("real").bool()  # padding rows (the last batch of a split) are no rows
         c = {name: t[real] for name, t in c.items()}
         result = binary_metrics(torch.sigmoid(c["score"]), c["label"])
-        if not isinstance(self.loss, BCE):
+        if not self.loss.calibrated:
             # Scores trained by a ranking or regression objective are not click probabilities:
             # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
             result = {k: v for k, v in result.items() if k not in ("ne", "logloss", "calibration", "accuracy")}
-        if hasattr(self.data, "ranking_k"):  # lists per user: NDCG, MAP, recall
+        if self.data.ranking_k is not None:  # lists per user: NDCG, MAP, recall
             result |= ranking_metrics(c["score"].double().numpy(), c["relevance"].numpy(), c["query"].numpy(),
                                       self.data.threshold, self.data.ranking_k)
         return result

@@ -31,6 +31,7 @@ _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
 
 class MovieLens(Source):
     extra_fields = RANKING_FIELDS
+    user_item_features = True
     def __init__(
         self,
         batch_size: int,
@@ -236,6 +237,8 @@ class MovieLensRank(MovieLens):
     rather than cut, so every user's list is complete. Everything is a function of the seed
     and the global position: the same for any world size.
     """
+
+    lists = True
 
     def __init__(self, list_size: int, negatives: int, negative_sampling: str, eval_items: str,
                  eval_negatives: int, ranking_k: int, **kwargs) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 import torch
@@ -145,6 +145,18 @@ class Source(ABC):
     False = any batch can be read anywhere (random access)."""
     extra_fields: tuple[str, ...] = ()
     """RANKING_FIELDS when the source yields RecBatch (MovieLens), else nothing."""
+    lists: ClassVar[bool] = False
+    """Rows come as whole lists of ``list_size`` rows (one user's items), never split
+    between ranks: what list losses (``Loss.needs_lists``) need."""
+    list_size: Optional[int] = None
+    """Rows per list when ``lists``."""
+    user_item_features: ClassVar[bool] = False
+    """The features are a user side and an item side (an ``item`` feature among them), and
+    batches carry each item's sampling frequency (``log_q``): what two towers need."""
+    ranking_k: Optional[int] = None
+    """Set: evaluation scores each query's list with NDCG, MAP and recall at this cut-off."""
+    threshold: Optional[float] = None
+    """With ``ranking_k``: the relevance at or above which an item counts as relevant."""
 
     @abstractmethod
     def num_batches(self, split: str) -> Optional[int]:

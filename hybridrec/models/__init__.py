@@ -1,12 +1,16 @@
 """Models: one class per module, chosen by ``_target_`` in conf/model/*.yaml.
 
-A model's constructor takes the data's ``features``, ``num_dense_features`` and the ``loss``
-(from the loss group); it exposes ``sparse_module()`` (what TorchRec shards) and
-``dense_units()`` (what FSDP2 wraps), and ``score(batch)``: one logit per row."""
+The contract is ``Ranker``: a constructor that takes the data's ``features``,
+``num_dense_features`` and the ``loss`` (from the loss group) plus its own config fields;
+``sparse_module()`` (what TorchRec shards), ``dense_units()`` (what FSDP2 wraps) and
+``score(batch)`` (one logit per row). What a model needs from the data and the loss is
+declared on the class (``in_batch_negatives``, ``needs_user_item_features``), and
+validation reads it before launch."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from abc import ABC, abstractmethod
+from typing import ClassVar, Optional
 
 import torch
 from hydra.utils import instantiate
@@ -34,17 +38,34 @@ def embedding_collection(features: list[SparseFeature], embedding_dim: int) -> E
     return EmbeddingBagCollection(tables, device=torch.device("meta"))
 
 
-class Ranker(nn.Module):
+class Ranker(nn.Module, ABC):
     """A model scores rows; the loss module (config group ``loss``) turns the scores into the
     objective. Forward returns ``(loss, (loss, logits, labels))``, what TorchRec's train
     pipelines expect (as TorchRec's ``DLRMTrain``)."""
+
+    in_batch_negatives: ClassVar[bool] = False
+    """The model can train with a loss that scores every row against the batch's other items
+    (``Loss.in_batch_negatives``): it exposes separate user and item vectors."""
+    needs_user_item_features: ClassVar[bool] = False
+    """The model splits the features into a user side and an item side: the source must
+    declare ``Source.user_item_features``."""
 
     def __init__(self, loss: nn.Module) -> None:
         super().__init__()
         self.loss = loss
 
+    @abstractmethod
     def score(self, batch: Batch) -> torch.Tensor:
-        raise NotImplementedError
+        """One logit per row of ``batch``."""
+
+    @abstractmethod
+    def sparse_module(self) -> nn.Module:
+        """The EmbeddingBagCollection TorchRec's planner shards."""
+
+    @abstractmethod
+    def dense_units(self) -> list[nn.Module]:
+        """The dense blocks, in forward order: FSDP2 units (mesh.units=arch), compiled
+        blocks (mesh.compile) and mixed-precision boundaries (mesh.units=root)."""
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         logits = self.score(batch)
@@ -54,8 +75,6 @@ class Ranker(nn.Module):
 
 def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_features: int,
                 list_size: Optional[int] = None) -> nn.Module:
-    """The model of ``cfg.model`` with the loss of ``cfg.loss`` (checkpoints written before
-    the loss group existed trained with BCE)."""
-    loss_cfg: Any = cfg.get("loss") or {"_target_": "hybridrec.losses.BCE"}
+    """The model of ``cfg.model`` with the loss of ``cfg.loss``."""
     return instantiate(cfg.model, features=features, num_dense_features=num_dense_features,
-                       loss=instantiate(loss_cfg, list_size=list_size))
+                       loss=instantiate(cfg.loss, list_size=list_size))

@@ -7,11 +7,13 @@ from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
 from hybridrec.data import SparseFeature
-from hybridrec.models import Ranker, embedding_collection
-from hybridrec.models.dlrm import DLRMRanker
+from hybridrec.models import embedding_collection
+from hybridrec.models.dlrm import TorchRecDLRM
 
 
-class DCNRanker(DLRMRanker):
+class DCNRanker(TorchRecDLRM):
+    """TorchRec's DLRM_DCN: bottom MLP, sharded embeddings, low-rank cross network, top MLP."""
+
     def __init__(
         self,
         features: list[SparseFeature],
@@ -23,7 +25,7 @@ class DCNRanker(DLRMRanker):
         dcn_low_rank_dim: int,
         loss: nn.Module,
     ) -> None:
-        Ranker.__init__(self, loss)  # DLRMRanker's scoring and units, with DLRM_DCN inside
+        super().__init__(loss)
         self.model = DLRM_DCN(
             embedding_bag_collection=embedding_collection(features, embedding_dim),
             dense_in_features=num_dense_features,

@@ -11,7 +11,25 @@ from hybridrec.data import SparseFeature
 from hybridrec.models import Ranker, embedding_collection
 
 
-class DLRMRanker(Ranker):
+class TorchRecDLRM(Ranker):
+    """Scoring and units of TorchRec's DLRM family (``self.model``: DLRM or DLRM_DCN, which
+    share the sparse, dense and over archs); subclasses build the model."""
+
+    model: DLRM
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+
+    def sparse_module(self) -> nn.Module:
+        """The embedding collection that TorchRec's planner shards."""
+        return self.model.sparse_arch.embedding_bag_collection
+
+    def dense_units(self) -> list[nn.Module]:
+        """The dense modules that become FSDP2 units (the dot interaction has no parameters)."""
+        return [self.model.dense_arch, self.model.over_arch]
+
+
+class DLRMRanker(TorchRecDLRM):
     """TorchRec's DLRM (dot interaction): bottom MLP, sharded embeddings, top MLP."""
 
     def __init__(
@@ -30,14 +48,3 @@ class DLRMRanker(Ranker):
             dense_arch_layer_sizes=list(dense_arch_layer_sizes),
             over_arch_layer_sizes=list(over_arch_layer_sizes),
         )
-
-    def score(self, batch: Batch) -> torch.Tensor:
-        return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
-
-    def sparse_module(self) -> nn.Module:
-        """The embedding collection that TorchRec's planner shards."""
-        return self.model.sparse_arch.embedding_bag_collection
-
-    def dense_units(self) -> list[nn.Module]:
-        """The dense modules that become FSDP2 units (the dot interaction has no parameters)."""
-        return [self.model.dense_arch, self.model.over_arch]

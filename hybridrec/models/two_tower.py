@@ -17,10 +17,14 @@ from torchrec.datasets.utils import Batch
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import SparseFeature
+from hybridrec.losses import Loss
 from hybridrec.models import Ranker, embedding_collection
 
 
 class TwoTower(Ranker):
+    in_batch_negatives = True
+    needs_user_item_features = True
+
     def __init__(
         self,
         features: list[SparseFeature],
@@ -46,7 +50,8 @@ class TwoTower(Ranker):
         self.user_tower = self._tower(len(self.user_features) * embedding_dim, tower_layer_sizes)
         self.item_tower = self._tower(len(self.item_features) * embedding_dim, tower_layer_sizes)
         self.normalize, self.temperature = normalize, temperature
-        self.in_batch = getattr(loss, "in_batch", False)
+        # num_dense_features is part of the model contract; the towers take ids only.
+        self.in_batch = isinstance(loss, Loss) and loss.in_batch_negatives
 
     @staticmethod
     def _tower(in_size: int, sizes: list[int]) -> nn.Module:
@@ -64,12 +69,14 @@ class TwoTower(Ranker):
         return user, item
 
     def score(self, batch: Batch) -> torch.Tensor:
-        user, item = self.towers(batch)
+        return self._logits(*self.towers(batch))
+
+    def _logits(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
         return (user * item).sum(1) / self.temperature
 
     def forward(self, batch: Batch):
-        user, item = self.towers(batch)
-        logits = (user * item).sum(1) / self.temperature
+        user, item = self.towers(batch)  # once: the in-batch loss needs the vectors themselves
+        logits = self._logits(user, item)
         loss = self.loss(user / self.temperature, item, batch) if self.in_batch else self.loss(logits, batch)
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
