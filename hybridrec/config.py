@@ -710,40 +710,6 @@ def check_device(cfg: DictConfig, device_type: str) -> None:
         )
 
 
-def hsdp_degrees(mesh: MeshConfig, world_size: int, local_world_size: int) -> tuple[int, int]:
-    """(replicate, shard) for mesh=hsdp; unset degrees derived (shard = ranks per node)."""
-    if mesh.dense != DenseParallel.hsdp:
-        return 1, world_size
-    shard = mesh.shard or (world_size // mesh.replicate if mesh.replicate else local_world_size)
-    replicate = mesh.replicate or max(1, world_size // shard)
-    if replicate * shard != world_size:
-        raise ValueError(
-            f"mesh=hsdp needs mesh.replicate x mesh.shard = world_size, got "
-            f"replicate={replicate} x shard={shard} = {replicate * shard} but world_size={world_size}"
-        )
-    return replicate, shard
-
-
-def embedding_groups(world_size: int, local_world_size: int, replicas: int) -> tuple[int, int]:
-    """(sharding group size, ranks of one sharding group per node) for mesh.embedding_replicas.
-
-    DMPCollection puts the R replicas of a shard on consecutive ranks, so that their sync
-    all-reduce stays inside a node; a sharding group is then every R-th rank, and
-    local_world_size / R of its ranks share a node (1 when R >= local_world_size). The
-    planner plans one group with that many ranks per node (TorchRec's `node_group_size`).
-    """
-    if replicas < 1 or world_size % replicas:
-        raise ValueError(
-            f"mesh.embedding_replicas={replicas} must be >= 1 and divide the world size {world_size}"
-        )
-    if local_world_size % replicas and replicas % local_world_size:
-        raise ValueError(
-            f"mesh.embedding_replicas={replicas} with {local_world_size} ranks per node: one must "
-            f"divide the other, so that every sharding group has as many ranks on each node"
-        )
-    return world_size // replicas, max(1, local_world_size // replicas)
-
-
 def _kwargs(node: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in node.items() if not str(k).startswith("_")}
 
@@ -907,7 +873,10 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"mesh.compute_device={mesh.compute_device.value} but launcher.device={launched.value}: "
             f"a plan is for the device the run uses"
         )
-    hsdp_degrees(mesh, world_size, mesh.local_world_size or world_size)  # raises if inconsistent
+    from hybridrec.parallel_dims import ParallelDims  # (it imports this module's enums)
+
+    # Raises if the degrees do not fit: hsdp's replicate x shard, the embedding replicas.
+    ParallelDims.build(mesh, world_size, mesh.local_world_size or world_size, "cpu")
     if mesh.dense == DenseParallel.single and world_size != 1:
         raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
     if (mesh.param_dtype or mesh.reduce_dtype) and mesh.dense not in (DenseParallel.fsdp, DenseParallel.hsdp):
@@ -929,7 +898,6 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ValueError("mesh.forward_prefetch and mesh.backward_prefetch must be >= 0")
     if mesh.embedding_sync_every < 1:
         raise ValueError(f"mesh.embedding_sync_every must be >= 1, got {mesh.embedding_sync_every}")
-    embedding_groups(mesh.world_size or world_size, 1, mesh.embedding_replicas)  # R divides the world
     if mesh.embedding_replicas > 1 and cfg.checkpoint.dir:
         # TorchRec saves 2D tables as DTensors replicated over the replica groups; hybridrec's
         # checkpoints are tested with 1-D sharding only, and 2D has not yet run (it needs GPUs).

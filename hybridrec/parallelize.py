@@ -14,6 +14,7 @@ Order, fixed for every model:
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -34,6 +35,7 @@ from torchrec.distributed.model_parallel import (
     DistributedModelParallel,
     DMPCollection,
 )
+from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineBase, TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
@@ -44,10 +46,10 @@ from hybridrec.config import (
     FSDPUnits,
     HybridrecConfig,
     MeshConfig,
-    embedding_groups,
-    hsdp_degrees,
+    Pipeline,
 )
 from hybridrec.optim import sparse_optimizer
+from hybridrec.parallel_dims import ParallelDims
 from hybridrec.sharding import HybridEBCSharder, plan_tables
 
 
@@ -62,16 +64,14 @@ class FSDP2Wrapper(DataParallelWrapper):
     itself (ShardedEmbeddingBagCollection.init_data_parallel).
     """
 
-    def __init__(self, mesh_cfg: MeshConfig, local_world_size: int) -> None:
-        self.cfg = mesh_cfg
-        self.local_world_size = local_world_size
+    def __init__(self, mesh_cfg: MeshConfig, dims: ParallelDims) -> None:
+        self.cfg, self.dims = mesh_cfg, dims
 
     def device_mesh(self, env: ShardingEnv, device: torch.device) -> DeviceMesh:
         if self.cfg.dense == DenseParallel.hsdp:
-            # Under 2D, env.world_size is the sharding group's; the dense side spans all ranks.
-            world = dist.get_world_size(env.process_group)
-            replicate, shard = hsdp_degrees(self.cfg, world, self.local_world_size)
-            return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+            # The dense side spans every rank (under 2D too, where env is one sharding group's).
+            return init_device_mesh(device.type, (self.dims.replicate, self.dims.shard),
+                                    mesh_dim_names=("replicate", "shard"))
         return DeviceMesh.from_group(env.process_group, device.type)
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
@@ -158,15 +158,50 @@ def dense_layers(block: nn.Module) -> list[nn.Module]:
     return layers
 
 
+class BasePipeline(TrainPipelineBase):
+    """TorchRec's plain pipeline. It never rewires the model's forward, so detaching it for
+    evaluation (as TrainPipelineSparseDist needs) just hands the model back."""
+
+    def detach(self) -> torch.nn.Module:
+        return self._model
+
+
+@dataclass
+class Parallelized:
+    """What ``parallelize`` gives the training loop: the sharded model, the plan report (rank
+    0), the layout, and the per-step work parallelism needs beyond the pipeline."""
+
+    model: DistributedModelParallel
+    plan: dict | None
+    dims: ParallelDims
+    sync_every: int
+    """2D: steps between replica syncs (0 = no replicas)."""
+
+    def pipeline(self, kind: Pipeline, optimizer: torch.optim.Optimizer, device: torch.device) -> TrainPipeline:
+        """TorchRec's train pipeline. sparse_dist overlaps the next batch's input all-to-all
+        with this batch's forward/backward. Its own 2D sync is turned off: ``after_step`` is
+        the one owner of the sync, so that it runs every mesh.embedding_sync_every steps
+        and never twice."""
+        if kind == Pipeline.sparse_dist:
+            return TrainPipelineSparseDist(self.model, optimizer, device, dmp_collection_sync_interval_batches=None)
+        return BasePipeline(self.model, optimizer, device)
+
+    def after_step(self, step: int, last: bool) -> None:
+        """2D: average the replicas' tables and sparse optimizer state every sync_every steps
+        and after the last one (evaluation and the final checkpoint see one model)."""
+        if self.sync_every and (step % self.sync_every == 0 or last):
+            self.model.sync()
+
+
 def parallelize(
     model: nn.Module,
     cfg: HybridrecConfig,
+    dims: ParallelDims,
     device: torch.device,
-    local_world_size: int,
     pooling: dict[str, float],
     pg: dist.ProcessGroup,
-) -> tuple[DistributedModelParallel, dict | None]:
-    """Shard ``model``; returns the DMP and the plan report (on rank 0, else None)."""
+) -> Parallelized:
+    """Shard ``model``: tables by TorchRec's plan, the dense part by ``cfg.mesh.dense``."""
     cls, kwargs = sparse_optimizer(cfg.optimizer.sparse)
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
@@ -187,26 +222,22 @@ def parallelize(
             device=device,
         )
     sharder = HybridEBCSharder(qcomm_codecs_registry=qcomms)
-    plan, report = plan_tables(
-        model, cfg, sharder, dist.get_world_size(pg), local_world_size, device.type, pooling, pg
-    )
+    plan, report = plan_tables(model, cfg, sharder, dims, pooling, pg)
     if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp):
-        wrapper: DataParallelWrapper = FSDP2Wrapper(mesh, local_world_size)
+        wrapper: DataParallelWrapper = FSDP2Wrapper(mesh, dims)
     elif mesh.dense == DenseParallel.ddp:
         wrapper = DefaultDataParallelWrapper()
     else:
         wrapper = NoDataParallel()
-    world = dist.get_world_size(pg)
-    if mesh.embedding_replicas > 1:
-        group, per_node = embedding_groups(world, local_world_size, mesh.embedding_replicas)
+    if dims.embedding_replicas > 1:
         dmp: DistributedModelParallel = DMPCollection(
             module=model,
             device=device,
             plan=plan,
-            world_size=world,
-            sharding_group_size=group,
+            world_size=dims.world_size,
+            sharding_group_size=dims.embedding_group,
             global_pg=pg,
-            node_group_size=per_node,  # as planned: the group's ranks per node
+            node_group_size=dims.embedding_group_per_node,  # as planned: the group's ranks per node
             sharders=[sharder],
             data_parallel_wrapper=wrapper,
         )
@@ -220,7 +251,7 @@ def parallelize(
             data_parallel_wrapper=wrapper,
         )
     init_embeddings(dmp.module.sparse_module(), cfg.seed)
-    return dmp, report
+    return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0)
 
 
 _INIT_BLOCK = 65536  # rows per independently seeded block of the embedding init

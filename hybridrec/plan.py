@@ -14,39 +14,27 @@ import sys
 from typing import Any
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hybridrec.config import Device, register_configs, validate
+from hybridrec.config import register_configs, validate
 from hybridrec.data import build_source
 from hybridrec.metrics import write_json
 from hybridrec.models import build_model
+from hybridrec.parallel_dims import ParallelDims, planning_dims
 from hybridrec.sharding import HybridEBCSharder, format_report, plan_tables
 
 register_configs()
 
 
-def run_device_type(cfg: DictConfig) -> str:
-    """The device a run uses: launcher.device, with auto = cuda when available."""
-    if cfg.launcher.device == Device.auto:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.launcher.device.value
-
-
-def dry_plan(
-    cfg: DictConfig, world_size: int, local_world_size: int, device_type: str, detect: bool
-) -> dict[str, Any]:
+def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool) -> dict[str, Any]:
     """Plan ``cfg``'s tables for the given topology without any process group. ``detect``:
     take unset memory sizes from this machine (the check before a run here) rather than
     TorchRec's defaults (planning for another cluster)."""
     data = build_source(cfg.data, cfg.seed)
     model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
     pooling = {f.name: f.pooling_factor for f in data.features}
-    _, report = plan_tables(
-        model, cfg, HybridEBCSharder(), world_size, local_world_size, device_type, pooling,
-        detect=detect,
-    )
+    _, report = plan_tables(model, cfg, HybridEBCSharder(), dims, pooling, detect=detect)
     return report
 
 
@@ -58,15 +46,12 @@ def quiet_enumerator() -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    # "is None", not "or": a 0 given is refused by validate, not read as unset
-    world = cfg.mesh.world_size if cfg.mesh.world_size is not None else cfg.launcher.nproc_per_node
-    local = cfg.mesh.local_world_size if cfg.mesh.local_world_size is not None else world
-    device = run_device_type(cfg) if cfg.mesh.compute_device == Device.auto else cfg.mesh.compute_device.value
     logging.getLogger().setLevel(logging.WARNING)  # TorchRec's planner logs at INFO
     quiet_enumerator()
     try:
-        validate(cfg, world)
-        report = dry_plan(cfg, world, local, device, detect=False)
+        # "is None", not "or": a 0 given is refused by validate, not read as unset
+        validate(cfg, cfg.mesh.world_size if cfg.mesh.world_size is not None else cfg.launcher.nproc_per_node)
+        report = dry_plan(cfg, planning_dims(cfg), detect=False)
     except ValueError as e:  # PlanError included
         sys.exit(f"hybridrec.plan: {e}")
     path = os.path.join(HydraConfig.get().runtime.output_dir, "plan.json")

@@ -41,7 +41,8 @@ from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from hybridrec.compat import planner_options, planner_reserved_share, planner_topology
-from hybridrec.config import MeshConfig, ShardingConfig, StorageReservation, embedding_groups
+from hybridrec.config import MeshConfig, ShardingConfig, StorageReservation
+from hybridrec.parallel_dims import ParallelDims
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
 
@@ -68,23 +69,22 @@ class PlanError(ValueError):
 
 
 # ------------------------------------------------------------------------------ topology
-def build_topology(
-    mesh: MeshConfig, world_size: int, local_world_size: int, device_type: str, detect: bool = True
-) -> tuple[Topology, dict[str, Any]]:
+def build_topology(mesh: MeshConfig, dims: ParallelDims, detect: bool = True) -> tuple[Topology, dict[str, Any]]:
     """TorchRec's Topology from the mesh config. Unset memory sizes are detected from this
     machine when ``detect`` (a real run, or the check before one), else TorchRec's defaults
     (a dry run plans for a cluster, not for the laptop it runs on). Also returns the resolved
     values and where each came from, for the report.
 
     With mesh.embedding_replicas = R > 1 (2D), the topology is one sharding group's: its
-    world_size / R ranks, with as many per node as the group has (``embedding_groups``)."""
+    world_size / R ranks, with as many per node as the group has (ParallelDims)."""
+    world_size, local_world_size, device_type = dims.world_size, dims.local_world_size, dims.device_type
     resolved: dict[str, Any] = {
         "world_size": world_size,
         "local_world_size": local_world_size,
         "compute_device": device_type,
     }
-    replicas = mesh.embedding_replicas
-    plan_world, plan_local = embedding_groups(world_size, local_world_size, replicas)
+    replicas = dims.embedding_replicas
+    plan_world, plan_local = dims.embedding_group, dims.embedding_group_per_node
     if replicas > 1:
         resolved.update(sharding_group_size=plan_world, replica_group_size=replicas,
                         sharding_group_per_node=plan_local)
@@ -200,9 +200,7 @@ def plan_tables(
     model: nn.Module,
     cfg: DictConfig,
     sharder: HybridEBCSharder,
-    world_size: int,
-    local_world_size: int,
-    device_type: str,
+    dims: ParallelDims,
     pooling: dict[str, float],
     pg: Optional[dist.ProcessGroup] = None,
     detect: bool = True,
@@ -213,10 +211,10 @@ def plan_tables(
     alike. Without: planned locally, for the dry run and the pre-launch check. With
     mesh.embedding_replicas > 1 the plan is one sharding group's (DMPCollection's input).
     """
-    topology, info = build_topology(cfg.mesh, world_size, local_world_size, device_type, detect)
+    topology, info = build_topology(cfg.mesh, dims, detect)
     tables = model.sparse_module().embedding_bag_configs()
     constraints = build_constraints(cfg.sharding, tables, pooling)
-    planner, recorder = make_planner(cfg.mesh, topology, cfg.data.batch_size // world_size, constraints)
+    planner, recorder = make_planner(cfg.mesh, topology, cfg.data.batch_size // dims.world_size, constraints)
     sharding_plan = _plan(planner, model, sharder, pg)
     if not recorder.best_plan:  # a rank that received the plan by broadcast
         return sharding_plan, None

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
 from hybridrec.launch import RankError, already_launched, launch, world_size
-from hybridrec.plan import dry_plan, quiet_enumerator, run_device_type
+from hybridrec.parallel_dims import job_dims
+from hybridrec.plan import dry_plan, quiet_enumerator
 from hybridrec.trainer import USER_ERRORS, full_errors
 
 register_configs()
@@ -29,8 +30,8 @@ def main(cfg: DictConfig) -> float:
     try:
         world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
         validate(cfg, world)
-        device = run_device_type(cfg)
-        check_device(cfg, device)
+        dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
+        check_device(cfg, dims.device_type)
         if cfg.checkpoint.dir:
             probe_writable(cfg.checkpoint.dir)
         # A checkpoint the ranks would refuse or find damaged fails here, before launch.
@@ -47,7 +48,7 @@ def main(cfg: DictConfig) -> float:
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.
             quiet_enumerator()
-            dry_plan(cfg, world, cfg.launcher.nproc_per_node, device, detect=True)
+            dry_plan(cfg, dims, detect=True)
     except CheckpointError as e:
         _exit(e, f"hybridrec: {e}")
     except ValueError as e:  # PlanError and DataError included

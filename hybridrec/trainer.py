@@ -24,11 +24,10 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
-from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from tqdm import tqdm
 
 from hybridrec import checkpoint
-from hybridrec.config import Device, Logger, Pipeline
+from hybridrec.config import Logger
 from hybridrec.data import DataError, ReadReport, RecBatch, build_source, loader
 from hybridrec.data.loader import padding_batch
 from hybridrec.metrics import (
@@ -47,22 +46,12 @@ from hybridrec.metrics import (
 )
 from hybridrec.models import build_model
 from hybridrec.optim import TrainOptimizer
+from hybridrec.parallel_dims import pick_device, rank_dims  # noqa: F401  (pick_device: the ranks' entry)
 from hybridrec.parallelize import parallelize
 from hybridrec.plan import quiet_enumerator
 from hybridrec.sharding import format_report
 
 log = logging.getLogger(__name__)
-
-
-class BasePipeline(TrainPipelineBase):
-    """TorchRec's plain pipeline. It never rewires the model's forward, so detaching it for
-    evaluation (as TrainPipelineSparseDist needs) just hands the model back."""
-
-    def detach(self) -> torch.nn.Module:
-        return self._model
-
-
-PIPELINES = {Pipeline.sparse_dist: TrainPipelineSparseDist, Pipeline.base: BasePipeline}
 
 
 class Trainer:
@@ -75,20 +64,16 @@ class Trainer:
         self.data = build_source(cfg.data, cfg.seed)
         loader.check_splits(self.data)  # an empty split fails here, before any training
         model = build_model(cfg, self.data.features, self.data.num_dense_features, self.data.list_size)
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         pooling = {f.name: f.pooling_factor for f in self.data.features}
         self.loss = model.loss
-        self.model, self.plan = parallelize(
-            model, cfg, device, local_world_size, pooling, dist.group.WORLD
-        )
+        self.parallel = parallelize(model, cfg, rank_dims(cfg, self.world_size, device), device, pooling,
+                                    dist.group.WORLD)
+        self.model, self.plan = self.parallel.model, self.parallel.plan
         if self.rank == 0:
             log.info("\n" + format_report(self.plan))
             write_json(os.path.join(run_dir, "plan.json"), self.plan)
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
-        # 2D (DMPCollection): the R replicas of each table drift apart between syncs.
-        self.sync_every = cfg.mesh.embedding_sync_every if cfg.mesh.embedding_replicas > 1 else 0
-        # sparse_dist overlaps the next batch's input all-to-all with this batch's forward/backward.
-        self.pipeline = PIPELINES[cfg.train.pipeline](self.model, self.optimizer, device)
+        self.pipeline = self.parallel.pipeline(cfg.train.pipeline, self.optimizer, device)
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
         self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None, tensorboard)
         self.losses: list[float] = []  # global mean loss of every step
@@ -123,8 +108,7 @@ class Trainer:
                 tick = time.perf_counter()
                 loss, _logits, _labels = self.pipeline.progress(batches)
                 self.local_losses[step - 1] = loss
-                if self.sync_every and (step % self.sync_every == 0 or step == cfg.steps):
-                    self.model.sync()  # average the replicas' tables and sparse optimizer state
+                self.parallel.after_step(step, last=step == cfg.steps)
                 self.step_times.append(time.perf_counter() - tick)
                 if profiler:
                     profiler.step()
@@ -368,17 +352,6 @@ def provenance(cfg: DictConfig, resumed_from: Optional[dict[str, Any]]) -> dict[
             "hybridrec": installed("hybridrec"),
         },
     }
-
-
-def pick_device(cfg: DictConfig) -> torch.device:
-    want = cfg.launcher.device
-    if want == Device.auto:
-        want = Device.cuda if torch.cuda.is_available() else Device.cpu
-    if want == Device.cuda:
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def init_distributed(device: torch.device, timeout_s: float = 300.0) -> None:

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 import torch
-from conftest import compose_cfg
+from conftest import dry_plan_for, compose_cfg
 
 from hybridrec.config import check_device, validate
-from hybridrec.plan import dry_plan
 from hybridrec.sharding import format_report
 
 
@@ -48,12 +47,12 @@ def test_training_refuses_replicas_on_cpu_before_starting_ranks(tmp_path):
 
 def test_group_layout_follows_the_nodes():
     # 8 ranks, 4 per node, 2 replicas: groups of 4 ranks, 2 of them on each node
-    report = dry_plan(compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=2"]), 8, 4, "cuda", detect=False)
+    report = dry_plan_for(compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=2"]), 8, 4, "cuda")
     t = report["topology"]
     assert (t["world_size"], t["sharding_group_size"], t["replica_group_size"], t["sharding_group_per_node"]) == (8, 4, 2, 2)
     assert len(report["ranks"]) == 4 and {r for p in report["tables"].values() for r in p["ranks"]} <= {0, 1, 2, 3}
     with pytest.raises(ValueError, match="embedding_replicas=3 with 4 ranks per node"):
-        dry_plan(compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=3"]), 12, 4, "cuda", detect=False)
+        dry_plan_for(compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=3"]), 12, 4, "cuda")
 
 
 def test_plan_cli_512_ranks_8_replicas(tmp_path):

@@ -175,11 +175,13 @@ def test_mesh_and_optimizer_validation(overrides, world_size, message):
 
 
 def test_hsdp_degrees_default_to_ranks_per_node():
-    from hybridrec.config import hsdp_degrees
+    from hybridrec.parallel_dims import ParallelDims
 
-    mesh = compose_cfg(["mesh=hsdp"]).mesh
-    assert hsdp_degrees(mesh, 16, 8) == (2, 8)
-    assert hsdp_degrees(compose_cfg(["mesh=hsdp", "mesh.replicate=4"]).mesh, 16, 8) == (4, 4)
+    degrees = lambda overrides: (lambda d: (d.replicate, d.shard))(
+        ParallelDims.build(compose_cfg(overrides).mesh, 16, 8, "cuda"))
+    assert degrees(["mesh=hsdp"]) == (2, 8)
+    assert degrees(["mesh=hsdp", "mesh.replicate=4"]) == (4, 4)
+    assert degrees(["mesh=fsdp"]) == (1, 16)
 
 
 def test_fused_adam_is_refused_on_cpu_before_launch():

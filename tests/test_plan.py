@@ -9,9 +9,8 @@ import sys
 from collections import Counter
 
 import pytest
-from conftest import compose_cfg
+from conftest import dry_plan_for, compose_cfg
 
-from hybridrec.plan import dry_plan
 from hybridrec.sharding import PlanError, format_report
 
 DCN = ["+experiment=dcnv2_criteo1tb"]
@@ -19,7 +18,7 @@ LARGEST = {"t_cat_0", "t_cat_9", "t_cat_19", "t_cat_20", "t_cat_21"}  # the 40 M
 
 
 def _dcn(world, local, *overrides):
-    return dry_plan(compose_cfg(DCN + ["mesh.device_memory_gb=80", *overrides]), world, local, "cuda", detect=False)
+    return dry_plan_for(compose_cfg(DCN + ["mesh.device_memory_gb=80", *overrides]), world, local, "cuda")
 
 
 def _assert_feasible(report, world):
@@ -81,8 +80,8 @@ def test_auto_row_wise_when_a_table_exceeds_a_rank():
     # 1 M x 16 fp32 = 0.0596 GiB; each rank has 0.055 GiB: table-wise cannot hold it
     budget = SMALL + ["mesh.host_memory_gb=0.055"]
     with pytest.raises(PlanError):
-        dry_plan(compose_cfg(budget + ["sharding=table_wise"]), 2, 2, "cpu", detect=False)
-    report = dry_plan(compose_cfg(budget), 2, 2, "cpu", detect=False)
+        dry_plan_for(compose_cfg(budget + ["sharding=table_wise"]), 2, 2, "cpu")
+    report = dry_plan_for(compose_cfg(budget), 2, 2, "cpu")
     assert report["tables"]["t_cat_0"]["sharding_type"] == "row_wise"
     assert report["tables"]["t_cat_0"]["ranks"] == [0, 1]
 
@@ -90,7 +89,7 @@ def test_auto_row_wise_when_a_table_exceeds_a_rank():
 def test_per_table_constraints_by_name_and_glob():
     overrides = ["+experiment=ctr", "sharding.tables=[{match:t_cat_0,sharding_types:[row_wise]},"
                  "{match:'t_cat_1*',compute_kernels:[fused_uvm_caching],cache_params:{load_factor:0.1}}]"]
-    report = dry_plan(compose_cfg(overrides), 2, 2, "cuda", detect=False)
+    report = dry_plan_for(compose_cfg(overrides), 2, 2, "cuda")
     tables = report["tables"]
     assert tables["t_cat_0"]["sharding_type"] == "row_wise"
     globbed = {n for n in tables if n.startswith("t_cat_1")}
@@ -101,7 +100,7 @@ def test_per_table_constraints_by_name_and_glob():
 
 def test_constraint_that_matches_no_table_is_an_error():
     with pytest.raises(ValueError, match=r"sharding.tables\[0\].match=t_cat_99 matches no table"):
-        dry_plan(compose_cfg(SMALL + ["sharding.tables=[{match:t_cat_99,min_partition:4}]"]), 1, 1, "cpu", detect=False)
+        dry_plan_for(compose_cfg(SMALL + ["sharding.tables=[{match:t_cat_99,min_partition:4}]"]), 1, 1, "cpu")
 
 
 def test_plan_cli_saves_the_plan_and_explains_failure(tmp_path):

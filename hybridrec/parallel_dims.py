@@ -1,0 +1,118 @@
+"""The job's parallel layout, built and validated once: world size, ranks per node, device,
+the dense replicate x shard degrees and the embedding replicas (2D).
+
+The same object is built before launch (``job_dims``: from the launcher config or
+torchrun's environment), for a dry plan (``planning_dims``: mesh.world_size /
+local_world_size), and inside every rank (``rank_dims``: from the process group and the
+launcher's environment). Planning and parallelization take it; nothing else does mesh
+arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+from omegaconf import DictConfig
+
+from hybridrec.config import DenseParallel, Device, MeshConfig
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    world_size: int
+    local_world_size: int
+    """Ranks per node."""
+    device_type: str
+    """"cuda" or "cpu": where the ranks compute (and what the plan is for)."""
+    dense: DenseParallel
+    replicate: int
+    """Dense replicas: > 1 only for mesh=hsdp."""
+    shard: int
+    """Ranks each dense replica is sharded over (FSDP2); the whole world for fsdp."""
+    embedding_replicas: int
+    """Copies of every table shard (2D, TorchRec's DMPCollection); 1 = plain sharding."""
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.local_world_size < 1:
+            raise ValueError(f"world size {self.world_size} and ranks per node {self.local_world_size} must be >= 1")
+        if self.replicate * self.shard != self.world_size:
+            raise ValueError(
+                f"mesh=hsdp needs mesh.replicate x mesh.shard = world_size, got replicate={self.replicate} "
+                f"x shard={self.shard} = {self.replicate * self.shard} but world_size={self.world_size}"
+            )
+        r = self.embedding_replicas
+        if r < 1 or self.world_size % r:
+            raise ValueError(f"mesh.embedding_replicas={r} must be >= 1 and divide the world size {self.world_size}")
+        if self.local_world_size % r and r % self.local_world_size:
+            raise ValueError(
+                f"mesh.embedding_replicas={r} with {self.local_world_size} ranks per node: one must "
+                f"divide the other, so that every sharding group has as many ranks on each node"
+            )
+
+    @classmethod
+    def build(cls, mesh: MeshConfig, world_size: int, local_world_size: int, device_type: str) -> ParallelDims:
+        """Unset degrees derived: hsdp shards within a node unless told otherwise."""
+        if mesh.dense == DenseParallel.hsdp:
+            shard = mesh.shard or (world_size // mesh.replicate if mesh.replicate else local_world_size)
+            replicate = mesh.replicate or max(1, world_size // shard)
+        else:
+            replicate, shard = 1, world_size
+        return cls(world_size, local_world_size, device_type, mesh.dense, replicate, shard, mesh.embedding_replicas)
+
+    @property
+    def embedding_group(self) -> int:
+        """Ranks of one sharding group: the world the planner plans for under 2D.
+
+        DMPCollection puts the R replicas of a shard on consecutive ranks, so that their sync
+        all-reduce stays inside a node; a sharding group is then every R-th rank."""
+        return self.world_size // self.embedding_replicas
+
+    @property
+    def embedding_group_per_node(self) -> int:
+        """Ranks of one sharding group on each node (TorchRec's ``node_group_size``)."""
+        return max(1, self.local_world_size // self.embedding_replicas)
+
+
+def device_type(cfg: DictConfig) -> str:
+    """The device a run uses: launcher.device, with auto = cuda when available."""
+    if cfg.launcher.device == Device.auto:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.launcher.device.value
+
+
+def job_dims(cfg: DictConfig, world_size: int, env: Mapping[str, str] = os.environ) -> ParallelDims:
+    """Before launch: ``world_size`` ranks (hybridrec.launch.world_size), as many per node as
+    the launcher starts (torchrun's LOCAL_WORLD_SIZE when already launched)."""
+    local = int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env else min(cfg.launcher.nproc_per_node, world_size)
+    return ParallelDims.build(cfg.mesh, world_size, local, device_type(cfg))
+
+
+def planning_dims(cfg: DictConfig) -> ParallelDims:
+    """A dry plan (``python -m hybridrec.plan``): the cluster mesh.world_size /
+    local_world_size / compute_device describe, defaulting to the launcher's."""
+    mesh = cfg.mesh
+    # "is None", not "or": a 0 given is refused by validation, not read as unset
+    world = mesh.world_size if mesh.world_size is not None else cfg.launcher.nproc_per_node
+    local = mesh.local_world_size if mesh.local_world_size is not None else world
+    device = device_type(cfg) if mesh.compute_device == Device.auto else mesh.compute_device.value
+    return ParallelDims.build(mesh, world, local, device)
+
+
+def rank_dims(cfg: DictConfig, world_size: int, device: torch.device, env: Mapping[str, str] = os.environ,
+              ) -> ParallelDims:
+    """Inside a rank: the process group's size, and the ranks per node the launcher set
+    (torchrun and the elastic launcher set LOCAL_WORLD_SIZE; without it, one node)."""
+    local: Optional[str] = env.get("LOCAL_WORLD_SIZE")
+    return ParallelDims.build(cfg.mesh, world_size, int(local) if local else world_size, device.type)
+
+
+def pick_device(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> torch.device:
+    """This rank's device: ``device_type(cfg)``, on CUDA the local rank's GPU (set current)."""
+    if device_type(cfg) == "cuda":
+        local_rank = int(env.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
