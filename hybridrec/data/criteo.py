@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
+from hybridrec.config import BadRows, IdMapping
 from hybridrec.data.source import Rows, Source
 from hybridrec.data import (
     DataError,
@@ -82,11 +83,11 @@ def criteo_tables(num_embeddings_per_feature: list[int]) -> tuple[list[SparseFea
     return features, np.array(num_embeddings_per_feature, dtype=np.int64)
 
 
-def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: str) -> np.ndarray:
+def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: IdMapping) -> np.ndarray:
     """Raw 32-bit ids (n, F) into table rows: ``modulo`` (TorchRec's convention) or ``hash``
     (a 64-bit mix first, so that ids differing in low bits do not collide in patterns)."""
     x = raw.astype(np.uint64)
-    if mapping == "hash":  # splitmix64 finalizer
+    if mapping == IdMapping.hash:  # splitmix64 finalizer
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x ^= x >> np.uint64(31)
@@ -140,8 +141,8 @@ class CriteoTSV(Source):
         train_path: str,
         eval_path: str,
         num_embeddings_per_feature: list[int],
-        id_mapping: str,
-        bad_rows: str,
+        id_mapping: IdMapping,
+        bad_rows: BadRows,
         block_size_mb: int,
         eval_batches: Optional[int],
         seed: int,
@@ -167,8 +168,8 @@ class CriteoTSV(Source):
                 raise DataError(f"data.{split}_path: every file is empty: {', '.join(paths)}")
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.num_dense_features = INT_FEATURES
-        self.id_mapping = getattr(id_mapping, "value", id_mapping)
-        self.fail = getattr(bad_rows, "value", bad_rows) == "fail"
+        self.id_mapping = IdMapping(id_mapping)
+        self.fail = BadRows(bad_rows) == BadRows.fail
         self.block_size = block_size_mb * 2**20
         self.eval_batches = eval_batches
         self._report = ReadReport()
@@ -648,7 +649,7 @@ class CriteoBinary(Source):
         train_path: str,
         eval_path: str,
         num_embeddings_per_feature: list[int],
-        id_mapping: str,
+        id_mapping: IdMapping,
         eval_batches: Optional[int],
         seed: int,
         valid_path: Optional[str] = None,
@@ -674,7 +675,7 @@ class CriteoBinary(Source):
                 self.segments[split] = [(int(r) * _HOLDOUT_RUN, min(_HOLDOUT_RUN, total - int(r) * _HOLDOUT_RUN))
                                         for r in runs[mask]]
         self.num_dense_features = INT_FEATURES
-        self.id_mapping = getattr(id_mapping, "value", id_mapping)
+        self.id_mapping = IdMapping(id_mapping)
         self.eval_batches = eval_batches
         self._report = ReadReport()
         for split, days in self.days.items():

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from hybridrec.config import BadRows, EvalItems, NegativeSampling, SplitKind
 from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, shorten
 from hybridrec.data.source import RANKING_FIELDS, Rows, Source
 
@@ -37,10 +38,10 @@ class MovieLens(Source):
         batch_size: int,
         path: str,
         label_threshold: float,
-        split: str,
+        split: SplitKind,
         eval_fraction: float,
         side_features: bool,
-        bad_rows: str,
+        bad_rows: BadRows,
         eval_batches: Optional[int],
         seed: int,
         valid_fraction: float = 0.0,
@@ -49,7 +50,7 @@ class MovieLens(Source):
         if not os.path.isfile(ratings_path):
             raise DataError(f"data.path={path}: no u.data there (run `make data-movielens`)")
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
-        self.fail = getattr(bad_rows, "value", bad_rows) == "fail"
+        self.fail = BadRows(bad_rows) == BadRows.fail
         self._report = ReadReport()
         user, item, rating, ts = self._read_table(ratings_path, "\t", 4, numeric=range(4))
         if len(user) == 0:
@@ -167,15 +168,15 @@ class MovieLens(Source):
         dense = np.stack([self.user_age[user] / 100.0, (self.item_year[item] - 1900.0) / 100.0], axis=1)
         return dense, ids, ["user", "item", *self.user_side, "genres"]
 
-    def _split(self, kind: str, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
-        kind = getattr(kind, "value", kind)
+    def _split(self, kind: SplitKind, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
+        kind = SplitKind(kind)
         n = len(ts)
-        order = np.argsort(ts, kind="stable") if kind == "time" else np.random.default_rng([self.seed, 7]).permutation(n)
+        order = np.argsort(ts, kind="stable") if kind == SplitKind.time else np.random.default_rng([self.seed, 7]).permutation(n)
         n_eval = int(round(n * fraction))
         rest = order[: n - n_eval]  # random order, or oldest first: validation is its tail
         n_valid = int(round(len(rest) * self.valid_fraction))
         train = rest[: len(rest) - n_valid]
-        out = {"train": np.sort(train) if kind == "random" else train, "eval": order[n - n_eval :]}
+        out = {"train": np.sort(train) if kind == SplitKind.random else train, "eval": order[n - n_eval :]}
         if n_valid:
             out["valid"] = rest[len(rest) - n_valid :]
         return out
@@ -240,11 +241,11 @@ class MovieLensRank(MovieLens):
 
     lists = True
 
-    def __init__(self, list_size: int, negatives: int, negative_sampling: str, eval_items: str,
+    def __init__(self, list_size: int, negatives: int, negative_sampling: NegativeSampling, eval_items: EvalItems,
                  eval_negatives: int, ranking_k: int, **kwargs) -> None:
         self.list_items, self.negatives = list_size, negatives
-        self.negative_sampling = getattr(negative_sampling, "value", negative_sampling)
-        self.eval_items = getattr(eval_items, "value", eval_items)
+        self.negative_sampling = NegativeSampling(negative_sampling)
+        self.eval_items = EvalItems(eval_items)
         self.eval_negatives, self.ranking_k = eval_negatives, ranking_k
         super().__init__(**kwargs)
         self.list_size = list_size + negatives  # rows per training list: what list losses reshape by
@@ -259,13 +260,13 @@ class MovieLensRank(MovieLens):
         self.eval_seen_in_train = 0  # catalogue eval: held-out ratings of movies the user also rated in training
         self.eval_rows = {split: self._eval_lists(split) for split in self.splits if split != "train"}
 
-    def _split(self, kind: str, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
+    def _split(self, kind: SplitKind, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
         """Per user: the latest (split=time) or a random ``fraction`` of their ratings."""
-        kind = getattr(kind, "value", kind)
+        kind = SplitKind(kind)
         rng = np.random.default_rng([self.seed, 7])
         train, valid, held = [], [], []
         for rows in self._user_rows(np.arange(len(self.user))):
-            rows = rows[np.argsort(ts[rows], kind="stable")] if kind == "time" else rng.permutation(rows)
+            rows = rows[np.argsort(ts[rows], kind="stable")] if kind == SplitKind.time else rng.permutation(rows)
             n_eval = int(round(len(rows) * fraction))
             rest = rows[: len(rows) - n_eval]
             n_valid = int(round(len(rest) * self.valid_fraction))
@@ -291,7 +292,7 @@ class MovieLensRank(MovieLens):
         train_rated[self.user[self.split_rows["train"]], self.item[self.split_rows["train"]]] = True
         for u in np.unique(self.user[rows]):
             mine = rows[self.user[rows] == u]
-            if self.eval_items == "catalogue":
+            if self.eval_items == EvalItems.catalogue:
                 cand = self.catalogue[~train_rated[u, self.catalogue]]
                 rating = np.zeros(len(cand), dtype=np.float32)
                 unseen = ~train_rated[u, self.item[mine]]  # a movie rated again after training is no candidate
@@ -329,7 +330,7 @@ class MovieLensRank(MovieLens):
         for j, (u, rows) in enumerate(lists):
             pad = self.list_items - len(rows)
             rng = np.random.default_rng([self.seed, 17, epoch, first + j])  # per list: rank-independent
-            negs = self._unrated(u, pool if self.negative_sampling == "batch" else self.catalogue, self.negatives, rng)
+            negs = self._unrated(u, pool if self.negative_sampling == NegativeSampling.batch else self.catalogue, self.negatives, rng)
             missing = self.negatives - len(negs)
             items.append(np.concatenate([self.item[rows], np.zeros(pad, np.int64), negs, np.zeros(missing, np.int64)]))
             ratings.append(np.concatenate([self.rating[rows], np.zeros(pad + self.negatives, np.float32)]))

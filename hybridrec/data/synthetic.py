@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 from torchrec.datasets.utils import Batch
 
+from hybridrec.config import DenseDistribution
 from hybridrec.data import DataError, SparseFeature
 from hybridrec.data.source import Rows, Source
 
@@ -54,7 +55,7 @@ class SyntheticClickLog(Source):
         zipf_exponent: float,
         eval_batches: int,
         seed: int,
-        dense_distribution: str = "normal",
+        dense_distribution: DenseDistribution = DenseDistribution.normal,
         valid_batches: int = 0,
     ) -> None:
         self.batch_size = batch_size
@@ -79,7 +80,7 @@ class SyntheticClickLog(Source):
             raise DataError(f"data.batch_size={batch_size}: at most {2**32 // self._columns - 1} rows per global "
                             f"batch for these features (the generator counts rows x columns in 32 bits)")
         self.zipf_exponent = zipf_exponent
-        self.dense_distribution = getattr(dense_distribution, "value", dense_distribution)
+        self.dense_distribution = DenseDistribution(dense_distribution)
         self.eval_batches = eval_batches
         self.valid_batches = valid_batches
         self.splits = ("train", "valid", "eval") if valid_batches else ("train", "eval")
@@ -145,12 +146,12 @@ class SyntheticClickLog(Source):
             u *= np.float32(2.0**-24)
             return u
 
-        if self.dense_distribution == "uniform":
+        if self.dense_distribution == DenseDistribution.uniform:
             dense = uniform(0, d)
             signal = (dense - 0.5) * 3.4
         else:  # Box-Muller: two uniforms per standard normal
             z = np.sqrt(-2 * np.log(uniform(0, d))) * np.cos(np.float32(2 * np.pi) * uniform(d, d))
-            if self.dense_distribution == "lognormal":  # raw-count-like; the model sees log(1 + x)
+            if self.dense_distribution == DenseDistribution.lognormal:  # raw-count-like; the model sees log(1 + x)
                 dense = np.log1p(np.exp(np.float32(1.5) * z))
                 signal = (dense - 1.0) / 0.8  # roughly centred, for the planted logit
             else:
