@@ -3,6 +3,7 @@ the default and the hand-written TorchRec loop in the same repetition.
 
 - bf16 dense compute with fp32 gradient reduction (FSDP2's MixedPrecisionPolicy);
 - torch.compile of the dense blocks (``mesh.compile=true``);
+- FSDP2 units per dense block (``mesh.units=arch``) instead of ``ctr``'s one root unit;
 - the intra-op thread split: every core on every rank instead of cores / ranks;
 - the per-rank batch: half and twice the suite's.
 
@@ -23,6 +24,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "default": {"overrides": []},
     "bf16 dense compute, fp32 reduce": {"overrides": ["mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"]},
     "torch.compile of the dense blocks": {"overrides": ["mesh.compile=true"]},
+    "FSDP2 unit per dense block (ctr: one root unit)": {"overrides": ["mesh.units=arch"]},
     "every core on every rank": {"overrides": [f"launcher.threads_per_rank={os.cpu_count() or 1}"]},
     "per-rank batch x 1/2": {"overrides": [], "batch": 0.5},
     "per-rank batch x 2": {"overrides": [], "batch": 2.0},
