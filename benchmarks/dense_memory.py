@@ -62,15 +62,17 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
             trainer = Trainer(cfg, "/tmp", device)
             trainers.append(trainer)
             streams.append(trainer.data.batches("train", trainer.rank, trainer.world_size, 3 + reps * steps))
-            for _ in range(3):  # warm-up: tracing, pipeline fill, lazy FSDP init
-                trainer.pipeline.progress(streams[i])
+            for step in range(1, 4):  # warm-up: tracing, pipeline fill, lazy FSDP init
+                trainer.step(streams[i], step)
+        taken = [3] * len(cfgs)  # steps each trainer has taken
         for rep in range(reps):
             order = range(len(cfgs)) if rep % 2 == 0 else reversed(range(len(cfgs)))
             for i in order:
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(steps):
-                    trainers[i].pipeline.progress(streams[i])
+                    taken[i] += 1
+                    trainers[i].step(streams[i], taken[i])
                 dist.barrier()
                 rates[i].append(steps * cfgs[i].data.batch_size / (time.perf_counter() - start))
         results = []

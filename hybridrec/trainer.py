@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -93,6 +93,14 @@ class Trainer:
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
 
+    def step(self, batches: Iterator, step: int) -> torch.Tensor:
+        """Training step ``step`` (1-based) on the next batch of ``batches``: TorchRec's
+        pipeline (forward, backward, fused sparse and dense optimizer), then parallelism's
+        per-step work. Returns this rank's loss (a tensor: reading it would sync the device)."""
+        loss, _logits, _labels = self.pipeline.progress(batches)
+        self.parallel.after_step(step, last=step == self.cfg.train.steps)
+        return loss
+
     def train(self) -> dict[str, Any]:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
         batches = self._batches("train", cfg.steps, start=self.start_step)
@@ -106,9 +114,7 @@ class Trainer:
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tick = time.perf_counter()
-                loss, _logits, _labels = self.pipeline.progress(batches)
-                self.local_losses[step - 1] = loss
-                self.parallel.after_step(step, last=step == cfg.steps)
+                self.local_losses[step - 1] = self.step(batches, step)
                 self.step_times.append(time.perf_counter() - tick)
                 if profiler:
                     profiler.step()
