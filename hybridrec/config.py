@@ -803,7 +803,22 @@ def _check_positive(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig, world_size: int) -> None:
-    """Cross-field checks, run before any rank starts. Raises ValueError naming the keys."""
+    """Every check that can run before any rank starts, one function per config group, in
+    this order (the first problem found is the one reported). Raises ValueError naming the
+    keys and the fix."""
+    _validate_structure(cfg)
+    _validate_run(cfg)
+    _validate_launcher(cfg, world_size)
+    _validate_mesh(cfg, world_size)
+    _validate_schedules(cfg)
+    _validate_data(cfg, world_size)
+    _validate_model(cfg)
+    _validate_loss(cfg, world_size)
+    _validate_optimizers(cfg)
+
+
+def _validate_structure(cfg: DictConfig) -> None:
+    """Every required key set, no unknown key, sizes and degrees positive."""
     # hybridrec's keys only: Hydra's own (present under a launcher callback) resolve later
     ours = [k for k in cfg.keys() if k != "hydra"]
     unset = {m for k in ours if isinstance(cfg[k], DictConfig) for m in OmegaConf.missing_keys(cfg[k])}  # full keys
@@ -815,6 +830,10 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         )
     _check_keys(cfg)
     _check_positive(cfg)
+
+
+def _validate_run(cfg: DictConfig) -> None:
+    """train, checkpoint, profile and logger."""
     if cfg.train.steps < 1:
         raise ValueError(f"train.steps must be >= 1, got {cfg.train.steps}")
     if cfg.train.log_every < 1:
@@ -841,6 +860,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
                 "logger=tensorboard needs the optional tensorboard package: "
                 "pip install -c constraints.txt -e '.[tensorboard]'"
             ) from None
+
+
+def _validate_launcher(cfg: DictConfig, world_size: int) -> None:
     if world_size < 1:
         raise ValueError(f"launcher.nproc_per_node must be >= 1, got {world_size}")
     la = cfg.launcher
@@ -853,6 +875,10 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             "launcher.max_restarts restarts ranks from the newest checkpoint: set checkpoint.dir "
             "(and keep checkpoint.resume=auto), or restarted ranks would start over"
         )
+
+
+def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
+    """Dense parallelism, embedding replicas and the planner's hardware keys."""
     mesh = cfg.mesh
     if mesh.world_size is not None and mesh.world_size != world_size:
         raise ValueError(
@@ -905,6 +931,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             "mesh.embedding_replicas > 1 with checkpoint.dir: checkpoints of 2D-sharded tables "
             "are not supported yet (untested); unset checkpoint.dir or set mesh.embedding_replicas=1"
         )
+
+
+def _validate_schedules(cfg: DictConfig) -> None:
     for part in ("sparse_schedule", "dense_schedule"):
         sch = cfg.optimizer[part]
         if min(sch.warmup_steps, sch.decay_start, sch.decay_steps) < 0:
@@ -918,6 +947,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             )
     if cfg.optimizer.clip_grad_norm is not None and cfg.optimizer.clip_grad_norm <= 0:
         raise ValueError(f"optimizer.clip_grad_norm must be > 0, got {cfg.optimizer.clip_grad_norm}")
+
+
+def _validate_data(cfg: DictConfig, world_size: int) -> None:
     if cfg.data.batch_size % world_size != 0:
         raise ValueError(
             f"data.batch_size={cfg.data.batch_size} is the global batch and must divide "
@@ -939,6 +971,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         sizes = list(cfg.data.num_embeddings_per_feature)
         if not sizes or min(sizes) < 1:
             raise ValueError(f"data.num_embeddings_per_feature must be non-empty and >= 1: {sizes}")
+
+
+def _validate_model(cfg: DictConfig) -> None:
     if "dense_arch_layer_sizes" in cfg.model:
         dense = list(cfg.model.dense_arch_layer_sizes)
         if not dense or dense[-1] != cfg.model.embedding_dim:
@@ -953,7 +988,10 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     for key in ("deep_layer_sizes", "tower_layer_sizes"):
         if key in cfg.model and (not cfg.model[key] or min(cfg.model[key]) < 1):
             raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg.model[key])}")
-    _validate_loss(cfg, world_size)
+
+
+def _validate_optimizers(cfg: DictConfig) -> None:
+    """Only what TorchRec can fuse, and keyword arguments the optimizers accept."""
     if cfg.optimizer.sparse.get("weight_decay", 0.0):
         # Measured: 0 and 0.1 train identically, even with fbgemm's weight_decay_mode set.
         raise ValueError(
