@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.dist  # every test starts ranks: the elastic launcher, torchrun, a multirun's spawned jobs
+
 # The ctr experiment's model and tables, on a shorter run.
 SHORT = ["+experiment=ctr", "train.steps=40", "train.log_every=10", "data.eval_batches=4"]
 TINY = ["data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
@@ -29,7 +31,6 @@ def _summary(run_dir):
         return json.load(f)
 
 
-@pytest.mark.dist
 def test_two_ranks_via_elastic_launcher(tmp_path):
     run_dir = tmp_path / "run"
     proc = _run([sys.executable, "-m", "hybridrec.train", *SHORT, "launcher.nproc_per_node=2",
@@ -80,7 +81,6 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     assert (run_dir / "plan.json").exists()
 
 
-@pytest.mark.dist
 def test_torchrun_shares_one_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
@@ -102,7 +102,6 @@ def test_multirun_sweeps_optimizers(tmp_path):
     assert losses[0] != losses[1]
 
 
-@pytest.mark.dist
 def test_two_simulated_nodes_match_one_node(tmp_path):
     """Two torchrun launchers (--nnodes 2 --nproc_per_node 1) rendezvous on loopback: the
     planner sees one rank per node, and training gives the losses of one 2-rank node."""

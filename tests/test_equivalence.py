@@ -14,26 +14,14 @@ import torch
 from conftest import compose_cfg
 from dist_helpers import fsdp_reshard_states, launch, train_and_gather
 from hybridrec.data import build_source
+from shared import BASE, TOL, assert_same_training
 from torch.optim.lr_scheduler import LambdaLR
 
 from hybridrec.models import build_model
 from hybridrec.optim import lr_multiplier
 from hybridrec.parallelize import _table_slice
 
-# Small enough to run in seconds, big enough that every plan spreads tables over both ranks.
-BASE = [
-    "data.batch_size=64",
-    "data.num_embeddings_per_feature=[300,200,100,50]",
-    "data.ids_per_feature=2",
-    "data.eval_batches=2",
-    "model.embedding_dim=8",
-    "model.dense_arch_layer_sizes=[16,8]",
-    "model.over_arch_layer_sizes=[16,1]",
-    "train.steps=8",
-    "train.log_every=4",
-]
-# fp32 tolerance: 2 ranks reduce partial gradients in a different order than one process.
-TOL = dict(rtol=1e-5, atol=1e-6)
+pytestmark = pytest.mark.dist  # every test reads runs of 1 or 2 launched ranks
 
 
 def _cfg(*extra):
@@ -69,13 +57,6 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
             s.step()
         losses.append(loss.item())
     return losses, model.state_dict(), norms
-
-
-def assert_same_training(a, b, state_tol=TOL):
-    torch.testing.assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **TOL)
-    assert a["state"].keys() == b["state"].keys()
-    for key in a["state"]:
-        torch.testing.assert_close(a["state"][key], b["state"][key], **state_tol, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +140,6 @@ REFERENCE = {"row_wise+sgd": 0, "column_wise": 4, "table_column_wise": 4, "grid"
 PLACEMENTS = {"table_wise+ddp": "replicated", "hsdp 1x2": "RS(0)", "hsdp 2x1": "RS(0)"}
 
 
-@pytest.mark.dist
 def test_two_ranks_match_one_rank(one_rank, tmp_path):
     # One launch trains every variant in sequence: process start-up is paid once.
     cfgs = [_cfg(*overrides) for _, overrides, _, _ in VARIANTS]
@@ -187,7 +167,6 @@ def test_two_ranks_match_one_rank(one_rank, tmp_path):
             raise AssertionError(f"{name}: {e}") from None
 
 
-@pytest.mark.dist
 def test_rowwise_adagrad_with_column_splits_differs_and_says_so(one_rank, tmp_path):
     """TorchRec keeps a row-wise accumulator per column shard: not the unsharded optimizer.
     hybridrec cannot change the kernel, so it states it in the plan instead."""
@@ -208,7 +187,6 @@ def test_evaluation_during_training_changes_nothing(one_rank):
     assert [e["step"] for e in one_rank[8]["summary"]["eval_history"]] == [3, 6, 8]
 
 
-@pytest.mark.dist
 def test_base_pipeline_matches_sparse_dist(tmp_path):
     """train.pipeline=base (TorchRec's TrainPipelineBase: one batch at a time, nothing
     overlapped) trains what the default TrainPipelineSparseDist trains: a pipeline changes
@@ -221,7 +199,6 @@ def test_base_pipeline_matches_sparse_dist(tmp_path):
     assert base["summary"]["eval_history"] == sparse_dist["summary"]["eval_history"]
 
 
-@pytest.mark.dist
 def test_reduced_precision_stays_close_to_fp32(one_rank, tmp_path):
     """bf16 dense compute with fp32 reduction, and bf16 embedding all-to-alls (qcomms): not
     bit-equal to fp32, within stated bounds over the same steps."""
@@ -234,7 +211,6 @@ def test_reduced_precision_stays_close_to_fp32(one_rank, tmp_path):
     assert bf16["losses"] != one_rank[1]["losses"]  # the policy really applied
 
 
-@pytest.mark.dist
 def test_fsdp2_root_keeps_its_own_reshard_rule(tmp_path):
     """The root unit gets FSDP2's automatic rule (stay unsharded after forward: backward needs
     it at once) unless mesh.root_reshard_after_forward says otherwise; the units below follow

@@ -24,6 +24,7 @@ def _job_dirs(sweep):
     return sorted(d for d in os.listdir(sweep) if os.path.isdir(sweep / d) and not d.startswith("."))
 
 
+@pytest.mark.dist
 def test_submitit_local_sweep_runs_each_job(tmp_path):
     """`-m hydra/launcher=submitit_local`: each job of the sweep is a submitit job (its own
     process, pickled by submitit) that starts 2 ranks through hybridrec's elastic launcher."""
@@ -51,6 +52,7 @@ SLURM = ["hydra/launcher=slurm", *TINY, "launcher.nproc_per_node=8", "launcher.d
          "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90"]
 
 
+@pytest.mark.slow
 def test_slurm_submission_script(tmp_path):
     """The sbatch script hybridrec's slurm config produces, rendered by the real plugin and
     submitit: `srun` and `sbatch` are test doubles on PATH; sbatch keeps the script and fails,
@@ -103,6 +105,7 @@ SLURM_ENV = {
 }
 
 
+@pytest.mark.unit
 def test_slurm_variables_give_the_rendezvous(monkeypatch, cfg_factory):
     for key in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -130,6 +133,7 @@ def _hydra_cfg(overrides):
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overrides, message", [
     (["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=8"],
      "tasks_per_node=8: hybridrec runs one task per node"),
@@ -147,6 +151,7 @@ def test_launcher_rules(overrides, message):
         check_submitit(_hydra_cfg(overrides))
 
 
+@pytest.mark.unit
 def test_launcher_rules_accept_what_the_configs_ship():
     check_submitit(_hydra_cfg(["hydra/launcher=slurm", "launcher.nproc_per_node=8", "launcher.device=cuda"]))
     check_submitit(_hydra_cfg(["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null",

@@ -8,6 +8,8 @@ import pytest
 from conftest import compose_cfg
 from dist_helpers import launch, train_and_summarize
 
+pytestmark = pytest.mark.dist  # every test reads runs of launched ranks
+
 MOVIELENS = os.path.join(os.path.dirname(__file__), "..", "data", "ml-100k", "u.data")
 STEPS = 30
 # CPU-sized versions of the experiments: their optimizers, models and data, fewer steps and
@@ -33,7 +35,6 @@ def _experiments():
     return names
 
 
-@pytest.mark.dist
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_no_loss_spike_after_the_first_step(world_size, tmp_path):
     """Every shipped experiment: no step's global loss after step 1 exceeds 1.5x step 1's."""
@@ -52,7 +53,6 @@ CTR_SMALL = ["+experiment=ctr", "data.num_embeddings_per_feature=[20000,10000,50
              "data.valid_batches=1"]
 
 
-@pytest.mark.dist
 def test_bf16_dense_compute_learns_what_fp32_learns(tmp_path):
     """FSDP2 mixed precision (bf16 compute, fp32 reduction) with one root unit (ctr's
     default) and with a unit per block learns the planted signal: far above a constant
