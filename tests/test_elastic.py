@@ -15,7 +15,9 @@ from hybridrec.checkpoint import latest
 
 pytestmark = pytest.mark.dist  # every test starts ranks
 
-RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=60", "train.log_every=10",
+# 30 steps, a checkpoint every 10: the kill lands after the first save with steps left to
+# train, and the resumed run must then end bit for bit where the uninterrupted one does.
+RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=30", "train.log_every=10",
        "data.eval_batches=2", "checkpoint.every_n_steps=10", "launcher.nproc_per_node=2"]
 
 
