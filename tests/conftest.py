@@ -1,4 +1,6 @@
+import json
 import os
+import subprocess
 import sys
 import warnings
 
@@ -12,7 +14,7 @@ CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "hybridrec", "conf")
 # Make the test helpers importable by the ranks that elastic_launch spawns.
 sys.path.insert(0, os.path.dirname(__file__))
 
-from shared import tables  # noqa: E402  (needs the path above)
+from shared import TWO_NODE_RUN, tables  # noqa: E402  (needs the path above)
 
 register_configs()
 
@@ -51,6 +53,17 @@ def layout(tmp_path):
     out = tmp_path / "ml"
     write_layout(tables(), str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def one_node_losses(tmp_path_factory):
+    """Per-step losses of TWO_NODE_RUN on one node with 2 ranks, trained once for every
+    multi-node launch that is compared with it."""
+    run = tmp_path_factory.mktemp("one_node") / "run"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *TWO_NODE_RUN, "launcher.nproc_per_node=2",
+                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [r["loss"] for r in map(json.loads, open(run / "metrics.jsonl")) if "loss" in r]
 
 
 @pytest.fixture(autouse=True)

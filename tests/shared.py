@@ -106,3 +106,11 @@ def assert_same_training(a, b, state_tol=TOL):
     assert a["state"].keys() == b["state"].keys()
     for key in a["state"]:
         torch.testing.assert_close(a["state"][key], b["state"][key], **state_tol, msg=lambda m, key=key: f"{key}: {m}")
+
+
+# --------------------------------------------------------------------- multi-node launches
+# ctr's model on three small tables, each step's loss logged: two nodes of one rank each
+# (torchrun --nnodes 2, faked Slurm nodes) must train it with the losses of one 2-rank node.
+TWO_NODE_RUN = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
+                "data.eval_batches=1", "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
+

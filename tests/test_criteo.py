@@ -16,6 +16,7 @@ from hybridrec.data import DataError, ReadReport
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids, read_tsv_file
 from shared import SIZES, rand_rows, reader, row, write
 
+
 @pytest.mark.unit
 def test_values_are_parsed_exactly(tmp_path):
     cats = ["68fd1e64", "80E26C9B", ""] + ["fffffff0"] * 23

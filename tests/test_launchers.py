@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF_DIR
+from shared import TWO_NODE_RUN
 from hybridrec.launch import check_submitit, job_nodes, world_size
 
 # The ctr experiment's model on three small tables: seconds per job.
@@ -161,7 +162,7 @@ def test_launcher_rules_accept_what_the_configs_ship():
 
 
 @pytest.mark.dist
-def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
+def test_two_faked_slurm_nodes_train_like_one_node(tmp_path, one_node_losses):
     """What each node's task does in a 2-node Slurm job, on loopback: Slurm's variables are
     faked (node list `localhost,localhost`), each "node" runs the Hydra job, which starts its
     rank through the elastic launcher; the two meet at the derived rendezvous and train with
@@ -169,7 +170,7 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [*TINY, "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
+    args = TWO_NODE_RUN
     nodes = []
     for node in (0, 1):
         env = {**os.environ, **SLURM_ENV, "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
@@ -181,11 +182,8 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
     for node in nodes:
         out, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-3000:]
-    one = subprocess.run([sys.executable, "-m", "hybridrec.train", *args, "launcher.nproc_per_node=2",
-                          f"hydra.run.dir={tmp_path / 'one'}"], capture_output=True, text=True, timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
     plan = json.load(open(tmp_path / "slurm" / "plan.json"))
     assert plan["topology"]["world_size"] == 2 and plan["topology"]["local_world_size"] == 1
     losses = lambda d: [r["loss"] for r in map(json.loads, open(tmp_path / d / "metrics.jsonl")) if "loss" in r]
     assert len(losses("slurm")) == 6
-    assert losses("slurm") == pytest.approx(losses("one"), rel=1e-5, abs=1e-6)
+    assert losses("slurm") == pytest.approx(one_node_losses, rel=1e-5, abs=1e-6)

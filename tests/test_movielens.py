@@ -17,6 +17,7 @@ from hybridrec.data.fetch_movielens import FILES, read_wheel, write_layout
 from hybridrec.data.movielens import GENRES
 from shared import GENRE_NAMES, ml, tables
 
+
 @pytest.mark.unit
 def test_features_labels_and_split(layout):
     data = ml(layout)
