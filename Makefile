@@ -17,7 +17,7 @@ endif
 STAMP := $(VENV)/.installed-gpu$(GPU)
 MOVIELENS := data/ml-100k/u.data
 
-.PHONY: help install train test bench bench-quick data-movielens clean
+.PHONY: help install train test test-fast bench bench-quick data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -39,8 +39,11 @@ $(STAMP): constraints.txt pyproject.toml
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
 
-test: install $(MOVIELENS) ## run the test suite (fetches MovieLens-100k first: the experiments are tested on it)
+test: install $(MOVIELENS) ## run the whole test suite, every tier (fetches MovieLens-100k first: the experiments are tested on it)
 	$(PY) -m pytest -q $(ARGS)
+
+test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute)
+	$(PY) -m pytest -q -m unit $(ARGS)
 
 bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~30-35 min on 2 CPU cores)
 	$(PY) benchmarks/bench.py $(ARGS)

@@ -1,4 +1,6 @@
+import json
 import os
+import subprocess
 import sys
 import warnings
 
@@ -12,7 +14,24 @@ CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "hybridrec", "conf")
 # Make the test helpers importable by the ranks that elastic_launch spawns.
 sys.path.insert(0, os.path.dirname(__file__))
 
+from shared import TWO_NODE_RUN, tables  # noqa: E402  (needs the path above)
+
 register_configs()
+
+# Every test belongs to exactly one tier (see [tool.pytest.ini_options] markers), so that
+# `-m unit` is the fast in-process suite and `-m "not dist"` starts no ranks.
+TIERS = ("unit", "dist", "slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    wrong = []
+    for item in items:
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError("each test needs exactly one of the markers " + ", ".join(TIERS)
+                                + " (module `pytestmark` or a decorator):\n" + "\n".join(wrong))
 
 
 def compose_cfg(overrides: list[str] = ()) -> DictConfig:
@@ -24,6 +43,27 @@ def compose_cfg(overrides: list[str] = ()) -> DictConfig:
 @pytest.fixture
 def cfg_factory():
     return compose_cfg
+
+
+@pytest.fixture
+def layout(tmp_path):
+    """A tiny MovieLens-100k layout (20 users, 30 movies, 300 ratings) in the official format."""
+    from hybridrec.data.fetch_movielens import write_layout
+
+    out = tmp_path / "ml"
+    write_layout(tables(), str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def one_node_losses(tmp_path_factory):
+    """Per-step losses of TWO_NODE_RUN on one node with 2 ranks, trained once for every
+    multi-node launch that is compared with it."""
+    run = tmp_path_factory.mktemp("one_node") / "run"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *TWO_NODE_RUN, "launcher.nproc_per_node=2",
+                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [r["loss"] for r in map(json.loads, open(run / "metrics.jsonl")) if "loss" in r]
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_d
 
 def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str, Any]]:
     """Train each config in turn in one process group; ``collect(trainer, summary)`` says
-    what each run returns."""
+    what each run returns (one function for all, or a list of one per config)."""
     warnings.simplefilter("ignore", FutureWarning)
     device = pick_device(cfgs[0])
     init_distributed(device)
@@ -29,7 +29,7 @@ def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str,
             out = os.path.join(run_dir, str(i))
             os.makedirs(out, exist_ok=True)
             trainer = Trainer(cfg, out, device)
-            results.append(collect(trainer, trainer.train()))
+            results.append((collect[i] if isinstance(collect, list) else collect)(trainer, trainer.train()))
         done = True
         return results
     finally:
@@ -38,7 +38,11 @@ def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str,
 
 def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
     """Per config: per-step global losses, the unsharded final weights (rank 0), the plan."""
-    return _train_each(cfgs, run_dir, lambda trainer, summary: {
+    return _train_each(cfgs, run_dir, _gather)
+
+
+def _gather(trainer: Trainer, summary: dict[str, Any]) -> dict[str, Any]:
+    return {
         "losses": trainer.losses,
         "state": full_state_dict(trainer.model),
         "summary": summary,
@@ -47,7 +51,14 @@ def train_and_gather(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
         "grad_norms": [n.item() for n in trainer.optimizer.grad_norms],
         "eval_logits": _eval_logits(trainer),
         "pipeline": type(trainer.pipeline).__name__,
-    })
+    }
+
+
+def train_and_collect(jobs: list[tuple[DictConfig, str]], run_dir: str) -> list[dict[str, Any]]:
+    """Per (config, what): "gather" returns what train_and_gather does, "reshard" the FSDP2
+    reshard-after-forward state of the root and each dense unit. Runs of both kinds share one process group."""
+    collectors = {"gather": _gather, "reshard": _reshard_states}
+    return _train_each([cfg for cfg, _ in jobs], run_dir, [collectors[what] for _, what in jobs])
 
 
 @torch.no_grad()
@@ -118,17 +129,14 @@ def train_and_summarize(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, 
     return _train_each(cfgs, run_dir, lambda trainer, summary: {"losses": trainer.losses, "summary": summary})
 
 
-def fsdp_reshard_states(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:
-    """Per config, after one training step: for the FSDP2 root and each dense unit, whether
-    it reshards its parameters after forward (FSDP2's post-forward mesh is set)."""
+def _reshard_states(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any]:
+    """For the FSDP2 root and each dense unit, whether it reshards its parameters after
+    forward (FSDP2's post-forward mesh is set)."""
     from torch.distributed.fsdp import FSDPModule
 
-    def collect(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any]:
-        root = trainer.model._dmp_wrapped_module
-        units = {"root": root, **{f"unit{i}": u for i, u in enumerate(trainer.model.module.dense_units())
-                                  if isinstance(u, FSDPModule)}}
-        groups = {name: module._get_fsdp_state()._fsdp_param_group for name, module in units.items()}
-        # a unit without parameters of its own (the root when every block is a unit) has no group
-        return {name: None if g is None else g.post_forward_mesh_info is not None for name, g in groups.items()}
-
-    return _train_each(cfgs, run_dir, collect)
+    root = trainer.model._dmp_wrapped_module
+    units = {"root": root, **{f"unit{i}": u for i, u in enumerate(trainer.model.module.dense_units())
+                              if isinstance(u, FSDPModule)}}
+    groups = {name: module._get_fsdp_state()._fsdp_param_group for name, module in units.items()}
+    # a unit without parameters of its own (the root when every block is a unit) has no group
+    return {name: None if g is None else g.post_forward_mesh_info is not None for name, g in groups.items()}

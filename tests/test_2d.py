@@ -16,6 +16,7 @@ from hybridrec.config import check_device, validate
 from hybridrec.sharding import format_report
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overrides, world, message", [
     (["mesh.embedding_replicas=3"], 4, "mesh.embedding_replicas=3 must be >= 1 and divide the world size 4"),
     (["mesh.embedding_replicas=0"], 4, "mesh.embedding_replicas=0 must be >= 1"),
@@ -27,6 +28,7 @@ def test_replica_rules(overrides, world, message):
         validate(compose_cfg(["+experiment=ctr", *overrides]), world)
 
 
+@pytest.mark.unit
 def test_replicas_need_cuda():
     cfg = compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=2"])
     validate(cfg, 4)  # the config itself is fine ...
@@ -35,6 +37,7 @@ def test_replicas_need_cuda():
         check_device(cfg, "cpu")  # ... but not on CPU
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_training_refuses_replicas_on_cpu_before_starting_ranks(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "launcher.nproc_per_node=2",
@@ -45,6 +48,7 @@ def test_training_refuses_replicas_on_cpu_before_starting_ranks(tmp_path):
     assert "[rank" not in proc.stderr and not (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.slow
 def test_group_layout_follows_the_nodes():
     # 8 ranks, 4 per node, 2 replicas: groups of 4 ranks, 2 of them on each node
     report = dry_plan_for(compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=2"]), 8, 4, "cuda")
@@ -55,6 +59,7 @@ def test_group_layout_follows_the_nodes():
         dry_plan_for(compose_cfg(["+experiment=ctr", "mesh.embedding_replicas=3"]), 12, 4, "cuda")
 
 
+@pytest.mark.slow
 def test_plan_cli_512_ranks_8_replicas(tmp_path):
     """DLRM-DCNv2 (MLPerf Criteo 1TB) on 64 nodes x 8 GPUs with 8 replicas: one sharding group of
     64 ranks, one per node (the replicas of a shard share a node), planned and reported."""

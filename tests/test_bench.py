@@ -23,6 +23,7 @@ def _run(rep, world, kind, rate, dense="fsdp", sharding="auto"):
             "memory_per_rank": [{"est_host_mb": 10.0, "est_device_mb": 0.0}] * world}
 
 
+@pytest.mark.unit
 def test_ratios_are_per_repetition_and_answers_follow():
     """The ratio to the reference pairs runs of the same repetition (so a slow phase of the
     machine cancels), then takes median and range; the answers read the medians."""

@@ -15,7 +15,7 @@ from hybridrec.data import build_source
 
 from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
 from hybridrec.export import load_model
-from test_equivalence import BASE, TOL, assert_same_training
+from shared import BASE, TOL, assert_same_training
 
 RUN = BASE + ["train.steps=8", "checkpoint.every_n_steps=4", "sharding=table_wise"]
 
@@ -150,6 +150,7 @@ def test_old_or_broken_state_files_are_refused(runs, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -160,6 +161,7 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
     assert proc.returncode != 0 and "not writable" in proc.stderr
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_before_a_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *BASE, "train.steps=8", "train.log_every=1",

@@ -9,6 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from shared import TWO_NODE_RUN
+
+pytestmark = pytest.mark.dist  # every test starts ranks: the elastic launcher, torchrun, a multirun's spawned jobs
 
 # The ctr experiment's model and tables, on a shorter run.
 SHORT = ["+experiment=ctr", "train.steps=40", "train.log_every=10", "data.eval_batches=4"]
@@ -29,7 +32,6 @@ def _summary(run_dir):
         return json.load(f)
 
 
-@pytest.mark.dist
 def test_two_ranks_via_elastic_launcher(tmp_path):
     run_dir = tmp_path / "run"
     proc = _run([sys.executable, "-m", "hybridrec.train", *SHORT, "launcher.nproc_per_node=2",
@@ -83,7 +85,6 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     assert (run_dir / "plan.json").exists()
 
 
-@pytest.mark.dist
 def test_torchrun_shares_one_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
@@ -105,8 +106,7 @@ def test_multirun_sweeps_optimizers(tmp_path):
     assert losses[0] != losses[1]
 
 
-@pytest.mark.dist
-def test_two_simulated_nodes_match_one_node(tmp_path):
+def test_two_simulated_nodes_match_one_node(tmp_path, one_node_losses):
     """Two torchrun launchers (--nnodes 2 --nproc_per_node 1) rendezvous on loopback: the
     planner sees one rank per node, and training gives the losses of one 2-rank node."""
     import socket
@@ -114,7 +114,7 @@ def test_two_simulated_nodes_match_one_node(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [*TINY, "train.log_every=1", "sharding=table_row_wise"]
+    args = TWO_NODE_RUN
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     nodes = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(n),
                                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "t",
@@ -123,10 +123,8 @@ def test_two_simulated_nodes_match_one_node(tmp_path):
     for node in nodes:
         out, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-3000:]
-    _run([sys.executable, "-m", "hybridrec.train", *args, "launcher.nproc_per_node=2",
-          f"hydra.run.dir={tmp_path / 'one'}"])
     plan = json.load(open(tmp_path / "nodes" / "plan.json"))
     assert plan["topology"]["world_size"] == 2 and plan["topology"]["local_world_size"] == 1
     records = lambda d: [json.loads(line) for line in open(tmp_path / d / "metrics.jsonl")]
     losses = lambda d: [r["loss"] for r in records(d) if "loss" in r]
-    assert losses("nodes") == pytest.approx(losses("one"), rel=1e-5, abs=1e-6)
+    assert losses("nodes") == pytest.approx(one_node_losses, rel=1e-5, abs=1e-6)

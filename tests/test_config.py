@@ -26,6 +26,7 @@ GROUPS = {
 }
 
 
+@pytest.mark.unit
 def test_every_group_option_is_shipped():
     conf = os.path.join(os.path.dirname(__file__), "..", "conf")
     for group, options in GROUPS.items():
@@ -38,6 +39,7 @@ def test_every_group_option_is_shipped():
         assert shipped == sorted(options), group
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option):
     paths = ["data.train_path=x", "data.eval_path=x"] if option.startswith("criteo") else []
@@ -48,12 +50,14 @@ def test_every_option_composes_and_validates(group, option):
     validate(cfg, world_size=1 if option == "single" else 2)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("part,option", [("sparse", o) for o in ["rowwise_adagrad", "adagrad", "adam", "sgd"]]
                          + [("dense", o) for o in ["adagrad", "adam", "adamw", "sgd"]])
 def test_every_optimizer_sub_option_composes(part, option):
     validate(compose_cfg([f"optimizer/{part}={option}"]), world_size=1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("model", ["dlrm", "dcn"])
 def test_ctr_experiment_builds_data_and_model(model):
     cfg = compose_cfg(["+experiment=ctr", f"model={model}", "model.embedding_dim=64",
@@ -67,6 +71,7 @@ def test_ctr_experiment_builds_data_and_model(model):
     assert len(model.dense_units()) == {"dlrm": 2, "dcn": 3}[cfg.model._target_.split(".")[-2]]
 
 
+@pytest.mark.unit
 def test_optimizers_instantiate():
     import torch
 
@@ -76,6 +81,7 @@ def test_optimizers_instantiate():
         assert opt.param_groups[0]["lr"] == cfg.optimizer.dense.lr
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "override,message",
     [
@@ -92,6 +98,7 @@ def test_bad_value_is_rejected_naming_the_key(override, message):
     assert re.search(message, str(e.value.__cause__)), str(e.value.__cause__)
 
 
+@pytest.mark.unit
 def test_bad_group_option_lists_only_real_choices():
     with pytest.raises(Exception) as e:
         compose_cfg(["sharding=diagonal"])
@@ -100,6 +107,7 @@ def test_bad_group_option_lists_only_real_choices():
     assert "schema" not in text.split("Available options")[1].split("Config search path")[0]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides,world_size,message",
     [
@@ -124,6 +132,7 @@ def _cli(*args, timeout=60):
     )
 
 
+@pytest.mark.slow
 def test_cli_bad_group_option_fails_fast_with_choices(tmp_path):
     proc = _cli("+experiment=ctr", "optimizer=adamx", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
@@ -131,6 +140,7 @@ def test_cli_bad_group_option_fails_fast_with_choices(tmp_path):
     assert "[rank" not in proc.stderr  # failed while composing: no rank was started
 
 
+@pytest.mark.slow
 def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
     proc = _cli("+experiment=ctr", "launcher.nproc_per_node=3", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
@@ -138,6 +148,7 @@ def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
     assert "[rank" not in proc.stderr  # no rank was started
 
 
+@pytest.mark.unit
 def test_lr_schedule_formula():
     from hybridrec.optim import lr_multiplier
 
@@ -157,6 +168,7 @@ def test_lr_schedule_formula():
     assert lr_multiplier(compose_cfg([]).optimizer.dense_schedule)(1000) == 1.0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides,world_size,message",
     [
@@ -174,6 +186,7 @@ def test_mesh_and_optimizer_validation(overrides, world_size, message):
         validate(compose_cfg(overrides), world_size)
 
 
+@pytest.mark.unit
 def test_hsdp_degrees_default_to_ranks_per_node():
     from hybridrec.parallel_dims import ParallelDims
 
@@ -184,6 +197,7 @@ def test_hsdp_degrees_default_to_ranks_per_node():
     assert degrees(["mesh=fsdp"]) == (1, 16)
 
 
+@pytest.mark.unit
 def test_fused_adam_is_refused_on_cpu_before_launch():
     from hybridrec.config import check_device
 
@@ -193,11 +207,13 @@ def test_fused_adam_is_refused_on_cpu_before_launch():
     check_device(cfg, "cuda")  # fine on GPUs
 
 
+@pytest.mark.unit
 def test_sparse_weight_decay_is_refused_not_ignored():
     with pytest.raises(ValueError, match="not applied by TorchRec"):
         validate(compose_cfg(["optimizer.sparse.weight_decay=0.1"]), world_size=1)
 
 
+@pytest.mark.slow
 def test_readme_result_blocks_are_current():
     """README.md quotes benchmarks/results/*.md through marked blocks, never typed by hand."""
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "readme_numbers.py"),
@@ -205,6 +221,7 @@ def test_readme_result_blocks_are_current():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "overrides,message",
     [
@@ -233,16 +250,19 @@ def test_bad_sizes_unknown_keys_and_unset_paths_name_the_key(overrides, message)
         validate(compose_cfg(overrides), world_size=2)
 
 
+@pytest.mark.unit
 def test_optimizer_keyword_arguments_may_be_added():
     # optimizer.sparse / optimizer.dense are the optimizer's own arguments, checked by its signature
     validate(compose_cfg(["optimizer/dense=adam", "+optimizer.dense.amsgrad=true"]), world_size=1)
 
 
+@pytest.mark.unit
 def test_collective_timeout_fails_a_hung_rank_within_minutes():
     # a stopped rank holds the others for this long; planning and checkpoint writes must fit in it
     assert 120 <= compose_cfg([]).launcher.collective_timeout_s <= 300
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     for args, line in [
         (["data.batch_size=0"], "hybridrec: invalid config: data.batch_size must be >= 1, got 0"),

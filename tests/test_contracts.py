@@ -13,6 +13,8 @@ from hybridrec.data.source import Source
 from hybridrec.losses import Loss
 from hybridrec.models import Ranker
 
+pytestmark = pytest.mark.unit
+
 BASES = {"model": Ranker, "loss": Loss, "data": Source}
 
 

@@ -13,7 +13,7 @@ import torch
 
 from hybridrec.data.convert import main as convert
 from hybridrec.data.criteo import CriteoBinary, map_ids
-from test_criteo import SIZES, reader, rand_rows, row, write
+from shared import SIZES, reader, rand_rows, row, write
 
 
 def _rows_with_bad(n, seed):
@@ -29,6 +29,7 @@ def _npys(out):
     return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(os.path.join(out, "*.npy")))}
 
 
+@pytest.mark.unit
 def test_converted_rows_and_bad_rows_are_the_tsv_readers(tmp_path):
     path = write(tmp_path / "day_0.tsv", _rows_with_bad(300, seed=1))
     convert([path, "--out", str(tmp_path / "npy"), "--workers", "1"])
@@ -59,6 +60,7 @@ def test_converted_rows_and_bad_rows_are_the_tsv_readers(tmp_path):
     assert not glob.glob(str(tmp_path / "npy" / "*.partial"))
 
 
+@pytest.mark.unit
 def test_gz_input_converts_to_the_same_bytes_and_a_truncated_one_is_reported(tmp_path):
     rows = _rows_with_bad(2000, seed=2)
     os.makedirs(tmp_path / "plain")
@@ -82,6 +84,7 @@ def test_gz_input_converts_to_the_same_bytes_and_a_truncated_one_is_reported(tmp
     assert np.load(tmp_path / "c" / "cut_labels.npy").shape == (kept, 1) and kept > 0
 
 
+@pytest.mark.unit
 def test_two_workers_write_the_same_bytes_as_one(tmp_path):
     os.makedirs(tmp_path / "tsv")
     for day in range(3):
@@ -103,6 +106,7 @@ def _refused(capsys, argv, code=2):
     return err
 
 
+@pytest.mark.unit
 def test_refusals_are_one_line_with_exit_code_2(tmp_path, capsys):
     path = write(tmp_path / "day_0.tsv", rand_rows(20))
     out = str(tmp_path / "npy")
@@ -118,6 +122,7 @@ def test_refusals_are_one_line_with_exit_code_2(tmp_path, capsys):
     assert "not gzip" in _refused(capsys, [str(tmp_path / "fake.gz"), "--out", out])
 
 
+@pytest.mark.unit
 def test_fail_mode_stops_at_the_first_bad_row_and_leaves_no_file(tmp_path, capsys):
     path = write(tmp_path / "day_0.tsv", _rows_with_bad(50, seed=3))
     err = _refused(capsys, [path, "--out", str(tmp_path / "npy"), "--bad-rows", "fail"], code=1)
@@ -125,6 +130,7 @@ def test_fail_mode_stops_at_the_first_bad_row_and_leaves_no_file(tmp_path, capsy
     assert os.listdir(tmp_path / "npy") == ["convert_report.json"]
 
 
+@pytest.mark.slow
 def test_training_on_the_converted_files_equals_training_on_the_tsv(tmp_path):
     os.makedirs(tmp_path / "tsv")
     train = write(tmp_path / "tsv" / "train.tsv", _rows_with_bad(100, seed=4))

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import zlib
 
 import numpy as np
@@ -15,48 +14,10 @@ from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.data import DataError, ReadReport
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids, read_tsv_file
-
-SIZES = [1000] * 26
-
-
-def row(label=1, ints=None, cats=None):
-    ints = [1] * 13 if ints is None else ints
-    cats = ["0000000a"] * 26 if cats is None else cats
-    return "\t".join([str(label)] + [str(i) for i in ints] + cats)
+from shared import SIZES, rand_rows, reader, row, write
 
 
-def rand_rows(n, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        cats = [f"{v:08x}" for v in rng.integers(0, 2**32, 26)]
-        cats[3] = ""  # missing
-        out.append(row(int(rng.integers(0, 2)), list(rng.integers(-2, 50, 13)), cats))
-    return out
-
-
-def write(path, rows, gz=False):
-    text = "\n".join(rows) + "\n"
-    if gz:
-        with gzip.open(path, "wt") as f:
-            f.write(text)
-    else:
-        with open(path, "w") as f:
-            f.write(text)
-    return str(path)
-
-
-def reader(path, batch=4, split="eval", **kw):
-    """A CriteoTSV whose ``split`` files are ``path``; the other split gets a file of its own
-    (splits may not share a file)."""
-    other = write(os.path.join(tempfile.mkdtemp(), "other.tsv"), [row()] * batch)
-    args = dict(batch_size=batch, train_path=other, eval_path=other, num_embeddings_per_feature=SIZES,
-                id_mapping="modulo", bad_rows="skip", block_size_mb=1, eval_batches=None, seed=0)
-    args[f"{split}_path"] = str(path)
-    args.update(kw)
-    return CriteoTSV(**args)
-
-
+@pytest.mark.unit
 def test_values_are_parsed_exactly(tmp_path):
     cats = ["68fd1e64", "80E26C9B", ""] + ["fffffff0"] * 23
     write(tmp_path / "a.tsv", [row(1, [5, -3, ""] + [0] * 10, cats)] * 4)
@@ -70,6 +31,7 @@ def test_values_are_parsed_exactly(tmp_path):
     assert torch.all(kjt.lengths() == 1) and b.labels.tolist() == [1.0] * 4
 
 
+@pytest.mark.unit
 def test_hash_mapping_spreads_ids_the_modulo_keeps():
     raw = np.array([[0, 1000, 2000]], dtype=np.uint64).T  # all = 0 mod 1000
     assert set(map_ids(raw, np.array([1000]), "modulo")[:, 0]) == {0}
@@ -77,6 +39,7 @@ def test_hash_mapping_spreads_ids_the_modulo_keeps():
     assert len(set(hashed)) == 3 and hashed.max() < 1000
 
 
+@pytest.mark.unit
 def test_bad_rows_are_skipped_counted_and_located(tmp_path):
     good = row()
     rows = [good, "1\t2\t3", row(ints=["x"] + [1] * 12), row(label=2), row(cats=["zz"] + ["a"] * 25),
@@ -110,6 +73,7 @@ def test_bad_rows_are_skipped_counted_and_located(tmp_path):
     assert report["rows"] == sum(int(b.real.sum()) for b in batches) and "eval" not in report["dropped_tail_rows"]
 
 
+@pytest.mark.unit
 def test_fail_mode_stops_at_the_first_bad_row(tmp_path):
     write(tmp_path / "a.tsv", [row(), row(), row(ints=["1.5"] + [1] * 12)])
     with pytest.raises(DataError, match=r"a.tsv:3: int_0 '1.5' is not an integer"):
@@ -119,6 +83,7 @@ def test_fail_mode_stops_at_the_first_bad_row(tmp_path):
         list(reader(tmp_path / "b.tsv", batch=1, bad_rows="fail").batches("eval", 0, 1))
 
 
+@pytest.mark.unit
 def test_missing_path_and_empty_dataset_fail_at_construction(tmp_path):
     with pytest.raises(DataError, match="data.train_path=.*nope.*no such file"):
         reader(tmp_path / "nope.tsv", split="train")
@@ -128,6 +93,7 @@ def test_missing_path_and_empty_dataset_fail_at_construction(tmp_path):
         reader(tmp_path / "empty.tsv")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_ranks_partition_each_global_batch(tmp_path, world_size):
     """Each rank reads only its shards, and together they make the 1-rank global batches."""
@@ -146,6 +112,7 @@ def test_ranks_partition_each_global_batch(tmp_path, world_size):
         assert len(world) <= len(whole)
 
 
+@pytest.mark.unit
 def test_table_collisions_are_estimated(tmp_path):
     write(tmp_path / "a.tsv", rand_rows(64))
     data = reader(tmp_path / "a.tsv", split="train", num_embeddings_per_feature=[7] * 26)
@@ -154,6 +121,7 @@ def test_table_collisions_are_estimated(tmp_path):
     assert c["distinct_ids"] > c["distinct_rows"] and c["distinct_rows"] <= 7
 
 
+@pytest.mark.unit
 def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
     tsv = write(tmp_path / "day_0.tsv", rand_rows(30, seed=3))
     BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / f"day_0_{p}.npy") for p in ("dense", "sparse", "labels")))
@@ -174,12 +142,14 @@ def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
     assert binary.report()["files"][str(tmp_path / "day_0")]["rows"] == 30
 
 
+@pytest.mark.unit
 def test_binary_day_missing_a_part_is_an_error(tmp_path):
     np.save(tmp_path / "day_0_dense.npy", np.zeros((4, 13), np.float32))
     with pytest.raises(DataError, match="day_0_sparse.npy is missing"):
         CriteoBinary(2, str(tmp_path), str(tmp_path), SIZES, "modulo", None, 0)
 
 
+@pytest.mark.slow
 def test_train_on_criteo_files_end_to_end(tmp_path):
     rows = rand_rows(600, seed=1)
     train = write(tmp_path / "train.tsv.gz", rows[:500] + ["1\tbroken"], gz=True)
@@ -194,6 +164,7 @@ def test_train_on_criteo_files_end_to_end(tmp_path):
     assert s["data"]["bad_rows"] == 1 and "skipped 1 bad rows" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_missing_data_path_fails_before_any_rank_starts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", "data.train_path=/nope",
                            "data.eval_path=/nope", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
@@ -214,6 +185,7 @@ def _complete_lines(compressed: bytes) -> int:
     return text.count(b"\n")
 
 
+@pytest.mark.unit
 def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
     lines = [row() for _ in range(1000)]
     data = ("\n".join(lines) + "\n").encode()
@@ -228,6 +200,7 @@ def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
         list(reader(tmp_path / "a.tsv", batch=8, bad_rows="fail").batches("eval", 0, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size_mb", [1, 16])
 def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path, block_size_mb):
     path = _gz(tmp_path / "a.tsv.gz", rand_rows(20_000, seed=2))  # about 4 MB of text
@@ -245,6 +218,7 @@ def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path, b
         list(reader(path, batch=1, bad_rows="fail", block_size_mb=block_size_mb).batches("eval", 0, 1))
 
 
+@pytest.mark.unit
 def test_every_line_is_counted_and_row_indices_do_not_depend_on_the_block_size(tmp_path):
     lines = rand_rows(12_000, seed=5)  # > 2 MB: several 1 MB blocks
     for i in (10, 5_000, 11_999):
@@ -264,6 +238,7 @@ def test_every_line_is_counted_and_row_indices_do_not_depend_on_the_block_size(t
     assert np.array_equal(lines[1], np.delete(np.arange(1, 12_001), [10, 5_000, 7_000, 11_999]))  # each kept row's line
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value,accepted", [("9223372036854775807", True), ("-9223372036854775808", True),
                                             ("9223372036854775808", False), ("12345678901234567890", False)])
 def test_a_19_digit_integer_gets_the_same_verdict_whatever_its_neighbours(tmp_path, value, accepted):
@@ -278,6 +253,7 @@ def test_a_19_digit_integer_gets_the_same_verdict_whatever_its_neighbours(tmp_pa
     assert verdicts == [accepted, accepted]
 
 
+@pytest.mark.unit
 def test_a_huge_bad_field_is_quoted_short(tmp_path):
     path = write(tmp_path / "a.tsv", [row(cats=["z" * 3_000_000] + ["a"] * 25), row()])
     source = reader(path, batch=1)
@@ -288,6 +264,7 @@ def test_a_huge_bad_field_is_quoted_short(tmp_path):
     assert len(json.dumps(report)) < 5_000
 
 
+@pytest.mark.unit
 def test_a_file_two_splits_would_read_is_refused(tmp_path):
     """The eval day inside the training directory (or glob), or validation = a training file."""
     for day in ("day_0", "day_1"):
@@ -307,6 +284,7 @@ def test_a_file_two_splits_would_read_is_refused(tmp_path):
         CriteoBinary(4, str(tmp_path), str(tmp_path / "day_1_dense.npy"), SIZES, "modulo", None, 0)
 
 
+@pytest.mark.unit
 def test_most_ids_colliding_in_a_table_warns_once_naming_it(tmp_path, caplog):
     write(tmp_path / "a.tsv", rand_rows(64))
     data = reader(tmp_path / "a.tsv", split="train", num_embeddings_per_feature=[7] + [1000] * 25)
@@ -317,6 +295,7 @@ def test_most_ids_colliding_in_a_table_warns_once_naming_it(tmp_path, caplog):
     assert "t_cat_1" not in warnings[0]  # 64 ids in 1000 rows: few collide
 
 
+@pytest.mark.unit
 def test_valid_fraction_holds_out_disjoint_seeded_rows(tmp_path):
     """Validation rows are a seeded share of the training file: disjoint from the rows trained
     on, together all of them, the same for any world size."""

@@ -8,6 +8,8 @@ from hybridrec.data import build_source
 
 from hybridrec.data.synthetic import SyntheticClickLog
 
+pytestmark = pytest.mark.unit
+
 
 def _log(**kw):
     args = dict(batch_size=512, num_dense_features=4, num_embeddings_per_feature=[1000, 37],

@@ -13,7 +13,11 @@ from dist_helpers import launch, late_rank_health_check
 
 from hybridrec.checkpoint import latest
 
-RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=60", "train.log_every=10",
+pytestmark = pytest.mark.dist  # every test starts ranks
+
+# 30 steps, a checkpoint every 10: the kill lands after the first save with steps left to
+# train, and the resumed run must then end bit for bit where the uninterrupted one does.
+RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=30", "train.log_every=10",
        "data.eval_batches=2", "checkpoint.every_n_steps=10", "launcher.nproc_per_node=2"]
 
 
@@ -34,7 +38,6 @@ def _workers(launcher_pid: int) -> list[int]:
     return sorted(pids)
 
 
-@pytest.mark.dist
 def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(RUN + ["launcher.max_restarts=1", f"checkpoint.dir={ckpt}",
@@ -59,7 +62,6 @@ def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
     assert resumed["train_loss"] == reference["train_loss"] and resumed["eval"] == reference["eval"]
 
 
-@pytest.mark.dist
 def test_health_check_names_the_rank_that_does_not_answer():
     assert "Ranks 1 failed to pass monitoredBarrier" in launch(late_rank_health_check, 2, 3.0, 1.0)
     assert launch(late_rank_health_check, 2, 0.0, 10.0) == "ok"

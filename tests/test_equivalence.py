@@ -12,28 +12,16 @@ Three levels, all on the same data and initial weights:
 import pytest
 import torch
 from conftest import compose_cfg
-from dist_helpers import fsdp_reshard_states, launch, train_and_gather
+from dist_helpers import launch, train_and_collect, train_and_gather
 from hybridrec.data import build_source
+from shared import BASE, TOL, assert_same_training
 from torch.optim.lr_scheduler import LambdaLR
 
 from hybridrec.models import build_model
 from hybridrec.optim import lr_multiplier
 from hybridrec.parallelize import _table_slice
 
-# Small enough to run in seconds, big enough that every plan spreads tables over both ranks.
-BASE = [
-    "data.batch_size=64",
-    "data.num_embeddings_per_feature=[300,200,100,50]",
-    "data.ids_per_feature=2",
-    "data.eval_batches=2",
-    "model.embedding_dim=8",
-    "model.dense_arch_layer_sizes=[16,8]",
-    "model.over_arch_layer_sizes=[16,1]",
-    "train.steps=8",
-    "train.log_every=4",
-]
-# fp32 tolerance: 2 ranks reduce partial gradients in a different order than one process.
-TOL = dict(rtol=1e-5, atol=1e-6)
+pytestmark = pytest.mark.dist  # every test reads runs of 1 or 2 launched ranks
 
 
 def _cfg(*extra):
@@ -69,13 +57,6 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
             s.step()
         losses.append(loss.item())
     return losses, model.state_dict(), norms
-
-
-def assert_same_training(a, b, state_tol=TOL):
-    torch.testing.assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **TOL)
-    assert a["state"].keys() == b["state"].keys()
-    for key in a["state"]:
-        torch.testing.assert_close(a["state"][key], b["state"][key], **state_tol, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -159,39 +140,65 @@ REFERENCE = {"row_wise+sgd": 0, "column_wise": 4, "table_column_wise": 4, "grid"
 PLACEMENTS = {"table_wise+ddp": "replicated", "hsdp 1x2": "RS(0)", "hsdp 2x1": "RS(0)"}
 
 
-@pytest.mark.dist
-def test_two_ranks_match_one_rank(one_rank, tmp_path):
-    # One launch trains every variant in sequence: process start-up is paid once.
-    cfgs = [_cfg(*overrides) for _, overrides, _, _ in VARIANTS]
-    results = launch(train_and_gather, 2, cfgs, str(tmp_path))
-    for (name, overrides, expected, shards), result in zip(VARIANTS, results):
-        plan = result["summary"]["plan"]
-        types = expected if isinstance(expected, dict) else {t: expected for t in plan}
-        assert {t: p["sharding_type"] for t, p in plan.items()} == types, (name, plan)
-        if shards:  # the tables really are split as the type says
-            assert all(len(p["ranks"]) == shards for p in plan.values()), (name, plan)
-        assert {r for p in plan.values() for r in p["ranks"]} == {0, 1}, (name, plan)
-        # dense parameters are FSDP2 DTensors sharded over both ranks, HSDP's 2-D ones, or replicas
-        assert result["dense_placements"] == PLACEMENTS.get(name, "S(0)"), name
-        reference = one_rank[REFERENCE.get(name, 1)]
-        assert result["summary"]["world_size"] == 2
-        # evaluation combines all ranks: same model and data, same metrics as 1 rank
-        ev, ref_ev = result["summary"]["eval"], reference["summary"]["eval"]
-        assert ev["n"] == ref_ev["n"] and abs(ev["auc"] - ref_ev["auc"]) < 1e-6, (name, ev, ref_ev)
-        assert ev["ne"] == pytest.approx(ref_ev["ne"], rel=1e-5), name
-        if reference["grad_norms"]:  # clipping: the global norm is the single-process norm
-            torch.testing.assert_close(torch.tensor(result["grad_norms"]), torch.tensor(reference["grad_norms"]), **TOL)
-        try:
-            assert_same_training(result, reference, ADAGRAD_STATE_TOL if ADAGRAD in overrides else TOL)
-        except AssertionError as e:
-            raise AssertionError(f"{name}: {e}") from None
+# The other 2-rank runs: (name, overrides)
+OTHERS = [
+    ("column_wise, rowwise adagrad", ["sharding=column_wise", SPLIT]),
+    ("pipeline sparse_dist", ["sharding=row_wise", "train.eval_every=3"]),
+    ("pipeline base", ["sharding=row_wise", "train.eval_every=3", "train.pipeline=base"]),
+    ("bf16", ["mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"]),
+    ("qcomms", ["mesh.embedding_comms_forward=bf16", "mesh.embedding_comms_backward=bf16"]),
+]
+# One training step each, for the FSDP2 reshard states
+RESHARD = [
+    ("root auto", ["mesh.units=root", "train.steps=1"]),
+    ("root explicit", ["mesh.units=root", "train.steps=1", "mesh.root_reshard_after_forward=true"]),
+    ("units", ["mesh.units=arch", "train.steps=1"]),
+    ("units kept", ["mesh.units=arch", "train.steps=1", "mesh.reshard_after_forward=false"]),
+]
 
 
-@pytest.mark.dist
-def test_rowwise_adagrad_with_column_splits_differs_and_says_so(one_rank, tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every 2-rank run of this module, by name. One launch trains them all in sequence:
+    process start-up and rendezvous are paid once."""
+    runs = [(name, overrides, "gather") for name, overrides, _, _ in VARIANTS]
+    runs += [(name, overrides, "gather") for name, overrides in OTHERS]
+    runs += [(name, overrides, "reshard") for name, overrides in RESHARD]
+    jobs = [(_cfg(*overrides), what) for _, overrides, what in runs]
+    results = launch(train_and_collect, 2, jobs, str(tmp_path_factory.mktemp("two")))
+    assert len(results) == len(runs)
+    return {name: result for (name, _, _), result in zip(runs, results)}
+
+
+@pytest.mark.parametrize("name,overrides,expected,shards", VARIANTS, ids=[v[0].replace(" ", "-") for v in VARIANTS])
+def test_two_ranks_match_one_rank(one_rank, two_ranks, name, overrides, expected, shards):
+    result = two_ranks[name]
+    plan = result["summary"]["plan"]
+    types = expected if isinstance(expected, dict) else {t: expected for t in plan}
+    assert {t: p["sharding_type"] for t, p in plan.items()} == types, (name, plan)
+    if shards:  # the tables really are split as the type says
+        assert all(len(p["ranks"]) == shards for p in plan.values()), (name, plan)
+    assert {r for p in plan.values() for r in p["ranks"]} == {0, 1}, (name, plan)
+    # dense parameters are FSDP2 DTensors sharded over both ranks, HSDP's 2-D ones, or replicas
+    assert result["dense_placements"] == PLACEMENTS.get(name, "S(0)"), name
+    reference = one_rank[REFERENCE.get(name, 1)]
+    assert result["summary"]["world_size"] == 2
+    # evaluation combines all ranks: same model and data, same metrics as 1 rank
+    ev, ref_ev = result["summary"]["eval"], reference["summary"]["eval"]
+    assert ev["n"] == ref_ev["n"] and abs(ev["auc"] - ref_ev["auc"]) < 1e-6, (name, ev, ref_ev)
+    assert ev["ne"] == pytest.approx(ref_ev["ne"], rel=1e-5), name
+    if reference["grad_norms"]:  # clipping: the global norm is the single-process norm
+        torch.testing.assert_close(torch.tensor(result["grad_norms"]), torch.tensor(reference["grad_norms"]), **TOL)
+    try:
+        assert_same_training(result, reference, ADAGRAD_STATE_TOL if ADAGRAD in overrides else TOL)
+    except AssertionError as e:
+        raise AssertionError(f"{name}: {e}") from None
+
+
+def test_rowwise_adagrad_with_column_splits_differs_and_says_so(one_rank, two_ranks):
     """TorchRec keeps a row-wise accumulator per column shard: not the unsharded optimizer.
     hybridrec cannot change the kernel, so it states it in the plan instead."""
-    result = launch(train_and_gather, 2, [_cfg("sharding=column_wise", SPLIT)], str(tmp_path))[0]
+    result = two_ranks["column_wise, rowwise adagrad"]
     notes = result["plan_notes"]
     assert len(notes) == 1 and "per column shard" in notes[0] and "t_cat_0" in notes[0]
     diff = max(abs(a - b) for a, b in zip(result["losses"], one_rank[1]["losses"]))
@@ -208,42 +215,31 @@ def test_evaluation_during_training_changes_nothing(one_rank):
     assert [e["step"] for e in one_rank[8]["summary"]["eval_history"]] == [3, 6, 8]
 
 
-@pytest.mark.dist
-def test_base_pipeline_matches_sparse_dist(tmp_path):
+def test_base_pipeline_matches_sparse_dist(two_ranks):
     """train.pipeline=base (TorchRec's TrainPipelineBase: one batch at a time, nothing
     overlapped) trains what the default TrainPipelineSparseDist trains: a pipeline changes
     when the input all-to-all runs, not what is computed. Evaluation mid-run included."""
-    common = ["sharding=row_wise", "train.eval_every=3"]
-    cfgs = [_cfg(*common), _cfg(*common, "train.pipeline=base")]
-    sparse_dist, base = launch(train_and_gather, 2, cfgs, str(tmp_path))
+    sparse_dist, base = two_ranks["pipeline sparse_dist"], two_ranks["pipeline base"]
     assert (sparse_dist["pipeline"], base["pipeline"]) == ("TrainPipelineSparseDist", "BasePipeline")
     assert_same_training(base, sparse_dist)
     assert base["summary"]["eval_history"] == sparse_dist["summary"]["eval_history"]
 
 
-@pytest.mark.dist
-def test_reduced_precision_stays_close_to_fp32(one_rank, tmp_path):
+def test_reduced_precision_stays_close_to_fp32(one_rank, two_ranks):
     """bf16 dense compute with fp32 reduction, and bf16 embedding all-to-alls (qcomms): not
     bit-equal to fp32, within stated bounds over the same steps."""
-    cfgs = [_cfg("mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"),
-            _cfg("mesh.embedding_comms_forward=bf16", "mesh.embedding_comms_backward=bf16")]
-    bf16, qcomms = launch(train_and_gather, 2, cfgs, str(tmp_path))
+    bf16, qcomms = two_ranks["bf16"], two_ranks["qcomms"]
     fp32 = torch.tensor(one_rank[1]["losses"])
     torch.testing.assert_close(torch.tensor(bf16["losses"]), fp32, rtol=0, atol=1e-2)
     torch.testing.assert_close(torch.tensor(qcomms["losses"]), fp32, rtol=0, atol=1e-4)
     assert bf16["losses"] != one_rank[1]["losses"]  # the policy really applied
 
 
-@pytest.mark.dist
-def test_fsdp2_root_keeps_its_own_reshard_rule(tmp_path):
+def test_fsdp2_root_keeps_its_own_reshard_rule(two_ranks):
     """The root unit gets FSDP2's automatic rule (stay unsharded after forward: backward needs
     it at once) unless mesh.root_reshard_after_forward says otherwise; the units below follow
     mesh.reshard_after_forward."""
-    cfgs = [_cfg("mesh.units=root", "train.steps=1"),
-            _cfg("mesh.units=root", "train.steps=1", "mesh.root_reshard_after_forward=true"),
-            _cfg("mesh.units=arch", "train.steps=1"),
-            _cfg("mesh.units=arch", "train.steps=1", "mesh.reshard_after_forward=false")]
-    auto, explicit_root, units, units_kept = launch(fsdp_reshard_states, 2, cfgs, str(tmp_path))
+    auto, explicit_root, units, units_kept = (two_ranks[name] for name, _ in RESHARD)
     assert auto == {"root": False} and explicit_root == {"root": True}
     assert units == {"root": None, "unit0": True, "unit1": True}
     assert units_kept == {"root": None, "unit0": False, "unit1": False}

@@ -59,6 +59,7 @@ def ckpt(tmp_path_factory):
     return tmp, d
 
 
+@pytest.mark.slow
 def test_pruning_keeps_another_runs_checkpoints(ckpt):
     _, d = ckpt
     # keep_last=2 pruned the first run's 10 and 20 (the resumed run continues it), never step 5
@@ -67,6 +68,7 @@ def test_pruning_keeps_another_runs_checkpoints(ckpt):
     assert len(runs) == 2 and runs[0] == json.load(open(d / "step_00000030" / "trainer_state.json"))["runs"][0]
 
 
+@pytest.mark.slow
 def test_a_directory_of_another_run_is_refused_before_launch(ckpt, tmp_path):
     _, d = ckpt
     line = _one_line_error(_train("train.steps=20", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10",
@@ -77,6 +79,7 @@ def test_a_directory_of_another_run_is_refused_before_launch(ckpt, tmp_path):
     assert sorted(os.listdir(d)) == ["step_00000005", "step_00000030", "step_00000040"]  # nothing touched
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resume", ["auto", "step_00000040"])
 def test_resume_with_nothing_left_to_train_is_refused(ckpt, tmp_path, resume):
     _, d = ckpt
@@ -88,6 +91,7 @@ def test_resume_with_nothing_left_to_train_is_refused(ckpt, tmp_path, resume):
                     f"checkpoint.dir")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("missing", ["__0_0.distcp", "trainer_state.pt", ".metadata"])
 def test_a_damaged_newest_checkpoint_is_skipped_loudly(ckpt, tmp_path, caplog, missing):
     _, d = ckpt
@@ -105,6 +109,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_loudly(ckpt, tmp_path, caplog, m
         latest(str(copy))
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_fail_before_launch_naming_the_file(ckpt, tmp_path):
     _, d = ckpt
     copy = tmp_path / "ckpt"
@@ -126,6 +131,7 @@ def test_damaged_checkpoints_fail_before_launch_naming_the_file(ckpt, tmp_path):
     assert json.load(open(tmp_path / "c" / "summary.json"))["train"]["resumed_from_step"] == 30
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_one_line(ckpt, tmp_path):
     _, d = ckpt
     line = _one_line_error(_train("train.steps=50", "data.num_embeddings_per_feature=[300,200,100,60]",
@@ -136,6 +142,7 @@ def test_a_checkpoint_of_another_model_is_one_line(ckpt, tmp_path):
     assert "config.yaml" in line
 
 
+@pytest.mark.slow
 def test_export_to_a_bad_path_is_one_line(ckpt):
     _, d = ckpt
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={d / 'step_00000040'}",
@@ -169,6 +176,7 @@ runpy.run_module("hybridrec.train", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path):
     d = tmp_path / "small"
     mounted = _small_filesystem(d)
@@ -210,7 +218,9 @@ CRITEO = ["data=criteo", "data.batch_size=64", f"data.num_embeddings_per_feature
           "model.over_arch_layer_sizes=[16,1]", "train.steps=8", "train.log_every=4"]
 
 
-@pytest.mark.parametrize("case,ranks", [("bad_row", 1), ("bad_row", 2), ("too_small", 1)])
+@pytest.mark.parametrize("case,ranks", [pytest.param("bad_row", 1, marks=pytest.mark.slow),
+                                        pytest.param("bad_row", 2, marks=pytest.mark.dist),
+                                        pytest.param("too_small", 1, marks=pytest.mark.slow)])
 def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
     """A bad row reaches one rank only (its shard): the others are stopped, quietly."""
     train = _criteo(tmp_path / "train.tsv", 300 if case == "bad_row" else 40, bad_line=150 if case == "bad_row" else None)
@@ -227,6 +237,7 @@ def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
     assert "[rank" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_full_error_shows_the_traceback(tmp_path):
     train = _criteo(tmp_path / "train.tsv", 300, bad_line=150)
     test = _criteo(tmp_path / "test.tsv", 64)

@@ -16,9 +16,7 @@ from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.movielens import MovieLens, MovieLensRank
 from hybridrec.data.synthetic import SyntheticClickLog
-from test_criteo import SIZES, rand_rows, row, write
-from test_movielens import ml  # noqa: F401  (the MovieLens layout fixture's helpers)
-from test_movielens import layout  # noqa: F401
+from shared import SIZES, ml, rand_rows, row, write
 
 
 def _columns(batch) -> dict[str, torch.Tensor]:
@@ -104,7 +102,9 @@ def _movielens_rank(tmp_path, layout):
 SOURCES = {"synthetic": _synthetic, "criteo_tsv": _tsv, "criteo_binary": _binary}
 
 
-@pytest.mark.parametrize("name", [*SOURCES, "movielens", "movielens_rank"])
+# The TSV and binary readers take seconds here (worker processes over several shards).
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow if n.startswith("criteo") else pytest.mark.unit)
+                                  for n in [*SOURCES, "movielens", "movielens_rank"]])
 def test_batches_are_the_same_for_any_world_size_and_worker_count(tmp_path, name, layout):
     make = SOURCES.get(name) or (lambda p: (_movielens if name == "movielens" else _movielens_rank)(p, layout))
     reference = {split: global_batches(make(tmp_path), split, 1, 0, 25 if split == "train" else None)
@@ -117,6 +117,7 @@ def test_batches_are_the_same_for_any_world_size_and_worker_count(tmp_path, name
             assert_same(got, reference[split])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", [*SOURCES, "movielens"])
 def test_resuming_mid_epoch_gives_the_same_batches(tmp_path, name, layout):
     make = SOURCES.get(name) or (lambda p: _movielens(p, layout))
@@ -125,6 +126,7 @@ def test_resuming_mid_epoch_gives_the_same_batches(tmp_path, name, layout):
     assert_same(resumed, whole[13:])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", [*SOURCES, "movielens", "movielens_rank"])
 def test_evaluation_scores_every_row_once(tmp_path, name, layout):
     make = SOURCES.get(name) or (lambda p: (_movielens if name == "movielens" else _movielens_rank)(p, layout))
@@ -143,6 +145,7 @@ def test_evaluation_scores_every_row_once(tmp_path, name, layout):
             assert rows == expected
 
 
+@pytest.mark.slow
 def test_the_tsv_reader_reads_each_line_once_over_ranks_and_workers(tmp_path):
     """Each rank parses its own shards: the lines counted over ranks and workers are the
     file's lines, once, however many passes evaluation makes."""
@@ -167,6 +170,7 @@ def test_the_tsv_reader_reads_each_line_once_over_ranks_and_workers(tmp_path):
         assert files[train] == [300, 1] and files[eval_] == [70, 0]
 
 
+@pytest.mark.unit
 def test_workers_stop_at_the_end_on_error_and_when_abandoned(tmp_path):
     source = _synthetic(tmp_path)
     it = loader.batches(source, "train", 0, 1, None, num_workers=2)
@@ -195,6 +199,7 @@ def _train(tmp_path, name, *overrides, ranks=1):
     return json.load(open(run / "summary.json"))
 
 
+@pytest.mark.dist
 def test_a_small_eval_set_is_scored_whole_on_1_and_2_ranks(tmp_path):
     """30 eval rows, fewer than one global batch of 64; bad rows in both files; two workers;
     evaluations every 2 steps do not multiply the eval file's counts."""
@@ -210,6 +215,7 @@ def test_a_small_eval_set_is_scored_whole_on_1_and_2_ranks(tmp_path):
         assert abs(one["eval"][key] - two["eval"][key]) < 1e-6, key
 
 
+@pytest.mark.slow
 def test_an_empty_eval_set_fails_before_training(tmp_path):
     train = write(tmp_path / "train.tsv", rand_rows(200, seed=1))
     eval_ = write(tmp_path / "eval.tsv", ["x"] * 3)  # lines, none of them a row

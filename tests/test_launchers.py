@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import CONF_DIR
+from shared import TWO_NODE_RUN
 from hybridrec.launch import check_submitit, job_nodes, world_size
 
 # The ctr experiment's model on three small tables: seconds per job.
@@ -24,6 +25,7 @@ def _job_dirs(sweep):
     return sorted(d for d in os.listdir(sweep) if os.path.isdir(sweep / d) and not d.startswith("."))
 
 
+@pytest.mark.dist
 def test_submitit_local_sweep_runs_each_job(tmp_path):
     """`-m hydra/launcher=submitit_local`: each job of the sweep is a submitit job (its own
     process, pickled by submitit) that starts 2 ranks through hybridrec's elastic launcher."""
@@ -51,6 +53,7 @@ SLURM = ["hydra/launcher=slurm", *TINY, "launcher.nproc_per_node=8", "launcher.d
          "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90"]
 
 
+@pytest.mark.slow
 def test_slurm_submission_script(tmp_path):
     """The sbatch script hybridrec's slurm config produces, rendered by the real plugin and
     submitit: `srun` and `sbatch` are test doubles on PATH; sbatch keeps the script and fails,
@@ -103,6 +106,7 @@ SLURM_ENV = {
 }
 
 
+@pytest.mark.unit
 def test_slurm_variables_give_the_rendezvous(monkeypatch, cfg_factory):
     for key in ("MASTER_PORT", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -130,6 +134,7 @@ def _hydra_cfg(overrides):
         return compose(config_name="config", overrides=overrides, return_hydra_config=True)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("overrides, message", [
     (["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=8"],
      "tasks_per_node=8: hybridrec runs one task per node"),
@@ -147,6 +152,7 @@ def test_launcher_rules(overrides, message):
         check_submitit(_hydra_cfg(overrides))
 
 
+@pytest.mark.unit
 def test_launcher_rules_accept_what_the_configs_ship():
     check_submitit(_hydra_cfg(["hydra/launcher=slurm", "launcher.nproc_per_node=8", "launcher.device=cuda"]))
     check_submitit(_hydra_cfg(["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null",
@@ -156,7 +162,7 @@ def test_launcher_rules_accept_what_the_configs_ship():
 
 
 @pytest.mark.dist
-def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
+def test_two_faked_slurm_nodes_train_like_one_node(tmp_path, one_node_losses):
     """What each node's task does in a 2-node Slurm job, on loopback: Slurm's variables are
     faked (node list `localhost,localhost`), each "node" runs the Hydra job, which starts its
     rank through the elastic launcher; the two meet at the derived rendezvous and train with
@@ -164,7 +170,7 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [*TINY, "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
+    args = TWO_NODE_RUN
     nodes = []
     for node in (0, 1):
         env = {**os.environ, **SLURM_ENV, "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
@@ -176,11 +182,8 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path):
     for node in nodes:
         out, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-3000:]
-    one = subprocess.run([sys.executable, "-m", "hybridrec.train", *args, "launcher.nproc_per_node=2",
-                          f"hydra.run.dir={tmp_path / 'one'}"], capture_output=True, text=True, timeout=240)
-    assert one.returncode == 0, one.stderr[-3000:]
     plan = json.load(open(tmp_path / "slurm" / "plan.json"))
     assert plan["topology"]["world_size"] == 2 and plan["topology"]["local_world_size"] == 1
     losses = lambda d: [r["loss"] for r in map(json.loads, open(tmp_path / d / "metrics.jsonl")) if "loss" in r]
     assert len(losses("slurm")) == 6
-    assert losses("slurm") == pytest.approx(losses("one"), rel=1e-5, abs=1e-6)
+    assert losses("slurm") == pytest.approx(one_node_losses, rel=1e-5, abs=1e-6)

@@ -11,6 +11,8 @@ from hybridrec.data import RecBatch
 from hybridrec.losses import BCE, MSE, ApproxNDCG, InBatchSoftmax, ListwiseSoftmax, Pairwise
 from hybridrec.metrics import ranking_metrics
 
+pytestmark = pytest.mark.unit
+
 # Two lists of 3 rows; the second list's middle row is padding (weight 0).
 S = [2.0, 0.0, 1.0, 0.5, 9.0, 0.0]
 REL = [3.0, 0.0, 1.0, 1.0, 5.0, 0.0]

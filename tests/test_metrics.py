@@ -9,6 +9,8 @@ import torch
 
 from hybridrec.metrics import BREAKDOWN_PHASES, binary_metrics, comm_compute_split, percentiles_ms, step_breakdown
 
+pytestmark = pytest.mark.unit
+
 
 def test_binary_metrics_by_hand():
     m = binary_metrics(torch.tensor([0.9, 0.8, 0.3, 0.2]), torch.tensor([1.0, 0.0, 1.0, 0.0]))

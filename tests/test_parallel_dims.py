@@ -6,6 +6,8 @@ from conftest import compose_cfg
 
 from hybridrec.parallel_dims import ParallelDims, job_dims, planning_dims, rank_dims
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_launcher_and_the_ranks_see_the_same_layout():
     cfg = compose_cfg(["mesh=hsdp", "launcher.nproc_per_node=4"])

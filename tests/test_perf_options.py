@@ -12,6 +12,7 @@ BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "mod
         "train.steps=6", "train.eval_every=0", "data.eval_batches=1", "mesh=single"]
 
 
+@pytest.mark.unit
 def test_threads_per_rank_split_the_cores_unless_set():
     cpu = torch.device("cpu")
     cores = torch.multiprocessing.cpu_count()
@@ -31,7 +32,7 @@ def compiled_losses(cfg, run_dir):
     return _train_each([cfg], run_dir, collect)[0]
 
 
-@pytest.mark.slow
+@pytest.mark.dist
 def test_compiled_dense_blocks_train_like_eager(tmp_path):
     """mesh.compile=true really compiles (dynamo makes graphs) and trains to the eager losses
     (inductor may reorder float sums: close, not bit-equal)."""

@@ -31,6 +31,7 @@ def _assert_feasible(report, world):
         assert r["est_host_bytes"] <= r["host_capacity_bytes"]
 
 
+@pytest.mark.slow
 def test_dcnv2_on_8_gpus_fits_in_device_memory():
     report = _dcn(8, 8)
     _assert_feasible(report, 8)
@@ -38,6 +39,7 @@ def test_dcnv2_on_8_gpus_fits_in_device_memory():
     assert len({r for p in report["tables"].values() for r in p["ranks"]}) == 8
 
 
+@pytest.mark.slow
 def test_dcnv2_on_64_gpus_plans_differently():
     report8, report64 = _dcn(8, 8), _dcn(64, 8)
     _assert_feasible(report64, 64)
@@ -46,6 +48,7 @@ def test_dcnv2_on_64_gpus_plans_differently():
     assert len({r for p in report64["tables"].values() for r in p["ranks"]}) > 8
 
 
+@pytest.mark.unit
 def test_dcnv2_on_1_gpu_offloads_the_largest_tables_visibly():
     report = _dcn(1, 1)
     _assert_feasible(report, 1)
@@ -57,6 +60,7 @@ def test_dcnv2_on_1_gpu_offloads_the_largest_tables_visibly():
     assert "Offloaded to host memory" in text and all(n in text for n in offloaded)
 
 
+@pytest.mark.unit
 def test_dcnv2_on_1_gpu_device_memory_only_does_not_fit():
     with pytest.raises(PlanError) as e:
         _dcn(1, 1, "sharding.compute_kernels=[fused]")
@@ -66,6 +70,7 @@ def test_dcnv2_on_1_gpu_device_memory_only_does_not_fit():
     assert "mesh.world_size=2" in msg and "fused_uvm_caching" in msg
 
 
+@pytest.mark.unit
 def test_a_table_no_rank_can_hold_is_named():
     # 20 GiB per GPU, table-wise only: the 40 M-row tables (19 GiB each) fit in total, not per rank
     with pytest.raises(PlanError, match=r"t_cat_\d+'s smallest shard needs 19\.\d GiB"):
@@ -76,6 +81,7 @@ SMALL = ["data.num_embeddings_per_feature=[1000000,1000,100]", "model.embedding_
          "model.dense_arch_layer_sizes=[32,16]"]
 
 
+@pytest.mark.unit
 def test_auto_row_wise_when_a_table_exceeds_a_rank():
     # 1 M x 16 fp32 = 0.0596 GiB; each rank has 0.055 GiB: table-wise cannot hold it
     budget = SMALL + ["mesh.host_memory_gb=0.055"]
@@ -86,6 +92,7 @@ def test_auto_row_wise_when_a_table_exceeds_a_rank():
     assert report["tables"]["t_cat_0"]["ranks"] == [0, 1]
 
 
+@pytest.mark.unit
 def test_per_table_constraints_by_name_and_glob():
     overrides = ["+experiment=ctr", "sharding.tables=[{match:t_cat_0,sharding_types:[row_wise]},"
                  "{match:'t_cat_1*',compute_kernels:[fused_uvm_caching],cache_params:{load_factor:0.1}}]"]
@@ -98,11 +105,13 @@ def test_per_table_constraints_by_name_and_glob():
     assert {tables[n]["compute_kernel"] for n in set(tables) - globbed} == {"fused"}
 
 
+@pytest.mark.unit
 def test_constraint_that_matches_no_table_is_an_error():
     with pytest.raises(ValueError, match=r"sharding.tables\[0\].match=t_cat_99 matches no table"):
         dry_plan_for(compose_cfg(SMALL + ["sharding.tables=[{match:t_cat_99,min_partition:4}]"]), 1, 1, "cpu")
 
 
+@pytest.mark.slow
 def test_plan_cli_saves_the_plan_and_explains_failure(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "mesh.world_size=8",
                          "mesh.local_world_size=8", "mesh.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
@@ -116,6 +125,7 @@ def test_plan_cli_saves_the_plan_and_explains_failure(tmp_path):
     assert bad.returncode != 0 and "short by" in bad.stderr
 
 
+@pytest.mark.slow
 def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *SMALL, "mesh.host_memory_gb=0.055",
                            "sharding=table_wise", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
@@ -124,6 +134,7 @@ def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
     assert "embedding planner found no plan" in proc.stderr and "[rank" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
     ("mesh.world_size=0", "mesh.world_size must be >= 1 (or unset), got 0"),  # not read as "unset"
     ("mesh.device_memory_gb=-1", "mesh.device_memory_gb must be > 0 (or unset to detect it), got -1.0"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import launch, train_and_gather
-from test_movielens import tables
+from shared import tables
 
 from hybridrec.data import LOADER_KEYS
 from hybridrec.data.fetch_movielens import write_layout
@@ -48,6 +48,7 @@ def _cfg(layout, overrides):
                         "optimizer/sparse=sgd", "optimizer/dense=sgd", *overrides])
 
 
+@pytest.mark.unit
 def test_lists_are_whole_users_and_the_same_for_any_world_size(layout):
     cfg = _cfg(layout, [])
     kw = {k: v for k, v in cfg.data.items() if k not in ("_target_", *LOADER_KEYS)}
@@ -77,6 +78,7 @@ def trained(layout, tmp_path_factory):
     return launch(train_and_gather, 1, cfgs, str(out / "one")), launch(train_and_gather, 2, cfgs, str(out / "two"))
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("i,name", [(i, n) for i, (n, _) in enumerate(CASES)])
 def test_two_ranks_equal_one(trained, i, name):
     one, two = trained[0][i], trained[1][i]
@@ -113,6 +115,7 @@ def planted_tables(seed=0):
     return {"data": data, "users": users, "items": items}
 
 
+@pytest.mark.slow
 def test_two_tower_retrieval_learns_planted_clusters_and_exports_item_vectors(tmp_path):
     path = tmp_path / "planted"
     write_layout(planted_tables(), str(path))
@@ -137,6 +140,7 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_item_vectors(tm
     assert cos[same].mean() > cos[~same].mean() + 0.3  # the exported vectors carry the clusters
 
 
+@pytest.mark.dist
 def test_objectives_compare_in_one_sweep(layout, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", "+experiment=movielens_rank",
                            "loss=pointwise,pairwise,listwise", f"data.path={layout}", "data.list_size=4",

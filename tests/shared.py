@@ -1,0 +1,116 @@
+"""What several test modules share: Criteo and MovieLens files written on the fly, the tiny
+training run and the comparison of two trainings. A plain module, so that no test module
+imports another (each stays runnable alone, and its tests are collected once)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+
+import numpy as np
+import torch
+
+from hybridrec.data.criteo import CriteoTSV
+from hybridrec.data.movielens import MovieLens
+
+# ---------------------------------------------------------------------------- Criteo TSV rows
+SIZES = [1000] * 26
+
+
+def row(label=1, ints=None, cats=None):
+    ints = [1] * 13 if ints is None else ints
+    cats = ["0000000a"] * 26 if cats is None else cats
+    return "\t".join([str(label)] + [str(i) for i in ints] + cats)
+
+
+def rand_rows(n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        cats = [f"{v:08x}" for v in rng.integers(0, 2**32, 26)]
+        cats[3] = ""  # missing
+        out.append(row(int(rng.integers(0, 2)), list(rng.integers(-2, 50, 13)), cats))
+    return out
+
+
+def write(path, rows, gz=False):
+    text = "\n".join(rows) + "\n"
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+    return str(path)
+
+
+def reader(path, batch=4, split="eval", **kw):
+    """A CriteoTSV whose ``split`` files are ``path``; the other split gets a file of its own
+    (splits may not share a file)."""
+    other = write(os.path.join(tempfile.mkdtemp(), "other.tsv"), [row()] * batch)
+    args = dict(batch_size=batch, train_path=other, eval_path=other, num_embeddings_per_feature=SIZES,
+                id_mapping="modulo", bad_rows="skip", block_size_mb=1, eval_batches=None, seed=0)
+    args[f"{split}_path"] = str(path)
+    args.update(kw)
+    return CriteoTSV(**args)
+
+
+# ------------------------------------------------------------------------- MovieLens layout
+GENRE_NAMES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
+               "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
+               "War", "Western"]
+
+
+def tables(n_ratings=300, seed=0):
+    rng = np.random.default_rng(seed)
+    users = [{"user_id": u, "age": int(rng.integers(10, 70)), "gender": "MF"[u % 2],
+              "occupation": ["writer", "engineer", "student"][u % 3], "zip_code": f"{rng.integers(10000, 99999)}"}
+             for u in range(1, 21)]
+    items = []
+    for i in range(1, 31):
+        genres = {g: int(rng.random() < 0.2) for g in GENRE_NAMES}
+        items.append({"movie_id": i, "movie_title": f"Film {i} (199{i % 10})", "release_date": f"01-Jan-199{i % 10}",
+                      "video_release_date": None, "IMDb_URL": "http://x", **genres})
+    data = [{"user_id": int(rng.integers(1, 21)), "movie_id": int(rng.integers(1, 31)),
+             "rating": int(rng.integers(1, 6)), "timestamp": 880000000 + k} for k in range(n_ratings)]
+    return {"data": data, "users": users, "items": items}
+
+
+def ml(path, **kw):
+    args = dict(batch_size=20, path=str(path), label_threshold=4, split="random", eval_fraction=0.2,
+                side_features=True, bad_rows="skip", eval_batches=None, seed=0)
+    args.update(kw)
+    return MovieLens(**args)
+
+
+# ------------------------------------------------------------------------ the tiny training run
+# Small enough to run in seconds, big enough that every plan spreads tables over both ranks.
+BASE = [
+    "data.batch_size=64",
+    "data.num_embeddings_per_feature=[300,200,100,50]",
+    "data.ids_per_feature=2",
+    "data.eval_batches=2",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[16,1]",
+    "train.steps=8",
+    "train.log_every=4",
+]
+# fp32 tolerance: 2 ranks reduce partial gradients in a different order than one process.
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def assert_same_training(a, b, state_tol=TOL):
+    torch.testing.assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **TOL)
+    assert a["state"].keys() == b["state"].keys()
+    for key in a["state"]:
+        torch.testing.assert_close(a["state"][key], b["state"][key], **state_tol, msg=lambda m, key=key: f"{key}: {m}")
+
+
+# --------------------------------------------------------------------- multi-node launches
+# ctr's model on three small tables, each step's loss logged: two nodes of one rank each
+# (torchrun --nnodes 2, faked Slurm nodes) must train it with the losses of one 2-rank node.
+TWO_NODE_RUN = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
+                "data.eval_batches=1", "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
+
