@@ -293,6 +293,17 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(L) + "\n"
 
 
+def _save(fig: Any, ax: Any, out: str, name: str) -> None:
+    """Legend, grid and layout of a chart, written to ``out/name`` and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=100)
+    plt.close(fig)
+
+
 def charts(res: dict[str, Any], out: str) -> None:
     import matplotlib
 
@@ -323,11 +334,7 @@ def charts(res: dict[str, Any], out: str) -> None:
         ax.axhline(ref2["median_samples_per_second"], color="black", ls="--", label="TorchRec reference")
     ax.set_xticks(range(len(shardings)), shardings)
     ax.set(title="2 ranks: throughput by strategy (median, min-max)", ylabel="samples/s")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, CHARTS[0]), dpi=100)
-    plt.close(fig)
+    _save(fig, ax, out, CHARTS[0])
 
     # Memory per rank: peak RSS per rank, planner estimate as markers.
     mem = [c for c in configs if c["world_size"] == 2 and (c["kind"] == "reference" or c["pipeline"] == "sparse_dist")]
@@ -340,11 +347,7 @@ def charts(res: dict[str, Any], out: str) -> None:
             ax.plot(*zip(*est), "k_", ms=14, mew=2, label="planner estimate (tables)" if rank == 0 else None)
     ax.set_xticks(range(len(mem)), [c["name"].split(" · ", 1)[1].replace(" · ", "\n") for c in mem], fontsize=7)
     ax.set(title="2 ranks: memory per rank", ylabel="MB")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, CHARTS[1]), dpi=100)
-    plt.close(fig)
+    _save(fig, ax, out, CHARTS[1])
 
     # Ratio to the reference, per configuration, with its spread over repetitions.
     rat = [c for c in configs if c["kind"] == "hybridrec" and "ratio_vs_reference" in c]
@@ -369,11 +372,7 @@ def charts(res: dict[str, Any], out: str) -> None:
     ax.bar([x + 0.2 for x in xs], [s["samples_per_second_2"] for s in sc], 0.4, label="2 ranks")
     ax.set_xticks(list(xs), [s["name"].replace(" · ", "\n") for s in sc], fontsize=7)
     ax.set(title=f"weak scaling (per-rank batch {res['suite']['per_rank_batch']})", ylabel="samples/s")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, CHARTS[3]), dpi=100)
-    plt.close(fig)
+    _save(fig, ax, out, CHARTS[3])
 
 
 # ------------------------------------------------------------------------------ main

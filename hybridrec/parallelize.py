@@ -299,32 +299,3 @@ def _table_blocks(
         g = torch.Generator().manual_seed((table_seed + block) % 2**63)
         values = torch.empty(n, dim).uniform_(-bound, bound, generator=g)
         yield max(lo - row0, 0), values[max(row0 - lo, 0) : min(row1 - lo, n), col0:col1]
-
-
-def _table_slice(
-    seed: int, table: str, rows: int, dim: int, row0: int, row1: int, col0: int, col1: int
-) -> torch.Tensor:
-    """The same values as one tensor (for references that build whole tables)."""
-    return torch.cat([v for _, v in _table_blocks(seed, table, rows, dim, row0, row1, col0, col1)])
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The unsharded state dict, on rank 0 (other ranks get an empty dict). Collective.
-
-    Embedding shards (ShardedTensor, any sharding type) are gathered with
-    ``ShardedTensor.gather``; FSDP2 parameters (DTensor) with ``full_tensor``; replicated
-    tensors are taken as they are. Keys are those of the unsharded model.
-    """
-    rank = dist.get_rank()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        if isinstance(value, ShardedTensor):
-            full = torch.empty(value.size(), dtype=value.dtype) if rank == 0 else None
-            value.gather(dst=0, out=full)
-        elif isinstance(value, DTensor):
-            full = value.full_tensor()
-        else:
-            full = value
-        if rank == 0:
-            out[key] = full.detach().cpu().clone()
-    return out

@@ -11,9 +11,33 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
-from hybridrec.launch import spawn as launch  # noqa: F401  (the tests start ranks with it)
-from hybridrec.parallelize import full_state_dict
+from hybridrec.compat import ShardedTensor
+from hybridrec.launch import spawn  # noqa: F401  (re-exported: the tests start ranks with it)
 from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded state dict, on rank 0 (other ranks get an empty dict). Collective.
+
+    Embedding shards (ShardedTensor, any sharding type) are gathered with
+    ``ShardedTensor.gather`` into a tensor on the process group's device (NCCL gathers
+    CUDA tensors only), then copied to CPU; FSDP2 parameters (DTensor) with
+    ``full_tensor``; replicated tensors are taken as they are. Keys are those of the
+    unsharded model."""
+    rank = dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    out: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if isinstance(value, ShardedTensor):
+            full = torch.empty(value.size(), dtype=value.dtype, device=device) if rank == 0 else None
+            value.gather(dst=0, out=full)
+        elif isinstance(value, DTensor):
+            full = value.full_tensor()
+        else:
+            full = value
+        if rank == 0:
+            out[key] = full.detach().cpu().clone()
+    return out
 
 
 def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str, Any]]:

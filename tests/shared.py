@@ -114,3 +114,7 @@ def assert_same_training(a, b, state_tol=TOL):
 TWO_NODE_RUN = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
                 "data.eval_batches=1", "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
 
+
+def global_batch(source, split: str, index: int):
+    """The ``index``-th global batch of ``split``, whole (what every rank's slices make up)."""
+    return source.read(split, 0, index, 0, source.batch_size).batch(source.keys)

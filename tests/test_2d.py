@@ -92,7 +92,7 @@ def test_replicated_tables_train_like_sharded_tables(tmp_path):
     exactly like 1-D sharding: each group's embedding gradient is its own mean-loss gradient
     (TorchRec divides by the sharding group's size) and sync() averages the groups' updates,
     which for SGD is the update of the global mean loss. Replicas end identical."""
-    from dist_helpers import launch, train_replicated
+    from dist_helpers import spawn, train_replicated
 
     world = 4 if GPUS >= 4 else 2
     base = ["data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]", "data.ids_per_feature=2",
@@ -102,7 +102,7 @@ def test_replicated_tables_train_like_sharded_tables(tmp_path):
     plain = compose_cfg(base)
     replicated = compose_cfg(base + ["mesh.embedding_replicas=2", "mesh.embedding_sync_every=1"])
     rarely = compose_cfg(base + ["mesh.embedding_replicas=2", "mesh.embedding_sync_every=5"])
-    one, two, lazy = launch(train_replicated, world, [plain, replicated, rarely], str(tmp_path))
+    one, two, lazy = spawn(train_replicated, world, [plain, replicated, rarely], str(tmp_path))
     assert two["topology"]["sharding_group_size"] == world // 2 and two["topology"]["replica_group_size"] == 2
     torch.testing.assert_close(torch.tensor(two["losses"]), torch.tensor(one["losses"]), rtol=1e-4, atol=1e-5)
     assert two["eval"]["auc"] == pytest.approx(one["eval"]["auc"], abs=1e-4)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import compose_cfg
-from dist_helpers import launch, train_and_gather
+from dist_helpers import spawn, train_and_gather
 from hybridrec.data import build_source
 
 from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
@@ -38,9 +38,9 @@ def runs(tmp_path_factory):
         _cfg(f"checkpoint.dir={tmp / 'e'}", "train.steps=4", "checkpoint.async_save=true"),
         _cfg(f"checkpoint.dir={tmp / 'e'}", "checkpoint.async_save=true"),
     ]
-    two = launch(train_and_gather, 2, cfgs, str(tmp))
+    two = spawn(train_and_gather, 2, cfgs, str(tmp))
     # ... and continued on 1 rank
-    one = launch(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'd'}",
+    one = spawn(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'd'}",
                                             f"checkpoint.resume={a / 'step_00000004'}")], str(tmp))
     return tmp, two, one
 

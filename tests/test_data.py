@@ -7,6 +7,7 @@ from conftest import compose_cfg
 from hybridrec.data import build_source
 
 from hybridrec.data.synthetic import SyntheticClickLog
+from shared import global_batch
 
 pytestmark = pytest.mark.unit
 
@@ -28,16 +29,16 @@ def _assert_batches_equal(a, b):
 
 def test_same_seed_same_batches_other_seed_differs():
     a, b, c = _log(), _log(), _log(seed=1)
-    _assert_batches_equal(a.global_batch("train", 3), b.global_batch("train", 3))
-    assert not torch.equal(a.global_batch("train", 3).labels, c.global_batch("train", 3).labels)
-    assert not torch.equal(a.global_batch("train", 0).labels, a.global_batch("eval", 0).labels)
+    _assert_batches_equal(global_batch(a, "train", 3), global_batch(b, "train", 3))
+    assert not torch.equal(global_batch(a, "train", 3).labels, global_batch(c, "train", 3).labels)
+    assert not torch.equal(global_batch(a, "train", 0).labels, global_batch(a, "eval", 0).labels)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_rank_slices_reassemble_the_global_batch(world_size):
     data = _log()
     parts = [next(data.batches("train", r, world_size, 1)) for r in range(world_size)]
-    whole = data.global_batch("train", 0)
+    whole = global_batch(data, "train", 0)
     torch.testing.assert_close(torch.cat([p.labels for p in parts]), whole.labels)
     torch.testing.assert_close(torch.cat([p.dense_features for p in parts]), whole.dense_features)
     for key in whole.sparse_features.keys():
@@ -47,7 +48,7 @@ def test_rank_slices_reassemble_the_global_batch(world_size):
 
 def test_ids_are_in_range_and_zipf_skewed():
     data = _log(batch_size=20000)
-    kjt = data.global_batch("train", 0).sparse_features
+    kjt = global_batch(data, "train", 0).sparse_features
     ids = kjt["cat_0"].values().numpy()
     assert ids.min() >= 0 and ids.max() < 1000
     counts = np.sort(np.bincount(ids, minlength=1000))[::-1]
@@ -59,7 +60,7 @@ def test_ids_are_in_range_and_zipf_skewed():
 
 def test_labels_follow_the_planted_model():
     data = _log(batch_size=20000)
-    batch = data.global_batch("train", 0)
+    batch = global_batch(data, "train", 0)
     rate = batch.labels.mean().item()
     assert 0.1 < rate < 0.6
     # the planted logit is recoverable: a feature computed from the truth separates labels
@@ -76,11 +77,11 @@ def test_eval_split_has_configured_length():
 @pytest.mark.parametrize("dist", ["normal", "lognormal", "uniform"])
 def test_dense_distribution_is_configurable_and_learnable(dist):
     data = _log(batch_size=20000, dense_distribution=dist)
-    dense = data.global_batch("train", 0).dense_features
+    dense = global_batch(data, "train", 0).dense_features
     if dist == "uniform":
         assert dense.min() >= 0 and dense.max() < 1
     elif dist == "lognormal":
         assert dense.min() >= 0 and dense.mean() > 0.5  # log(1 + x) of positive counts
     else:
         assert abs(dense.mean()) < 0.05 and abs(dense.std() - 1) < 0.05
-    assert 0.1 < data.global_batch("train", 0).labels.mean() < 0.6
+    assert 0.1 < global_batch(data, "train", 0).labels.mean() < 0.6

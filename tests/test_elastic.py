@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from dist_helpers import launch, late_rank_health_check
+from dist_helpers import late_rank_health_check, spawn
 
 from hybridrec.checkpoint import latest
 
@@ -63,5 +63,5 @@ def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
 
 
 def test_health_check_names_the_rank_that_does_not_answer():
-    assert "Ranks 1 failed to pass monitoredBarrier" in launch(late_rank_health_check, 2, 3.0, 1.0)
-    assert launch(late_rank_health_check, 2, 0.0, 10.0) == "ok"
+    assert "Ranks 1 failed to pass monitoredBarrier" in spawn(late_rank_health_check, 2, 3.0, 1.0)
+    assert spawn(late_rank_health_check, 2, 0.0, 10.0) == "ok"

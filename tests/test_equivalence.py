@@ -12,14 +12,14 @@ Three levels, all on the same data and initial weights:
 import pytest
 import torch
 from conftest import compose_cfg
-from dist_helpers import launch, train_and_collect, train_and_gather
+from dist_helpers import spawn, train_and_collect, train_and_gather
 from hybridrec.data import build_source
 from shared import BASE, TOL, assert_same_training
 from torch.optim.lr_scheduler import LambdaLR
 
 from hybridrec.models import build_model
 from hybridrec.optim import lr_multiplier
-from hybridrec.parallelize import _table_slice
+from hybridrec.parallelize import _table_blocks
 
 pytestmark = pytest.mark.dist  # every test reads runs of 1 or 2 launched ranks
 
@@ -39,7 +39,8 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     with torch.no_grad():
         for t in ebc.embedding_bag_configs():
             w = ebc.embedding_bags[t.name].weight
-            w.copy_(_table_slice(cfg.seed, t.name, t.num_embeddings, t.embedding_dim, 0, t.num_embeddings, 0, t.embedding_dim))
+            blocks = _table_blocks(cfg.seed, t.name, t.num_embeddings, t.embedding_dim, 0, t.num_embeddings, 0, t.embedding_dim)
+            w.copy_(torch.cat([v for _, v in blocks]))
     dense_params = [p for n, p in model.named_parameters() if "embedding_bags" not in n]
     sparse = torch.optim.SGD(ebc.parameters(), lr=cfg.optimizer.sparse.lr)
     dense = torch.optim.SGD(dense_params, lr=cfg.optimizer.dense.lr)
@@ -65,7 +66,7 @@ def one_rank(tmp_path_factory):
             _cfg("optimizer=adagrad", "seed=1"), _cfg(ADAGRAD),
             _cfg("optimizer=sgd", *SCHEDULED), _cfg(*ADAMW), _cfg("mesh=single"),
             _cfg("train.eval_every=3")]
-    return launch(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
+    return spawn(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
 
 
 def test_same_seed_same_losses(one_rank):
@@ -165,7 +166,7 @@ def two_ranks(tmp_path_factory):
     runs += [(name, overrides, "gather") for name, overrides in OTHERS]
     runs += [(name, overrides, "reshard") for name, overrides in RESHARD]
     jobs = [(_cfg(*overrides), what) for _, overrides, what in runs]
-    results = launch(train_and_collect, 2, jobs, str(tmp_path_factory.mktemp("two")))
+    results = spawn(train_and_collect, 2, jobs, str(tmp_path_factory.mktemp("two")))
     assert len(results) == len(runs)
     return {name: result for (name, _, _), result in zip(runs, results)}
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import compose_cfg
-from dist_helpers import launch
+from dist_helpers import spawn
 
 from hybridrec.trainer import intra_op_threads
 
@@ -36,7 +36,7 @@ def compiled_losses(cfg, run_dir):
 def test_compiled_dense_blocks_train_like_eager(tmp_path):
     """mesh.compile=true really compiles (dynamo makes graphs) and trains to the eager losses
     (inductor may reorder float sums: close, not bit-equal)."""
-    eager = launch(compiled_losses, 1, compose_cfg(BASE), str(tmp_path / "eager"))
-    compiled = launch(compiled_losses, 1, compose_cfg(BASE + ["mesh.compile=true"]), str(tmp_path / "compiled"))
+    eager = spawn(compiled_losses, 1, compose_cfg(BASE), str(tmp_path / "eager"))
+    compiled = spawn(compiled_losses, 1, compose_cfg(BASE + ["mesh.compile=true"]), str(tmp_path / "compiled"))
     assert eager["graphs"] == 0 and compiled["graphs"] >= 2  # one per dense block at least
     torch.testing.assert_close(torch.tensor(compiled["losses"]), torch.tensor(eager["losses"]), rtol=0, atol=1e-5)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from conftest import compose_cfg
-from dist_helpers import launch, train_and_summarize
+from dist_helpers import spawn, train_and_summarize
 
 pytestmark = pytest.mark.dist  # every test reads runs of launched ranks
 
@@ -58,7 +58,7 @@ def trained(tmp_path_factory):
                 runs.update(MIXED_PRECISION)
             cfgs = [compose_cfg(overrides) for overrides in runs.values()]
             out = str(tmp_path_factory.mktemp(f"world{world_size}"))
-            cache[world_size] = dict(zip(runs, launch(train_and_summarize, world_size, cfgs, out)))
+            cache[world_size] = dict(zip(runs, spawn(train_and_summarize, world_size, cfgs, out)))
         return cache[world_size]
 
     return get

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import compose_cfg
-from dist_helpers import launch, train_and_gather
+from dist_helpers import spawn, train_and_gather
 from shared import tables
 
 from hybridrec.data import LOADER_KEYS
@@ -75,7 +75,7 @@ def test_lists_are_whole_users_and_the_same_for_any_world_size(layout):
 def trained(layout, tmp_path_factory):
     cfgs = [_cfg(layout, o) for _, o in CASES]
     out = tmp_path_factory.mktemp("runs")
-    return launch(train_and_gather, 1, cfgs, str(out / "one")), launch(train_and_gather, 2, cfgs, str(out / "two"))
+    return spawn(train_and_gather, 1, cfgs, str(out / "one")), spawn(train_and_gather, 2, cfgs, str(out / "two"))
 
 
 @pytest.mark.dist

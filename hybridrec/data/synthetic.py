@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from torchrec.datasets.utils import Batch
 
 from hybridrec.config import DenseDistribution
 from hybridrec.data import DataError, SparseFeature
@@ -169,10 +168,6 @@ class SyntheticClickLog(Source):
     def rows(self, split: str, index: int, lo: int, hi: int) -> Rows:
         dense, ids, labels = self._arrays(split, index, lo, hi)
         return Rows.of(dense, [(i.reshape(-1), np.full(len(i), i.shape[1], dtype=np.int32)) for i in ids], labels)
-
-    def global_batch(self, split: str, index: int) -> Batch:
-        """The ``index``-th global batch of ``split``, whole."""
-        return self.rows(split, index, 0, self.batch_size).batch(self.keys)
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> Optional[int]:
