@@ -521,8 +521,8 @@ class MeshConfig:
     compile: bool = False
     """torch.compile each dense block's forward (the model's dense_units) before the dense
     wrapper (DDP, FSDP2) is applied, as torchtitan does; the wrapper's hooks stay outside
-    the compiled code. Off by default: on CPU it has not been measured faster (README,
-    Performance)."""
+    the compiled code. Off by default: on CPU it did not win in every repetition (README,
+    Performance, Levers)."""
     forward_prefetch: int = 0
     """FSDP2: all-gather the next N units during a unit's forward (explicit prefetch)."""
     backward_prefetch: int = 0
