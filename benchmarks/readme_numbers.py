@@ -21,16 +21,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"(<!-- results:([\w#-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 
-def first_table(markdown: str) -> str:
-    lines, table = markdown.splitlines(), []
-    for line in lines:
-        if line.startswith("|"):
-            table.append(line)
-        elif table:
+def first_block(markdown: str, kind: str) -> str:
+    """The first markdown ``table`` (lines starting with ``|``) or bullet ``list`` (``- ``
+    items and their indented continuations) of ``markdown``."""
+    starts = (lambda line, block: line.startswith("|")) if kind == "table" else \
+        (lambda line, block: line.startswith("- ") or bool(block) and line.startswith("  "))
+    block: list[str] = []
+    for line in markdown.splitlines():
+        if starts(line, block):
+            block.append(line)
+        elif block:
             break
-    if not table:
-        raise ValueError("no markdown table")
-    return "\n".join(table) + "\n"
+    if not block:
+        raise ValueError(f"no markdown {kind}")
+    return "\n".join(block) + "\n"
 
 
 def slug(heading: str) -> str:
@@ -46,18 +50,6 @@ def section(markdown: str, heading_slug: str) -> str:
     return "\n".join(lines[start:end])
 
 
-def first_list(markdown: str) -> str:
-    items = []
-    for line in markdown.splitlines():
-        if line.startswith("- ") or (items and line.startswith("  ")):
-            items.append(line)
-        elif items:
-            break
-    if not items:
-        raise ValueError("no bullet list")
-    return "\n".join(items) + "\n"
-
-
 def render(readme: str) -> str:
     def fill(m: re.Match) -> str:
         name, _, heading = m.group(2).partition("#")
@@ -65,8 +57,9 @@ def render(readme: str) -> str:
             text = f.read()
         if heading:
             text = section(text, heading)
-            return m.group(1) + (first_table(text) if "\n|" in "\n" + text else first_list(text)) + m.group(4)
-        return m.group(1) + first_table(text) + m.group(4)
+            kind = "table" if "\n|" in "\n" + text else "list"
+            return m.group(1) + first_block(text, kind) + m.group(4)
+        return m.group(1) + first_block(text, "table") + m.group(4)
 
     return BLOCK.sub(fill, readme)
 
