@@ -6,6 +6,7 @@ then are ranks started (``launch.py``): a bad config never costs a process group
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import NoReturn
@@ -17,11 +18,13 @@ from omegaconf import DictConfig
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
 from hybridrec.launch import RankError, already_launched, launch, world_size
-from hybridrec.parallel_dims import job_dims
+from hybridrec.distributed import LaunchError
+from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan, quiet_enumerator
 from hybridrec.trainer import USER_ERRORS, full_errors
 
 register_configs()
+log = logging.getLogger(__name__)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -31,6 +34,7 @@ def main(cfg: DictConfig) -> float:
         world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
         validate(cfg, world)
         dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
+        log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
         check_device(cfg, dims.device_type)
         if cfg.checkpoint.dir:
             probe_writable(cfg.checkpoint.dir)
@@ -49,7 +53,7 @@ def main(cfg: DictConfig) -> float:
             # after N ranks have started. The ranks plan again (identically) over their group.
             quiet_enumerator()
             dry_plan(cfg, dims, detect=True)
-    except CheckpointError as e:
+    except (CheckpointError, LaunchError) as e:
         _exit(e, f"hybridrec: {e}")
     except ValueError as e:  # PlanError and DataError included
         _exit(e, f"hybridrec: invalid config: {e}")

@@ -6,8 +6,6 @@ directly in the Hydra process for a single-rank run.
 
 from __future__ import annotations
 
-import datetime
-import gc
 import hashlib
 import json
 import logging
@@ -46,7 +44,8 @@ from hybridrec.metrics import (
 )
 from hybridrec.models import build_model
 from hybridrec.optim import TrainOptimizer
-from hybridrec.parallel_dims import pick_device, rank_dims  # noqa: F401  (pick_device: the ranks' entry)
+from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.parallel_dims import pick_device, rank_dims
 from hybridrec.parallelize import parallelize
 from hybridrec.plan import quiet_enumerator
 from hybridrec.sharding import format_report
@@ -360,41 +359,6 @@ def provenance(cfg: DictConfig, resumed_from: Optional[dict[str, Any]]) -> dict[
     }
 
 
-def init_distributed(device: torch.device, timeout_s: float = 300.0) -> None:
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=timeout_s)  # every collective's timeout
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # Started by the elastic agent, whose store outlives restarts. Prefix this attempt's
-        # keys: after a restart, gloo otherwise read the dead attempt's peer addresses from
-        # the shared store and failed to connect (seen on torch 2.13).
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-        )
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"hybridrec/attempt_{attempt}", store),
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            timeout=timeout,
-        )
-    elif "RANK" in os.environ:  # another launcher (e.g. srun): rendezvous through env://
-        dist.init_process_group(backend, timeout=timeout)
-    else:  # a single process still gets a process group, so there is one code path
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-
-
-def health_check(timeout_s: float) -> None:
-    """One monitored barrier across all ranks: a rank that does not answer in time is named
-    (gloo's monitored_barrier reports which ranks failed) instead of everyone hanging. NCCL
-    has no monitored barrier, so GPU jobs run it on a gloo group."""
-    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    try:
-        dist.monitored_barrier(group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
-    except RuntimeError as e:
-        raise RuntimeError(f"health check: not every rank answered within {timeout_s:g} s: {e}") from e
-
-
 def _configure_logging(rank: int) -> None:
     logging.basicConfig(format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
     # Libraries log at INFO on the root logger (fbgemm prints every kernel's arguments), so
@@ -416,7 +380,7 @@ def _configure_logging(rank: int) -> None:
 
 # Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk):
 # reported as one line naming the file or key, without a traceback.
-USER_ERRORS = (DataError, checkpoint.CheckpointError)
+USER_ERRORS = (DataError, checkpoint.CheckpointError, LaunchError)
 USER_ERROR_EXIT = 3
 """Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
 
@@ -426,14 +390,15 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-def intra_op_threads(cfg: DictConfig, device: torch.device, env: Mapping[str, str]) -> Optional[int]:
+def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
     """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
     if cfg.launcher.threads_per_rank:
         return cfg.launcher.threads_per_rank
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in env:
+    if "OMP_NUM_THREADS" not in env:
         # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
-        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores.
-        return max(1, (os.cpu_count() or 1) // int(env.get("LOCAL_WORLD_SIZE", 1)))
+        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores. On
+        # GPUs too: each rank's input pipeline, optimizer on CPU and host-side work share them.
+        return max(1, (os.cpu_count() or 1) // local_layout(env).world_size)
     return None
 
 
@@ -445,9 +410,9 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str
     one line itself; the rank then records the message in the elastic error file and exits
     quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller."""
     device = pick_device(cfg)
-    if threads := intra_op_threads(cfg, device, os.environ):
+    if threads := intra_op_threads(cfg, os.environ):
         torch.set_num_threads(threads)
-    init_distributed(device, cfg.launcher.collective_timeout_s)
+    init_distributed(device, cfg.launcher.collective_timeout_s, cfg.mesh.cpu_offload)
     summary = None
     try:
         health_check(cfg.launcher.health_check_timeout_s)
@@ -481,17 +446,3 @@ def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str
         )
         print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
     return summary
-
-
-def shutdown_distributed(clean: bool) -> None:
-    """Release everything that holds a process group, then destroy the groups.
-
-    The model, pipeline and FSDP2 mesh keep references to gloo/NCCL groups (TorchRec creates
-    sub-groups too); left to interpreter shutdown, their transport threads are torn down in
-    arbitrary order, which can abort a rank after a successful run. On failure, skip the
-    collective destroy, which could block on a peer that is still inside a collective
-    (as torchtitan does); the launcher then stops the other ranks.
-    """
-    gc.collect()
-    if clean:
-        dist.destroy_process_group()

@@ -13,7 +13,9 @@ from torch.distributed.tensor import DTensor
 
 from hybridrec.compat import ShardedTensor
 from hybridrec.launch import spawn  # noqa: F401  (re-exported: the tests start ranks with it)
-from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
+from hybridrec.distributed import init_distributed, shutdown_distributed
+from hybridrec.parallel_dims import pick_device
+from hybridrec.trainer import Trainer
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -112,7 +114,7 @@ def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
     """Rank 1 arrives late at the start-up health check; returns what rank 0 saw."""
     import time
 
-    from hybridrec.trainer import health_check
+    from hybridrec.distributed import health_check
 
     init_distributed(torch.device("cpu"))
     try:

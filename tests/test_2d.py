@@ -4,7 +4,6 @@ config rules, the refusal on CPU before any rank starts, the dry-run plan for 51
 (on 2+ GPUs only) training against a plain run."""
 
 import json
-import os
 import subprocess
 import sys
 

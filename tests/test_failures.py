@@ -231,7 +231,7 @@ def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
          f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=240)
     expected = {"bad_row": f"hybridrec: {train}:150: int_0 '12x1",
-                "too_small": f"hybridrec: data.train_path has 40 usable rows in shard 0 of data.shards=1, fewer "
+                "too_small": "hybridrec: data.train_path has 40 usable rows in shard 0 of data.shards=1, fewer "
                              f"than its 64 rows of one global batch (data.batch_size=64)"}[case]
     assert _one_line_error(proc).startswith(expected)
     assert "[rank" not in proc.stderr and "ChildFailedError" not in proc.stderr

@@ -7,14 +7,13 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
-from hybridrec.data.movielens import MovieLens, MovieLensRank
+from hybridrec.data.movielens import MovieLensRank
 from hybridrec.data.synthetic import SyntheticClickLog
 from shared import SIZES, ml, rand_rows, row, write
 

@@ -14,12 +14,13 @@ BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "mod
 
 @pytest.mark.unit
 def test_threads_per_rank_split_the_cores_unless_set():
-    cpu = torch.device("cpu")
     cores = torch.multiprocessing.cpu_count()
-    assert intra_op_threads(compose_cfg(["launcher.threads_per_rank=3"]), cpu, {}) == 3
-    assert intra_op_threads(compose_cfg([]), cpu, {"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2)
-    assert intra_op_threads(compose_cfg([]), cpu, {"OMP_NUM_THREADS": "1"}) is None  # the user's choice stands
-    assert intra_op_threads(compose_cfg([]), torch.device("cuda"), {}) is None
+    assert intra_op_threads(compose_cfg(["launcher.threads_per_rank=3"]), {}) == 3
+    # split between the node's ranks, whatever their device (GPU ranks share the host's cores too)
+    two = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert intra_op_threads(compose_cfg([]), two) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg(["launcher.device=cuda"]), two) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg([]), {"OMP_NUM_THREADS": "1"}) is None  # the user's choice stands
 
 
 def compiled_losses(cfg, run_dir):
