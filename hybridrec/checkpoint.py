@@ -47,9 +47,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.compat import Shard, ShardedTensor, sharded_tensor_with_shards
+from hybridrec.compat import ShardedTensor
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
@@ -290,7 +291,14 @@ class Checkpointer:
     def __init__(self, trainer: Any) -> None:
         self.trainer, self.cfg = trainer, trainer.cfg.checkpoint
         self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
-        self.writer = ThreadPoolExecutor(max_workers=1) if self.cfg.async_save else None
+        self.writer = None
+        if self.cfg.async_save:
+            # A new thread starts on cuda:0: the writer is put on this rank's GPU before DCP
+            # touches any device state (its planning runs on the group's device).
+            device = trainer.device
+            self.writer = ThreadPoolExecutor(
+                max_workers=1, initializer=_use_device, initargs=(device,), thread_name_prefix="hybridrec-ckpt"
+            )
         self.pending: Optional[tuple] = None
         self.last: Optional[str] = None  # the newest checkpoint this run committed
 
@@ -391,17 +399,43 @@ class Checkpointer:
         log.info(f"checkpoint committed: {final}")
 
 
-def _stage(obj: Any) -> Any:
-    """A copy of a state dict that training can no longer change."""
+def _use_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def _stage(state: Any) -> Any:
+    """A CPU copy of a state dict that training can no longer change, for the background
+    writer. CUDA tensors are copied into pinned host memory without blocking, then the
+    copies are awaited once; a copy on the GPU would double the tables' and optimizer's
+    device memory at every save."""
+    staged = _to_host(state)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # every non-blocking device-to-host copy has landed
+    return staged
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    pinned = t.is_cuda  # pinned memory exists only with CUDA (and makes the copy asynchronous)
+    out = torch.empty_like(t, device="cpu", pin_memory=pinned)
+    return out.copy_(t.detach(), non_blocking=pinned)
+
+
+def _to_host(obj: Any) -> Any:
     if isinstance(obj, ShardedTensor):
-        shards = [Shard(s.tensor.detach().clone(), s.metadata) for s in obj.local_shards()]
-        return sharded_tensor_with_shards(obj, shards)
-    if isinstance(obj, torch.Tensor):  # DTensor included: clone keeps its placements
-        return obj.detach().clone()
+        # TorchRec's table shards: ShardedTensor.to rewrites the shards' placements to CPU
+        # (metadata a hand-made copy would have to patch), copying even on CPU (copy=True).
+        # Pageable, not pinned: pinned shards would also need the metadata's pin_memory flag.
+        return obj.to(device="cpu", copy=True)
+    if isinstance(obj, DTensor):  # FSDP2's parameters and states: copy the local shard, keep the layout
+        return DTensor.from_local(_host_copy(obj.to_local()), obj.device_mesh, obj.placements,
+                                  run_check=False, shape=obj.shape, stride=obj.stride())
+    if isinstance(obj, torch.Tensor):
+        return _host_copy(obj)
     if isinstance(obj, dict):
-        return {k: _stage(v) for k, v in obj.items()}
+        return {k: _to_host(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_stage(v) for v in obj)
+        return type(obj)(_to_host(v) for v in obj)
     return copy.deepcopy(obj)
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-# ShardedTensor and Shard live under torch.distributed._shard: TorchRec's sharded tables are
+# ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor  # noqa: F401  (re-exported)
+from torch.distributed._shard.sharded_tensor import ShardedTensor  # noqa: F401  (re-exported)
 from torch.utils._pytree import tree_map_only  # noqa: F401  (re-exported: no public pytree map by type)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -43,14 +43,6 @@ def planner_reserved_share(planner: EmbeddingShardingPlanner) -> float:
     """The share of device memory the planner's storage reservation holds back (no public
     getter on either reservation policy; 0 when the policy has none)."""
     return getattr(planner._storage_reservation, "_percentage", 0.0)
-
-
-def sharded_tensor_with_shards(like: ShardedTensor, shards: list[Shard]) -> ShardedTensor:
-    """A ShardedTensor with ``like``'s global metadata and process group over ``shards``
-    (the public constructors re-run a metadata collective, which a background copy must not)."""
-    return ShardedTensor._init_from_local_shards_and_global_metadata(
-        shards, like.metadata(), process_group=like._process_group
-    )
 
 
 def floating_to(x: Any, dtype: torch.dtype) -> Any:

@@ -172,3 +172,43 @@ def test_non_finite_loss_stops_before_a_checkpoint(tmp_path):
     step = int(proc.stderr.split("non-finite loss")[1].split("at step ")[1].split(":")[0])
     last = latest(str(ckpt))
     assert last is None or int(last.rsplit("_", 1)[1]) < step  # only checkpoints before the bad step
+
+
+@pytest.fixture
+def one_rank_group():
+    """A world of one in this process: DTensors and ShardedTensors need a process group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.unit
+def test_async_staging_copies_every_kind_of_tensor_to_the_host(one_rank_group):
+    """What the background writer saves: host copies (never views, never left on the GPU)
+    of plain tensors, FSDP2's DTensors and TorchRec's ShardedTensors, layouts kept."""
+    from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard as DShard, distribute_tensor
+
+    from hybridrec.checkpoint import _stage
+
+    table = torch.arange(12.0).reshape(4, 3)
+    sharded = init_from_local_shards([Shard(table.clone(), ShardMetadata([0, 0], [4, 3], "rank:0/cpu"))], 4, 3)
+    state = {"model": {"dense": torch.ones(3), "table": sharded,
+                       "fsdp": distribute_tensor(torch.randn(4, 2), init_device_mesh("cpu", (1,)), [DShard(0)])},
+             "optim": {"step": 7, "state": [torch.zeros(2)]}}
+    staged = _stage(state)
+    originals = [state["model"]["dense"], sharded.local_shards()[0].tensor, state["model"]["fsdp"].to_local(),
+                 state["optim"]["state"][0]]
+    copies = [staged["model"]["dense"], staged["model"]["table"].local_shards()[0].tensor,
+              staged["model"]["fsdp"].to_local(), staged["optim"]["state"][0]]
+    for original, copy in zip(originals, copies):
+        assert copy.device.type == "cpu" and torch.equal(copy, original)
+        assert copy.untyped_storage().data_ptr() != original.untyped_storage().data_ptr()  # a copy, not a view
+        original.add_(1.0)  # training goes on: the staged state does not move
+        assert not torch.equal(copy, original)
+    assert isinstance(staged["model"]["fsdp"], DTensor) and staged["model"]["fsdp"].placements == (DShard(0),)
+    assert staged["model"]["table"].metadata().shards_metadata[0].placement.device() == torch.device("cpu")
+    assert staged["model"]["table"].size() == torch.Size([4, 3]) and staged["optim"]["step"] == 7
