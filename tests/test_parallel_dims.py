@@ -111,3 +111,4 @@ def test_the_2d_sync_has_one_owner():
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     pipeline = p.pipeline(Pipeline.sparse_dist, optimizer, torch.device("cpu"))
     assert pipeline._dmp_collection_sync_interval_batches is None
+

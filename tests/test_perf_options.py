@@ -1,4 +1,5 @@
-"""Performance options: intra-op threads per rank, and torch.compile of the dense blocks."""
+"""Performance options: intra-op threads per rank, torch.compile of the dense blocks, and the
+cost of the embedding init on a column shard."""
 
 import pytest
 import torch
@@ -41,3 +42,24 @@ def test_compiled_dense_blocks_train_like_eager(tmp_path):
     compiled = spawn(compiled_losses, 1, compose_cfg(BASE + ["mesh.compile=true"]), str(tmp_path / "compiled"))
     assert eager["graphs"] == 0 and compiled["graphs"] >= 2  # one per dense block at least
     torch.testing.assert_close(torch.tensor(compiled["losses"]), torch.tensor(eager["losses"]), rtol=0, atol=1e-5)
+
+
+
+@pytest.mark.unit
+def test_a_column_shard_draws_only_its_own_columns(monkeypatch):
+    """The embedding init of a column shard is the full table's slice, and costs its own
+    width only: a 4-way column split does not draw the full table on every rank."""
+    import hybridrec.parallelize as par
+
+    rows, dim = 70_000, 256  # two row blocks, eight column chunks
+    full = torch.empty(rows, dim)
+    for r, c, values in par._table_blocks(3, "t", rows, dim, 0, rows, 0, dim):
+        full[r : r + values.size(0), c : c + values.size(1)] = values
+    drawn = []
+    draw = par._draw
+    monkeypatch.setattr(par, "_draw", lambda *a: drawn.append(a[1] * a[2]) or draw(*a))
+    shard = torch.full((rows - 1000, 64), float("nan"))  # rows 1000.., columns 128..192
+    for r, c, values in par._table_blocks(3, "t", rows, dim, 1000, rows, 128, 192):
+        shard[r : r + values.size(0), c : c + values.size(1)] = values
+    assert torch.equal(shard, full[1000:, 128:192])
+    assert sum(drawn) == rows * 64  # the shard's 64 columns of both row blocks, nothing wider
