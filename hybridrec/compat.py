@@ -7,7 +7,8 @@ API is missing.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -48,3 +49,28 @@ def planner_reserved_share(planner: EmbeddingShardingPlanner) -> float:
 def floating_to(x: Any, dtype: torch.dtype) -> Any:
     """Every floating-point tensor in a nested structure cast to ``dtype``."""
     return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, x)
+
+
+@contextlib.contextmanager
+def one_post_forward_mesh() -> Iterator[None]:
+    """Inside: every ``fully_shard`` with ``reshard_after_forward=N`` (an int) on the same mesh
+    shares one post-forward mesh. FSDP2 builds a new DeviceMesh, with new process groups
+    (NCCL communicators), for each call; there is no public way to pass one in."""
+    import torch.distributed.fsdp._fully_shard._fully_shard as fs
+
+    build, meshes = fs._get_post_forward_mesh_info, {}
+
+    def shared(reshard_after_forward: Any, mesh_info: Any) -> Any:
+        if isinstance(reshard_after_forward, bool):
+            return build(reshard_after_forward, mesh_info)
+        key = (reshard_after_forward, id(mesh_info.mesh))
+        if key not in meshes:
+            meshes[key] = build(reshard_after_forward, mesh_info)
+        return meshes[key]
+
+    fs._get_post_forward_mesh_info = shared
+    try:
+        yield
+    finally:
+        fs._get_post_forward_mesh_info = build
+

@@ -39,7 +39,7 @@ from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineBase
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from hybridrec.compat import ShardedTensor, dmp_root, floating_to
+from hybridrec.compat import ShardedTensor, dmp_root, floating_to, one_post_forward_mesh
 from hybridrec.config import (
     CommPrecision,
     DenseParallel,
@@ -100,14 +100,15 @@ class FSDP2Wrapper(DataParallelWrapper):
             # with bf16 weights. Give each block the unit's casts without making it a unit.
             for block in dmp.module.dense_units():
                 cast_at_boundary(block, dtype(cfg.param_dtype))
-        for block in blocks:
-            if cfg.units == FSDPUnits.layer:
-                for layer in dense_layers(block):
-                    fully_shard(layer, **kwargs)
-                    units.append(layer)
-            fully_shard(block, **kwargs)  # the block's own parameters (all of them in arch mode)
-            if cfg.units == FSDPUnits.arch or any(True for _ in block.parameters(recurse=False)):
-                units.append(block)
+        with one_post_forward_mesh():  # reshard_after_forward=N: one N-rank mesh for all units
+            for block in blocks:
+                if cfg.units == FSDPUnits.layer:
+                    for layer in dense_layers(block):
+                        fully_shard(layer, **kwargs)
+                        units.append(layer)
+                fully_shard(block, **kwargs)  # the block's own parameters (all of them in arch mode)
+                if cfg.units == FSDPUnits.arch or any(True for _ in block.parameters(recurse=False)):
+                    units.append(block)
         # Then the root, as torchtitan does: one root state for all units (lazy init, and
         # prefetch across blocks). The tables are TorchRec's; FSDP2 must not touch them.
         # The root gets FSDP2's own rule unless the user sets one for it: passing any value

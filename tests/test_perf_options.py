@@ -1,6 +1,8 @@
 """Performance options: intra-op threads per rank, torch.compile of the dense blocks, and the
 cost of the embedding init on a column shard."""
 
+import contextlib
+
 import pytest
 import torch
 from conftest import compose_cfg
@@ -63,3 +65,30 @@ def test_a_column_shard_draws_only_its_own_columns(monkeypatch):
         shard[r : r + values.size(0), c : c + values.size(1)] = values
     assert torch.equal(shard, full[1000:, 128:192])
     assert sum(drawn) == rows * 64  # the shard's 64 columns of both row blocks, nothing wider
+
+
+@pytest.mark.unit
+def test_units_resharding_to_n_ranks_share_one_mesh():
+    """reshard_after_forward=2 on a 4-rank mesh: FSDP2 would build one 2-rank DeviceMesh (new
+    communicators) per unit; every unit shares one. A fake 4-rank group, in this process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from hybridrec.compat import one_post_forward_mesh
+
+    def post_forward_meshes(shared: bool) -> set[int]:
+        mesh = init_device_mesh("cpu", (4,))
+        units = [torch.nn.Linear(8, 8) for _ in range(3)]
+        with one_post_forward_mesh() if shared else contextlib.nullcontext():
+            for unit in units:
+                fully_shard(unit, mesh=mesh, reshard_after_forward=2)
+        return {id(u._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info.mesh) for u in units}
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        assert len(post_forward_meshes(shared=False)) == 3  # FSDP2 alone: one mesh per unit
+        assert len(post_forward_meshes(shared=True)) == 1
+    finally:
+        dist.destroy_process_group()
