@@ -37,6 +37,7 @@ from hybridrec.metrics import (
     comm_compute_split,
     step_breakdown,
     format_summary,
+    peak_device_mb,
     peak_rss_mb,
     percentiles_ms,
     plot_report,
@@ -288,8 +289,8 @@ class Trainer:
         tail = self.losses[-max(1, steps // 10) :]
         run_samples = (steps - self.start_step) * self.cfg.data.batch_size  # in this process
         per_rank = [None] * self.world_size
-        dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile))
-        rss = [m for m, _ in per_rank]
+        dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile, peak_device_mb(self.device)))
+        rss = [m for m, _, _ in per_rank]
         plan = self.plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
         samples = steps * self.cfg.data.batch_size
         summary = {
@@ -322,12 +323,13 @@ class Trainer:
                     "est_device_mb": round(r["est_device_bytes"] / 2**20, 1),
                     "est_host_mb": round(r["est_host_bytes"] / 2**20, 1),
                     "peak_rss_mb": rss[r["rank"]],
+                    **per_rank[r["rank"]][2],  # on GPU: torch's peak allocated / reserved device memory
                 }
                 for r in plan["ranks"]
             ],
         }
         if self.cfg.profile.enabled:
-            summary["profile"] = [p for _, p in per_rank]
+            summary["profile"] = [p for _, p, _ in per_rank]
         return summary
 
 
