@@ -96,6 +96,8 @@ BASE = [
     "model.over_arch_layer_sizes=[16,1]",
     "train.steps=8",
     "train.log_every=4",
+    # The suite is the CPU suite even on a GPU machine; `make test-gpu` sets cuda (2 GPUs or more).
+    f"launcher.device={os.environ.get('HYBRIDREC_TEST_DEVICE', 'cpu')}",
 ]
 # fp32 tolerance: 2 ranks reduce partial gradients in a different order than one process.
 TOL = dict(rtol=1e-5, atol=1e-6)

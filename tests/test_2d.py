@@ -83,7 +83,7 @@ def test_plan_cli_512_ranks_8_replicas(tmp_path):
 GPUS = torch.cuda.device_count()
 
 
-@pytest.mark.dist
+@pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 2, reason=f"2D parallelism needs 2+ CUDA GPUs (TorchRec's DMPCollection asserts "
                                      f"a CUDA/MTIA device); this machine has {GPUS}")
 def test_replicated_tables_train_like_sharded_tables(tmp_path):
