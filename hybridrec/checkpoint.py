@@ -49,8 +49,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from hybridrec.compat import ShardedTensor
+from hybridrec.data import SparseFeature
+from hybridrec.optim import TrainOptimizer
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
@@ -273,9 +276,39 @@ def _root_cause(e: BaseException) -> BaseException:
             e = e.__cause__ or e.__context__
 
 
-def _app_state(trainer: Any) -> dict[str, Any]:
-    """What DCP saves and loads in place: the sharded model and optimizer state."""
-    return {"model": trainer.model.state_dict(), "optim": trainer.optimizer.optimizer.state_dict()}
+@dataclass
+class Resumable:
+    """What a checkpoint saves from one rank and a resume restores into it, named explicitly:
+    the checkpoint code sees nothing else of the trainer."""
+
+    model: nn.Module
+    optimizer: TrainOptimizer
+    """Its combined sparse + dense optimizer and the LR schedulers."""
+    features: list[SparseFeature]
+    """The sparse features: export rebuilds the model from them, without the data files."""
+    num_dense_features: int
+    losses: list[float]
+    """The global mean loss of every step so far (the trainer appends; a resume refills it)."""
+    runs: list[str]
+    """This run's id after the ids of the runs it continues: what keep_last may delete."""
+
+    def dcp_state(self) -> dict[str, Any]:
+        """What DCP saves and loads in place: the sharded model and optimizer state."""
+        return {"model": self.model.state_dict(), "optim": self.optimizer.optimizer.state_dict()}
+
+    def train_state(self, step: int) -> TrainState:
+        """The rest, after ``step`` (collective: gathers every rank's RNG state)."""
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, torch.get_rng_state())
+        return TrainState(
+            step=step,
+            schedulers=copy.deepcopy([s.state_dict() for s in self.optimizer.schedulers]),
+            features=[vars(f) for f in self.features],
+            num_dense_features=self.num_dense_features,
+            rng=torch.stack(rng),
+            losses=torch.tensor(self.losses, dtype=torch.float64),
+            runs=list(self.runs),
+        )
 
 
 class Checkpointer:
@@ -288,41 +321,41 @@ class Checkpointer:
     interleave with the training's collectives.
     """
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer, self.cfg = trainer, trainer.cfg.checkpoint
+    def __init__(self, cfg: DictConfig, live: Resumable, device: torch.device,
+                 resumed_from: Optional[str] = None) -> None:
+        self.run_cfg, self.cfg, self.live = cfg, cfg.checkpoint, live
+        self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
         self.writer = None
         if self.cfg.async_save:
             # A new thread starts on cuda:0: the writer is put on this rank's GPU before DCP
             # touches any device state (its planning runs on the group's device).
-            device = trainer.device
             self.writer = ThreadPoolExecutor(
                 max_workers=1, initializer=_use_device, initargs=(device,), thread_name_prefix="hybridrec-ckpt"
             )
         self.pending: Optional[tuple] = None
-        self.last: Optional[str] = None  # the newest checkpoint this run committed
+        self.last: Optional[str] = resumed_from  # the newest checkpoint of this run's training
 
     def save(self, step: int) -> None:
         """Save the state after ``step`` (collective)."""
         self.wait()  # one save in flight at a time
-        t = self.trainer
         final = os.path.join(self.cfg.dir, f"step_{step:08d}")
         partial = final + ".partial"
-        if t.rank == 0:
+        if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
         dist.barrier()
-        extra = self._trainer_state(step)  # captured now, written at commit
+        extra = self.live.train_state(step)  # captured now, written at commit
         try:
             if self.cfg.async_save:
                 # DCP's async_save cannot stage TorchRec's ShardedTensors (no data_ptr), so
                 # copy the state here and run DCP's save on the copy in a background thread:
                 # what async_save does, with a stager that knows ShardedTensors.
-                staged = _stage(_app_state(t))
+                staged = _stage(self.live.dcp_state())
                 future = self.writer.submit(dcp.save, staged, checkpoint_id=partial, process_group=self.group)
                 self.pending = (future, step, partial, final, extra)
                 return
-            dcp.save(_app_state(t), checkpoint_id=partial)
+            dcp.save(self.live.dcp_state(), checkpoint_id=partial)
         # DCP wraps every rank's failure in a CheckpointException (a BaseException), on every rank
         except (CheckpointException, OSError) as e:
             self._abandon(step, partial, e)
@@ -350,12 +383,12 @@ class Checkpointer:
         except OSError:
             free = None
         full = getattr(cause, "errno", None) == errno.ENOSPC or free == 0
-        if self.trainer.rank == 0:
+        if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         # torch's zip writer reports a short write (a full disk) as "unexpected pos", not OSError
         if not (isinstance(cause, OSError) or full or "unexpected pos" in str(cause)):
             raise error
-        previous = self.last or (self.trainer.resumed_from or {}).get("path")
+        previous = self.last
         raise CheckpointError(
             f"checkpoint save at step {step} failed{': no space left on device' if full else ''} "
             f"({type(cause).__name__}: {_one_line(cause)}; {'?' if free is None else f'{free:,}'} bytes free "
@@ -364,36 +397,22 @@ class Checkpointer:
             + ". Free space there or point checkpoint.dir elsewhere"
         ) from error
 
-    def _trainer_state(self, step: int) -> TrainState:
-        t = self.trainer
-        rng = [None] * t.world_size
-        dist.all_gather_object(rng, torch.get_rng_state())
-        return TrainState(
-            step=step,
-            schedulers=copy.deepcopy([s.state_dict() for s in t.optimizer.schedulers]),
-            features=[vars(f) for f in t.data.features],
-            num_dense_features=t.data.num_dense_features,
-            rng=torch.stack(rng),
-            losses=torch.tensor(t.losses, dtype=torch.float64),
-            runs=list(t.runs),
-        )
-
     def _commit(self, step: int, partial: str, final: str, extra: TrainState) -> None:
-        t = self.trainer
+        runs = self.live.runs
         dist.barrier()  # every rank's files are written
-        if t.rank == 0:
-            if os.path.isdir(final) and _writer(final) not in t.runs:
+        if self.rank == 0:
+            if os.path.isdir(final) and _writer(final) not in runs:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise CheckpointError(f"{final} was written by another run: not replaced (saving step {step}); "
                                       f"use another checkpoint.dir")
             try:
                 extra.to_files(partial)
-                OmegaConf.save(t.cfg, os.path.join(partial, "config.yaml"))
+                OmegaConf.save(self.run_cfg, os.path.join(partial, "config.yaml"))
             except OSError as e:
                 self._abandon(step, partial, e)
             shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step (this run's) replaces it
             os.replace(partial, final)  # the commit: atomic on one filesystem
-            _prune(self.cfg.dir, self.cfg.keep_last, t.runs)
+            _prune(self.cfg.dir, self.cfg.keep_last, runs)
         self.last = final
         dist.barrier()
         log.info(f"checkpoint committed: {final}")
@@ -447,14 +466,16 @@ def _prune(directory: str, keep: int, runs: list[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load(trainer: Any, path: str) -> int:
-    """Load a checkpoint into the trainer (any world size or plan); returns its step."""
+def load(path: str, live: Resumable) -> TrainState:
+    """Restore a checkpoint (of any world size or plan) into ``live``: model, optimizer, LR
+    schedulers, this rank's RNG, the loss history and the runs it continues. Returns the
+    saved state (its ``step`` is where training goes on)."""
     extra = TrainState.from_files(path)  # first: a refused checkpoint loads nothing
     # The dense optimizers create their state lazily: create it now so DCP can load into it.
-    for name, opt in trainer.optimizer.optimizer.optimizers:
+    for name, opt in live.optimizer.optimizer.optimizers:
         if name != "sparse":
             opt.init_state()
-    state = _app_state(trainer)
+    state = live.dcp_state()
     try:
         dcp.load(state, checkpoint_id=path)
     except CheckpointException as e:
@@ -465,12 +486,12 @@ def load(trainer: Any, path: str) -> int:
             f"resume with the model and data config it was saved with ({path}/config.yaml), or start "
             f"a new run in another checkpoint.dir"
         ) from e
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.optimizer.load_state_dict(state["optim"])
-    for scheduler, saved in zip(trainer.optimizer.schedulers, extra.schedulers):
+    live.model.load_state_dict(state["model"])
+    live.optimizer.optimizer.load_state_dict(state["optim"])
+    for scheduler, saved in zip(live.optimizer.schedulers, extra.schedulers):
         scheduler.load_state_dict(saved)
-    rng = extra.rng
-    torch.set_rng_state((rng[trainer.rank] if len(rng) == trainer.world_size else rng[0]).clone())
-    trainer.losses = extra.losses.tolist()
-    trainer.runs = extra.runs + [trainer.runs[-1]]  # this run continues those: their checkpoints are its own
-    return extra.step
+    rng, rank = extra.rng, dist.get_rank()
+    torch.set_rng_state((rng[rank] if len(rng) == dist.get_world_size() else rng[0]).clone())
+    live.losses[:] = extra.losses.tolist()
+    live.runs[:] = extra.runs + live.runs[-1:]  # this run continues those: their checkpoints are its own
+    return extra

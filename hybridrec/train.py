@@ -24,7 +24,7 @@ from hybridrec.plan import dry_plan, quiet_enumerator
 from hybridrec.trainer import USER_ERRORS, full_errors
 
 register_configs()
-log = logging.getLogger(__name__)
+log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -85,13 +85,15 @@ class Trainer:
         # This run's id, after the ids of the runs it continues (rank 0's is the one saved):
         # what decides which checkpoints keep_last may delete.
         self.runs = [checkpoint.new_run_id()]
-        self.checkpointer = checkpoint.Checkpointer(self) if cfg.checkpoint.dir else None
+        live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
+                                    self.losses, self.runs)
         self.resumed_from: Optional[dict[str, Any]] = None
         # Rank 0 warns when a damaged newer checkpoint is skipped (again after each restart).
         if path := checkpoint.resume_path(cfg, warn=self.rank == 0):
-            self.start_step = checkpoint.load(self, path)
+            self.start_step = checkpoint.load(path, live).step
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
+        self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
 
     def step(self, batches: Iterator, step: int) -> torch.Tensor:
         """Training step ``step`` (1-based) on the next batch of ``batches``: TorchRec's
