@@ -67,16 +67,19 @@ class Preset:
     per_rank_batch: int
     world1: dict[str, list[str]]
     """Sweep of the 1-rank runs: override key -> values."""
-    world2: dict[str, list[str]]
+    world_n: dict[str, list[str]]
+    """Sweep of the runs at the multi-rank world (``worlds[-1]``)."""
     profile: list[str]
-    """Dense modes profiled once each (2 ranks, default sharding and pipeline); [] = none."""
+    """Dense modes profiled once each (multi-rank world, default sharding and pipeline); [] = none."""
     dense_memory_steps: int
     """0 = not run."""
     input: dict[str, Any]
     """input_scaling.measure's arguments ({} = not run)."""
     levers: list[str] = dataclasses.field(default_factory=list)
-    """levers.LEVERS measured at 2 ranks beside the default and the reference ([] = none)."""
+    """levers.LEVERS measured at the multi-rank world beside the default and the reference ([] = none)."""
     levers_reps: int = 3
+    worlds: tuple[int, ...] = (1, 2)
+    """World sizes, in order: 1 rank, then the multi-rank world; (1,) = the 1-rank runs only."""
     reference_worlds: tuple[int, ...] = (1, 2)
     """World sizes the reference runs at."""
     overrides: list[str] = dataclasses.field(default_factory=list)
@@ -89,20 +92,20 @@ PRESETS = {
     # 3 x (20 + 4 hybridrec runs + 2 reference runs) + profiles, dense memory, input:
     # ~30-35 min on 2 CPU cores (the input section: ~7 min).
     "full": Preset(reps=3, steps=150, warmup=30, per_rank_batch=1024,
-                   world1={"sharding": ["auto"], **BOTH}, world2={"sharding": SHARDINGS, **BOTH},
+                   world1={"sharding": ["auto"], **BOTH}, world_n={"sharding": SHARDINGS, **BOTH},
                    profile=["ddp", "fsdp"], dense_memory_steps=8,
                    input=dict(reps=3, tsv_rows=200_000, steps=12, train_steps=60), levers=list(LEVERS)),
     # The default (fsdp) and ddp at both sizes beside the reference, every section of the
     # report: ~3 min on a quiet 2-core machine (6 min measured with the cores shared).
     "quick": Preset(reps=2, steps=80, warmup=20, per_rank_batch=1024,
                     world1={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
-                    world2={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
+                    world_n={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
                     profile=[], dense_memory_steps=2,
                     input=dict(reps=1, tsv_rows=50_000, steps=6, train_steps=40, quick=True, scale=4)),
     # A tiny model, to check the suite runs and its outputs are well-formed (CI): no timings.
     "smoke": Preset(reps=1, steps=6, warmup=2, per_rank_batch=64,
                     world1={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
-                    world2={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
+                    world_n={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
                     profile=["fsdp"], dense_memory_steps=1, reference_worlds=(2,),
                     levers=["default", "every core on every rank"], levers_reps=1,
                     input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16),
@@ -137,7 +140,7 @@ def steady_rate(run_dir: str, global_batch: int, warmup: int) -> float:
 
 def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), sweep_values=None) -> list[dict]:
     """One Hydra multirun of hybridrec at ``world`` ranks; one record per job."""
-    values = sweep_values or (p.world1 if world == 1 else p.world2)
+    values = sweep_values or (p.world1 if world == 1 else p.world_n)
     # Every other repetition runs the sweep backwards: drift over the run cancels out.
     order = (lambda v: v[::-1]) if rep % 2 else (lambda v: v)
     swept = [f"{k}={','.join(order(v))}" for k, v in values.items()]
@@ -278,7 +281,7 @@ def main() -> None:
     sgemm = [sgemm_gflops(rows=p.per_rank_batch)]
     runs: list[dict] = []
     for rep in range(p.reps):
-        for world in (1, 2):
+        for world in p.worlds:
             # hybridrec and the reference back to back, the order swapped every other repetition
             steps = [lambda: sweep(p, world, rep, out)]
             if world in p.reference_worlds:
@@ -291,7 +294,7 @@ def main() -> None:
     profile = []
     if p.profile:  # separate runs, not timed: the profiler slows the steps it records
         window = ["profile.enabled=true", f"profile.start_step={p.warmup}", f"profile.steps={min(10, p.steps - p.warmup)}"]
-        for r in sweep(p, 2, 0, out, extra=window,
+        for r in sweep(p, p.worlds[-1], 0, out, extra=window,
                        sweep_values={"sharding": ["auto"], "mesh": p.profile, "train.pipeline": ["sparse_dist"]}):
             r["profiled"] = True
             runs.append(r)
