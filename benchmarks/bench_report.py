@@ -165,6 +165,8 @@ def report(res: dict[str, Any]) -> str:
     # world size was a preset field keep rendering (their scaling keys named 2 ranks)
     res = {**res, "scaling": scaling(configs)}
     gpu = f"{m['gpu_count']} x {m['gpu']}" if m["gpu"] and m.get("gpu_count") else m["gpu"] or "no GPU"
+    if m["gpu"] and m.get("cuda"):
+        gpu += f" (CUDA {m['cuda']})"
     # the ranks' device: the runs' own record (older results: cuda whenever torch saw a GPU,
     # as hybridrec's launcher.device=auto and the reference pick)
     devices = sorted({r["device"].split(":")[0] for r in res["runs"] if r.get("device")}) or \
@@ -396,7 +398,7 @@ def charts(res: dict[str, Any], out: str) -> None:
         ax.bar(xs, [c["peak_rss_mb"][rank] for c in mem], width, label=f"rank {rank} peak RSS")
         est = [(x, c["est_host_mb"][rank] + c["est_device_mb"][rank]) for x, c in zip(xs, mem) if "est_host_mb" in c]
         if est:
-            ax.plot(*zip(*est), "k_", ms=14, mew=2, label="planner estimate (tables)" if rank == 0 else None)
+            ax.plot(*zip(*est), "k_", ms=28 / max(n, 2), mew=2, label="planner estimate (tables)" if rank == 0 else None)
     ax.set_xticks(range(len(mem)), [c["name"].split(" · ", 1)[1].replace(" · ", "\n") for c in mem], fontsize=7)
     ax.set(title=f"{_ranks(n)}: memory per rank", ylabel="MB")
     _save(fig, ax, out, CHARTS[1])
