@@ -137,18 +137,11 @@ PRESETS = {
 
 
 def cuda_problem() -> str | None:
-    """Why a CUDA preset cannot run here, or None: a CPU-only torch or fbgemm-gpu build, or
-    no GPU torch can use."""
-    import torch
+    """Why a CUDA preset cannot run here, or None: hybridrec's own reason for refusing
+    launcher.device=cuda (a CPU-only torch build, or no usable GPU)."""
+    from hybridrec.parallel_dims import Cuda
 
-    if not (torch.version.cuda or getattr(torch.version, "hip", None)):
-        return f"torch {torch.__version__} is a CPU-only build (the CUDA builds: make install GPU=1)"
-    if _dist_version("fbgemm-gpu-cpu") and not _dist_version("fbgemm-gpu"):
-        return "fbgemm-gpu is the CPU-only build, fbgemm-gpu-cpu (the CUDA builds: make install GPU=1)"
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        return (f"no usable GPU (torch {torch.__version__} is built for CUDA, but torch.cuda.is_available() is "
-                "False: no driver, or CUDA_VISIBLE_DEVICES hides every GPU)")
-    return None
+    return Cuda.probe().unusable()
 
 
 def on_local_gpus(p: Preset, gpus: int) -> Preset:
@@ -157,6 +150,8 @@ def on_local_gpus(p: Preset, gpus: int) -> Preset:
     worlds = (1, gpus) if gpus > 1 else (1,)
     one = () if gpus > 1 else ("One GPU: the 1-rank comparison only (no multi-rank world, no scaling).",)
     return dataclasses.replace(p, worlds=worlds, reference_worlds=worlds, notes=p.notes + one)
+
+
 # ------------------------------------------------------------------------------ running
 def _run(cmd: list[str], log: str) -> None:
     """Run a command, its output to ``log``; a failure raises with the log's tail."""
