@@ -476,16 +476,8 @@ def load(path: str, live: Resumable) -> TrainState:
         if name != "sparse":
             opt.init_state()
     state = live.dcp_state()
-    try:
-        dcp.load(state, checkpoint_id=path)
-    except CheckpointException as e:
-        # Tables or layers of another size or name: the model's config changed since the save
-        # (the files themselves were checked before launch).
-        raise CheckpointError(
-            f"{path} does not fit this run's model ({type(_root_cause(e)).__name__}: {_one_line(_root_cause(e))}): "
-            f"resume with the model and data config it was saved with ({path}/config.yaml), or start "
-            f"a new run in another checkpoint.dir"
-        ) from e
+    _dcp_load(state, path, "resume with the model and data config it was saved with ({path}/config.yaml), or start "
+                           "a new run in another checkpoint.dir")
     live.model.load_state_dict(state["model"])
     live.optimizer.optimizer.load_state_dict(state["optim"])
     for scheduler, saved in zip(live.optimizer.schedulers, extra.schedulers):
@@ -495,3 +487,28 @@ def load(path: str, live: Resumable) -> TrainState:
     live.losses[:] = extra.losses.tolist()
     live.runs[:] = extra.runs + live.runs[-1:]  # this run continues those: their checkpoints are its own
     return extra
+
+
+def load_model(model: Any, path: str) -> int:
+    """Load only the model's weights of the checkpoint at ``path`` into ``model`` (sharded by
+    any plan, on any world size: DCP reads the parts each rank holds); returns its step.
+    The optimizer state stays on disk: scoring a saved model needs none of it."""
+    step = TrainState.from_files(path).step  # first: a refused checkpoint loads nothing
+    state = {"model": model.state_dict()}
+    _dcp_load(state, path, "evaluate it with the data it was trained on: give only data keys that keep the "
+                           "features and their sizes ({path}/config.yaml)")
+    model.load_state_dict(state["model"])
+    return step
+
+
+def _dcp_load(state: dict[str, Any], path: str, fix: str) -> None:
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except CheckpointException as e:
+        # Tables or layers of another size or name: the model's config changed since the save
+        # (the files themselves were checked before launch).
+        cause = _root_cause(e)
+        raise CheckpointError(
+            f"{path} does not fit this run's model ({type(cause).__name__}: {_one_line(cause)}): "
+            + fix.format(path=path)
+        ) from e

@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from hybridrec.config import Device, validate
-from hybridrec.trainer import USER_ERROR_EXIT, run
+from hybridrec.trainer import USER_ERROR_EXIT, RankJob, run
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +102,29 @@ def world_size(cfg: DictConfig) -> int:
     return cfg.launcher.nproc_per_node * job_nodes().count
 
 
-def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
-    """Run the job on ``world_size(cfg)`` ranks and return rank 0's summary."""
+def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict[str, Any]:
+    """Run ``job`` (default: training) on ``world_size(cfg)`` ranks and return rank 0's
+    summary."""
     if already_launched():
         if cfg.launcher.nproc_per_node != 1:
             log.info("already launched (torchrun/srun): launcher.nproc_per_node is ignored")
-        return run(cfg, run_dir)
+        return run(cfg, run_dir, job=job)
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
     if nproc == 1 and nodes.count == 1 and not in_sweep():
-        return run(cfg, run_dir)
+        return run(cfg, run_dir, job=job)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
-    return spawn(run, nproc, cfg, run_dir, True, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+    return spawn(run, nproc, cfg, run_dir, True, job, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+
+
+def quiet_secondary_ranks() -> None:
+    """Under torchrun every rank runs the Hydra entry point, and each would create its own
+    timestamped run directory and log file. Ranks other than 0 write to a scratch directory
+    instead; ``trainer.run`` then adopts rank 0's directory (broadcast once the process group
+    is up). Call before Hydra parses the command line."""
+    if already_launched() and os.environ["RANK"] != "0":
+        scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hybridrec-rank{os.environ['RANK']}")
+        sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=none"]
 
 
 def spawn(

@@ -79,11 +79,35 @@ def ranking_metrics(scores: np.ndarray, relevance: np.ndarray, query: np.ndarray
     }
 
 
-def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate equal-sized tensors from every rank, in rank order."""
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return torch.cat(out)
+def gather_to_first(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """Every rank's 1-D ``t`` (lengths may differ), concatenated in rank order on rank 0;
+    None on the other ranks. Collective.
+
+    An all-gather would hold the whole eval set on every rank, N times what rank 0 needs;
+    here a rank holds only its own part, and rank 0 the whole (what AUC, a sort, needs).
+    ``dist.gather`` takes equal shapes, hence the padding to the longest part."""
+    world = dist.get_world_size()
+    size = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)  # N integers: every rank needs the longest for its padding
+    lengths = [int(s) for s in sizes]
+    padded = torch.cat([t, t.new_zeros(max(lengths) - t.numel())])
+    if dist.get_rank() != 0:
+        dist.gather(padded, None, dst=0)
+        return None
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.gather(padded, parts, dst=0)
+    return torch.cat([part[:n] for part, n in zip(parts, lengths)])
+
+
+def throughput(steps: int, samples: int, wall_s: float, timed_samples: Optional[int] = None) -> dict[str, Any]:
+    """The block a run reports about its own speed, training's ``summary.json`` and
+    evaluation's ``metrics.json`` alike: steps, samples, wall time and samples per second.
+    ``timed_samples``: the samples ``wall_s`` measured when fewer than ``samples`` (a resumed
+    run counts the steps before it, but timed only its own)."""
+    timed = samples if timed_samples is None else timed_samples
+    return {"steps": steps, "samples": samples, "wall_time_s": round(wall_s, 3),
+            "samples_per_second": timed / wall_s if wall_s > 0 else 0.0}
 
 
 def peak_rss_mb() -> float:

@@ -7,9 +7,6 @@ then are ranks started (``launch.py``): a bad config never costs a process group
 from __future__ import annotations
 
 import logging
-import os
-import sys
-from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -17,11 +14,11 @@ from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
-from hybridrec.launch import RankError, already_launched, launch, world_size
+from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
 from hybridrec.distributed import LaunchError
 from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan, quiet_enumerator
-from hybridrec.trainer import USER_ERRORS, full_errors
+from hybridrec.trainer import USER_ERRORS, exit_user_error as _exit
 
 register_configs()
 log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
@@ -64,21 +61,6 @@ def main(cfg: DictConfig) -> float:
     return summary["train_loss"]  # what a Hydra sweeper would minimize
 
 
-def _exit(error: BaseException, message: str) -> NoReturn:
-    if full_errors():
-        raise error
-    sys.exit(message)
-
-
-def _quiet_secondary_ranks() -> None:
-    # Under torchrun every rank runs Hydra, and each would create its own timestamped run
-    # directory and log file. Ranks other than 0 write to a scratch directory instead; the
-    # trainer then adopts rank 0's directory (broadcast after the process group is up).
-    if already_launched() and os.environ["RANK"] != "0":
-        scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hybridrec-rank{os.environ['RANK']}")
-        sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=none"]
-
-
 if __name__ == "__main__":
-    _quiet_secondary_ranks()
+    quiet_secondary_ranks()
     main()

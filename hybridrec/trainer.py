@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Iterator, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,14 +27,12 @@ from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Logger
-from hybridrec.data import DataError, ReadReport, RecBatch, build_source, loader
-from hybridrec.data.loader import padding_batch
+from hybridrec.data import DataError, ReadReport, build_source, loader
+from hybridrec.data.source import Source
+from hybridrec.evaluation import Evaluation, evaluate, write_predictions
 from hybridrec.metrics import (
     MetricsLog,
-    all_gather_cat,
-    binary_metrics,
     format_eval,
-    ranking_metrics,
     comm_compute_split,
     step_breakdown,
     format_summary,
@@ -41,37 +40,55 @@ from hybridrec.metrics import (
     peak_rss_mb,
     percentiles_ms,
     plot_report,
+    throughput,
     write_json,
 )
+from hybridrec.losses import Loss
 from hybridrec.models import build_model
 from hybridrec.optim import TrainOptimizer
 from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
 from hybridrec.parallel_dims import pick_device, rank_dims
-from hybridrec.parallelize import parallelize
+from hybridrec.parallelize import Parallelized, parallelize
 from hybridrec.plan import quiet_enumerator
 from hybridrec.sharding import format_report
 
 log = logging.getLogger(__name__)
 
 
+def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, Loss, Parallelized]:
+    """What a rank scores with, built the same for training and for evaluating a saved
+    model: the data source, the model's loss (its declarations) and the model sharded over
+    the process group (the plan report logged and saved by rank 0)."""
+    # Dense layers are initialized from the global RNG before sharding: same values on
+    # every rank and for every world size. Embeddings get their own plan-independent init.
+    torch.manual_seed(cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
+    loader.check_splits(data)  # an empty split fails here, before any sharding
+    model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
+    pooling = {f.name: f.pooling_factor for f in data.features}
+    world = dist.get_world_size()
+    parallel = parallelize(model, cfg, rank_dims(cfg, world, device), device, pooling, dist.group.WORLD)
+    if dist.get_rank() == 0:
+        log.info("\n" + format_report(parallel.plan))
+        write_json(os.path.join(run_dir, "plan.json"), parallel.plan)
+    return data, model.loss, parallel
+
+
+def rank_batches(cfg: DictConfig, data: Source, split: str, device: torch.device, num_batches: Optional[int] = None,
+                 start: int = 0) -> Iterator:
+    """This rank's batches of ``split`` from the shared input loop, with the configured
+    worker processes (pinned memory on CUDA)."""
+    d = cfg.data
+    return loader.batches(data, split, dist.get_rank(), dist.get_world_size(), num_batches, start,
+                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda")
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> None:
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # Dense layers are initialized from the global RNG before sharding: same values on
-        # every rank and for every world size. Embeddings get their own plan-independent init.
-        torch.manual_seed(cfg.seed)
-        self.data = build_source(cfg.data, cfg.seed)
-        loader.check_splits(self.data)  # an empty split fails here, before any training
-        model = build_model(cfg, self.data.features, self.data.num_dense_features, self.data.list_size)
-        pooling = {f.name: f.pooling_factor for f in self.data.features}
-        self.loss = model.loss
-        self.parallel = parallelize(model, cfg, rank_dims(cfg, self.world_size, device), device, pooling,
-                                    dist.group.WORLD)
+        self.data, self.loss, self.parallel = build(cfg, run_dir, device)
         self.model, self.plan = self.parallel.model, self.parallel.plan
-        if self.rank == 0:
-            log.info("\n" + format_report(self.plan))
-            write_json(os.path.join(run_dir, "plan.json"), self.plan)
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
         self.pipeline = self.parallel.pipeline(cfg.train.pipeline, self.optimizer, device)
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
@@ -173,7 +190,7 @@ class Trainer:
 
     def _evaluate_and_log(self, split: str, step: int, bar: tqdm) -> dict[str, float]:
         tick = time.perf_counter()
-        result = self.evaluate(split)
+        result = self.evaluate(split).metrics
         self.eval_seconds += time.perf_counter() - tick
         if split == self.select_split:
             self.eval_history.append({"step": step, "split": split, **result})
@@ -182,53 +199,15 @@ class Trainer:
             bar.write(f"{split} @ step {step}: {format_eval(result)}")
         return result
 
-    @torch.no_grad()
-    def evaluate(self, split: str = "eval") -> dict[str, float]:
-        """Metrics over the whole ``split`` (``eval`` = test, ``valid``), predictions gathered
-        from every rank."""
-        model = self.pipeline.detach()  # restores the model's own forward (no pipelining)
-        model.eval()
-        columns: dict[str, list[torch.Tensor]] = {"score": [], "label": [], "real": []}
-        batches = self._batches(split)
-        while True:
-            item = next(batches, None)
-            # Ranks can run out at different batches (a sharded source): one all-reduce per
-            # batch agrees on the end, and a rank that ran out feeds padding meanwhile (the
-            # sharded embedding lookups are collectives every rank must join).
-            more = torch.tensor([item is not None], dtype=torch.int32, device=self.device)
-            dist.all_reduce(more, op=dist.ReduceOp.MAX)
-            if not more.item():
-                break
-            item = item or padding_batch(self.data, self.world_size)
-            _, (_, logits, y) = model(item.batch.to(self.device))
-            columns["score"].append(logits)
-            columns["label"].append(y)
-            real = item.real
-            if isinstance(item.batch, RecBatch):  # ranking sources: padding inside lists too
-                real = real & (item.batch.weights > 0)
-                for name in ("relevance", "query"):
-                    columns.setdefault(name, []).append(getattr(item.batch, name))
-            columns["real"].append(real.to(torch.uint8))  # (gloo gathers no bool)
-        model.train()  # the pipeline re-attaches itself at the next progress()
-        c = {name: all_gather_cat(torch.cat(parts).to(self.device)).cpu() for name, parts in columns.items()}
-        real = c.pop("real").bool()  # padding rows (the last batch of a split) are no rows
-        c = {name: t[real] for name, t in c.items()}
-        result = binary_metrics(torch.sigmoid(c["score"]), c["label"])
-        if not self.loss.calibrated:
-            # Scores trained by a ranking or regression objective are not click probabilities:
-            # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
-            result = {k: v for k, v in result.items() if k not in ("ne", "logloss", "calibration", "accuracy")}
-        if self.data.ranking_k is not None:  # lists per user: NDCG, MAP, recall
-            result |= ranking_metrics(c["score"].double().numpy(), c["relevance"].numpy(), c["query"].numpy(),
-                                      self.data.threshold, self.data.ranking_k)
-        return result
+    def evaluate(self, split: str = "eval", predictions: bool = False) -> Evaluation:
+        """The metrics of the whole ``split`` (``eval`` = test, ``valid``) over every rank
+        (``hybridrec.evaluation.evaluate``), and its predictions on rank 0 when asked."""
+        model = self.pipeline.detach()  # restores the model's own forward (no pipelining);
+        # the pipeline re-attaches itself at the next progress()
+        return evaluate(model, self.data, self.loss, self._batches(split), self.device, predictions)
 
     def _batches(self, split: str, num_batches: Optional[int] = None, start: int = 0):
-        """This rank's batches of ``split`` from the shared input loop, with the configured
-        worker processes (pinned memory when training on CUDA)."""
-        d = self.cfg.data
-        return loader.batches(self.data, split, self.rank, self.world_size, num_batches, start,
-                              num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=self.device.type == "cuda")
+        return rank_batches(self.cfg, self.data, split, self.device, num_batches, start)
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
         """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
@@ -294,24 +273,18 @@ class Trainer:
         dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile, peak_device_mb(self.device)))
         rss = [m for m, _, _ in per_rank]
         plan = self.plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
-        samples = steps * self.cfg.data.batch_size
+        # wall: this process's training only, evaluation excluded
+        train = {**throughput(steps, steps * self.cfg.data.batch_size, wall, run_samples),
+                 "resumed_from_step": self.start_step, **percentiles_ms(self.step_times)}
         summary = {
             "world_size": self.world_size,
             "device": str(self.device),
             "dense_parallel": self.cfg.mesh.dense.value,
-            "steps": steps,
+            # the headline numbers, at the top for scripts: the train block's own values
+            **{key: train[key] for key in ("steps", "wall_time_s", "samples_per_second")},
             "global_batch_size": self.cfg.data.batch_size,
-            "wall_time_s": round(wall, 3),
-            "samples_per_second": run_samples / wall,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
-            "train": {
-                "steps": steps,
-                "samples": samples,
-                "resumed_from_step": self.start_step,
-                "wall_time_s": round(wall, 3),  # training only, this process: evaluation excluded
-                "samples_per_second": run_samples / wall,
-                **percentiles_ms(self.step_times),
-            },
+            "train": train,
             "eval": final["eval"],  # the test split: scored once, at the end
             **({"valid": final["valid"]} if "valid" in final else {}),
             "eval_history": self.eval_history,  # on validation when the source has it
@@ -394,6 +367,14 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
+def exit_user_error(error: BaseException, message: str) -> NoReturn:
+    """How an entry point stops on a user error: its one-line ``message`` and a non-zero
+    exit, or the traceback with HYDRA_FULL_ERROR=1."""
+    if full_errors():
+        raise error
+    sys.exit(message)
+
+
 def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
     """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
     if cfg.launcher.threads_per_rank:
@@ -406,9 +387,14 @@ def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
     return None
 
 
+RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
+"""What a rank does once its process group is up: ``job(cfg, run_dir, device)`` -> its result."""
+
+
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
-def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str, Any]:
-    """One rank's whole job: process group, Trainer, summary (rank 0), teardown.
+def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None) -> dict[str, Any]:
+    """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
+    for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
 
     ``parent_reports``: the rank was started by ``launch.spawn``, which prints a user error's
     one line itself; the rank then records the message in the elastic error file and exits
@@ -420,7 +406,11 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str
     summary = None
     try:
         health_check(cfg.launcher.health_check_timeout_s)
-        summary = _train_rank(cfg, run_dir, device)  # the Trainer is freed when it returns
+        _configure_logging(dist.get_rank())
+        # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
+        shared = [run_dir]
+        dist.broadcast_object_list(shared, src=0)
+        summary = (job or _train_rank)(cfg, shared[0], device)  # what it built is freed when it returns
         dist.barrier()  # leave together: no rank tears down while another still communicates
         return summary
     except USER_ERRORS as e:
@@ -435,14 +425,8 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str
 
 
 def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
-    rank = dist.get_rank()
-    _configure_logging(rank)
-    # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
-    shared = [run_dir]
-    dist.broadcast_object_list(shared, src=0)
-    run_dir = shared[0]
     summary = Trainer(cfg, run_dir, device).train()
-    if rank == 0:
+    if dist.get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         log.info(
             f"{summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
@@ -450,3 +434,45 @@ def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str
         )
         print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
     return summary
+
+
+@dataclass(frozen=True)
+class ScoreCheckpoint:
+    """The rank job of ``python -m hybridrec.evaluate``: the model of a saved checkpoint,
+    sharded as training shards it (any world size: DCP reshards), scored on one split by
+    the evaluation training uses. Rank 0 writes ``metrics.json`` and, with ``predictions``,
+    ``predictions.parquet`` into the run directory. A plain dataclass: the elastic launcher
+    pickles it by value to start the ranks."""
+
+    checkpoint: str
+    """A committed checkpoint directory (``<checkpoint.dir>/step_<N>``), checked before launch."""
+    split: str
+    predictions: bool
+
+    def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
+        data, loss, parallel = build(cfg, run_dir, device)
+        step = checkpoint.load_model(parallel.model, self.checkpoint)
+        tick = time.perf_counter()
+        result = evaluate(parallel.model, data, loss, rank_batches(cfg, data, self.split, device), device,
+                          self.predictions)
+        wall = time.perf_counter() - tick
+        out = {
+            "checkpoint": {"path": os.path.abspath(self.checkpoint), "step": step},
+            "split": self.split,
+            "eval": result.metrics,  # the block training reports, same keys
+            "world_size": dist.get_world_size(),
+            "device": str(device),
+            # steps: global batches scored; samples: real rows (padding excluded)
+            "scoring": throughput(result.batches, result.metrics["n"], wall),
+            "provenance": provenance(cfg, None),
+        }
+        if dist.get_rank() == 0:
+            files = ["metrics.json"]
+            if result.predictions is not None:
+                write_predictions(os.path.join(run_dir, "predictions.parquet"), result.predictions, loss.calibrated)
+                files.append("predictions.parquet")
+            write_json(os.path.join(run_dir, "metrics.json"), out)
+            print(f"{self.split} @ step {step} ({self.checkpoint}): {format_eval(result.metrics)}", flush=True)
+            print(f"hybridrec: outputs in {os.path.abspath(run_dir)} ({', '.join(files)})", flush=True)
+        return out
+

@@ -90,13 +90,18 @@ def train_and_collect(jobs: list[tuple[DictConfig, str]], run_dir: str) -> list[
 @torch.no_grad()
 def _eval_logits(trainer: Trainer) -> torch.Tensor:
     """The trained model's logits on the first global eval batch (gathered from all ranks)."""
-    from hybridrec.metrics import all_gather_cat
-
     model = trainer.pipeline.detach()
     model.eval()
     batch = next(trainer.data.batches("eval", trainer.rank, trainer.world_size, 1)).batch
     _, (_, logits, _) = model(batch.to(trainer.device))
     return all_gather_cat(logits).cpu()
+
+
+def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate equal-sized tensors from every rank, in rank order, on every rank."""
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.cat(out)
 
 
 def _dense_placements(trainer: Trainer) -> str:
