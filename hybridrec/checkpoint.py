@@ -192,6 +192,51 @@ def check_complete(path: str) -> TrainState:
     return state
 
 
+def check_checkpoint(path: str) -> TrainState:
+    """A checkpoint that a model is read from (``hybridrec.evaluate``, ``hybridrec.export``):
+    a committed, complete ``step_<N>`` directory with its ``config.yaml``. Each refusal
+    (``CheckpointError``) names the path and what to give instead."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint={path}: no such directory")
+    if os.path.basename(os.path.normpath(path)).endswith(".partial"):
+        raise CheckpointError(
+            f"checkpoint={path} is not a committed checkpoint: a save that never finished (training "
+            f"renames step_<N>.partial to step_<N> once every rank has written); give a step_<N> directory"
+        )
+    if not os.path.isfile(os.path.join(path, ".metadata")) and committed(path):
+        try:
+            newest = latest(path)
+        except CheckpointError:  # every one damaged: no suggestion
+            newest = None
+        raise CheckpointError(
+            f"checkpoint={path} is a checkpoint.dir, not one checkpoint: give one of its step_<N> directories"
+            + (f", e.g. checkpoint={newest} (the newest loadable)" if newest else "")
+        )
+    state = check_complete(path)
+    if not os.path.isfile(os.path.join(path, "config.yaml")):
+        raise CheckpointError(f"{path} is not a complete checkpoint (no config.yaml)")
+    return state
+
+
+def check_fits(state: TrainState, features: list[Any], num_dense_features: int, path: str) -> None:
+    """The data's features are those the checkpoint's tables were trained for: same names,
+    order and sizes, same number of dense features. Checked before launch: the tables
+    would not load otherwise (or, worse, ids would mean other rows)."""
+    saved = [(f["name"], f["num_embeddings"]) for f in state.features]
+    given = [(f.name, f.num_embeddings) for f in features]
+    if saved != given:
+        diff = next((i for i, (a, b) in enumerate(zip(saved, given)) if a != b), min(len(saved), len(given)))
+        what = lambda fs: f"{fs[diff][0]} ({fs[diff][1]:,} rows)" if diff < len(fs) else "nothing"
+        raise CheckpointError(
+            f"the data's sparse feature {diff} is {what(given)} but {path} was trained with {what(saved)} "
+            f"({len(given)} features against {len(saved)}): give data keys that keep the features of "
+            f"{os.path.join(path, 'config.yaml')}"
+        )
+    if num_dense_features != state.num_dense_features:
+        raise CheckpointError(f"the data has {num_dense_features} dense features but {path} was trained with "
+                              f"{state.num_dense_features}")
+
+
 def latest(directory: str, warn: bool = False) -> Optional[str]:
     """The newest loadable checkpoint in ``directory``, or None if there is none. Damaged newer
     ones are skipped (with a warning naming what is wrong when ``warn``); a directory whose
