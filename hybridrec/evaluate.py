@@ -47,8 +47,10 @@ def main(ev: DictConfig) -> float:
         check_device(cfg, dims.device_type)
         data = build_source(cfg.data, cfg.seed)
         check_fits(state, data.features, data.num_dense_features, ev.checkpoint)
-        if ev.split not in data.splits or ev.split == "train":
-            raise DataError(f"split={ev.split}: this data source scores {' or '.join(s for s in data.splits if s != 'train')}")
+        scored = [s for s in data.splits if s != "train"]
+        if ev.split not in scored:
+            raise DataError(f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
+                            f"split={' or split='.join(scored)}")
         if not already_launched():
             quiet_enumerator()
             dry_plan(cfg, dims, detect=True, data=data)  # a plan that cannot fit fails now

@@ -144,6 +144,33 @@ def test_evaluation_scores_every_row_once(tmp_path, name, layout):
             assert rows == expected
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("name", [*SOURCES, "movielens", "movielens_rank"])
+def test_eval_rows_are_named_the_same_for_any_world_size(tmp_path, name, layout):
+    """EvalBatch.rows (predictions.parquet's row column): every real row of the split once,
+    named by its place in the split's global batches, so that a name and the row it names
+    do not depend on the world size; padding rows are -1."""
+    make = SOURCES.get(name) or (lambda p: (_movielens if name == "movielens" else _movielens_rank)(p, layout))
+
+    def named(world_size):
+        rows = {}
+        for rank in range(world_size):
+            for item in loader.batches(make(tmp_path), "eval", rank, world_size):
+                assert (item.rows[~item.real] == -1).all()
+                real = item.real
+                for i, label, dense in zip(item.rows[real].tolist(), item.batch.labels[real].tolist(),
+                                           item.batch.dense_features[real, 0].tolist()):
+                    assert i not in rows, (name, world_size, i)
+                    rows[i] = (label, dense)
+        return rows
+
+    one = named(1)
+    if name != "criteo_tsv":  # one reader: the real rows come first, 0 .. n-1 (shards leave gaps)
+        assert sorted(one) == list(range(len(one)))
+    for world_size in (2, 4) if name == "criteo_tsv" else (2,):
+        assert named(world_size) == one, (name, world_size)
+
+
 @pytest.mark.slow
 def test_the_tsv_reader_reads_each_line_once_over_ranks_and_workers(tmp_path):
     """Each rank parses its own shards: the lines counted over ranks and workers are the
