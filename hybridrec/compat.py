@@ -74,3 +74,12 @@ def one_post_forward_mesh() -> Iterator[None]:
     finally:
         fs._get_post_forward_mesh_info = build
 
+
+def size_oblivious_export() -> Any:
+    """A context in which ``torch.export`` keeps a dynamic dimension general for sizes 0 and
+    1 too. By default it specializes on them, so a program traced for a batch of rows
+    refuses a batch of one row (a guard failure at call time). The switch is the one torch's
+    export tutorial documents as experimental: ``torch.fx.experimental._config``."""
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)

@@ -14,7 +14,6 @@ from dist_helpers import spawn, train_and_gather
 from hybridrec.data import build_source
 
 from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
-from hybridrec.export import load_model
 from shared import BASE, TOL, assert_same_training
 
 RUN = BASE + ["train.steps=8", "checkpoint.every_n_steps=4", "sharding=table_wise"]
@@ -78,19 +77,20 @@ def test_keep_last_and_only_complete_checkpoints(runs):
 
 @pytest.mark.dist
 def test_export_predicts_like_the_distributed_model(runs, tmp_path):
+    """The exported program, fed plain tensors, scores the first eval batch as the 2-rank
+    trained model did (sigmoid of its logits: loss=pointwise is calibrated)."""
     tmp, two, _ = runs
-    ckpt, out = tmp / "a" / "step_00000008", tmp_path / "model.pt"
+    ckpt, out = tmp / "a" / "step_00000008", tmp_path / "export"
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}", f"out={out}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    model = load_model(str(ckpt))
-    model.load_state_dict(torch.load(out, weights_only=True))  # a plain state dict of full tensors
-    model.eval()
+    assert json.load(open(out / "model.json"))["output"] == "probability"
+    program = torch.export.load(out / "model.pt2").module()
     cfg = _cfg()
     batch = next(build_source(cfg.data, cfg.seed).batches("eval", 0, 1, 1)).batch
     with torch.no_grad():
-        _, (_, logits, _) = model(batch)
-    torch.testing.assert_close(logits, two[0]["eval_logits"], **TOL)
+        scores = program(batch.dense_features, batch.sparse_features.values(), batch.sparse_features.lengths())
+    torch.testing.assert_close(scores, torch.sigmoid(two[0]["eval_logits"]), **TOL)
 
 
 class _Planted:
@@ -130,7 +130,7 @@ def test_a_planted_pickle_is_refused_and_never_run(runs, tmp_path):
             f"{prefix}{ckpt / 'trainer_state.pt'} is not a safe checkpoint file (it holds pickled objects"
         ), proc.stderr[-2000:]
         assert not marker.exists()
-    assert not (ckpt / "model.pt").exists()
+    assert not (ckpt / "export").exists()
 
 
 @pytest.mark.dist
