@@ -534,7 +534,7 @@ def load(path: str, live: Resumable) -> TrainState:
     return extra
 
 
-def load_model(model: Any, path: str) -> int:
+def load_weights(model: Any, path: str) -> int:
     """Load only the model's weights of the checkpoint at ``path`` into ``model`` (sharded by
     any plan, on any world size: DCP reads the parts each rank holds); returns its step.
     The optimizer state stays on disk: scoring a saved model needs none of it."""

@@ -441,8 +441,8 @@ class ScoreCheckpoint:
     """The rank job of ``python -m hybridrec.evaluate``: the model of a saved checkpoint,
     sharded as training shards it (any world size: DCP reshards), scored on one split by
     the evaluation training uses. Rank 0 writes ``metrics.json`` and, with ``predictions``,
-    ``predictions.parquet`` into the run directory. A plain dataclass: the elastic launcher
-    pickles it by value to start the ranks."""
+    ``predictions.parquet`` into the run directory. A dataclass of plain fields, so that the
+    elastic launcher can pickle it to the ranks it spawns."""
 
     checkpoint: str
     """A committed checkpoint directory (``<checkpoint.dir>/step_<N>``), checked before launch."""
@@ -451,7 +451,7 @@ class ScoreCheckpoint:
 
     def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
         data, loss, parallel = build(cfg, run_dir, device)
-        step = checkpoint.load_model(parallel.model, self.checkpoint)
+        step = checkpoint.load_weights(parallel.model, self.checkpoint)
         tick = time.perf_counter()
         result = evaluate(parallel.model, data, loss, rank_batches(cfg, data, self.split, device), device,
                           self.predictions)

@@ -146,10 +146,10 @@ def test_a_checkpoint_of_another_model_is_one_line(ckpt, tmp_path):
 def test_export_to_a_bad_path_is_one_line(ckpt):
     _, d = ckpt
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={d / 'step_00000040'}",
-                           "out=/nonexistent/dir/model.pt"], capture_output=True, text=True, timeout=60)
+                           "out=/nonexistent/dir/export"], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "hybridrec.export: out=/nonexistent/dir/model.pt: /nonexistent/dir is not a writable directory")
+        "hybridrec.export: out=/nonexistent/dir/export: /nonexistent/dir is not a writable directory")
 
 
 # ------------------------------------------------------------------ disk full while saving
