@@ -11,6 +11,7 @@ and ``predictions.parquet`` into the Hydra run directory.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import hydra
@@ -21,11 +22,13 @@ from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits
 from hybridrec.config import check_device, evaluation_config, register_configs, validate
 from hybridrec.data import DataError, build_source
 from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
-from hybridrec.parallel_dims import job_dims
+from hybridrec.distributed import LaunchError
+from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan, quiet_enumerator
 from hybridrec.trainer import USER_ERRORS, ScoreCheckpoint, exit_user_error
 
 register_configs()
+log = logging.getLogger("hybridrec.evaluate")  # not "__main__" under python -m
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
@@ -44,6 +47,7 @@ def main(ev: DictConfig) -> float:
         world = world_size(cfg)
         validate(cfg, world)
         dims = job_dims(cfg, world)
+        log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
         check_device(cfg, dims.device_type)
         data = build_source(cfg.data, cfg.seed)
         check_fits(state, data.features, data.num_dense_features, ev.checkpoint)
@@ -54,7 +58,7 @@ def main(ev: DictConfig) -> float:
         if not already_launched():
             quiet_enumerator()
             dry_plan(cfg, dims, detect=True, data=data)  # a plan that cannot fit fails now
-    except CheckpointError as e:
+    except (CheckpointError, LaunchError) as e:
         exit_user_error(e, f"hybridrec: {e}")
     except ValueError as e:  # DataError and PlanError included
         exit_user_error(e, f"hybridrec: invalid config: {e}")
