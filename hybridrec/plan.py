@@ -42,6 +42,9 @@ def quiet_enumerator() -> None:
     # The enumerator warns once per table for every (sharding type, kernel) pair a constraint
     # rules out, e.g. data_parallel when only `fused` is allowed: expected, not actionable.
     logging.getLogger("torchrec.distributed.planner.enumerators").setLevel(logging.ERROR)
+    # The partitioner and estimator log at INFO once per proposal (200+ lines before a run
+    # under Hydra's console logging, which is at INFO); the plan report says what matters.
+    logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

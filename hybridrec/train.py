@@ -16,9 +16,10 @@ from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
-from hybridrec.launch import RankError, already_launched, launch, world_size
+from hybridrec.launch import RankError, already_launched, in_sweep, launch, world_size
 from hybridrec.parallel_dims import job_dims
 from hybridrec.plan import dry_plan, quiet_enumerator
+from hybridrec.sweep import JobFailed
 from hybridrec.trainer import USER_ERRORS, full_errors
 
 register_configs()
@@ -63,6 +64,11 @@ def main(cfg: DictConfig) -> float:
 def _exit(error: BaseException, message: str) -> NoReturn:
     if full_errors():
         raise error
+    if in_sweep():
+        # An exit would end the whole multirun, jobs not yet run included, and skip Hydra's
+        # record of this one: raised, the job is marked failed (a row of the sweep summary),
+        # the other jobs run, and Hydra ends the sweep with this one line.
+        raise JobFailed(message) from None
     sys.exit(message)
 
 

@@ -64,6 +64,7 @@ class Trainer:
         self.data = build_source(cfg.data, cfg.seed)
         loader.check_splits(self.data)  # an empty split fails here, before any training
         model = build_model(cfg, self.data.features, self.data.num_dense_features, self.data.list_size)
+        self.dense_parameters = model.dense_parameter_count()  # before DMP and FSDP2 wrap them
         pooling = {f.name: f.pooling_factor for f in self.data.features}
         self.loss = model.loss
         self.parallel = parallelize(model, cfg, rank_dims(cfg, self.world_size, device), device, pooling,
@@ -302,6 +303,7 @@ class Trainer:
             "wall_time_s": round(wall, 3),
             "samples_per_second": run_samples / wall,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
+            "dense_parameters": self.dense_parameters,
             "train": {
                 "steps": steps,
                 "samples": samples,

@@ -68,6 +68,14 @@ def test_ctr_experiment_builds_data_and_model(model):
         cfg.data.num_embeddings_per_feature
     )
     assert len(model.dense_units()) == {"dlrm": 2, "dcn": 3, "deepfm": 2}[cfg.model._target_.split(".")[-2]]
+    # summary.json's dense_parameters: every parameter but the tables, by hand for DLRM
+    units = sum(p.numel() for u in model.dense_units() for p in u.parameters())
+    if cfg.model._target_.endswith("DLRMRanker"):
+        bottom = (13 * 512 + 512) + (512 * 256 + 256) + (256 * 64 + 64)
+        top_in = 64 + 27 * 26 // 2  # the dense vector and one dot product per pair of the 27 vectors
+        assert model.dense_parameter_count() == units == bottom + (top_in * 512 + 512) + (512 * 256 + 256) + (256 + 1)
+    else:  # DeepFM's first-order linear layer over the dense features is in the root unit
+        assert model.dense_parameter_count() == units + (14 if "deepfm" in cfg.model._target_ else 0)
 
 
 @pytest.mark.unit
