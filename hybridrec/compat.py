@@ -1,8 +1,8 @@
-"""Every use of a private TorchRec or torch attribute, in one place.
+"""Every use of a private TorchRec, torch or Hydra attribute, in one place.
 
-The pins (constraints.txt: torch 2.13.0, torchrec 1.8.0) are what these were read against;
-a version bump breaks them here, not across the package. Each function says which public
-API is missing.
+The pins (constraints.txt: torch 2.13.0, torchrec 1.8.0, hydra-core 1.3.2) are what these were
+read against; a version bump breaks them here, not across the package. Each function says
+which public API is missing.
 """
 
 from __future__ import annotations
@@ -83,3 +83,10 @@ def size_oblivious_export() -> Any:
     import torch.fx.experimental._config as fx_config
 
     return fx_config.patch(backed_size_oblivious=True)
+
+
+def failed_job_error(job_return: Any) -> BaseException:
+    """The exception a failed Hydra job raised (``hydra.core.utils.JobReturn``): the public
+    ``return_value`` re-raises it, after writing "Error executing job" to stderr, which a
+    callback that only records the failure must not do; the dataclass keeps it in a field."""
+    return job_return._return_value

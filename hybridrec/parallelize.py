@@ -177,6 +177,9 @@ class Parallelized:
     dims: ParallelDims
     sync_every: int
     """2D: steps between replica syncs (0 = no replicas)."""
+    dense_parameters: int
+    """The model's parameters outside the tables (what DDP or FSDP2 holds), counted before
+    sharding: the whole model's, on any world size."""
 
     def pipeline(self, kind: Pipeline, optimizer: torch.optim.Optimizer, device: torch.device) -> TrainPipeline:
         """TorchRec's train pipeline. sparse_dist overlaps the next batch's input all-to-all
@@ -203,6 +206,7 @@ def parallelize(
     pg: dist.ProcessGroup,
 ) -> Parallelized:
     """Shard ``model``: tables by TorchRec's plan, the dense part by ``cfg.mesh.dense``."""
+    dense_parameters = model.dense_parameter_count()  # before DMP and FSDP2 wrap them
     cls, kwargs = sparse_optimizer(cfg.optimizer.sparse)
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
@@ -252,7 +256,8 @@ def parallelize(
             data_parallel_wrapper=wrapper,
         )
     init_embeddings(dmp.module.sparse_module(), cfg.seed)
-    return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0)
+    return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0,
+                        dense_parameters)
 
 
 _INIT_BLOCK = 65536  # rows per independently seeded block of the embedding init

@@ -14,11 +14,12 @@ from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
-from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
+from hybridrec.launch import RankError, already_launched, in_sweep, launch, quiet_secondary_ranks, world_size
 from hybridrec.distributed import LaunchError
 from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan, quiet_enumerator
-from hybridrec.trainer import USER_ERRORS, exit_user_error as _exit
+from hybridrec.sweep import JobFailed
+from hybridrec.trainer import USER_ERRORS, exit_user_error, full_errors
 
 register_configs()
 log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
@@ -59,6 +60,15 @@ def main(cfg: DictConfig) -> float:
     except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
         _exit(e, f"hybridrec: {e}")
     return summary["train_loss"]  # what a Hydra sweeper would minimize
+
+
+def _exit(error: BaseException, message: str) -> NoReturn:
+    if in_sweep() and not full_errors():
+        # An exit would end the whole multirun, jobs not yet run included, and skip Hydra's
+        # record of this one: raised, the job is marked failed (a row of the sweep summary),
+        # the other jobs run, and Hydra ends the sweep with this one line.
+        raise JobFailed(message) from None
+    exit_user_error(error, message)
 
 
 if __name__ == "__main__":

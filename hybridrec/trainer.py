@@ -284,6 +284,7 @@ class Trainer:
             **{key: train[key] for key in ("steps", "wall_time_s", "samples_per_second")},
             "global_batch_size": self.cfg.data.batch_size,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
+            "dense_parameters": self.parallel.dense_parameters,
             "train": train,
             "eval": final["eval"],  # the test split: scored once, at the end
             **({"valid": final["valid"]} if "valid" in final else {}),

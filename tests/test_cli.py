@@ -1,6 +1,7 @@
 """The user-facing commands, run for real as subprocesses: the elastic launcher with 2 ranks,
 torchrun, and a Hydra multirun sweep."""
 
+import csv
 import json
 import re
 import os
@@ -98,12 +99,45 @@ def test_torchrun_shares_one_run_directory(tmp_path):
 
 def test_multirun_sweeps_optimizers(tmp_path):
     sweep = tmp_path / "sweep"
-    _run([sys.executable, "-m", "hybridrec.train", "-m", *TINY,
-          "optimizer=adagrad,sgd", f"hydra.sweep.dir={sweep}"])
+    proc = _run([sys.executable, "-m", "hybridrec.train", "-m", *TINY,
+                 "optimizer=adagrad,sgd", f"hydra.sweep.dir={sweep}"])
     jobs = sorted(d for d in os.listdir(sweep) if os.path.isdir(sweep / d) and not d.startswith("."))
     assert len(jobs) == 2 and "optimizer=adagrad" in jobs[0] and "optimizer=sgd" in jobs[1]
-    losses = [_summary(sweep / j)["train_loss"] for j in jobs]
-    assert losses[0] != losses[1]
+    summaries = [_summary(sweep / j) for j in jobs]
+    assert summaries[0]["train_loss"] != summaries[1]["train_loss"]
+    # the sweep summary (hybridrec.sweep.SweepSummary): one row per job, from its summary.json
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["job"], r["status"], r["optimizer"], r["dir"]) for r in rows] == [
+        ("0", "ok", "adagrad", jobs[0]), ("1", "ok", "sgd", jobs[1])]
+    for row, s in zip(rows, summaries):
+        assert float(row["auc"]) == s["eval"]["auc"] and float(row["ne"]) == s["eval"]["ne"]
+        assert float(row["samples_per_second"]) == s["samples_per_second"] > 0
+        assert float(row["peak_rss_mb"]) == max(s["peak_rss_mb"]) > 100
+        # the default DLRM over 3 tables: bottom 13-64-16, top over 16 + 6 dot products (4 vectors) -> 64-32-1
+        assert int(row["dense_parameters"]) == s["dense_parameters"] == (
+            13 * 64 + 64 + 64 * 16 + 16 + (16 + 6) * 64 + 64 + 64 * 32 + 32 + 32 + 1)
+    markdown = (sweep / "summary.md").read_text()
+    assert markdown.count("| ok | ") == 2 and "| optimizer |" in markdown
+    assert f"hybridrec: sweep summary in {sweep}/summary.md" in proc.stdout and markdown in proc.stdout
+
+
+def test_multirun_failed_job_is_a_row(tmp_path):
+    """A job refused before launch (fused Adam has no CPU kernel) fails that job only: the
+    next one runs, the summary has both rows, and the sweep ends with the refusal in one line."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", *TINY, "optimizer=adam,sgd",
+                           f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    refusal = "hybridrec: invalid config: optimizer.sparse=torch.optim.Adam has no fused CPU kernel"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    # Hydra names the failed job, prints the error's message alone (no traceback) and its hint
+    assert lines[-3].startswith("Error executing job with overrides: [") and "'optimizer=adam'" in lines[-3]
+    assert lines[-2].startswith(refusal) and lines[-1].startswith("Set the environment variable HYDRA_FULL_ERROR=1")
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["job"], r["status"], r["optimizer"]) for r in rows] == [("0", "failed", "adam"), ("1", "ok", "sgd")]
+    assert rows[0]["error"].startswith(refusal) and rows[0]["auc"] == ""
+    assert float(rows[1]["auc"]) == _summary(sweep / rows[1]["dir"])["eval"]["auc"]
+    assert "| 0 | failed | adam |" in (sweep / "summary.md").read_text()
 
 
 def test_two_simulated_nodes_match_one_node(tmp_path, one_node_losses):

@@ -45,7 +45,7 @@ def test_every_group_option_is_shipped():
 def test_every_option_composes_and_validates(group, option):
     paths = ["data.train_path=x", "data.eval_path=x"] if option.startswith("criteo") else []
     experiment = {"movielens": "movielens", "sampled_softmax": "movielens_retrieval"}.get(option, "ctr")
-    if option in ("movielens_rank", "two_tower", "deepfm", "mse", "pairwise", "listwise", "approx_ndcg"):
+    if option in ("movielens_rank", "two_tower", "mse", "pairwise", "listwise", "approx_ndcg"):
         experiment = "movielens_rank"  # ctr is Criteo-shaped: no ratings, no lists, no user/item
     cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}", *paths])
     validate(cfg, world_size=1 if option == "single" else 2)
@@ -59,17 +59,24 @@ def test_every_optimizer_sub_option_composes(part, option):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("model", ["dlrm", "dcn"])
+@pytest.mark.parametrize("model", ["dlrm", "dcn", "deepfm"])
 def test_ctr_experiment_builds_data_and_model(model):
-    cfg = compose_cfg(["+experiment=ctr", f"model={model}", "model.embedding_dim=64",
-                       "model.dense_arch_layer_sizes=[32,64]"])
+    cfg = compose_cfg(["+experiment=ctr", f"model={model}"])  # the experiment's sizes for each model
     data = build_source(cfg.data, cfg.seed)
     model = build_model(cfg, data.features, data.num_dense_features)
     assert len(data.features) == len(cfg.data.num_embeddings_per_feature)
     assert [t.num_embeddings for t in model.sparse_module().embedding_bag_configs()] == list(
         cfg.data.num_embeddings_per_feature
     )
-    assert len(model.dense_units()) == {"dlrm": 2, "dcn": 3}[cfg.model._target_.split(".")[-2]]
+    assert len(model.dense_units()) == {"dlrm": 2, "dcn": 3, "deepfm": 2}[cfg.model._target_.split(".")[-2]]
+    # summary.json's dense_parameters: every parameter but the tables, by hand for DLRM
+    units = sum(p.numel() for u in model.dense_units() for p in u.parameters())
+    if cfg.model._target_.endswith("DLRMRanker"):
+        bottom = (13 * 512 + 512) + (512 * 256 + 256) + (256 * 64 + 64)
+        top_in = 64 + 27 * 26 // 2  # the dense vector and one dot product per pair of the 27 vectors
+        assert model.dense_parameter_count() == units == bottom + (top_in * 512 + 512) + (512 * 256 + 256) + (256 + 1)
+    else:  # DeepFM's first-order linear layer over the dense features is in the root unit
+        assert model.dense_parameter_count() == units + (14 if "deepfm" in cfg.model._target_ else 0)
 
 
 @pytest.mark.unit

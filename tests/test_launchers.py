@@ -3,6 +3,7 @@ Slurm submission script rendered without a cluster, the Slurm variables -> rende
 derivation, the launcher rules checked before submission, and two faked Slurm nodes training
 on loopback."""
 
+import csv
 import json
 import os
 import socket
@@ -42,6 +43,10 @@ def test_submitit_local_sweep_runs_each_job(tmp_path):
         assert {p["sharding_type"] for p in s["plan"].values()} == {sharding}
         assert {r for p in s["plan"].values() for r in p["ranks"]} == {0, 1}
         assert 0 < s["train_loss"] < 0.7 and s["eval"]["n"] == 128
+    # the sweep summary, from the submitting process once submitit's jobs are done
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert [(r["status"], r["sharding"], r["dir"]) for r in rows] == [("ok", "table_wise", jobs[0]), ("ok", "row_wise", jobs[1])]
+    assert f"hybridrec: sweep summary in {sweep}/summary.md" in proc.stdout
     # ran by submitit: one folder of logs and pickles per job, the job's own id in Hydra's record
     ids = sorted(d for d in os.listdir(sweep / ".submitit") if d.isdigit())
     assert len(ids) == 2

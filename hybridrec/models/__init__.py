@@ -67,6 +67,12 @@ class Ranker(nn.Module, ABC):
         """The dense blocks, in forward order: FSDP2 units (mesh.units=arch), compiled
         blocks (mesh.compile) and mixed-precision boundaries (mesh.units=root)."""
 
+    def dense_parameter_count(self) -> int:
+        """Parameters outside ``sparse_module()`` (the embedding tables): what DDP or FSDP2
+        holds. Counted before sharding, so it is the whole model's, on any world size."""
+        sparse = {id(p) for p in self.sparse_module().parameters()}
+        return sum(p.numel() for p in self.parameters() if id(p) not in sparse)
+
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         logits = self.score(batch)
         loss = self.loss(logits, batch)
