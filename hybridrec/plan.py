@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,11 +27,12 @@ from hybridrec.sharding import HybridEBCSharder, format_report, plan_tables
 register_configs()
 
 
-def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool) -> dict[str, Any]:
+def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool, data: Optional[Any] = None) -> dict[str, Any]:
     """Plan ``cfg``'s tables for the given topology without any process group. ``detect``:
     take unset memory sizes from this machine (the check before a run here) rather than
-    TorchRec's defaults (planning for another cluster)."""
-    data = build_source(cfg.data, cfg.seed)
+    TorchRec's defaults (planning for another cluster). ``data``: the source of ``cfg.data``,
+    if already built."""
+    data = build_source(cfg.data, cfg.seed) if data is None else data
     model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
     pooling = {f.name: f.pooling_factor for f in data.features}
     _, report = plan_tables(model, cfg, HybridEBCSharder(), dims, pooling, detect=detect)

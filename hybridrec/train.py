@@ -15,7 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrec.config import check_device, register_configs, validate
-from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
+from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, check_dir, probe_writable, resume_path
+from hybridrec.data import build_source
 from hybridrec.launch import RankError, already_launched, launch, world_size
 from hybridrec.parallel_dims import job_dims
 from hybridrec.plan import dry_plan, quiet_enumerator
@@ -34,9 +35,13 @@ def main(cfg: DictConfig) -> float:
         check_device(cfg, dims.device_type)
         if cfg.checkpoint.dir:
             probe_writable(cfg.checkpoint.dir)
-        # A checkpoint the ranks would refuse or find damaged fails here, before launch.
+        # A checkpoint the ranks would refuse, find damaged or of another model fails here,
+        # before launch (and before any elastic restart could retry it).
         path = resume_path(cfg)
         state = TrainState.from_files(path) if path else None  # checked complete by resume_path
+        data = build_source(cfg.data, cfg.seed) if state or not already_launched() else None
+        if state:
+            check_compatible(cfg, path, state, data.features, data.num_dense_features)
         if state and state.step >= cfg.train.steps:
             raise CheckpointError(
                 f"checkpoint {path} is at step {state.step} and train.steps={cfg.train.steps}: nothing to "
@@ -48,7 +53,7 @@ def main(cfg: DictConfig) -> float:
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.
             quiet_enumerator()
-            dry_plan(cfg, dims, detect=True)
+            dry_plan(cfg, dims, detect=True, data=data)
     except CheckpointError as e:
         _exit(e, f"hybridrec: {e}")
     except ValueError as e:  # PlanError and DataError included
