@@ -49,7 +49,7 @@ from hybridrec.optim import TrainOptimizer
 from hybridrec.parallel_dims import pick_device, rank_dims  # noqa: F401  (pick_device: the ranks' entry)
 from hybridrec.parallelize import parallelize
 from hybridrec.plan import quiet_enumerator
-from hybridrec.sharding import format_report
+from hybridrec.sharding import PlanError, format_report
 
 log = logging.getLogger(__name__)
 
@@ -414,9 +414,10 @@ def _configure_logging(rank: int) -> None:
     quiet_enumerator()
 
 
-# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk):
-# reported as one line naming the file or key, without a traceback.
-USER_ERRORS = (DataError, checkpoint.CheckpointError)
+# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
+# a plan the planner cannot meet: under torchrun the ranks plan before anything else has):
+# reported as one line naming the file or key, without a traceback, and never restarted.
+USER_ERRORS = (DataError, checkpoint.CheckpointError, PlanError)
 USER_ERROR_EXIT = 3
 """Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
 

@@ -238,14 +238,19 @@ CRITEO = ["data=criteo", "data.batch_size=64", f"data.num_embeddings_per_feature
                                         pytest.param("bad_row", 2, marks=pytest.mark.dist),
                                         pytest.param("too_small", 1, marks=pytest.mark.slow)])
 def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
-    """A bad row reaches one rank only (its shard): the others are stopped, quietly."""
+    """A bad row reaches one rank only (its shard): the others are stopped, quietly. With a
+    restart budget, the job still ends at the first attempt: restarted ranks would read the
+    same row."""
     train = _criteo(tmp_path / "train.tsv", 300 if case == "bad_row" else 40, bad_line=150 if case == "bad_row" else None)
     test = _criteo(tmp_path / "test.tsv", 64)
     shards = ["data.shards=1"] if case == "too_small" else []
+    restarts = ["launcher.max_restarts=2", f"checkpoint.dir={tmp_path / 'ckpt'}"] if ranks > 1 else []
     proc = subprocess.run(
-        [sys.executable, "-m", "hybridrec.train", *CRITEO, *shards, f"data.train_path={train}", f"data.eval_path={test}",
-         f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={tmp_path / 'run'}"],
+        [sys.executable, "-m", "hybridrec.train", *CRITEO, *shards, *restarts, f"data.train_path={train}",
+         f"data.eval_path={test}", f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=240)
+    # one attempt: rank 0 reports its plan once per start of the ranks
+    assert (proc.stdout + proc.stderr).count("Embedding plan") == 1, proc.stdout + proc.stderr
     expected = {"bad_row": f"hybridrec: {train}:150: int_0 '12x1",
                 "too_small": f"hybridrec: data.train_path has 40 usable rows in shard 0 of data.shards=1, fewer "
                              f"than its 64 rows of one global batch (data.batch_size=64)"}[case]
