@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from hybridrec.config import Device, validate
+from hybridrec.logs import JobLogging
 from hybridrec.trainer import USER_ERROR_EXIT, run
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,9 @@ def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
         return run(cfg, run_dir)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
-    return spawn(run, nproc, cfg, run_dir, True, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+    # The ranks are new processes: they get the Hydra job's logging (console, train.log).
+    return spawn(run, nproc, cfg, run_dir, True, JobLogging.of_this_job(), max_restarts=cfg.launcher.max_restarts,
+                 nodes=nodes)
 
 
 def spawn(

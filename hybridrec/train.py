@@ -19,7 +19,8 @@ from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, 
 from hybridrec.data import build_source
 from hybridrec.launch import RankError, already_launched, launch, world_size
 from hybridrec.parallel_dims import job_dims
-from hybridrec.plan import dry_plan, quiet_enumerator
+from hybridrec.logs import hydra_verbose, quiet_libraries
+from hybridrec.plan import dry_plan
 from hybridrec.trainer import USER_ERRORS, full_errors
 
 register_configs()
@@ -27,6 +28,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    quiet_libraries(hydra_verbose())  # TorchRec's planner INFO lines, unless hydra.verbose asks for them
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     try:
         world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
@@ -52,7 +54,6 @@ def main(cfg: DictConfig) -> float:
         if not already_launched():
             # Plan the tables here first: a constraint the planner cannot meet fails now, not
             # after N ranks have started. The ranks plan again (identically) over their group.
-            quiet_enumerator()
             dry_plan(cfg, dims, detect=True, data=data)
     except CheckpointError as e:
         _exit(e, f"hybridrec: {e}")
