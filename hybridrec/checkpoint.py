@@ -58,6 +58,7 @@ from hybridrec.optim import TrainOptimizer
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.pt"
+CONFIG_YAML = "config.yaml"  # the run's resolved config: what check_compatible compares
 
 
 class CheckpointError(ValueError):
@@ -175,6 +176,8 @@ def check_complete(path: str) -> TrainState:
         raise CheckpointError(f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
                               f"save, or not a checkpoint directory)")
     state = TrainState.from_files(path)
+    if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
+        raise CheckpointError(f"{path} is damaged: {os.path.join(path, CONFIG_YAML)} is missing")
     try:
         storage = dcp.FileSystemReader(path).read_metadata().storage_data
     except Exception as e:  # a truncated or foreign file: its error names no file
@@ -269,6 +272,88 @@ def resume_path(cfg: DictConfig, warn: bool = False) -> Optional[str]:
         raise CheckpointError(f"checkpoint.resume={resume}: no such checkpoint directory")
     check_complete(resume)
     return resume
+
+
+def saved_config(path: str) -> DictConfig:
+    """The resolved config a checkpoint was saved with (``config.yaml``, read with yaml's safe loader)."""
+    file = os.path.join(path, CONFIG_YAML)
+    try:
+        cfg = OmegaConf.load(file)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is damaged: {file} is missing") from None
+    except Exception as e:  # not YAML, or not a mapping
+        raise CheckpointError(f"{file} is not a valid checkpoint file ({type(e).__name__}: {_one_line(e)})") from e
+    if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
+        raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")
+    return cfg
+
+
+def _short(target: Any) -> str:
+    return str(target).rsplit(".", 1)[-1]
+
+
+def _names(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" +{len(names) - shown} more" if len(names) > shown else "")
+
+
+def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], saved_dense: int,
+                       cfg: DictConfig, features: list[dict[str, Any]], dense: int) -> list[str]:
+    """What differs, between a checkpoint and a run, in what decides the checkpoint's state
+    dict (its keys, shapes and meaning): the model (class and every field that shapes its
+    weights), the tables (one per sparse feature: names, rows; the width is
+    model.embedding_dim), the dense features, the loss and the optimizers (their state is
+    saved). One ``key: checkpoint X, run Y`` per difference. The mesh, the sharding and the
+    world size are not in it: DCP reshards a checkpoint to any of them."""
+    diffs = []
+    model, run_model = saved.model, cfg.model
+    if model.get("_target_") != run_model._target_:
+        # Fields of another model class mean nothing side by side: the class is the difference.
+        diffs.append(f"model._target_: checkpoint {_short(model.get('_target_'))}, run {_short(run_model._target_)}")
+    else:
+        free = getattr(OmegaConf.get_type(run_model), "free_on_resume", ())
+        for key in run_model:
+            if key == "_target_" or key in free:
+                continue
+            a, b = model.get(key), run_model[key]
+            a, b = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (a, b))
+            if a != b:
+                diffs.append(f"model.{key}: checkpoint {a}, run {b}")
+    rows = {f"t_{f['name']}": f["num_embeddings"] for f in saved_features}
+    run_rows = {f"t_{f['name']}": f["num_embeddings"] for f in features}
+    if rows.keys() != run_rows.keys():
+        only_saved = [t for t in rows if t not in run_rows]
+        only_run = [t for t in run_rows if t not in rows]
+        diffs.append(f"tables: only in the checkpoint [{_names(only_saved)}], only in the run [{_names(only_run)}]")
+    resized = [t for t in run_rows if t in rows and rows[t] != run_rows[t]]
+    diffs += [f"{t} rows: checkpoint {rows[t]:,}, run {run_rows[t]:,}" for t in resized[:3]]
+    if len(resized) > 3:
+        diffs.append(f"{len(resized) - 3} more tables resized")
+    if saved_dense != dense:
+        diffs.append(f"dense features: checkpoint {saved_dense}, run {dense}")
+    for key in ("loss._target_", "optimizer.sparse._target_", "optimizer.dense._target_"):
+        a, b = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
+        if a != b:
+            diffs.append(f"{key}: checkpoint {_short(a)}, run {_short(b)}")
+    return diffs
+
+
+def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: list[Any],
+                     num_dense_features: int) -> None:
+    """Refuse to resume ``path`` into a run whose model, tables, loss or optimizers differ:
+    DCP would fail on the first missing key or shape, inside every rank (checked before
+    launch by ``train.py`` and again by ``load``). Raises one ``CheckpointError`` naming
+    every difference and the fix."""
+    diffs = layout_differences(saved_config(path), state.features, state.num_dense_features,
+                               cfg, [vars(f) for f in features], num_dense_features)
+    if not diffs:
+        return
+    if cfg.checkpoint.resume == "auto":
+        fix = (f"train this config in another checkpoint.dir, or resume with the config it was saved with "
+               f"({os.path.join(path, CONFIG_YAML)})")
+    else:
+        fix = (f"resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
+               f"(its config: {os.path.join(path, CONFIG_YAML)})")
+    raise CheckpointError(f"checkpoint {path} does not fit this run ({'; '.join(diffs)}): {fix}")
 
 
 def _writer(path: str) -> Optional[str]:
@@ -452,7 +537,7 @@ class Checkpointer:
                                       f"use another checkpoint.dir")
             try:
                 extra.to_files(partial)
-                OmegaConf.save(self.run_cfg, os.path.join(partial, "config.yaml"))
+                OmegaConf.save(self.run_cfg, os.path.join(partial, CONFIG_YAML), resolve=True)
             except OSError as e:
                 self._abandon(step, partial, e)
             shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step (this run's) replaces it
@@ -511,11 +596,13 @@ def _prune(directory: str, keep: int, runs: list[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load(path: str, live: Resumable) -> TrainState:
-    """Restore a checkpoint (of any world size or plan) into ``live``: model, optimizer, LR
-    schedulers, this rank's RNG, the loss history and the runs it continues. Returns the
-    saved state (its ``step`` is where training goes on)."""
+def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
+    """Restore a checkpoint (of any world size or plan) into ``live``, the state of a run of
+    ``cfg``: model, optimizer, LR schedulers, this rank's RNG, the loss history and the runs
+    it continues. Returns the saved state (its ``step`` is where training goes on)."""
     extra = TrainState.from_files(path)  # first: a refused checkpoint loads nothing
+    # train.py checked this before launch; ranks started otherwise (tests, benchmarks) check here
+    check_compatible(cfg, path, extra, live.features, live.num_dense_features)
     # The dense optimizers create their state lazily: create it now so DCP can load into it.
     for name, opt in live.optimizer.optimizer.optimizers:
         if name != "sparse":
@@ -550,8 +637,8 @@ def _dcp_load(state: dict[str, Any], path: str, fix: str) -> None:
     try:
         dcp.load(state, checkpoint_id=path)
     except CheckpointException as e:
-        # Tables or layers of another size or name: the model's config changed since the save
-        # (the files themselves were checked before launch).
+        # A difference check_compatible does not know of (the files themselves and the model,
+        # table and optimizer layout were checked before launch).
         cause = _root_cause(e)
         raise CheckpointError(
             f"{path} does not fit this run's model ({type(cause).__name__}: {_one_line(cause)}): "

@@ -13,7 +13,7 @@ import inspect
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any, NoReturn, Optional
+from typing import Any, ClassVar, NoReturn, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
@@ -27,6 +27,10 @@ class ModelConfig:
     _target_: str = MISSING
     embedding_dim: int = 16
     """Width of every embedding table."""
+
+    # Every other field shapes the model's weights, so a checkpoint resumes only under the
+    # values it was saved with (checkpoint.check_compatible); these fields may change.
+    free_on_resume: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass
@@ -67,6 +71,8 @@ class TwoTowerConfig(ModelConfig):
     """L2-normalize both towers' outputs (cosine scores)."""
     temperature: float = 0.1
     """Scores are <user, item> / temperature."""
+
+    free_on_resume: ClassVar[tuple[str, ...]] = ("normalize", "temperature")  # no weights of their own
 
 
 # ---------------------------------------------------------------------------- loss

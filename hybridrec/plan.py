@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from hybridrec.config import register_configs, validate
 from hybridrec.data import build_source
 from hybridrec.data.source import Source
+from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.metrics import write_json
 from hybridrec.models import build_model
 from hybridrec.parallel_dims import ParallelDims, planning_dims
@@ -40,19 +41,12 @@ def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool, data: Optional[S
     return report
 
 
-def quiet_enumerator() -> None:
-    # The enumerator warns once per table for every (sharding type, kernel) pair a constraint
-    # rules out, e.g. data_parallel when only `fused` is allowed: expected, not actionable.
-    logging.getLogger("torchrec.distributed.planner.enumerators").setLevel(logging.ERROR)
-    # The partitioner logs every proposal it tries at INFO (over a thousand lines for a small
-    # plan) where Hydra's logging shows INFO; hybridrec prints its own plan report.
-    logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    logging.getLogger().setLevel(logging.WARNING)  # TorchRec's planner logs at INFO
-    quiet_enumerator()
+    verbose = hydra_verbose()
+    if verbose is not True:
+        logging.getLogger().setLevel(logging.WARNING)  # the plan report is printed; libraries log at INFO
+    quiet_libraries(verbose)  # hydra.verbose=torchrec.distributed.planner shows TorchRec's planner lines
     try:
         # "is None", not "or": a 0 given is refused by validate, not read as unset
         validate(cfg, cfg.mesh.world_size if cfg.mesh.world_size is not None else cfg.launcher.nproc_per_node)

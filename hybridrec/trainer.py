@@ -13,7 +13,6 @@ import math
 import os
 import platform
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
-from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Logger
@@ -43,14 +41,14 @@ from hybridrec.metrics import (
     throughput,
     write_json,
 )
+from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.logs import JobLogging, Progress, configure_rank
 from hybridrec.losses import Loss
 from hybridrec.models import build_model
 from hybridrec.optim import TrainOptimizer
-from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
 from hybridrec.parallel_dims import pick_device, rank_dims
 from hybridrec.parallelize import Parallelized, parallelize
-from hybridrec.plan import quiet_enumerator
-from hybridrec.sharding import format_report
+from hybridrec.sharding import PlanError, format_report
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +105,7 @@ class Trainer:
         self.resumed_from: Optional[dict[str, Any]] = None
         # Rank 0 warns when a damaged newer checkpoint is skipped (again after each restart).
         if path := checkpoint.resume_path(cfg, warn=self.rank == 0):
-            self.start_step = checkpoint.load(path, live).step
+            self.start_step = checkpoint.load(cfg, path, live).step
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
         self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
@@ -124,43 +122,39 @@ class Trainer:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
         batches = self._batches("train", cfg.steps, start=self.start_step)
         self.local_losses = torch.zeros(cfg.steps, device=self.device)
-        # tqdm's default lock is a multiprocessing semaphore: a rank stopped while another
-        # reports a data error would leave it behind, and Python warns of the leak at exit.
-        tqdm.set_lock(threading.RLock())
-        bar = tqdm(total=cfg.steps, initial=self.start_step, desc="train", unit="step", disable=self.rank != 0)
+        progress = Progress(cfg.steps, self.start_step, enabled=self.rank == 0, logger=log)
         profiler = self._profiler()
         self.start = time.perf_counter()
         try:
-            for step in range(self.start_step + 1, cfg.steps + 1):
-                tick = time.perf_counter()
-                self.local_losses[step - 1] = self.step(batches, step)
-                self.step_times.append(time.perf_counter() - tick)
-                if profiler:
-                    profiler.step()
-                save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
-                if step % cfg.log_every == 0 or step == cfg.steps or save:
-                    self._log(step, bar)  # also checks the losses are finite: no bad checkpoint
-                if save:
-                    self.checkpointer.save(step)
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    self._evaluate_and_log(self.select_split, step, bar)
-                bar.update()
-            if self.checkpointer:
-                self.checkpointer.wait()  # an async save still in flight is committed here
-        except BaseException:
-            bar.close()  # the bar's last state first, then whatever reports the error
-            raise
+            with progress.logging():
+                for step in range(self.start_step + 1, cfg.steps + 1):
+                    tick = time.perf_counter()
+                    self.local_losses[step - 1] = self.step(batches, step)
+                    self.step_times.append(time.perf_counter() - tick)
+                    progress.advance(step)
+                    if profiler:
+                        profiler.step()
+                    save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
+                    if step % cfg.log_every == 0 or step == cfg.steps or save:
+                        self._log(step, progress)  # also checks the losses are finite: no bad checkpoint
+                    if save:
+                        self.checkpointer.save(step)
+                    if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                        self._evaluate_and_log(self.select_split, step)
+                if self.checkpointer:
+                    self.checkpointer.wait()  # an async save still in flight is committed here
+        finally:
+            progress.close()  # the bar's last state first, then whatever reports an error
         wall = time.perf_counter() - self.start - self.eval_seconds
-        bar.close()
         if profiler:
             profiler.stop()
         # Validation (when the source has it) drives the history; the test split is scored
         # once, at the end, and never used to choose anything.
-        final = {split: self._evaluate_and_log(split, cfg.steps, bar) for split in ("valid", "eval")
+        final = {split: self._evaluate_and_log(split, cfg.steps) for split in ("valid", "eval")
                  if split in self.data.splits}
         return self._finish(wall, final)
 
-    def _log(self, step: int, bar: tqdm) -> None:
+    def _log(self, step: int, progress: Progress) -> None:
         # One all-reduce per window, not per step: the reduction is a sync point.
         window = self._global_mean(self.local_losses[len(self.losses) : step])
         if bad := [i for i, x in enumerate(window) if not math.isfinite(x)]:
@@ -171,7 +165,7 @@ class Trainer:
         self.losses += window
         elapsed = time.perf_counter() - self.start - self.eval_seconds
         rate = (step - self.start_step) * self.cfg.data.batch_size / elapsed
-        bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
+        progress.report(step, self.losses[-1], rate, elapsed)
         extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
         self.metrics.log(step=step, loss=self.losses[-1], loss_mean=sum(window) / len(window), samples_per_second=rate,
                          elapsed_s=elapsed, lr=self.optimizer.lrs(), **extra)
@@ -188,7 +182,7 @@ class Trainer:
         """The split that evaluations during training report on: validation if there is one."""
         return "valid" if "valid" in self.data.splits else "eval"
 
-    def _evaluate_and_log(self, split: str, step: int, bar: tqdm) -> dict[str, float]:
+    def _evaluate_and_log(self, split: str, step: int) -> dict[str, float]:
         tick = time.perf_counter()
         result = self.evaluate(split).metrics
         self.eval_seconds += time.perf_counter() - tick
@@ -196,7 +190,7 @@ class Trainer:
             self.eval_history.append({"step": step, "split": split, **result})
         self.metrics.log(step=step, split=split, eval=result)
         if self.rank == 0:
-            bar.write(f"{split} @ step {step}: {format_eval(result)}")
+            log.info(f"{split} @ step {step}: {format_eval(result)}")
         return result
 
     def evaluate(self, split: str = "eval", predictions: bool = False) -> Evaluation:
@@ -337,28 +331,22 @@ def provenance(cfg: DictConfig, resumed_from: Optional[dict[str, Any]]) -> dict[
     }
 
 
-def _configure_logging(rank: int) -> None:
-    logging.basicConfig(format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
-    # Libraries log at INFO on the root logger (fbgemm prints every kernel's arguments), so
-    # only hybridrec's own INFO is shown, and only on rank 0: other ranks speak on failure.
-    logging.getLogger().setLevel(logging.WARNING)
-    logging.getLogger("hybridrec").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+def _quiet_deprecations() -> None:
     # Notices about the libraries' own internals that a user can do nothing about: TorchRec's
-    # embedding shards are ShardedTensors, FSDP2 calls collectives torch has renamed, and the
-    # train pipeline's fx tracing logs a notice once per rank. Matched by message, so any
-    # other warning still shows.
+    # embedding shards are ShardedTensors, and FSDP2 calls collectives torch has renamed.
+    # Matched by message, so any other warning still shows.
     for message in (
         "Please use DTensor instead and we are deprecating ShardedTensor",
         r"`torch.distributed.\w+` is deprecated",
     ):
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    quiet_enumerator()
 
 
-# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk):
-# reported as one line naming the file or key, without a traceback.
-USER_ERRORS = (DataError, checkpoint.CheckpointError, LaunchError)
+# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
+# a plan the planner cannot meet: under torchrun the ranks plan before anything else has,
+# a launcher environment without the local layout): reported as one line naming the
+# file or key, without a traceback, and never restarted.
+USER_ERRORS = (DataError, checkpoint.CheckpointError, PlanError, LaunchError)
 USER_ERROR_EXIT = 3
 """Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
 
@@ -393,13 +381,15 @@ RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
 
 
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
-def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None) -> dict[str, Any]:
+def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None,
+        job_logging: Optional[JobLogging] = None) -> dict[str, Any]:
     """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
     for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
 
     ``parent_reports``: the rank was started by ``launch.spawn``, which prints a user error's
     one line itself; the rank then records the message in the elastic error file and exits
-    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller."""
+    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller.
+    ``job_logging``: the Hydra job's logging, for a rank in a process of its own."""
     device = pick_device(cfg)
     if threads := intra_op_threads(cfg, os.environ):
         torch.set_num_threads(threads)
@@ -407,7 +397,8 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Option
     summary = None
     try:
         health_check(cfg.launcher.health_check_timeout_s)
-        _configure_logging(dist.get_rank())
+        configure_rank(dist.get_rank(), job_logging)
+        _quiet_deprecations()
         # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
         shared = [run_dir]
         dist.broadcast_object_list(shared, src=0)

@@ -13,7 +13,7 @@ from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
 from hybridrec.data import build_source
 
-from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
+from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, latest, probe_writable
 from shared import BASE, TOL, assert_same_training
 
 RUN = BASE + ["train.steps=8", "checkpoint.every_n_steps=4", "sharding=table_wise"]
@@ -212,3 +212,81 @@ def test_async_staging_copies_every_kind_of_tensor_to_the_host(one_rank_group):
     assert isinstance(staged["model"]["fsdp"], DTensor) and staged["model"]["fsdp"].placements == (DShard(0),)
     assert staged["model"]["table"].metadata().shards_metadata[0].placement.device() == torch.device("cpu")
     assert staged["model"]["table"].size() == torch.Size([4, 3]) and staged["optim"]["step"] == 7
+
+
+# ------------------------------------------------------------- resuming another model's checkpoint
+def _saved(tmp_path, overrides, features=None, num_dense=None):
+    """A checkpoint directory's config.yaml and TrainState for the run ``overrides`` describe
+    (its own source's features unless given), and the path."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg(overrides)
+    if features is None:
+        source = build_source(cfg.data, cfg.seed)
+        features, num_dense = [vars(f) for f in source.features], source.num_dense_features
+    path = tmp_path / "step_00000010"
+    path.mkdir()
+    OmegaConf.save(cfg, path / "config.yaml", resolve=True)
+    state = TrainState(step=10, schedulers=[], features=features, num_dense_features=num_dense,
+                       rng=torch.zeros(1, 8, dtype=torch.uint8), losses=torch.zeros(10), runs=["r"])
+    return str(path), state
+
+
+def _check(path, state, overrides):
+    cfg = compose_cfg(overrides)
+    source = build_source(cfg.data, cfg.seed)
+    check_compatible(cfg, path, state, source.features, source.num_dense_features)
+
+
+@pytest.mark.unit
+def test_resume_across_parallelism_and_training_settings_is_compatible(tmp_path):
+    path, state = _saved(tmp_path, BASE + ["mesh=fsdp", "sharding=table_wise"])
+    # another world size, mesh, sharding, pipeline, batch, learning rate, length: same weights
+    _check(path, state, BASE + ["mesh=ddp", "sharding=row_wise", "launcher.nproc_per_node=2", "mesh.world_size=2",
+                                "train.pipeline=base", "data.batch_size=128", "optimizer.dense.lr=0.5",
+                                "train.steps=100", "seed=3"])
+
+
+@pytest.mark.unit
+def test_two_tower_temperature_may_change_on_resume(tmp_path):
+    features = [{"name": n, "num_embeddings": 10, "pooling_factor": 1.0}
+                for n in ("user", "item", "age", "gender", "occupation", "zip")]
+    path, state = _saved(tmp_path, ["model=two_tower", "loss=sampled_softmax"], features, 13)
+    cfg = compose_cfg(["model=two_tower", "loss=sampled_softmax", "model.temperature=0.05", "model.normalize=false"])
+    from hybridrec.data import SparseFeature
+    check_compatible(cfg, path, state, [SparseFeature(**f) for f in features], 13)
+    cfg = compose_cfg(["model=two_tower", "loss=sampled_softmax", "model.tower_layer_sizes=[32,16]"])
+    with pytest.raises(CheckpointError, match=r"model.tower_layer_sizes: checkpoint \[64, 32\], run \[32, 16\]"):
+        check_compatible(cfg, path, state, [SparseFeature(**f) for f in features], 13)
+
+
+@pytest.mark.unit
+def test_another_model_is_refused_naming_every_difference(tmp_path):
+    # The two-tower retrieval checkpoint of the README, resumed by the ctr experiment (same checkpoint.dir)
+    features = [{"name": n, "num_embeddings": 100, "pooling_factor": 1.0}
+                for n in ("user", "item", "age", "gender", "occupation", "zip", "genres")]
+    path, state = _saved(tmp_path, ["+experiment=movielens_retrieval"], features, 2)
+    with pytest.raises(CheckpointError) as e:
+        _check(path, state, ["+experiment=ctr", "checkpoint.dir=ckpt"])
+    assert str(e.value) == (
+        f"checkpoint {path} does not fit this run (model._target_: checkpoint TwoTower, run DLRMRanker; "
+        f"tables: only in the checkpoint [t_user, t_item, t_age +4 more], only in the run "
+        f"[t_cat_0, t_cat_1, t_cat_2 +23 more]; dense features: checkpoint 2, run 13; "
+        f"loss._target_: checkpoint InBatchSoftmax, run BCE): train this config in another checkpoint.dir, or resume with the config it was saved with ({path}/config.yaml)"
+    )
+
+
+@pytest.mark.unit
+def test_resized_tables_layers_and_optimizers_are_refused(tmp_path):
+    path, state = _saved(tmp_path, BASE)
+    with pytest.raises(CheckpointError) as e:
+        _check(path, state, BASE + ["data.num_embeddings_per_feature=[300,200,100,60]", "model.embedding_dim=4",
+                                    "model.dense_arch_layer_sizes=[16,4]", "optimizer=sgd",
+                                    f"checkpoint.resume={path}"])
+    assert str(e.value) == (
+        f"checkpoint {path} does not fit this run (model.embedding_dim: checkpoint 8, run 4; "
+        f"model.dense_arch_layer_sizes: checkpoint [16, 8], run [16, 4]; t_cat_3 rows: checkpoint 50, run 60; "
+        f"optimizer.sparse._target_: checkpoint RowWiseAdagrad, run SGD; optimizer.dense._target_: checkpoint "
+        f"Adagrad, run SGD): resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
+        f"(its config: {path}/config.yaml)"
+    )

@@ -103,7 +103,8 @@ def test_the_2d_sync_has_one_owner():
             self.syncs.append(self.step)
 
     model = Replicas()
-    p = Parallelized(model, None, ParallelDims.build(compose_cfg([]).mesh, 1, 1, "cpu"), sync_every=3)
+    p = Parallelized(model, None, ParallelDims.build(compose_cfg([]).mesh, 1, 1, "cpu"), sync_every=3,
+                     dense_parameters=0)
     for step in range(1, 8):
         model.step = step
         p.after_step(step, last=step == 7)
