@@ -22,10 +22,10 @@ from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits
 from hybridrec.config import check_device, evaluation_config, register_configs, validate
 from hybridrec.data import DataError, build_source
 from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
-from hybridrec.distributed import LaunchError
 from hybridrec.parallel_dims import device_choice, job_dims
-from hybridrec.plan import dry_plan, quiet_enumerator
-from hybridrec.trainer import USER_ERRORS, ScoreCheckpoint, exit_user_error
+from hybridrec.logs import hydra_verbose, quiet_libraries
+from hybridrec.plan import dry_plan
+from hybridrec.trainer import USER_ERRORS, ScoreCheckpoint, exit_user_error, user_message
 
 register_configs()
 log = logging.getLogger("hybridrec.evaluate")  # not "__main__" under python -m
@@ -33,6 +33,7 @@ log = logging.getLogger("hybridrec.evaluate")  # not "__main__" under python -m
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(ev: DictConfig) -> float:
+    quiet_libraries(hydra_verbose())  # TorchRec's planner INFO lines, unless hydra.verbose asks for them
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     try:
         if OmegaConf.is_missing(ev, "checkpoint"):
@@ -56,12 +57,9 @@ def main(ev: DictConfig) -> float:
             raise DataError(f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
                             f"split={' or split='.join(scored)}")
         if not already_launched():
-            quiet_enumerator()
             dry_plan(cfg, dims, detect=True, data=data)  # a plan that cannot fit fails now
-    except (CheckpointError, LaunchError) as e:
-        exit_user_error(e, f"hybridrec: {e}")
-    except ValueError as e:  # DataError and PlanError included
-        exit_user_error(e, f"hybridrec: invalid config: {e}")
+    except ValueError as e:  # CheckpointError, LaunchError, DataError and PlanError included
+        exit_user_error(e, user_message(e))
     job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions)
     try:
         result = launch(cfg, HydraConfig.get().runtime.output_dir, job)

@@ -17,13 +17,12 @@ from omegaconf import DictConfig
 from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, check_dir, probe_writable, resume_path
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.data import build_source
-from hybridrec.distributed import LaunchError
 from hybridrec.launch import RankError, already_launched, in_sweep, launch, quiet_secondary_ranks, world_size
 from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan
 from hybridrec.sweep import JobFailed
-from hybridrec.trainer import USER_ERRORS, exit_user_error, full_errors
+from hybridrec.trainer import USER_ERRORS, exit_user_error, full_errors, user_message
 
 register_configs()
 log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
@@ -57,13 +56,6 @@ def check_before_launch(cfg: DictConfig) -> None:
         # Plan the tables here first: a constraint the planner cannot meet fails now, not
         # after N ranks have started. The ranks plan again (identically) over their group.
         dry_plan(cfg, dims, detect=True, data=data)
-
-
-def user_message(error: BaseException) -> str:
-    """The one line a user error before launch is reported with."""
-    if isinstance(error, (CheckpointError, LaunchError)):
-        return f"hybridrec: {error}"
-    return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -356,6 +356,13 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
+def user_message(error: BaseException) -> str:
+    """The one line a user error found before launch is reported with."""
+    if isinstance(error, (checkpoint.CheckpointError, LaunchError)):
+        return f"hybridrec: {error}"
+    return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
+
+
 def exit_user_error(error: BaseException, message: str) -> NoReturn:
     """How an entry point stops on a user error: its one-line ``message`` and a non-zero
     exit, or the traceback with HYDRA_FULL_ERROR=1."""
