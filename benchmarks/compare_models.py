@@ -1,0 +1,127 @@
+"""DLRM, DLRM-DCNv2 and DeepFM on the two click-prediction experiments, one Hydra multirun
+per experiment, as a user runs them:
+
+    python -m hybridrec.train -m +experiment=ctr model=dlrm,dcn,deepfm
+    python -m hybridrec.train -m +experiment=movielens model=dlrm,dcn,deepfm
+
+Each experiment keeps its own settings (steps, batch, learning rates, one rank) and each
+model its sizes for the experiment (conf/experiment_model/). The numbers are read from each
+sweep's summary.csv (written by hybridrec/sweep.py, the sweep-summary callback), and
+benchmarks/results/MODELS.md gets one table per experiment and the settings, which README's
+"Model comparison" section quotes (benchmarks/readme_numbers.py).
+
+    python benchmarks/compare_models.py                       # make compare-models
+    python benchmarks/compare_models.py --out /tmp/m.md train.steps=20   # a quick check
+
+Arguments after the options are Hydra overrides added to both sweeps. MovieLens-100k must be
+in data/ml-100k (`make data-movielens`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import shutil
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from bench import _run, machine  # noqa: E402  (the suite's runner and machine description)
+
+MODELS = {"dlrm": "DLRM", "dcn": "DLRM-DCNv2", "deepfm": "DeepFM"}
+EXPERIMENTS = {
+    "ctr": "synthetic click log shaped like Criteo Kaggle (13 dense features, 26 tables of up to 1 M rows, "
+           "64-dim embeddings), labels from a planted model",
+    "movielens": "MovieLens-100k ratings (label: rating >= 4), user, item and side features, 16-dim "
+                 "embeddings, the experiment's fixed random split",
+}
+
+
+def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, str]]:
+    """One multirun over the models; the rows of its summary.csv, one per model, in order."""
+    sweep_dir = os.path.join(runs, experiment)
+    if os.path.exists(sweep_dir):  # an earlier comparison's jobs: Hydra would add to them
+        shutil.rmtree(sweep_dir)
+    os.makedirs(runs, exist_ok=True)
+    cmd = [sys.executable, "-m", "hybridrec.train", "-m", f"+experiment={experiment}", f"model={','.join(MODELS)}",
+           *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    _run(cmd, os.path.join(runs, f"{experiment}.log"))
+    with open(os.path.join(sweep_dir, "summary.csv")) as f:
+        rows = list(csv.DictReader(f))
+    if [(r["model"], r["status"]) for r in rows] != [(m, "ok") for m in MODELS]:
+        raise RuntimeError(f"{sweep_dir}/summary.csv: expected one finished job per model, got "
+                           f"{[(r.get('model'), r['status'], r['error']) for r in rows]}")
+    for row in rows:
+        with open(os.path.join(sweep_dir, row["dir"], "summary.json")) as f:
+            row["torch"] = json.load(f)["provenance"]["versions"]["torch"]
+    return rows
+
+
+def table(rows: list[dict[str, str]]) -> str:
+    lines = ["| model | test AUC | NE | samples/s | dense parameters |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {MODELS[r['model']]} (`model={r['model']}`) | {float(r['auc']):.4f} | {float(r['ne']):.4f} "
+                     f"| {float(r['samples_per_second']):,.0f} | {int(r['dense_parameters']):,} |")
+    return "\n".join(lines)
+
+
+def setting(experiment: str, rows: list[dict[str, str]], key: str) -> str:
+    values = {r[key] for r in rows}
+    if len(values) != 1:
+        raise RuntimeError(f"{experiment}: the models ran with different {key}: {sorted(values)}")
+    return values.pop()
+
+
+def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_s: float) -> str:
+    m = machine()
+    torch_version = {setting(e, rows, "torch") for e, rows in results.items()}
+    out = ["# Model comparison", "",
+           "`make compare-models` (`benchmarks/compare_models.py`): one Hydra multirun per experiment, "
+           "`python -m hybridrec.train -m +experiment=<experiment> model=dlrm,dcn,deepfm"
+           + "".join(f" {o}" for o in overrides) + "`. The numbers are each sweep's `summary.csv`.", ""]
+    for experiment, rows in results.items():
+        out += [f"## {experiment}", "", f"`+experiment={experiment}`: {EXPERIMENTS[experiment]}.", "", table(rows), ""]
+    ranks = lambda n: f"{n} rank" + ("" if n == "1" else "s")
+    run = "; ".join(f"`{e}`: {setting(e, rows, 'steps')} steps of global batch {setting(e, rows, 'global_batch_size')}"
+                    f" on {ranks(setting(e, rows, 'world_size'))}" for e, rows in results.items())
+    out += [
+        "## Settings", "",
+        f"- {run}; one seed, one run per model.",
+        "- Each experiment's learning rates are its own, chosen for DLRM; each model's sizes for the "
+        "experiment are in `conf/experiment_model/<experiment>/<model>.yaml`. DCN and DeepFM are not tuned "
+        "further.",
+        "- Test AUC and NE: the test split, scored once at the end. samples/s: the whole training run, "
+        "evaluation excluded, from a single run on a shared machine (not the benchmark suite's method: "
+        "see Performance). Dense parameters: every parameter outside the embedding tables.",
+        f"- CPU: {m['cpu']} ({m['cores']} cores); torch {', '.join(sorted(torch_version))}, "
+        f"torchrec {m['torchrec']}; {datetime.date.today().isoformat()}; wall time of both sweeps "
+        f"{wall_s / 60:.1f} min.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "MODELS.md"))
+    parser.add_argument("--runs", default=os.path.join(ROOT, "outputs", "compare-models"),
+                        help="where the sweeps' job directories go")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sweeps")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    results = {e: sweep(e, args.runs, args.overrides) for e in EXPERIMENTS}
+    text = report(results, args.overrides, time.perf_counter() - start)
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+    print(f"compare_models: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
