@@ -546,7 +546,14 @@ class MeshConfig:
     embedding_sync_every: int = 1
     """With embedding_replicas > 1: average the R replicas of the tables and of their sparse
     optimizer state every N steps (DMPCollection.sync); also after the last step."""
-    # --- the topology the embedding planner plans for (unset = detected from this machine)
+
+
+@dataclass
+class TopologyConfig:
+    """The hardware the embedding planner plans for (TorchRec's Topology and storage
+    reservation). Unset = detected from this machine, or TorchRec's defaults; set, it plans
+    for a cluster you do not have (``python -m hybridrec.plan``)."""
+
     world_size: Optional[int] = None
     """Ranks in the job. Unset = the launched world; `hybridrec.plan` uses it to plan for a
     cluster you do not have. A training run checks it against the real world size."""
@@ -650,6 +657,7 @@ class HybridrecConfig:
     sharding: ShardingConfig = MISSING
     optimizer: OptimizerConfig = MISSING
     mesh: MeshConfig = MISSING
+    topology: TopologyConfig = MISSING
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: Logger = Logger.file
@@ -707,6 +715,7 @@ def register_configs() -> None:
     cs.store(group="schema/data", name="movielens_rank", node=MovieLensRankDataConfig)
     cs.store(group="schema/sharding", name="sharding", node=ShardingConfig)
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
+    cs.store(group="schema/topology", name="topology", node=TopologyConfig)
     cs.store(group="schema/optimizer", name="optimizer", node=OptimizerConfig)
     for name, node in [("rowwise_adagrad", RowWiseAdagradConfig), ("adagrad", AdagradConfig),
                        ("adam", SparseAdamConfig), ("sgd", SGDConfig)]:
@@ -762,7 +771,7 @@ def evaluation_config(saved: DictConfig, ev: DictConfig, data_option: bool) -> D
 
     Data: the checkpoint's data config changed by the keys of ``ev.data``, or with
     ``data_option`` (``data=<option>`` given) that option's config as composed. The training
-    job's topology (mesh.world_size, local_world_size, compute_device) is unset: the
+    job's topology (topology.world_size, local_world_size, compute_device) is unset: the
     evaluation plans the tables for its own ranks. Nothing is saved or resumed."""
     cfg = typed(saved)
     data = ev.data if data_option else OmegaConf.merge(saved.data, ev.data)
@@ -770,8 +779,8 @@ def evaluation_config(saved: DictConfig, ev: DictConfig, data_option: bool) -> D
         raise ValueError("data._target_ is not set: data=<option> names a source, or leave data as the checkpoint's")
     cfg.data = typed_node(group_schema("data", data._target_), data, "data")
     cfg.launcher = ev.launcher
-    cfg.mesh.world_size = cfg.mesh.local_world_size = None
-    cfg.mesh.compute_device = Device.auto
+    cfg.topology.world_size = cfg.topology.local_world_size = None
+    cfg.topology.compute_device = Device.auto
     cfg.checkpoint = CheckpointConfig(dir=None, resume="never")
     cfg.profile.enabled = False
     return cfg
@@ -811,10 +820,10 @@ CPU_SPARSE_OPTIMIZERS = ("torchrec.optim.RowWiseAdagrad", "torch.optim.Adagrad",
 
 def check_device(cfg: DictConfig, device_type: str) -> None:
     """Rules that depend on the device the run uses; raises ValueError before launch."""
-    planned_for = cfg.mesh.compute_device
+    planned_for = cfg.topology.compute_device
     if planned_for != Device.auto and planned_for.value != device_type:
         raise ValueError(
-            f"mesh.compute_device={planned_for.value} but this run would use {device_type} "
+            f"topology.compute_device={planned_for.value} but this run would use {device_type} "
             f"(launcher.device={cfg.launcher.device.value})"
         )
     if device_type == "cpu" and cfg.mesh.embedding_replicas > 1:
@@ -909,13 +918,14 @@ def _check_positive(cfg: DictConfig) -> None:
         raise ValueError(f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
     if cfg.model.embedding_dim < 1:
         raise ValueError(f"model.embedding_dim must be >= 1, got {cfg.model.embedding_dim}")
-    mesh = cfg.mesh
-    for key in ("replicate", "shard", "world_size", "local_world_size"):
-        if mesh[key] is not None and mesh[key] < 1:
-            raise ValueError(f"mesh.{key} must be >= 1 (or unset), got {mesh[key]}")
+    for group, key in (("mesh", "replicate"), ("mesh", "shard"), ("topology", "world_size"),
+                       ("topology", "local_world_size")):
+        if cfg[group][key] is not None and cfg[group][key] < 1:
+            raise ValueError(f"{group}.{key} must be >= 1 (or unset), got {cfg[group][key]}")
+    topo = cfg.topology
     for key in ("device_memory_gb", "host_memory_gb", "intra_host_bandwidth_gbs", "inter_host_bandwidth_gbs"):
-        if mesh[key] is not None and mesh[key] <= 0:
-            raise ValueError(f"mesh.{key} must be > 0 (or unset to detect it), got {mesh[key]}")
+        if topo[key] is not None and topo[key] <= 0:
+            raise ValueError(f"topology.{key} must be > 0 (or unset to detect it), got {topo[key]}")
 
 
 def validate(cfg: DictConfig, world_size: int) -> None:
@@ -995,30 +1005,30 @@ def _validate_launcher(cfg: DictConfig, world_size: int) -> None:
 
 def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
     """Dense parallelism, embedding replicas and the planner's hardware keys."""
-    mesh = cfg.mesh
-    if mesh.world_size is not None and mesh.world_size != world_size:
+    mesh, topo = cfg.mesh, cfg.topology
+    if topo.world_size is not None and topo.world_size != world_size:
         raise ValueError(
-            f"mesh.world_size={mesh.world_size} but this run has {world_size} rank(s) "
-            f"(launcher.nproc_per_node or torchrun); mesh.world_size is for planning with "
+            f"topology.world_size={topo.world_size} but this run has {world_size} rank(s) "
+            f"(launcher.nproc_per_node or torchrun); topology.world_size is for planning with "
             f"`python -m hybridrec.plan`: leave it unset for training"
         )
-    if mesh.local_world_size is not None and mesh.local_world_size > (mesh.world_size or world_size):
+    if topo.local_world_size is not None and topo.local_world_size > (topo.world_size or world_size):
         raise ValueError(
-            f"mesh.local_world_size={mesh.local_world_size} exceeds the world size "
-            f"{mesh.world_size or world_size}"
+            f"topology.local_world_size={topo.local_world_size} exceeds the world size "
+            f"{topo.world_size or world_size}"
         )
-    if not 0 <= mesh.reservation_percentage < 1:
-        raise ValueError(f"mesh.reservation_percentage must be in [0, 1), got {mesh.reservation_percentage}")
+    if not 0 <= topo.reservation_percentage < 1:
+        raise ValueError(f"topology.reservation_percentage must be in [0, 1), got {topo.reservation_percentage}")
     launched = cfg.launcher.device
-    if mesh.compute_device != Device.auto and launched != Device.auto and mesh.compute_device != launched:
+    if topo.compute_device != Device.auto and launched != Device.auto and topo.compute_device != launched:
         raise ValueError(
-            f"mesh.compute_device={mesh.compute_device.value} but launcher.device={launched.value}: "
+            f"topology.compute_device={topo.compute_device.value} but launcher.device={launched.value}: "
             f"a plan is for the device the run uses"
         )
     from hybridrec.parallel_dims import ParallelDims  # (it imports this module's enums)
 
     # Raises if the degrees do not fit: hsdp's replicate x shard, the embedding replicas.
-    ParallelDims.build(mesh, world_size, mesh.local_world_size or world_size, "cpu")
+    ParallelDims.build(mesh, world_size, topo.local_world_size or world_size, "cpu")
     if mesh.dense == DenseParallel.single and world_size != 1:
         raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
     if (mesh.param_dtype or mesh.reduce_dtype) and mesh.dense not in (DenseParallel.fsdp, DenseParallel.hsdp):

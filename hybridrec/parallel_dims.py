@@ -2,7 +2,7 @@
 the dense replicate x shard degrees and the embedding replicas (2D).
 
 The same object is built before launch (``job_dims``: from the launcher config or
-torchrun's environment), for a dry plan (``planning_dims``: mesh.world_size /
+torchrun's environment), for a dry plan (``planning_dims``: topology.world_size /
 local_world_size), and inside every rank (``rank_dims``: from the process group and the
 launcher's environment). Planning and parallelization take it; nothing else does mesh
 arithmetic.
@@ -136,14 +136,14 @@ def job_dims(cfg: DictConfig, world_size: int, env: Mapping[str, str] = os.envir
 
 
 def planning_dims(cfg: DictConfig) -> ParallelDims:
-    """A dry plan (``python -m hybridrec.plan``): the cluster mesh.world_size /
+    """A dry plan (``python -m hybridrec.plan``): the cluster topology.world_size /
     local_world_size / compute_device describe, defaulting to the launcher's."""
-    mesh = cfg.mesh
+    topo = cfg.topology
     # "is None", not "or": a 0 given is refused by validation, not read as unset
-    world = mesh.world_size if mesh.world_size is not None else cfg.launcher.nproc_per_node
-    local = mesh.local_world_size if mesh.local_world_size is not None else world
-    device = device_type(cfg) if mesh.compute_device == Device.auto else mesh.compute_device.value
-    return ParallelDims.build(mesh, world, local, device)
+    world = topo.world_size if topo.world_size is not None else cfg.launcher.nproc_per_node
+    local = topo.local_world_size if topo.local_world_size is not None else world
+    device = device_type(cfg) if topo.compute_device == Device.auto else topo.compute_device.value
+    return ParallelDims.build(cfg.mesh, world, local, device)
 
 
 def rank_dims(cfg: DictConfig, world_size: int, device: torch.device, env: Mapping[str, str] = os.environ,

@@ -1,4 +1,4 @@
-"""Dry-run planning: ``python -m hybridrec.plan +experiment=NAME mesh.world_size=64 ...``.
+"""Dry-run planning: ``python -m hybridrec.plan +experiment=NAME topology.world_size=64 ...``.
 
 Plans the embedding tables for a simulated topology with the same planner, constraints and
 storage reservation as a real run, prints the plan report, saves ``plan.json`` in the Hydra
@@ -49,7 +49,7 @@ def main(cfg: DictConfig) -> None:
     quiet_libraries(verbose)  # hydra.verbose=torchrec.distributed.planner shows TorchRec's planner lines
     try:
         # "is None", not "or": a 0 given is refused by validate, not read as unset
-        validate(cfg, cfg.mesh.world_size if cfg.mesh.world_size is not None else cfg.launcher.nproc_per_node)
+        validate(cfg, cfg.topology.world_size if cfg.topology.world_size is not None else cfg.launcher.nproc_per_node)
         report = dry_plan(cfg, planning_dims(cfg), detect=False)
     except ValueError as e:  # PlanError included
         sys.exit(f"hybridrec.plan: {e}")

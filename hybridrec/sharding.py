@@ -41,7 +41,7 @@ from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from hybridrec.compat import planner_options, planner_reserved_share, planner_topology
-from hybridrec.config import MeshConfig, ShardingConfig, StorageReservation
+from hybridrec.config import ShardingConfig, StorageReservation, TopologyConfig
 from hybridrec.parallel_dims import ParallelDims
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
@@ -69,8 +69,8 @@ class PlanError(ValueError):
 
 
 # ------------------------------------------------------------------------------ topology
-def build_topology(mesh: MeshConfig, dims: ParallelDims, detect: bool = True) -> tuple[Topology, dict[str, Any]]:
-    """TorchRec's Topology from the mesh config. Unset memory sizes are detected from this
+def build_topology(topo: TopologyConfig, dims: ParallelDims, detect: bool = True) -> tuple[Topology, dict[str, Any]]:
+    """TorchRec's Topology from the topology config. Unset memory sizes are detected from this
     machine when ``detect`` (a real run, or the check before one), else TorchRec's defaults
     (a dry run plans for a cluster, not for the laptop it runs on). Also returns the resolved
     values and where each came from, for the report.
@@ -88,14 +88,14 @@ def build_topology(mesh: MeshConfig, dims: ParallelDims, detect: bool = True) ->
     if replicas > 1:
         resolved.update(sharding_group_size=plan_world, replica_group_size=replicas,
                         sharding_group_per_node=plan_local)
-    if mesh.device_memory_gb is not None:
-        hbm, resolved["device_memory"] = int(mesh.device_memory_gb * GIB), "config"
+    if topo.device_memory_gb is not None:
+        hbm, resolved["device_memory"] = int(topo.device_memory_gb * GIB), "config"
     elif detect and device_type == "cuda" and torch.cuda.is_available():
         hbm, resolved["device_memory"] = torch.cuda.get_device_properties(0).total_memory, "detected"
     else:
         hbm, resolved["device_memory"] = None, "TorchRec default"
-    if mesh.host_memory_gb is not None:
-        ddr, resolved["host_memory"] = int(mesh.host_memory_gb * GIB), "config"
+    if topo.host_memory_gb is not None:
+        ddr, resolved["host_memory"] = int(topo.host_memory_gb * GIB), "config"
     elif detect:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         ddr, resolved["host_memory"] = total // local_world_size, "detected"
@@ -110,15 +110,15 @@ def build_topology(mesh: MeshConfig, dims: ParallelDims, detect: bool = True) ->
             ddr_cap_bytes=ddr,
         ),
         hardware_config=HardwareConfig(
-            intra_host_bw=bw(mesh.intra_host_bandwidth_gbs),
-            inter_host_bw=bw(mesh.inter_host_bandwidth_gbs),
+            intra_host_bw=bw(topo.intra_host_bandwidth_gbs),
+            inter_host_bw=bw(topo.inter_host_bandwidth_gbs),
         ),
         kernel_config=KernelConfig(compute_device=device_type),
     )
     storage = topology.devices[0].storage
     resolved["device_memory_gib"] = round(storage.hbm / GIB, 2)
     resolved["host_memory_gib"] = round(storage.ddr / GIB, 2)
-    resolved["storage_reservation"] = f"{mesh.storage_reservation.value} {mesh.reservation_percentage:.0%}"
+    resolved["storage_reservation"] = f"{topo.storage_reservation.value} {topo.reservation_percentage:.0%}"
     return topology, resolved
 
 
@@ -173,7 +173,7 @@ class PlanRecorder(Stats):
 
 
 def make_planner(
-    mesh: MeshConfig,
+    topo: TopologyConfig,
     topology: Topology,
     local_batch_size: int,
     constraints: dict[str, ParameterConstraints],
@@ -181,9 +181,9 @@ def make_planner(
     reservation = (
         # TorchRec's heuristic reserves for DDP gradients of the dense part and warns that it
         # over-estimates; with FSDP2 dense parameters TorchRec advises a fixed percentage.
-        FixedPercentageStorageReservation(percentage=mesh.reservation_percentage)
-        if mesh.storage_reservation == StorageReservation.fixed
-        else HeuristicalStorageReservation(percentage=mesh.reservation_percentage)
+        FixedPercentageStorageReservation(percentage=topo.reservation_percentage)
+        if topo.storage_reservation == StorageReservation.fixed
+        else HeuristicalStorageReservation(percentage=topo.reservation_percentage)
     )
     recorder = PlanRecorder()
     planner = EmbeddingShardingPlanner(
@@ -211,10 +211,10 @@ def plan_tables(
     alike. Without: planned locally, for the dry run and the pre-launch check. With
     mesh.embedding_replicas > 1 the plan is one sharding group's (DMPCollection's input).
     """
-    topology, info = build_topology(cfg.mesh, dims, detect)
+    topology, info = build_topology(cfg.topology, dims, detect)
     tables = model.sparse_module().embedding_bag_configs()
     constraints = build_constraints(cfg.sharding, tables, pooling)
-    planner, recorder = make_planner(cfg.mesh, topology, cfg.data.batch_size // dims.world_size, constraints)
+    planner, recorder = make_planner(cfg.topology, topology, cfg.data.batch_size // dims.world_size, constraints)
     sharding_plan = _plan(planner, model, sharder, pg)
     if not recorder.best_plan:  # a rank that received the plan by broadcast
         return sharding_plan, None
@@ -293,8 +293,8 @@ def explain_planner_error(
             continue
         short = True
         ranks = math.ceil(need / per_rank) if per_rank else "more"
-        fix = [f"at least {ranks} ranks (mesh.world_size={ranks})",
-               f"mesh.{knob} >= {math.ceil(need / topology.world_size / (1 - pct) / GIB)}"]
+        fix = [f"at least {ranks} ranks (topology.world_size={ranks})",
+               f"topology.{knob} >= {math.ceil(need / topology.world_size / (1 - pct) / GIB)}"]
         if tier == "hbm":
             fix.append("host memory for the largest tables "
                        "(sharding.compute_kernels=[fused,fused_uvm_caching])")
@@ -319,7 +319,7 @@ def explain_planner_error(
             f"{largest[worst] / GIB:.1f} GiB of {memory} memory and a rank offers "
             f"{per_rank / GIB:.1f} GiB. Allow a type that splits it (row_wise, column_wise, "
             f"table_row_wise, as sharding.tables=[{{match:{worst},sharding_types:[row_wise]}}]) "
-            f"or raise mesh.{knob}."
+            f"or raise topology.{knob}."
         )
     lines.append(f"TorchRec says: {error}")
     return "\n".join(lines)

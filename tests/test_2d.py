@@ -63,8 +63,8 @@ def test_plan_cli_512_ranks_8_replicas(tmp_path):
     """DLRM-DCNv2 (MLPerf Criteo 1TB) on 64 nodes x 8 GPUs with 8 replicas: one sharding group of
     64 ranks, one per node (the replicas of a shard share a node), planned and reported."""
     proc = subprocess.run([sys.executable, "-m", "hybridrec.plan", "+experiment=dcnv2_criteo1tb",
-                           "mesh.world_size=512", "mesh.local_world_size=8", "mesh.embedding_replicas=8",
-                           "mesh.compute_device=cuda", "mesh.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
+                           "topology.world_size=512", "topology.local_world_size=8", "mesh.embedding_replicas=8",
+                           "topology.compute_device=cuda", "topology.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Embedding plan: 512 rank(s), 8 per node, cuda" in proc.stdout

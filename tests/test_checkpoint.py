@@ -242,7 +242,7 @@ def _check(path, state, overrides):
 def test_resume_across_parallelism_and_training_settings_is_compatible(tmp_path):
     path, state = _saved(tmp_path, BASE + ["mesh=fsdp", "sharding=table_wise"])
     # another world size, mesh, sharding, pipeline, batch, learning rate, length: same weights
-    _check(path, state, BASE + ["mesh=ddp", "sharding=row_wise", "launcher.nproc_per_node=2", "mesh.world_size=2",
+    _check(path, state, BASE + ["mesh=ddp", "sharding=row_wise", "launcher.nproc_per_node=2", "topology.world_size=2",
                                 "train.pipeline=base", "data.batch_size=128", "optimizer.dense.lr=0.5",
                                 "train.steps=100", "seed=3"])
 

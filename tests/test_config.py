@@ -24,6 +24,7 @@ GROUPS = {
                  "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd", "adam"],
     "mesh": ["fsdp", "hsdp", "ddp", "single"],
+    "topology": ["detect"],
 }
 
 
@@ -246,11 +247,11 @@ def test_readme_result_blocks_are_current():
         (["data=criteo"], r"^data.train_path and data.eval_path are not set: give data.train_path=\.\.\. "
                           r"data.eval_path=\.\.\. on the command line or in an experiment$"),
         (["data=criteo", "data.train_path=x"], r"^data.eval_path is not set"),
-        (["mesh.world_size=0"], r"^mesh.world_size must be >= 1 \(or unset\), got 0$"),
-        (["mesh.world_size=-4"], r"^mesh.world_size must be >= 1 \(or unset\), got -4$"),
-        (["mesh.local_world_size=0"], r"^mesh.local_world_size must be >= 1 \(or unset\), got 0$"),
-        (["mesh.device_memory_gb=-1"], r"^mesh.device_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
-        (["mesh.host_memory_gb=-1"], r"^mesh.host_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
+        (["topology.world_size=0"], r"^topology.world_size must be >= 1 \(or unset\), got 0$"),
+        (["topology.world_size=-4"], r"^topology.world_size must be >= 1 \(or unset\), got -4$"),
+        (["topology.local_world_size=0"], r"^topology.local_world_size must be >= 1 \(or unset\), got 0$"),
+        (["topology.device_memory_gb=-1"], r"^topology.device_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
+        (["topology.host_memory_gb=-1"], r"^topology.host_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
     ],
 )
 def test_bad_sizes_unknown_keys_and_unset_paths_name_the_key(overrides, message):

@@ -67,13 +67,13 @@ def test_a_saved_config_with_a_wrong_key_or_value_is_refused_by_name():
 @pytest.mark.unit
 def test_the_evaluation_config_is_the_checkpoints_with_the_data_changes():
     saved = _saved(["data=criteo", "data.train_path=a.tsv", "data.eval_path=b.tsv", "data.eval_batches=4",
-                    "mesh.world_size=4", "checkpoint.dir=ckpt", "launcher.nproc_per_node=4", "seed=7"])
+                    "topology.world_size=4", "checkpoint.dir=ckpt", "launcher.nproc_per_node=4", "seed=7"])
     ev = _evaluate_cfg(["checkpoint=ckpt/step_00000010", "data.eval_path=day_23.tsv", "data.eval_batches=null",
                         "launcher.nproc_per_node=2"])
     cfg = evaluation_config(saved, ev, data_option=False)
     assert cfg.data.eval_path == "day_23.tsv" and cfg.data.eval_batches is None and cfg.data.train_path == "a.tsv"
     assert cfg.data.id_mapping == IdMapping.modulo and cfg.seed == 7  # the split and ids the model was trained on
-    assert cfg.launcher.nproc_per_node == 2 and cfg.mesh.world_size is None and cfg.mesh.compute_device == Device.auto
+    assert cfg.launcher.nproc_per_node == 2 and cfg.topology.world_size is None and cfg.topology.compute_device == Device.auto
     assert cfg.checkpoint.dir is None and cfg.checkpoint.resume == "never"
     # data=<option>: that option's config, then its keys
     ev = _evaluate_cfg(["checkpoint=x", "data=criteo_binary", "data.train_path=t", "data.eval_path=e"])

@@ -69,7 +69,7 @@ def test_cpu_offload_on_cuda_gets_a_gloo_backend_for_cpu_tensors():
 
 
 def test_planning_dims_take_the_mesh_planning_keys():
-    cfg = compose_cfg(["mesh.world_size=64", "mesh.local_world_size=8", "mesh.compute_device=cuda",
+    cfg = compose_cfg(["topology.world_size=64", "topology.local_world_size=8", "topology.compute_device=cuda",
                        "mesh.embedding_replicas=4"])
     d = planning_dims(cfg)
     assert (d.world_size, d.local_world_size, d.device_type) == (64, 8, "cuda")

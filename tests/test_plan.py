@@ -18,7 +18,7 @@ LARGEST = {"t_cat_0", "t_cat_9", "t_cat_19", "t_cat_20", "t_cat_21"}  # the 40 M
 
 
 def _dcn(world, local, *overrides):
-    return dry_plan_for(compose_cfg(DCN + ["mesh.device_memory_gb=80", *overrides]), world, local, "cuda")
+    return dry_plan_for(compose_cfg(DCN + ["topology.device_memory_gb=80", *overrides]), world, local, "cuda")
 
 
 def _assert_feasible(report, world):
@@ -67,14 +67,14 @@ def test_dcnv2_on_1_gpu_device_memory_only_does_not_fit():
     msg = str(e.value)
     short = float(re.search(r"short by ([\d.]+) GiB", msg).group(1))
     assert 25 < short < 35  # ~98 GiB of tables against 68 GiB usable
-    assert "mesh.world_size=2" in msg and "fused_uvm_caching" in msg
+    assert "topology.world_size=2" in msg and "fused_uvm_caching" in msg
 
 
 @pytest.mark.unit
 def test_a_table_no_rank_can_hold_is_named():
     # 20 GiB per GPU, table-wise only: the 40 M-row tables (19 GiB each) fit in total, not per rank
     with pytest.raises(PlanError, match=r"t_cat_\d+'s smallest shard needs 19\.\d GiB"):
-        _dcn(8, 8, "mesh.device_memory_gb=20", "sharding=table_wise", "sharding.compute_kernels=[fused]")
+        _dcn(8, 8, "topology.device_memory_gb=20", "sharding=table_wise", "sharding.compute_kernels=[fused]")
 
 
 SMALL = ["data.num_embeddings_per_feature=[1000000,1000,100]", "model.embedding_dim=16",
@@ -84,7 +84,7 @@ SMALL = ["data.num_embeddings_per_feature=[1000000,1000,100]", "model.embedding_
 @pytest.mark.unit
 def test_auto_row_wise_when_a_table_exceeds_a_rank():
     # 1 M x 16 fp32 = 0.0596 GiB; each rank has 0.055 GiB: table-wise cannot hold it
-    budget = SMALL + ["mesh.host_memory_gb=0.055"]
+    budget = SMALL + ["topology.host_memory_gb=0.055"]
     with pytest.raises(PlanError):
         dry_plan_for(compose_cfg(budget + ["sharding=table_wise"]), 2, 2, "cpu")
     report = dry_plan_for(compose_cfg(budget), 2, 2, "cpu")
@@ -113,21 +113,21 @@ def test_constraint_that_matches_no_table_is_an_error():
 
 @pytest.mark.slow
 def test_plan_cli_saves_the_plan_and_explains_failure(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "mesh.world_size=8",
-                         "mesh.local_world_size=8", "mesh.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
+    ok = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "topology.world_size=8",
+                         "topology.local_world_size=8", "topology.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "Embedding plan: 8 rank(s), 8 per node, cuda" in ok.stdout
     assert len(json.load(open(os.path.join(tmp_path, "plan.json")))["tables"]) == 26
-    bad = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "mesh.world_size=1",
-                          "mesh.device_memory_gb=80", "sharding.compute_kernels=[fused]",
+    bad = subprocess.run([sys.executable, "-m", "hybridrec.plan", *DCN, "topology.world_size=1",
+                          "topology.device_memory_gb=80", "sharding.compute_kernels=[fused]",
                           f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "short by" in bad.stderr
 
 
 @pytest.mark.slow
 def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *SMALL, "mesh.host_memory_gb=0.055",
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *SMALL, "topology.host_memory_gb=0.055",
                            "sharding=table_wise", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
@@ -136,8 +136,8 @@ def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
-    ("mesh.world_size=0", "mesh.world_size must be >= 1 (or unset), got 0"),  # not read as "unset"
-    ("mesh.device_memory_gb=-1", "mesh.device_memory_gb must be > 0 (or unset to detect it), got -1.0"),
+    ("topology.world_size=0", "topology.world_size must be >= 1 (or unset), got 0"),  # not read as "unset"
+    ("topology.device_memory_gb=-1", "topology.device_memory_gb must be > 0 (or unset to detect it), got -1.0"),
 ])
 def test_plan_cli_refuses_bad_topology_naming_the_key(tmp_path, override, message):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.plan", *SMALL, override, f"hydra.run.dir={tmp_path}"],

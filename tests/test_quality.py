@@ -21,7 +21,7 @@ DCNV2_TABLES = "[" + ",".join(str(min(n, 20_000)) for n in [
 EXPERIMENTS = {
     "ctr": ["data.valid_batches=1"],
     "dcnv2_criteo1tb": ["data.valid_batches=1", "data.batch_size=2048", f"data.num_embeddings_per_feature={DCNV2_TABLES}",
-                        "mesh.compute_device=auto"],
+                        "topology.compute_device=auto"],
     "movielens": ["data.eval_batches=4"],
     "movielens_rank": [],
     "movielens_retrieval": [],
