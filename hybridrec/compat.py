@@ -90,3 +90,11 @@ def failed_job_error(job_return: Any) -> BaseException:
     ``return_value`` re-raises it, after writing "Error executing job" to stderr, which a
     callback that only records the failure must not do; the dataclass keeps it in a field."""
     return job_return._return_value
+
+
+def decline_restarts(agent: Any) -> None:
+    """Make torch's elastic agent end the job at this failure instead of restarting its
+    workers: it restarts while its private ``_remaining_restarts`` is above 0, and has no
+    public way to refuse a restart for one kind of failure (``_monitor_workers``, where the
+    failure is seen, is the documented method to extend: "Elastic Agent: Extending the Agent")."""
+    agent._remaining_restarts = 0

@@ -611,7 +611,8 @@ class TrainConfig:
     steps: int = 100
     """Optimizer steps (global batches) to train."""
     log_every: int = 10
-    """Steps between loss reductions across ranks (one collective per window, not per step)."""
+    """Steps between loss reports: one all-reduce of the window's losses (not one per step), a
+    metrics.jsonl record and, when stderr is not a terminal, one progress line."""
     eval_every: int = 0
     """Evaluate on the whole eval set every N steps (0 = only at the end, which always runs)."""
     pipeline: Pipeline = Pipeline.sparse_dist

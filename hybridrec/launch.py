@@ -31,6 +31,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+from hybridrec.compat import decline_restarts
 from hybridrec.config import Device, validate
 from hybridrec.logs import JobLogging
 from hybridrec.trainer import USER_ERROR_EXIT, RankJob, run
@@ -171,12 +172,9 @@ class _UserErrorsEndTheJob(LocalElasticAgent):
     ranks would read the same config and files and fail the same way, max_restarts times."""
 
     def _monitor_workers(self, worker_group: Any) -> RunResult:
-        # torch documents extending the agent through SimpleElasticAgent's methods, this one
-        # included ("Elastic Agent: Extending the Agent"); _invoke_run restarts the workers
-        # only while _remaining_restarts > 0.
         result = super()._monitor_workers(worker_group)
         if result.is_failed() and any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
-            self._remaining_restarts = 0
+            decline_restarts(self)
         return result
 
 
