@@ -4,20 +4,30 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-GPU    ?= 0
+# test-gpu and bench-gpu need the CUDA builds: on a machine with an NVIDIA driver they imply
+# GPU=1 (else install would switch .venv back to the CPU builds). Without one they keep the
+# CPU install, and then skip (test-gpu) or refuse (bench-gpu) with the reason.
+GPU    ?= $(if $(filter test-gpu bench-gpu,$(MAKECMDGOALS)),$(if $(shell command -v nvidia-smi),1,0),0)
 ARGS   ?=
 
+# The CUDA variant of torch 2.13.0 for GPU=1, pinned by its local version: a local index
+# offering 2.13.0+cpu cannot satisfy it. It must match the CUDA that fbgemm-gpu 1.8.0 was built for.
+CUDA   ?= cu128
+TORCH_INDEX := https://download.pytorch.org/whl/$(CUDA)
+
 ifeq ($(GPU),1)
-FBGEMM := fbgemm-gpu
+TORCH  := torch==2.13.0+$(CUDA) fbgemm-gpu --extra-index-url $(TORCH_INDEX)
 else
-FBGEMM := fbgemm-gpu-cpu
+TORCH  := torch fbgemm-gpu-cpu
 endif
 # The stamp records what was installed; it is rebuilt only when the pins, the package
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
 MOVIELENS := data/ml-100k/u.data
+# -P: the script runs before hybridrec is installed, without its folder shadowing any module
+CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install train test test-fast bench bench-quick compare-models data-movielens clean
+.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu compare-models data-movielens clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -25,15 +35,20 @@ help: ## list the targets
 
 install: $(STAMP) ## create .venv and install the pinned dependencies (GPU=1 for CUDA builds)
 
-$(STAMP): constraints.txt pyproject.toml
+$(STAMP): constraints.txt pyproject.toml hybridrec/install_check.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	rm -f $(VENV)/.installed-gpu*
+	# Switching a .venv between CPU and GPU: first remove the other build's torch and fbgemm
+	# (fbgemm-gpu and fbgemm-gpu-cpu install the same module: one over the other mixes files).
+	other="$$($(CHECK) --other)"; if [ -n "$$other" ]; then $(PIP) uninstall -y $$other; fi
 	# torch first, pinned, so nothing later can pull a different (CUDA) build.
-	$(PIP) install -c constraints.txt torch $(FBGEMM)
-	# torchrec's metadata names the CUDA fbgemm-gpu: --no-deps, its real needs come from pyproject.toml.
-	$(PIP) install -c constraints.txt --no-deps torchrec
+	$(PIP) install -c constraints.txt $(TORCH)
 	$(PIP) install -c constraints.txt -e '.[test]'
-	$(PY) -c "import torch, torchrec, fbgemm_gpu, hydra; print('torch', torch.__version__, '| cuda', torch.cuda.is_available())"
+	# torchrec last, with --no-deps: its metadata names the CUDA fbgemm-gpu (its real needs are
+	# in pyproject.toml), and pip checks dependencies only when it installs them, so no
+	# misleading "torchrec requires fbgemm-gpu" error is printed on a CPU machine.
+	$(PIP) install -c constraints.txt --no-deps torchrec
+	$(CHECK)  # fails when GPU=1 got a torch without CUDA, or when both fbgemm builds are present
 	touch $@
 
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
@@ -45,11 +60,18 @@ test: install $(MOVIELENS) ## run the whole test suite, every tier (fetches Movi
 test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute)
 	$(PY) -m pytest -q -m unit $(ARGS)
 
+test-gpu: install ## on a CUDA machine (not yet run on one): the gpu tier, then the 2-rank suites on NCCL; skipped with the reason elsewhere
+	$(PY) -m pytest -q -m gpu $(ARGS)
+	HYBRIDREC_TEST_DEVICE=cuda $(PY) -m pytest -q -m dist tests/test_equivalence.py tests/test_checkpoint.py tests/test_2d.py $(ARGS)
+
 bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~30-35 min on 2 CPU cores)
 	$(PY) benchmarks/bench.py $(ARGS)
 
 bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cores) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
+
+bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (CUDA builds; not yet run on a GPU)
+	$(PY) benchmarks/bench.py --preset gpu $(ARGS)
 
 compare-models: install $(MOVIELENS) ## DLRM, DCN and DeepFM on ctr and movielens, one sweep each -> benchmarks/results/MODELS.md (~6 min on 2 CPU cores)
 	$(PY) benchmarks/compare_models.py $(ARGS)

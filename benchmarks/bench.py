@@ -6,7 +6,8 @@ What runs is what users run: each repetition is a Hydra multirun over the real e
     python -m hybridrec.train -m +experiment=ctr sharding=auto,table_wise,... mesh=ddp,fsdp \\
         train.pipeline=sparse_dist,base launcher.nproc_per_node=2 ...
 
-one per world size, each followed by the reference at that world size (torchrun). Repetitions
+one per world size (1 rank, then the preset's multi-rank world: 2, or every local GPU in the
+gpu preset), each followed by the reference at that world size (torchrun). Repetitions
 alternate (every configuration once per repetition, the sweep order reversed on every other
 one), so slow phases of a shared machine hit every configuration alike.
 
@@ -24,6 +25,7 @@ one), so slow phases of a shared machine hit every configuration alike.
     python benchmarks/bench.py                 # full suite (make bench), ~30-35 min on 2 cores
     python benchmarks/bench.py --preset quick  # representative subset (make bench-quick), < 5 min
     python benchmarks/bench.py --preset smoke --out /tmp/b   # tiny: checks the outputs only
+    python benchmarks/bench.py --preset gpu    # every local GPU, launcher.device=cuda (make bench-gpu)
 Writes <out>/results.json (every raw number), REPORT.md and PNG charts, and each run's own
 directory under <out>/raw/. --out defaults to benchmarks/results for the full suite and to
 outputs/bench-<preset> for the others.
@@ -67,21 +69,31 @@ class Preset:
     per_rank_batch: int
     world1: dict[str, list[str]]
     """Sweep of the 1-rank runs: override key -> values."""
-    world2: dict[str, list[str]]
+    world_n: dict[str, list[str]]
+    """Sweep of the runs at the multi-rank world (``worlds[-1]``)."""
     profile: list[str]
-    """Dense modes profiled once each (2 ranks, default sharding and pipeline); [] = none."""
+    """Dense modes profiled once each (multi-rank world, default sharding and pipeline); [] = none."""
     dense_memory_steps: int
     """0 = not run."""
     input: dict[str, Any]
     """input_scaling.measure's arguments ({} = not run)."""
     levers: list[str] = dataclasses.field(default_factory=list)
-    """levers.LEVERS measured at 2 ranks beside the default and the reference ([] = none)."""
+    """levers.LEVERS measured at the multi-rank world beside the default and the reference ([] = none)."""
     levers_reps: int = 3
+    worlds: tuple[int, ...] = (1, 2)
+    """World sizes, in order: 1 rank, then the multi-rank world; (1,) = the 1-rank runs only."""
     reference_worlds: tuple[int, ...] = (1, 2)
     """World sizes the reference runs at."""
     overrides: list[str] = dataclasses.field(default_factory=list)
     """Extra Hydra overrides for every run (the smoke preset's tiny model)."""
     dense_memory_model: list[str] | None = None
+    device: str | None = None
+    """launcher.device of hybridrec's runs and --device of the reference; None = their auto
+    (cuda when torch sees a GPU). "cuda" also makes ``worlds`` = (1, every local GPU)."""
+    roofline: bool = True
+    """Probe the CPU's sgemm rate and report each mode's share of it (the dense roofline)."""
+    notes: tuple[str, ...] = ()
+    """Method notes the report prints: what the preset leaves out and why."""
 
 
 BOTH = {"mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist", "base"]}
@@ -89,25 +101,57 @@ PRESETS = {
     # 3 x (20 + 4 hybridrec runs + 2 reference runs) + profiles, dense memory, input:
     # ~30-35 min on 2 CPU cores (the input section: ~7 min).
     "full": Preset(reps=3, steps=150, warmup=30, per_rank_batch=1024,
-                   world1={"sharding": ["auto"], **BOTH}, world2={"sharding": SHARDINGS, **BOTH},
+                   world1={"sharding": ["auto"], **BOTH}, world_n={"sharding": SHARDINGS, **BOTH},
                    profile=["ddp", "fsdp"], dense_memory_steps=8,
                    input=dict(reps=3, tsv_rows=200_000, steps=12, train_steps=60), levers=list(LEVERS)),
     # The default (fsdp) and ddp at both sizes beside the reference, every section of the
     # report: ~3 min on a quiet 2-core machine (6 min measured with the cores shared).
     "quick": Preset(reps=2, steps=80, warmup=20, per_rank_batch=1024,
                     world1={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
-                    world2={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
+                    world_n={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
                     profile=[], dense_memory_steps=2,
                     input=dict(reps=1, tsv_rows=50_000, steps=6, train_steps=40, quick=True, scale=4)),
     # A tiny model, to check the suite runs and its outputs are well-formed (CI): no timings.
     "smoke": Preset(reps=1, steps=6, warmup=2, per_rank_batch=64,
                     world1={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
-                    world2={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
+                    world_n={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
                     profile=["fsdp"], dense_memory_steps=1, reference_worlds=(2,),
                     levers=["default", "every core on every rank"], levers_reps=1,
                     input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16),
                     overrides=TINY, dense_memory_model=TINY_DENSE),
+    # hybridrec and the reference on every local GPU (worlds = (1, GPUs), set at start),
+    # per-rank batch 8192: ctr's dense part is small, so a GPU needs large batches to have
+    # work. 3 x (4 + 10 hybridrec runs + 2 reference runs) + 2 x 7 lever runs.
+    "gpu": Preset(reps=3, steps=400, warmup=50, per_rank_batch=8192, device="cuda", roofline=False,
+                  world1={"sharding": ["auto"], **BOTH},
+                  world_n={"sharding": SHARDINGS, "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
+                  profile=[], dense_memory_steps=0, input={}, levers_reps=2,
+                  levers=[n for n in LEVERS if n != "every core on every rank"],  # a CPU thread split
+                  notes=("Not run on GPUs: the profiled breakdown (it attributes host wall time, and on a GPU the "
+                         "host waits where the device falls behind, not where the work is), the dense roofline and "
+                         "the dense-heavy case (their probes measure the CPU), the input pipeline (host-side; "
+                         "`make bench-quick` measures it). The levers leave out the CPU thread split.",
+                         "Both tools build the synthetic batches on each rank's host thread "
+                         "(`data.num_workers=0`): at this batch the host's input cost can bound both alike.")),
 }
+
+
+def cuda_problem() -> str | None:
+    """Why a CUDA preset cannot run here, or None: hybridrec's own reason for refusing
+    launcher.device=cuda (a CPU-only torch build, or no usable GPU)."""
+    from hybridrec.parallel_dims import Cuda
+
+    return Cuda.probe().unusable()
+
+
+def on_local_gpus(p: Preset, gpus: int) -> Preset:
+    """``p`` on ``gpus`` GPUs, one rank each: 1 rank, then all of them (with one GPU, the
+    1-rank comparison only), the reference at every world size."""
+    worlds = (1, gpus) if gpus > 1 else (1,)
+    one = () if gpus > 1 else ("One GPU: the 1-rank comparison only (no multi-rank world, no scaling).",)
+    return dataclasses.replace(p, worlds=worlds, reference_worlds=worlds, notes=p.notes + one)
+
+
 # ------------------------------------------------------------------------------ running
 def _run(cmd: list[str], log: str) -> None:
     """Run a command, its output to ``log``; a failure raises with the log's tail."""
@@ -137,7 +181,7 @@ def steady_rate(run_dir: str, global_batch: int, warmup: int) -> float:
 
 def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), sweep_values=None) -> list[dict]:
     """One Hydra multirun of hybridrec at ``world`` ranks; one record per job."""
-    values = sweep_values or (p.world1 if world == 1 else p.world2)
+    values = sweep_values or (p.world1 if world == 1 else p.world_n)
     # Every other repetition runs the sweep backwards: drift over the run cancels out.
     order = (lambda v: v[::-1]) if rep % 2 else (lambda v: v)
     swept = [f"{k}={','.join(order(v))}" for k, v in values.items()]
@@ -147,7 +191,7 @@ def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), swee
         shutil.rmtree(sweep_dir)
     cmd = [sys.executable, "-m", "hybridrec.train", "-m", "+experiment=ctr", *swept,
            f"launcher.nproc_per_node={world}", f"data.batch_size={p.per_rank_batch * world}",
-           f"train.steps={p.steps}", f"train.log_every={p.warmup}", "data.eval_batches=1",
+           f"train.steps={p.steps}", f"train.log_every={p.warmup}", "data.eval_batches=1", *_device(p),
            *p.overrides, *extra, f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"]
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
     _run(cmd, os.path.join(out, "raw", f"{tag}.log"))
@@ -172,20 +216,27 @@ def single(p: Preset, world: int, rep: int, out: str, tag: str, overrides: list[
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", f"launcher.nproc_per_node={world}",
            f"data.batch_size={(per_rank_batch or p.per_rank_batch) * world}", f"train.steps={p.steps}",
-           f"train.log_every={p.warmup}", "data.eval_batches=1", *p.overrides, *overrides, f"hydra.run.dir={run_dir}"]
+           f"train.log_every={p.warmup}", "data.eval_batches=1", *_device(p), *p.overrides, *overrides,
+           f"hydra.run.dir={run_dir}"]
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
     _run(cmd, f"{run_dir}.log")
     return _record(run_dir, rep, out, p.warmup)
+
+
+def _device(p: Preset) -> list[str]:
+    return [f"launcher.device={p.device}"] if p.device else []
 
 
 def _record(job_dir: str, rep: int, out: str, warmup: int) -> dict:
     """A finished run's numbers and resolved config."""
     s = json.load(open(os.path.join(job_dir, "summary.json")))
     cfg = _load_yaml(os.path.join(job_dir, ".hydra", "config.yaml"))
+    device_mb = [m.get("peak_device_allocated_mb") for m in s["memory_per_rank"]]  # GPU runs
     return {
         "kind": "hybridrec",
         "rep": rep,
         "world_size": s["world_size"],
+        "device": s["device"],
         "sharding": _sharding_name(cfg),
         "dense": cfg["mesh"]["dense"],
         "pipeline": cfg["train"]["pipeline"],
@@ -195,7 +246,9 @@ def _record(job_dir: str, rep: int, out: str, warmup: int) -> dict:
         "step_time_p95_ms": s["train"]["step_time_p95_ms"],
         "peak_rss_mb": s["peak_rss_mb"],
         "memory_per_rank": s["memory_per_rank"],
+        **({"peak_device_allocated_mb": device_mb} if None not in device_mb else {}),
         "plan": {t: [v["sharding_type"], len(v["ranks"])] for t, v in s["plan"].items()},
+        "compute_kernels": {t: v["compute_kernel"] for t, v in s["plan"].items()},
         "train_loss": s["train_loss"],
         "profile": s.get("profile"),
         "overrides": _load_yaml(os.path.join(job_dir, ".hydra", "overrides.yaml")),
@@ -214,7 +267,8 @@ def reference(p: Preset, world: int, rep: int, out: str, tag: str = "") -> dict:
     path = os.path.join(out, "raw", f"rep{rep}_world{world}_reference{'_' + tag if tag else ''}.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
            os.path.join(HERE, "reference_torchrec.py"), f"--steps={p.steps}", f"--warmup={p.warmup}",
-           f"--out={path}", f"data.batch_size={p.per_rank_batch * world}", *p.overrides]
+           f"--out={path}", f"--device={p.device or 'auto'}", f"data.batch_size={p.per_rank_batch * world}",
+           *p.overrides]
     _run(cmd, path.replace(".json", ".log"))
     r = json.load(open(path))
     return {"kind": "reference", "rep": rep, "sharding": "torchrec planner", "dense": "ddp",
@@ -238,6 +292,8 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cuda": torch.version.cuda,
         "hostname": platform.node(),
         "os": platform.platform(),
         "python": platform.python_version(),
@@ -270,15 +326,23 @@ def main() -> None:
     p = dataclasses.replace(PRESETS[args.preset], **{k: v for k, v in (("reps", args.reps), ("steps", args.steps)) if v})
     if not 1 <= p.warmup < p.steps:
         parser.error(f"steps ({p.steps}) must exceed the warm-up ({p.warmup})")
+    if p.device == "cuda":  # before anything runs: one line, no traceback
+        if reason := cuda_problem():
+            sys.exit(f"bench: the {args.preset} preset needs CUDA: {reason}")
+        import torch
+
+        p = on_local_gpus(p, torch.cuda.device_count())
+        print(f"bench: {torch.cuda.device_count()} x {torch.cuda.get_device_name()}, world sizes {p.worlds}"
+              + ("" if len(p.worlds) > 1 else " (one GPU: the 1-rank comparison only)"), flush=True)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     started = time.time()
     # The machine's dense arithmetic rate, probed at the start and the end (a shared machine
     # drifts): the roofline the report measures every mode against.
-    sgemm = [sgemm_gflops(rows=p.per_rank_batch)]
+    sgemm = [sgemm_gflops(rows=p.per_rank_batch)] if p.roofline else []
     runs: list[dict] = []
     for rep in range(p.reps):
-        for world in (1, 2):
+        for world in p.worlds:
             # hybridrec and the reference back to back, the order swapped every other repetition
             steps = [lambda: sweep(p, world, rep, out)]
             if world in p.reference_worlds:
@@ -291,7 +355,7 @@ def main() -> None:
     profile = []
     if p.profile:  # separate runs, not timed: the profiler slows the steps it records
         window = ["profile.enabled=true", f"profile.start_step={p.warmup}", f"profile.steps={min(10, p.steps - p.warmup)}"]
-        for r in sweep(p, 2, 0, out, extra=window,
+        for r in sweep(p, p.worlds[-1], 0, out, extra=window,
                        sweep_values={"sharding": ["auto"], "mesh": p.profile, "train.pipeline": ["sparse_dist"]}):
             r["profiled"] = True
             runs.append(r)
@@ -301,10 +365,12 @@ def main() -> None:
         import levers
 
         lever_res = levers.measure(p, out, p.levers_reps, single, reference, names=p.levers)
-    sgemm.append(sgemm_gflops(rows=p.per_rank_batch))
-    roofline = {"sgemm_gflops": sgemm, "sgemm_gflops_median": statistics.median(sgemm),
-                "gemm": f"float32 {p.per_rank_batch} x 512 @ 512 x 512, {os.cpu_count()} threads",
-                "flops_per_sample": dense_flops_per_sample(["+experiment=ctr", *p.overrides])}
+    roofline = None
+    if p.roofline:
+        sgemm.append(sgemm_gflops(rows=p.per_rank_batch))
+        roofline = {"sgemm_gflops": sgemm, "sgemm_gflops_median": statistics.median(sgemm),
+                    "gemm": f"float32 {p.per_rank_batch} x 512 @ 512 x 512, {os.cpu_count()} threads",
+                    "flops_per_sample": dense_flops_per_sample(["+experiment=ctr", *p.overrides])}
     configs = summarize(runs, roofline)
     res: dict[str, Any] = {
         "schema_version": 1,

@@ -25,11 +25,22 @@ def _key(r: dict) -> tuple:
     return (r["kind"], r["world_size"], r["sharding"], r["dense"], r["pipeline"])
 
 
+def _ranks(world: int) -> str:
+    return f"{world} rank{'s' if world > 1 else ''}"
+
+
 def _name(key: tuple) -> str:
     kind, world, sharding, dense, pipeline = key
     if kind == "reference":
-        return f"{world} rank{'s' if world > 1 else ''} · TorchRec reference (planner, DDP, sparse_dist)"
-    return f"{world} rank{'s' if world > 1 else ''} · {sharding} · {dense} · {pipeline}"
+        return f"{_ranks(world)} · TorchRec reference (planner, DDP, sparse_dist)"
+    return f"{_ranks(world)} · {sharding} · {dense} · {pipeline}"
+
+
+def top_world(configs: list[dict]) -> int:
+    """The suite's multi-rank world (bench.py's ``Preset.worlds[-1]``, 1 when a run had one
+    world only), read from the data: the sweeps, the answers, the profile and the levers run
+    there."""
+    return max(c["world_size"] for c in configs)
 
 
 def summarize(runs: list[dict], roofline: dict | None = None) -> list[dict]:
@@ -63,6 +74,11 @@ def summarize(runs: list[dict], roofline: dict | None = None) -> list[dict]:
         if key[0] == "hybridrec":
             c["est_host_mb"] = [m["est_host_mb"] for m in rs[0]["memory_per_rank"]]
             c["est_device_mb"] = [m["est_device_mb"] for m in rs[0]["memory_per_rank"]]
+        if rs[0].get("compute_kernels"):  # (recorded since the gpu preset; table -> kernel)
+            c["compute_kernels"] = sorted(set(rs[0]["compute_kernels"].values()))
+        if rs[0].get("peak_device_allocated_mb"):  # GPU runs that record it
+            c["peak_device_allocated_mb"] = [statistics.median(r["peak_device_allocated_mb"][i] for r in rs)
+                                             for i in range(ranks)]
         ref = refs.get(key[1], {})
         ratios = [r["samples_per_second"] / ref[r["rep"]] for r in rs if r["rep"] in ref]
         if ratios:
@@ -81,21 +97,24 @@ def roofline_fraction(samples_per_second: float, roofline: dict) -> float:
 
 
 def scaling(configs: list[dict]) -> list[dict]:
-    """Weak scaling 1 -> 2 ranks for every configuration measured at both sizes."""
+    """Weak scaling 1 -> N ranks (N = top_world) for every configuration measured at both."""
+    n = top_world(configs)
     one = {(c["kind"], c["dense"], c["pipeline"]): c for c in configs if c["world_size"] == 1}
     out = []
     for c in configs:
         base = one.get((c["kind"], c["dense"], c["pipeline"]))
-        if c["world_size"] == 2 and base and c["sharding"] in ("auto", "torchrec planner"):
-            s2, s1 = c["median_samples_per_second"], base["median_samples_per_second"]
-            out.append({"name": c["name"].split(" · ", 1)[1], "samples_per_second_1": s1, "samples_per_second_2": s2,
-                        "speedup": s2 / s1, "efficiency": s2 / (2 * s1)})
+        if n > 1 and c["world_size"] == n and base and c["sharding"] in ("auto", "torchrec planner"):
+            sn, s1 = c["median_samples_per_second"], base["median_samples_per_second"]
+            out.append({"name": c["name"].split(" · ", 1)[1], "world_size": n, "samples_per_second_1": s1,
+                        "samples_per_second_n": sn, "speedup": sn / s1, "efficiency": sn / (n * s1)})
     return out
 
 
 def answers(configs: list[dict]) -> dict[str, Any]:
-    two = [c for c in configs if c["world_size"] == 2]
-    hyb = [c for c in two if c["kind"] == "hybridrec"]
+    """At the top world: the fastest mode, the default's distance to it, memory, the ratios to
+    the reference; and the fastest mode against the reference at every world size."""
+    top = [c for c in configs if c["world_size"] == top_world(configs)]
+    hyb = [c for c in top if c["kind"] == "hybridrec"]
     if not hyb:
         return {}
     best = max(hyb, key=lambda c: c["median_samples_per_second"])
@@ -141,7 +160,17 @@ def _rank_list(values: list[float], fmt: str = "{:,.0f}") -> str:
 
 def report(res: dict[str, Any]) -> str:
     s, m, configs = res["suite"], res["machine"], res["configs"]
-    gpu = m["gpu"] or "no GPU"
+    n = top_world(configs)
+    # scaling and answers re-derived from the configs: results.json files written before the
+    # world size was a preset field keep rendering (their scaling keys named 2 ranks)
+    res = {**res, "scaling": scaling(configs)}
+    gpu = f"{m['gpu_count']} x {m['gpu']}" if m["gpu"] and m.get("gpu_count") else m["gpu"] or "no GPU"
+    if m["gpu"] and m.get("cuda"):
+        gpu += f" (CUDA {m['cuda']})"
+    # the ranks' device: the runs' own record (older results: cuda whenever torch saw a GPU,
+    # as hybridrec's launcher.device=auto and the reference pick)
+    devices = sorted({r["device"].split(":")[0] for r in res["runs"] if r.get("device")}) or \
+        ["cuda" if m["gpu"] else "cpu"]
     L = [
         "# Benchmark report",
         "",
@@ -163,13 +192,21 @@ def report(res: dict[str, Any]) -> str:
         "per step over all steps (summary.json). Memory: peak RSS per rank.",
         "- Every run's resolved config, overrides and raw numbers are in `results.json`.",
     ]
-    if m["cores"] and m["cores"] <= 2:
-        L.append(f"- On {m['cores']} cores, 2 ranks share the cores one rank uses: 2 ranks add communication, "
-                 "not compute. Read the 2-rank numbers as distributed overhead.")
+    if "cuda" in devices:
+        kernels = {kind: sorted({k for c in configs if c["kind"] == kind for k in c.get("compute_kernels", [])})
+                   for kind in ("hybridrec", "reference")}
+        L.append(f"- Ranks on {', '.join(devices)}: one GPU per rank, NCCL. Embedding kernels the planners chose: "
+                 f"hybridrec {', '.join(kernels['hybridrec']) or 'not recorded'}; reference "
+                 f"{', '.join(kernels['reference']) or 'not recorded'}. Step times are host wall time: on a GPU "
+                 "the host runs ahead of the device; samples/s are timed between synchronizing collectives.")
+    L += [f"- {note}" for note in s.get("notes", [])]
+    if devices == ["cpu"] and m["cores"] and m["cores"] <= n:
+        L.append(f"- On {m['cores']} cores, {n} ranks share the cores one rank uses: {n} ranks add communication, "
+                 f"not compute. Read the {n}-rank numbers as distributed overhead.")
     a = res["answers"]
     L += ["", "## Answers", ""]
     if a:
-        L.append(f"- Fastest at 2 ranks: **{a['fastest']}** ({a['fastest_samples_per_second']:,.0f} samples/s).")
+        L.append(f"- Fastest at {_ranks(n)}: **{a['fastest']}** ({a['fastest_samples_per_second']:,.0f} samples/s).")
         if "default" in a:
             verdict = "meets" if a["target_default_within_5pct"] else "misses"
             L.append(f"- Default (`{a['default']}`) is {a['default_behind_fastest_pct']:.1f}% behind the fastest: "
@@ -182,11 +219,11 @@ def report(res: dict[str, Any]) -> str:
         if "default_vs_reference" in a:
             d = a["default_vs_reference"]
             verdict = "meets" if a["target_default_at_least_reference"] else "misses"
-            L.append(f"- Default vs the hand-written TorchRec loop at 2 ranks: {d['median']:.3f}x "
+            L.append(f"- Default vs the hand-written TorchRec loop at {_ranks(n)}: {d['median']:.3f}x "
                      f"({d['min']:.3f} - {d['max']:.3f}): {verdict} the target (>= 1.0x).")
         for world, d in a.get("fastest_vs_reference", {}).items():
             verdict = "meets" if d["target_met"] else "misses"
-            L.append(f"- Fastest at {world} rank{'s' if world != '1' else ''} vs the reference: `{d['config']}` "
+            L.append(f"- Fastest at {_ranks(int(world))} vs the reference: `{d['config']}` "
                      f"{d['median']:.3f}x ({d['min']:.3f} - {d['max']:.3f}, {d['reps']} repetitions): {verdict} "
                      "the target (>= 1.05x).")
     if "memory" in a:
@@ -197,8 +234,8 @@ def report(res: dict[str, Any]) -> str:
                      f"({_rank_list(mem['most_even_peak_rss_mb'])} MB).")
     if res["scaling"]:  # the default mode's scaling when measured
         sc = next((x for x in res["scaling"] if x["name"] == "auto · fsdp · sparse_dist"), res["scaling"][0])
-        L.append(f"- Scaling 1 -> 2 ranks ({sc['name']}): {sc['speedup']:.2f}x throughput "
-                 f"(efficiency {sc['efficiency']:.0%} of ideal 2x); see Weak scaling.")
+        L.append(f"- Scaling 1 -> {n} ranks ({sc['name']}): {sc['speedup']:.2f}x throughput "
+                 f"(efficiency {sc['efficiency']:.0%} of ideal {n}x); see Weak scaling.")
     rf = res.get("roofline")
     L += ["", "## Throughput and ratio vs reference", ""]
     if rf:
@@ -207,6 +244,8 @@ def report(res: dict[str, Any]) -> str:
               f"{_rank_list(rf['sgemm_gflops'], '{:.1f}')} GFLOP/s at the start and end of the run. Dense roofline = "
               "samples/s x FLOPs per sample / the median rate: the share of the machine's dense arithmetic "
               "the mode turns into training.", ""]
+    else:
+        L += ["Dense roofline: not measured in this preset.", ""]
     L += ["| configuration | samples/s (median) | min - max | step p50 / p95 ms | vs reference | dense roofline |",
           "|---|---:|---:|---:|---:|---:|"]
     for c in configs:
@@ -216,28 +255,39 @@ def report(res: dict[str, Any]) -> str:
         L.append(f"| {c['name']} | {c['median_samples_per_second']:,.0f} | {c['min_samples_per_second']:,.0f} - "
                  f"{c['max_samples_per_second']:,.0f} | {c['step_time_p50_ms']:.1f} / {c['step_time_p95_ms']:.1f} | "
                  f"{ratio} | {roof} |")
+    # GPU runs: torch's peak allocated device memory per rank, when the runs recorded it
+    device_mem = any("peak_device_allocated_mb" in c for c in configs)
     L += ["", "## Memory per rank", "",
           "Peak RSS per rank (median over repetitions) beside the planner's estimate for the tables it "
-          "placed (host MB on CPU; the rest of RSS is the runtime, dense model, buffers and batches).", "",
-          "| configuration | sharding chosen (x shards per table) | peak RSS MB per rank | planner estimate MB per rank |",
-          "|---|---|---|---|"]
+          "placed (host MB on CPU; the rest of RSS is the runtime, dense model, buffers and batches)."
+          + (" On GPU: the estimate is device memory, beside torch's peak allocated device memory." if device_mem
+             else ""), "",
+          "| configuration | sharding chosen (x shards per table) | peak RSS MB per rank | planner estimate MB per rank |"
+          + (" peak device allocated MB per rank |" if device_mem else ""),
+          "|---|---|---|---|" + ("---|" if device_mem else "")]
     for c in configs:
         est = [h + d for h, d in zip(c.get("est_host_mb", []), c.get("est_device_mb", []))]
         L.append(f"| {c['name']} | {', '.join(c['plan_types'])} | {_rank_list(c['peak_rss_mb'])} | "
-                 f"{_rank_list(est) if est else '-'} |")
-    L += ["", "## Weak scaling", "",
-          f"Per-rank batch fixed at {s['per_rank_batch']}: 1 rank runs global batch {s['per_rank_batch']}, "
-          f"2 ranks {2 * s['per_rank_batch']}. Efficiency = samples/s at 2 ranks / (2 x samples/s at 1 rank).", "",
-          "| configuration | 1 rank samples/s | 2 ranks samples/s | speed-up | efficiency |", "|---|---:|---:|---:|---:|"]
-    for sc in res["scaling"]:
-        L.append(f"| {sc['name']} | {sc['samples_per_second_1']:,.0f} | {sc['samples_per_second_2']:,.0f} | "
-                 f"{sc['speedup']:.2f}x | {sc['efficiency']:.0%} |")
+                 f"{_rank_list(est) if est else '-'} |"
+                 + (f" {_rank_list(c['peak_device_allocated_mb']) if 'peak_device_allocated_mb' in c else '-'} |"
+                    if device_mem else ""))
+    L += ["", "## Weak scaling", ""]
+    if n > 1:
+        L += [f"Per-rank batch fixed at {s['per_rank_batch']}: 1 rank runs global batch {s['per_rank_batch']}, "
+              f"{n} ranks {n * s['per_rank_batch']}. Efficiency = samples/s at {n} ranks / ({n} x samples/s at 1 rank).",
+              "", f"| configuration | 1 rank samples/s | {n} ranks samples/s | speed-up | efficiency |",
+              "|---|---:|---:|---:|---:|"]
+        for sc in res["scaling"]:
+            L.append(f"| {sc['name']} | {sc['samples_per_second_1']:,.0f} | {sc['samples_per_second_n']:,.0f} | "
+                     f"{sc['speedup']:.2f}x | {sc['efficiency']:.0%} |")
+    else:
+        L.append("One world size in this run (1 rank): no scaling to report.")
     L += ["", "## Where the time goes (profiled)", ""]
     if res["profile"]:
         from hybridrec.metrics import BREAKDOWN_PHASES
 
         L += ["Host wall time per step on each rank's training thread, from torch.profiler traces of real runs "
-              "(`profile.enabled=true`, 2 ranks, sharding auto, sparse_dist; separate runs, as the profiler slows "
+              f"(`profile.enabled=true`, {n} ranks, sharding auto, sparse_dist; separate runs, as the profiler slows "
               "what it records). Each instant goes to the innermost labelled phase around it "
               "(`hybridrec.metrics.step_breakdown`); the sparse optimizer is fused into the embedding backward "
               "and counts there; waiting while a collective runs counts as that collective.", "",
@@ -253,7 +303,7 @@ def report(res: dict[str, Any]) -> str:
     L += ["", "## Communication share (profiled)", ""]
     if res["profile"]:
         L += ["Share of the profiled steps during which a collective ran (torch.profiler, `profile.enabled=true`, "
-              "2 ranks, sharding auto, sparse_dist). Overlapped comm counts as comm: an upper bound.", "",
+              f"{n} ranks, sharding auto, sparse_dist). Overlapped comm counts as comm: an upper bound.", "",
               "| dense | rank | comm share | comm ms | compute ms | comm ms by kind |", "|---|---:|---:|---:|---:|---|"]
         for pr in res["profile"]:
             for rank, prof in enumerate(pr["profile"]):
@@ -266,9 +316,11 @@ def report(res: dict[str, Any]) -> str:
     if res.get("levers"):
         import levers
 
-        L += ["Each lever on top of the default (`ctr`, 2 ranks, auto · fsdp · sparse_dist), measured beside the "
-              "default and the reference in every repetition (`benchmarks/levers.py`).", "",
-              *levers.table(res["levers"], f"{m['cpu']}, {m['cores']} cores")]
+        lw = res["levers"].get("world_size", n)  # (recorded since the world size is a preset field)
+        where = f"{gpu}" if "cuda" in devices else f"{m['cpu']}, {m['cores']} cores"
+        L += [f"Each lever on top of the default (`ctr`, {_ranks(lw)}, auto · fsdp · sparse_dist), measured beside "
+              "the default and the reference in every repetition (`benchmarks/levers.py`).", "",
+              *levers.table(res["levers"], where, lw)]
     else:
         L.append("Not run in this preset.")
     L += ["", "## Dense-heavy case: DDP vs FSDP2", ""]
@@ -278,7 +330,7 @@ def report(res: dict[str, Any]) -> str:
 
         L += [f"`benchmarks/dense_memory.py` ({dm['steps']} steps per window, {dm['reps']} alternating windows): "
               f"{dm['numel'] / 1e6:.1f} M dense parameters, {dm['flops_per_sample'] / 1e6:.1f} MFLOP per sample, "
-              "dense Adagrad, 2 ranks; bytes each rank holds after a step.", "",
+              f"dense Adagrad, {_ranks(len(dm['ranks']['ddp']))}; bytes each rank holds after a step.", "",
               *dense_memory.table(dm["ranks"], dm["flops_per_sample"], rf["sgemm_gflops_median"] if rf else None)]
     else:
         L.append("Not run in this preset.")
@@ -311,18 +363,19 @@ def charts(res: dict[str, Any], out: str) -> None:
     import matplotlib.pyplot as plt
 
     configs = res["configs"]
-    two = [c for c in configs if c["world_size"] == 2 and c["kind"] == "hybridrec"]
-    ref2 = next((c for c in configs if c["world_size"] == 2 and c["kind"] == "reference"), None)
+    n = top_world(configs)
+    top = [c for c in configs if c["world_size"] == n and c["kind"] == "hybridrec"]
+    ref = next((c for c in configs if c["world_size"] == n and c["kind"] == "reference"), None)
 
     # Throughput by strategy: sharding on x, one bar per dense x pipeline, min-max whiskers.
-    shardings = [s for s in SHARDINGS if any(c["sharding"] == s for c in two)]
-    modes = sorted({(c["dense"], c["pipeline"]) for c in two})
+    shardings = [s for s in SHARDINGS if any(c["sharding"] == s for c in top)]
+    modes = sorted({(c["dense"], c["pipeline"]) for c in top})
     fig, ax = plt.subplots(figsize=(max(6, 2 + 1.6 * len(shardings)), 4.5))
     width = 0.8 / max(1, len(modes))
     for i, (dense, pipeline) in enumerate(modes):
         xs, ys, lo, hi = [], [], [], []
         for j, s in enumerate(shardings):
-            c = next((c for c in two if (c["sharding"], c["dense"], c["pipeline"]) == (s, dense, pipeline)), None)
+            c = next((c for c in top if (c["sharding"], c["dense"], c["pipeline"]) == (s, dense, pipeline)), None)
             if c:
                 med = c["median_samples_per_second"]
                 xs.append(j + (i - (len(modes) - 1) / 2) * width)
@@ -330,23 +383,24 @@ def charts(res: dict[str, Any], out: str) -> None:
                 lo.append(med - c["min_samples_per_second"])
                 hi.append(c["max_samples_per_second"] - med)
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=f"{dense} · {pipeline}")
-    if ref2:
-        ax.axhline(ref2["median_samples_per_second"], color="black", ls="--", label="TorchRec reference")
+    if ref:
+        ax.axhline(ref["median_samples_per_second"], color="black", ls="--", label="TorchRec reference")
     ax.set_xticks(range(len(shardings)), shardings)
-    ax.set(title="2 ranks: throughput by strategy (median, min-max)", ylabel="samples/s")
+    ax.set(title=f"{_ranks(n)}: throughput by strategy (median, min-max)", ylabel="samples/s")
     _save(fig, ax, out, CHARTS[0])
 
     # Memory per rank: peak RSS per rank, planner estimate as markers.
-    mem = [c for c in configs if c["world_size"] == 2 and (c["kind"] == "reference" or c["pipeline"] == "sparse_dist")]
-    fig, ax = plt.subplots(figsize=(max(6, 1 + 0.9 * len(mem)), 4.5))
-    for rank in range(2):
-        xs = [i + (rank - 0.5) * 0.38 for i in range(len(mem))]
-        ax.bar(xs, [c["peak_rss_mb"][rank] for c in mem], 0.38, label=f"rank {rank} peak RSS")
+    mem = [c for c in configs if c["world_size"] == n and (c["kind"] == "reference" or c["pipeline"] == "sparse_dist")]
+    fig, ax = plt.subplots(figsize=(max(6, 1 + 0.45 * n * len(mem)), 4.5))
+    width = 0.76 / n  # the n ranks' bars side by side in one slot per configuration
+    for rank in range(n):
+        xs = [i + (rank - (n - 1) / 2) * width for i in range(len(mem))]
+        ax.bar(xs, [c["peak_rss_mb"][rank] for c in mem], width, label=f"rank {rank} peak RSS")
         est = [(x, c["est_host_mb"][rank] + c["est_device_mb"][rank]) for x, c in zip(xs, mem) if "est_host_mb" in c]
         if est:
-            ax.plot(*zip(*est), "k_", ms=14, mew=2, label="planner estimate (tables)" if rank == 0 else None)
+            ax.plot(*zip(*est), "k_", ms=28 / max(n, 2), mew=2, label="planner estimate (tables)" if rank == 0 else None)
     ax.set_xticks(range(len(mem)), [c["name"].split(" · ", 1)[1].replace(" · ", "\n") for c in mem], fontsize=7)
-    ax.set(title="2 ranks: memory per rank", ylabel="MB")
+    ax.set(title=f"{_ranks(n)}: memory per rank", ylabel="MB")
     _save(fig, ax, out, CHARTS[1])
 
     # Ratio to the reference, per configuration, with its spread over repetitions.
@@ -365,11 +419,11 @@ def charts(res: dict[str, Any], out: str) -> None:
     plt.close(fig)
 
     # Weak scaling.
-    sc = res["scaling"]
+    sc = scaling(configs)  # (from the configs, as the report: older results.json named 2 ranks in its keys)
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(sc) + 1), 4))
     xs = range(len(sc))
     ax.bar([x - 0.2 for x in xs], [s["samples_per_second_1"] for s in sc], 0.4, label="1 rank")
-    ax.bar([x + 0.2 for x in xs], [s["samples_per_second_2"] for s in sc], 0.4, label="2 ranks")
+    ax.bar([x + 0.2 for x in xs], [s["samples_per_second_n"] for s in sc], 0.4, label=_ranks(n))
     ax.set_xticks(list(xs), [s["name"].replace(" · ", "\n") for s in sc], fontsize=7)
     ax.set(title=f"weak scaling (per-rank batch {res['suite']['per_rank_batch']})", ylabel="samples/s")
     _save(fig, ax, out, CHARTS[3])

@@ -50,7 +50,9 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
     """Runs on every rank: one Trainer per config (one process group: start-up is paid once),
     then ``reps`` alternating timed windows of ``steps`` steps each, then every rank's
     dense-state bytes."""
-    from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
+    from hybridrec.distributed import init_distributed, shutdown_distributed
+    from hybridrec.parallel_dims import pick_device
+    from hybridrec.trainer import Trainer
 
     warnings.simplefilter("ignore", FutureWarning)
     device = pick_device(cfgs[0])

@@ -210,7 +210,7 @@ def converter_rates(tmp: str, reps: int) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as out:
             tick = time.perf_counter()
             subprocess.run([sys.executable, "-c", "import sys; from hybridrec.data.convert import main; "
-                            f"import time; t = time.perf_counter(); main(sys.argv[1:]); "
+                            "import time; t = time.perf_counter(); main(sys.argv[1:]); "
                             f"print('SECONDS', time.perf_counter() - t)", parts, "--out", out, "--overwrite",
                             "--workers", str(workers)], check=True, capture_output=True, cwd=ROOT, text=True)
             return time.perf_counter() - tick

@@ -1,10 +1,10 @@
-"""Levers on the default mode (ctr, 2 ranks, auto · fsdp · sparse_dist), each measured beside
-the default and the hand-written TorchRec loop in the same repetition.
+"""Levers on the default mode (ctr, auto · fsdp · sparse_dist, at the suite's multi-rank world),
+each measured beside the default and the hand-written TorchRec loop in the same repetition.
 
 - bf16 dense compute with fp32 gradient reduction (FSDP2's MixedPrecisionPolicy);
 - torch.compile of the dense blocks (``mesh.compile=true``);
 - FSDP2 units per dense block (``mesh.units=arch``) instead of ``ctr``'s one root unit;
-- the intra-op thread split: every core on every rank instead of cores / ranks;
+- the intra-op thread split: every core on every rank instead of cores / ranks (CPU ranks);
 - the per-rank batch: half and twice the suite's.
 
 Every repetition runs all of them once (plus the reference), the order reversed on every
@@ -32,24 +32,25 @@ LEVERS: dict[str, dict[str, Any]] = {
 
 
 def measure(p: Any, out: str, reps: int, single: Callable, reference: Callable, names: list[str] | None = None) -> dict:
-    """Raw rates per lever and repetition, and the reference's; ``single`` and ``reference``
-    are bench.py's runners."""
+    """Raw rates per lever and repetition, and the reference's, at the preset's multi-rank
+    world (``p.worlds[-1]``); ``single`` and ``reference`` are bench.py's runners."""
     names = names or list(LEVERS)
+    world = p.worlds[-1]
     rates: dict[str, list[float]] = {n: [] for n in names + ["reference"]}
     for rep in range(reps):
         order = names + ["reference"]
         for name in order[:: -1 if rep % 2 else 1]:
             if name == "reference":
-                rates[name].append(reference(p, 2, rep, out, tag="levers")["samples_per_second"])
+                rates[name].append(reference(p, world, rep, out, tag="levers")["samples_per_second"])
                 continue
             lever = LEVERS[name]
             batch = int(p.per_rank_batch * lever.get("batch", 1.0))
             tag = "lever_" + "".join(c if c.isalnum() else "_" for c in name)
-            r = single(p, 2, rep, out, tag, lever["overrides"], per_rank_batch=batch)
+            r = single(p, world, rep, out, tag, lever["overrides"], per_rank_batch=batch)
             rates[name].append(r["samples_per_second"])
             print(f"levers rep {rep + 1}/{reps}  {name:40s} {r['samples_per_second']:>9,.0f} samples/s", flush=True)
     return {"rates": rates, "per_rank_batch": {n: int(p.per_rank_batch * LEVERS[n].get("batch", 1.0)) for n in names},
-            "overrides": {n: LEVERS[n]["overrides"] for n in names}, "reps": reps}
+            "overrides": {n: LEVERS[n]["overrides"] for n in names}, "reps": reps, "world_size": world}
 
 
 def summarize(res: dict) -> list[dict]:
@@ -69,7 +70,7 @@ def summarize(res: dict) -> list[dict]:
     return rows
 
 
-def table(res: dict, cpu: str) -> list[str]:
+def table(res: dict, machine: str, world: int) -> list[str]:
     ratio = lambda r: f"{r['median']:.3f} ({r['min']:.3f} - {r['max']:.3f})"
     lines = ["| lever | overrides | per-rank batch | samples/s (median) | min - max | vs default | vs reference |",
              "|---|---|---:|---:|---:|---:|---:|"]
@@ -80,4 +81,4 @@ def table(res: dict, cpu: str) -> list[str]:
     ref = res["rates"]["reference"]
     return lines + ["", f"Reference (hand-written TorchRec, per-rank batch {res['per_rank_batch']['default']:,}): "
                         f"{statistics.median(ref):,.0f} samples/s ({min(ref):,.0f} - {max(ref):,.0f}); "
-                        f"2 ranks, {res['reps']} alternating repetitions, {cpu}."]
+                        f"{world} rank{'s' if world > 1 else ''}, {res['reps']} alternating repetitions, {machine}."]

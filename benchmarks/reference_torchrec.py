@@ -17,8 +17,12 @@ Timed like hybridrec's steady state (benchmarks/bench.py): the rate runs from th
 after a collective, as hybridrec's log windows are. Step times are host wall time per
 ``progress`` call, over all steps, as hybridrec's summary.json reports them.
 
+On CUDA (``--device cuda``, or auto when torch sees a GPU) each rank takes the GPU of its
+LOCAL_RANK, NCCL, and the planner plans for ``cuda``: with the tables in device memory it
+chooses FBGEMM's fused CUDA embedding kernels (the ``compute_kernels`` of the output).
+
     torchrun --standalone --nproc_per_node 2 benchmarks/reference_torchrec.py \\
-        --steps 120 --warmup 20 --out ref.json [hydra overrides, e.g. data.batch_size=4096]
+        --steps 120 --warmup 20 --out ref.json [--device cuda] [hydra overrides, e.g. data.batch_size=4096]
 """
 
 from __future__ import annotations
@@ -72,8 +76,44 @@ def kwargs(node) -> dict:
     return {k: v for k, v in OmegaConf.to_container(node).items() if not k.startswith("_") and k not in LOADER_KEYS}
 
 
-def train(cfg, steps: int, warmup: int) -> dict | None:
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
+def pick_device(choice: str) -> torch.device:
+    """This rank's device: ``auto`` = the GPU of LOCAL_RANK when torch sees one, else CPU."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("reference: --device cuda, but torch sees no GPU")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
+
+
+def build_model(cfg, data, device: torch.device) -> DLRMTrain:
+    """TorchRec's DLRM with the experiment's sizes, tables on the meta device (DMP
+    materializes the local shards), the dense part on ``device``."""
+    tables = [
+        EmbeddingBagConfig(name=f"t_{f.name}", embedding_dim=cfg.model.embedding_dim,
+                           num_embeddings=f.num_embeddings, feature_names=[f.name])
+        for f in data.features
+    ]
+    return DLRMTrain(DLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+        dense_in_features=data.num_dense_features,
+        dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
+        over_arch_layer_sizes=list(cfg.model.over_arch_layer_sizes),
+        dense_device=device,
+    ))
+
+
+def build_planner(world_size: int, local_world_size: int, device_type: str, local_batch: int) -> EmbeddingShardingPlanner:
+    """The planner as in dlrm_main.py: the ranks' device, per-rank batch, heuristic
+    reservation (and TorchRec's default memory sizes)."""
+    return EmbeddingShardingPlanner(
+        topology=Topology(local_world_size=local_world_size, world_size=world_size, compute_device=device_type),
+        batch_size=local_batch,
+        storage_reservation=HeuristicalStorageReservation(percentage=0.05),
+    )
+
+
+def train(cfg, steps: int, warmup: int, device_choice: str = "auto") -> dict | None:
+    device = pick_device(device_choice)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -85,32 +125,13 @@ def train(cfg, steps: int, warmup: int) -> dict | None:
 
     data = SyntheticClickLog(seed=cfg.seed, **kwargs(cfg.data))
     torch.manual_seed(cfg.seed)
-
-    # Model: TorchRec's DLRM, tables on the meta device (DMP materializes the local shards).
-    tables = [
-        EmbeddingBagConfig(name=f"t_{f.name}", embedding_dim=cfg.model.embedding_dim,
-                           num_embeddings=f.num_embeddings, feature_names=[f.name])
-        for f in data.features
-    ]
-    model = DLRMTrain(DLRM(
-        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
-        dense_in_features=data.num_dense_features,
-        dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
-        over_arch_layer_sizes=list(cfg.model.over_arch_layer_sizes),
-        dense_device=device,
-    ))
+    model = build_model(cfg, data, device)
 
     # Sparse optimizer fused into the embedding backward, before sharding.
     apply_optimizer_in_backward(optimizer_class(cfg.optimizer.sparse._target_),
                                 model.model.sparse_arch.parameters(), kwargs(cfg.optimizer.sparse))
 
-    # Planner as in dlrm_main.py: per-rank batch, heuristic reservation, default sharders.
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), world_size=world_size,
-                          compute_device=device.type),
-        batch_size=local_batch,
-        storage_reservation=HeuristicalStorageReservation(percentage=0.05),
-    )
+    planner = build_planner(world_size, int(os.environ["LOCAL_WORLD_SIZE"]), device.type, local_batch)
     plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=model, device=device, plan=plan)  # dense part: DDP
 
@@ -129,13 +150,18 @@ def train(cfg, steps: int, warmup: int) -> dict | None:
         step_times.append(time.perf_counter() - tick)
         losses.append(loss.detach())
         if step == warmup:
+            sync(device)
             dist.barrier()  # the timed window starts when every rank is done with warm-up
             start = time.perf_counter()
+    sync(device)
     dist.barrier()
     seconds = time.perf_counter() - start
 
     peak_rss = [None] * world_size  # ru_maxrss is KiB on Linux
     dist.all_gather_object(peak_rss, round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+    peak_device = [None] * world_size  # torch's caching allocator: tensors' peak on this GPU
+    dist.all_gather_object(peak_device, round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+                           if device.type == "cuda" else None)
     loss_tail = torch.stack(losses[-max(1, steps // 10):]).mean()
     dist.all_reduce(loss_tail)
     ms = np.array(step_times) * 1000
@@ -149,11 +175,19 @@ def train(cfg, steps: int, warmup: int) -> dict | None:
         "step_time_p50_ms": float(np.percentile(ms, 50)),
         "step_time_p95_ms": float(np.percentile(ms, 95)),
         "peak_rss_mb": peak_rss,
+        **({"peak_device_allocated_mb": peak_device} if device.type == "cuda" else {}),
         "train_loss": float(loss_tail) / world_size,  # mean of the last 10% of steps, global
         "plan": {t: [p.sharding_type, len(p.ranks)] for m in plan.plan.values() for t, p in m.items()},
+        "compute_kernels": {t: p.compute_kernel for m in plan.plan.values() for t, p in m.items()},
     }
     dist.destroy_process_group()
     return out if rank == 0 else None
+
+
+def sync(device: torch.device) -> None:
+    """Wait for this rank's queued GPU work: the timer reads device time, not launch time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -161,6 +195,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=20, help="steps excluded from the rate")
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: the GPU of LOCAL_RANK when torch sees one, else CPU")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of +experiment=ctr (model/data/optimizer)")
     args = parser.parse_args()
     if not 1 <= args.warmup < args.steps:
@@ -170,7 +206,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     cfg = experiment_config(args.overrides)
-    result = train(cfg, args.steps, args.warmup)
+    result = train(cfg, args.steps, args.warmup, args.device)
     if result is not None:
         result["config"] = OmegaConf.to_container(cfg, resolve=True)
         with open(args.out, "w") as f:

@@ -47,13 +47,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
-from hybridrec.compat import Shard, ShardedTensor, sharded_tensor_with_shards
+from hybridrec.compat import ShardedTensor
+from hybridrec.data import SparseFeature
+from hybridrec.optim import TrainOptimizer
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.pt"
+CONFIG_YAML = "config.yaml"  # the run's resolved config: what check_compatible compares
 
 
 class CheckpointError(ValueError):
@@ -171,6 +176,8 @@ def check_complete(path: str) -> TrainState:
         raise CheckpointError(f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
                               f"save, or not a checkpoint directory)")
     state = TrainState.from_files(path)
+    if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
+        raise CheckpointError(f"{path} is damaged: {os.path.join(path, CONFIG_YAML)} is missing")
     try:
         storage = dcp.FileSystemReader(path).read_metadata().storage_data
     except Exception as e:  # a truncated or foreign file: its error names no file
@@ -186,6 +193,51 @@ def check_complete(path: str) -> TrainState:
             raise CheckpointError(f"{path} is damaged: {file} is truncated ({os.path.getsize(file):,} of "
                                   f"{end:,} bytes)")
     return state
+
+
+def check_checkpoint(path: str) -> TrainState:
+    """A checkpoint that a model is read from (``hybridrec.evaluate``, ``hybridrec.export``):
+    a committed, complete ``step_<N>`` directory with its ``config.yaml``. Each refusal
+    (``CheckpointError``) names the path and what to give instead."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint={path}: no such directory")
+    if os.path.basename(os.path.normpath(path)).endswith(".partial"):
+        raise CheckpointError(
+            f"checkpoint={path} is not a committed checkpoint: a save that never finished (training "
+            f"renames step_<N>.partial to step_<N> once every rank has written); give a step_<N> directory"
+        )
+    if not os.path.isfile(os.path.join(path, ".metadata")) and committed(path):
+        try:
+            newest = latest(path)
+        except CheckpointError:  # every one damaged: no suggestion
+            newest = None
+        raise CheckpointError(
+            f"checkpoint={path} is a checkpoint.dir, not one checkpoint: give one of its step_<N> directories"
+            + (f", e.g. checkpoint={newest} (the newest loadable)" if newest else "")
+        )
+    state = check_complete(path)
+    if not os.path.isfile(os.path.join(path, "config.yaml")):
+        raise CheckpointError(f"{path} is not a complete checkpoint (no config.yaml)")
+    return state
+
+
+def check_fits(state: TrainState, features: list[Any], num_dense_features: int, path: str) -> None:
+    """The data's features are those the checkpoint's tables were trained for: same names,
+    order and sizes, same number of dense features. Checked before launch: the tables
+    would not load otherwise (or, worse, ids would mean other rows)."""
+    saved = [(f["name"], f["num_embeddings"]) for f in state.features]
+    given = [(f.name, f.num_embeddings) for f in features]
+    if saved != given:
+        diff = next((i for i, (a, b) in enumerate(zip(saved, given)) if a != b), min(len(saved), len(given)))
+        what = lambda fs: f"{fs[diff][0]} ({fs[diff][1]:,} rows)" if diff < len(fs) else "nothing"
+        raise CheckpointError(
+            f"the data's sparse feature {diff} is {what(given)} but {path} was trained with {what(saved)} "
+            f"({len(given)} features against {len(saved)}): give data keys that keep the features of "
+            f"{os.path.join(path, 'config.yaml')}"
+        )
+    if num_dense_features != state.num_dense_features:
+        raise CheckpointError(f"the data has {num_dense_features} dense features but {path} was trained with "
+                              f"{state.num_dense_features}")
 
 
 def latest(directory: str, warn: bool = False) -> Optional[str]:
@@ -220,6 +272,88 @@ def resume_path(cfg: DictConfig, warn: bool = False) -> Optional[str]:
         raise CheckpointError(f"checkpoint.resume={resume}: no such checkpoint directory")
     check_complete(resume)
     return resume
+
+
+def saved_config(path: str) -> DictConfig:
+    """The resolved config a checkpoint was saved with (``config.yaml``, read with yaml's safe loader)."""
+    file = os.path.join(path, CONFIG_YAML)
+    try:
+        cfg = OmegaConf.load(file)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is damaged: {file} is missing") from None
+    except Exception as e:  # not YAML, or not a mapping
+        raise CheckpointError(f"{file} is not a valid checkpoint file ({type(e).__name__}: {_one_line(e)})") from e
+    if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
+        raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")
+    return cfg
+
+
+def _short(target: Any) -> str:
+    return str(target).rsplit(".", 1)[-1]
+
+
+def _names(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" +{len(names) - shown} more" if len(names) > shown else "")
+
+
+def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], saved_dense: int,
+                       cfg: DictConfig, features: list[dict[str, Any]], dense: int) -> list[str]:
+    """What differs, between a checkpoint and a run, in what decides the checkpoint's state
+    dict (its keys, shapes and meaning): the model (class and every field that shapes its
+    weights), the tables (one per sparse feature: names, rows; the width is
+    model.embedding_dim), the dense features, the loss and the optimizers (their state is
+    saved). One ``key: checkpoint X, run Y`` per difference. The mesh, the sharding and the
+    world size are not in it: DCP reshards a checkpoint to any of them."""
+    diffs = []
+    model, run_model = saved.model, cfg.model
+    if model.get("_target_") != run_model._target_:
+        # Fields of another model class mean nothing side by side: the class is the difference.
+        diffs.append(f"model._target_: checkpoint {_short(model.get('_target_'))}, run {_short(run_model._target_)}")
+    else:
+        free = getattr(OmegaConf.get_type(run_model), "free_on_resume", ())
+        for key in run_model:
+            if key == "_target_" or key in free:
+                continue
+            a, b = model.get(key), run_model[key]
+            a, b = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (a, b))
+            if a != b:
+                diffs.append(f"model.{key}: checkpoint {a}, run {b}")
+    rows = {f"t_{f['name']}": f["num_embeddings"] for f in saved_features}
+    run_rows = {f"t_{f['name']}": f["num_embeddings"] for f in features}
+    if rows.keys() != run_rows.keys():
+        only_saved = [t for t in rows if t not in run_rows]
+        only_run = [t for t in run_rows if t not in rows]
+        diffs.append(f"tables: only in the checkpoint [{_names(only_saved)}], only in the run [{_names(only_run)}]")
+    resized = [t for t in run_rows if t in rows and rows[t] != run_rows[t]]
+    diffs += [f"{t} rows: checkpoint {rows[t]:,}, run {run_rows[t]:,}" for t in resized[:3]]
+    if len(resized) > 3:
+        diffs.append(f"{len(resized) - 3} more tables resized")
+    if saved_dense != dense:
+        diffs.append(f"dense features: checkpoint {saved_dense}, run {dense}")
+    for key in ("loss._target_", "optimizer.sparse._target_", "optimizer.dense._target_"):
+        a, b = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
+        if a != b:
+            diffs.append(f"{key}: checkpoint {_short(a)}, run {_short(b)}")
+    return diffs
+
+
+def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: list[Any],
+                     num_dense_features: int) -> None:
+    """Refuse to resume ``path`` into a run whose model, tables, loss or optimizers differ:
+    DCP would fail on the first missing key or shape, inside every rank (checked before
+    launch by ``train.py`` and again by ``load``). Raises one ``CheckpointError`` naming
+    every difference and the fix."""
+    diffs = layout_differences(saved_config(path), state.features, state.num_dense_features,
+                               cfg, [vars(f) for f in features], num_dense_features)
+    if not diffs:
+        return
+    if cfg.checkpoint.resume == "auto":
+        fix = (f"train this config in another checkpoint.dir, or resume with the config it was saved with "
+               f"({os.path.join(path, CONFIG_YAML)})")
+    else:
+        fix = (f"resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
+               f"(its config: {os.path.join(path, CONFIG_YAML)})")
+    raise CheckpointError(f"checkpoint {path} does not fit this run ({'; '.join(diffs)}): {fix}")
 
 
 def _writer(path: str) -> Optional[str]:
@@ -272,9 +406,39 @@ def _root_cause(e: BaseException) -> BaseException:
             e = e.__cause__ or e.__context__
 
 
-def _app_state(trainer: Any) -> dict[str, Any]:
-    """What DCP saves and loads in place: the sharded model and optimizer state."""
-    return {"model": trainer.model.state_dict(), "optim": trainer.optimizer.optimizer.state_dict()}
+@dataclass
+class Resumable:
+    """What a checkpoint saves from one rank and a resume restores into it, named explicitly:
+    the checkpoint code sees nothing else of the trainer."""
+
+    model: nn.Module
+    optimizer: TrainOptimizer
+    """Its combined sparse + dense optimizer and the LR schedulers."""
+    features: list[SparseFeature]
+    """The sparse features: export rebuilds the model from them, without the data files."""
+    num_dense_features: int
+    losses: list[float]
+    """The global mean loss of every step so far (the trainer appends; a resume refills it)."""
+    runs: list[str]
+    """This run's id after the ids of the runs it continues: what keep_last may delete."""
+
+    def dcp_state(self) -> dict[str, Any]:
+        """What DCP saves and loads in place: the sharded model and optimizer state."""
+        return {"model": self.model.state_dict(), "optim": self.optimizer.optimizer.state_dict()}
+
+    def train_state(self, step: int) -> TrainState:
+        """The rest, after ``step`` (collective: gathers every rank's RNG state)."""
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, torch.get_rng_state())
+        return TrainState(
+            step=step,
+            schedulers=copy.deepcopy([s.state_dict() for s in self.optimizer.schedulers]),
+            features=[vars(f) for f in self.features],
+            num_dense_features=self.num_dense_features,
+            rng=torch.stack(rng),
+            losses=torch.tensor(self.losses, dtype=torch.float64),
+            runs=list(self.runs),
+        )
 
 
 class Checkpointer:
@@ -287,34 +451,41 @@ class Checkpointer:
     interleave with the training's collectives.
     """
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer, self.cfg = trainer, trainer.cfg.checkpoint
+    def __init__(self, cfg: DictConfig, live: Resumable, device: torch.device,
+                 resumed_from: Optional[str] = None) -> None:
+        self.run_cfg, self.cfg, self.live = cfg, cfg.checkpoint, live
+        self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
-        self.writer = ThreadPoolExecutor(max_workers=1) if self.cfg.async_save else None
+        self.writer = None
+        if self.cfg.async_save:
+            # A new thread starts on cuda:0: the writer is put on this rank's GPU before DCP
+            # touches any device state (its planning runs on the group's device).
+            self.writer = ThreadPoolExecutor(
+                max_workers=1, initializer=_use_device, initargs=(device,), thread_name_prefix="hybridrec-ckpt"
+            )
         self.pending: Optional[tuple] = None
-        self.last: Optional[str] = None  # the newest checkpoint this run committed
+        self.last: Optional[str] = resumed_from  # the newest checkpoint of this run's training
 
     def save(self, step: int) -> None:
         """Save the state after ``step`` (collective)."""
         self.wait()  # one save in flight at a time
-        t = self.trainer
         final = os.path.join(self.cfg.dir, f"step_{step:08d}")
         partial = final + ".partial"
-        if t.rank == 0:
+        if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
         dist.barrier()
-        extra = self._trainer_state(step)  # captured now, written at commit
+        extra = self.live.train_state(step)  # captured now, written at commit
         try:
             if self.cfg.async_save:
                 # DCP's async_save cannot stage TorchRec's ShardedTensors (no data_ptr), so
                 # copy the state here and run DCP's save on the copy in a background thread:
                 # what async_save does, with a stager that knows ShardedTensors.
-                staged = _stage(_app_state(t))
+                staged = _stage(self.live.dcp_state())
                 future = self.writer.submit(dcp.save, staged, checkpoint_id=partial, process_group=self.group)
                 self.pending = (future, step, partial, final, extra)
                 return
-            dcp.save(_app_state(t), checkpoint_id=partial)
+            dcp.save(self.live.dcp_state(), checkpoint_id=partial)
         # DCP wraps every rank's failure in a CheckpointException (a BaseException), on every rank
         except (CheckpointException, OSError) as e:
             self._abandon(step, partial, e)
@@ -342,12 +513,12 @@ class Checkpointer:
         except OSError:
             free = None
         full = getattr(cause, "errno", None) == errno.ENOSPC or free == 0
-        if self.trainer.rank == 0:
+        if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         # torch's zip writer reports a short write (a full disk) as "unexpected pos", not OSError
         if not (isinstance(cause, OSError) or full or "unexpected pos" in str(cause)):
             raise error
-        previous = self.last or (self.trainer.resumed_from or {}).get("path")
+        previous = self.last
         raise CheckpointError(
             f"checkpoint save at step {step} failed{': no space left on device' if full else ''} "
             f"({type(cause).__name__}: {_one_line(cause)}; {'?' if free is None else f'{free:,}'} bytes free "
@@ -356,52 +527,64 @@ class Checkpointer:
             + ". Free space there or point checkpoint.dir elsewhere"
         ) from error
 
-    def _trainer_state(self, step: int) -> TrainState:
-        t = self.trainer
-        rng = [None] * t.world_size
-        dist.all_gather_object(rng, torch.get_rng_state())
-        return TrainState(
-            step=step,
-            schedulers=copy.deepcopy([s.state_dict() for s in t.optimizer.schedulers]),
-            features=[vars(f) for f in t.data.features],
-            num_dense_features=t.data.num_dense_features,
-            rng=torch.stack(rng),
-            losses=torch.tensor(t.losses, dtype=torch.float64),
-            runs=list(t.runs),
-        )
-
     def _commit(self, step: int, partial: str, final: str, extra: TrainState) -> None:
-        t = self.trainer
+        runs = self.live.runs
         dist.barrier()  # every rank's files are written
-        if t.rank == 0:
-            if os.path.isdir(final) and _writer(final) not in t.runs:
+        if self.rank == 0:
+            if os.path.isdir(final) and _writer(final) not in runs:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise CheckpointError(f"{final} was written by another run: not replaced (saving step {step}); "
                                       f"use another checkpoint.dir")
             try:
                 extra.to_files(partial)
-                OmegaConf.save(t.cfg, os.path.join(partial, "config.yaml"))
+                OmegaConf.save(self.run_cfg, os.path.join(partial, CONFIG_YAML), resolve=True)
             except OSError as e:
                 self._abandon(step, partial, e)
             shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step (this run's) replaces it
             os.replace(partial, final)  # the commit: atomic on one filesystem
-            _prune(self.cfg.dir, self.cfg.keep_last, t.runs)
+            _prune(self.cfg.dir, self.cfg.keep_last, runs)
         self.last = final
         dist.barrier()
         log.info(f"checkpoint committed: {final}")
 
 
-def _stage(obj: Any) -> Any:
-    """A copy of a state dict that training can no longer change."""
+def _use_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def _stage(state: Any) -> Any:
+    """A CPU copy of a state dict that training can no longer change, for the background
+    writer. CUDA tensors are copied into pinned host memory without blocking, then the
+    copies are awaited once; a copy on the GPU would double the tables' and optimizer's
+    device memory at every save."""
+    staged = _to_host(state)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # every non-blocking device-to-host copy has landed
+    return staged
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    pinned = t.is_cuda  # pinned memory exists only with CUDA (and makes the copy asynchronous)
+    out = torch.empty_like(t, device="cpu", pin_memory=pinned)
+    return out.copy_(t.detach(), non_blocking=pinned)
+
+
+def _to_host(obj: Any) -> Any:
     if isinstance(obj, ShardedTensor):
-        shards = [Shard(s.tensor.detach().clone(), s.metadata) for s in obj.local_shards()]
-        return sharded_tensor_with_shards(obj, shards)
-    if isinstance(obj, torch.Tensor):  # DTensor included: clone keeps its placements
-        return obj.detach().clone()
+        # TorchRec's table shards: ShardedTensor.to rewrites the shards' placements to CPU
+        # (metadata a hand-made copy would have to patch), copying even on CPU (copy=True).
+        # Pageable, not pinned: pinned shards would also need the metadata's pin_memory flag.
+        return obj.to(device="cpu", copy=True)
+    if isinstance(obj, DTensor):  # FSDP2's parameters and states: copy the local shard, keep the layout
+        return DTensor.from_local(_host_copy(obj.to_local()), obj.device_mesh, obj.placements,
+                                  run_check=False, shape=obj.shape, stride=obj.stride())
+    if isinstance(obj, torch.Tensor):
+        return _host_copy(obj)
     if isinstance(obj, dict):
-        return {k: _stage(v) for k, v in obj.items()}
+        return {k: _to_host(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_stage(v) for v in obj)
+        return type(obj)(_to_host(v) for v in obj)
     return copy.deepcopy(obj)
 
 
@@ -413,30 +596,51 @@ def _prune(directory: str, keep: int, runs: list[str]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load(trainer: Any, path: str) -> int:
-    """Load a checkpoint into the trainer (any world size or plan); returns its step."""
+def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
+    """Restore a checkpoint (of any world size or plan) into ``live``, the state of a run of
+    ``cfg``: model, optimizer, LR schedulers, this rank's RNG, the loss history and the runs
+    it continues. Returns the saved state (its ``step`` is where training goes on)."""
     extra = TrainState.from_files(path)  # first: a refused checkpoint loads nothing
+    # train.py checked this before launch; ranks started otherwise (tests, benchmarks) check here
+    check_compatible(cfg, path, extra, live.features, live.num_dense_features)
     # The dense optimizers create their state lazily: create it now so DCP can load into it.
-    for name, opt in trainer.optimizer.optimizer.optimizers:
+    for name, opt in live.optimizer.optimizer.optimizers:
         if name != "sparse":
             opt.init_state()
-    state = _app_state(trainer)
+    state = live.dcp_state()
+    _dcp_load(state, path, "resume with the model and data config it was saved with ({path}/config.yaml), or start "
+                           "a new run in another checkpoint.dir")
+    live.model.load_state_dict(state["model"])
+    live.optimizer.optimizer.load_state_dict(state["optim"])
+    for scheduler, saved in zip(live.optimizer.schedulers, extra.schedulers):
+        scheduler.load_state_dict(saved)
+    rng, rank = extra.rng, dist.get_rank()
+    torch.set_rng_state((rng[rank] if len(rng) == dist.get_world_size() else rng[0]).clone())
+    live.losses[:] = extra.losses.tolist()
+    live.runs[:] = extra.runs + live.runs[-1:]  # this run continues those: their checkpoints are its own
+    return extra
+
+
+def load_weights(model: Any, path: str) -> int:
+    """Load only the model's weights of the checkpoint at ``path`` into ``model`` (sharded by
+    any plan, on any world size: DCP reads the parts each rank holds); returns its step.
+    The optimizer state stays on disk: scoring a saved model needs none of it."""
+    step = TrainState.from_files(path).step  # first: a refused checkpoint loads nothing
+    state = {"model": model.state_dict()}
+    _dcp_load(state, path, "evaluate it with the data it was trained on: give only data keys that keep the "
+                           "features and their sizes ({path}/config.yaml)")
+    model.load_state_dict(state["model"])
+    return step
+
+
+def _dcp_load(state: dict[str, Any], path: str, fix: str) -> None:
     try:
         dcp.load(state, checkpoint_id=path)
     except CheckpointException as e:
-        # Tables or layers of another size or name: the model's config changed since the save
-        # (the files themselves were checked before launch).
+        # A difference check_compatible does not know of (the files themselves and the model,
+        # table and optimizer layout were checked before launch).
+        cause = _root_cause(e)
         raise CheckpointError(
-            f"{path} does not fit this run's model ({type(_root_cause(e)).__name__}: {_one_line(_root_cause(e))}): "
-            f"resume with the model and data config it was saved with ({path}/config.yaml), or start "
-            f"a new run in another checkpoint.dir"
+            f"{path} does not fit this run's model ({type(cause).__name__}: {_one_line(cause)}): "
+            + fix.format(path=path)
         ) from e
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.optimizer.load_state_dict(state["optim"])
-    for scheduler, saved in zip(trainer.optimizer.schedulers, extra.schedulers):
-        scheduler.load_state_dict(saved)
-    rng = extra.rng
-    torch.set_rng_state((rng[trainer.rank] if len(rng) == trainer.world_size else rng[0]).clone())
-    trainer.losses = extra.losses.tolist()
-    trainer.runs = extra.runs + [trainer.runs[-1]]  # this run continues those: their checkpoints are its own
-    return extra.step

@@ -7,14 +7,15 @@ which public API is missing.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-# ShardedTensor and Shard live under torch.distributed._shard: TorchRec's sharded tables are
+# ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor  # noqa: F401  (re-exported)
+from torch.distributed._shard.sharded_tensor import ShardedTensor  # noqa: F401  (re-exported)
 from torch.utils._pytree import tree_map_only  # noqa: F401  (re-exported: no public pytree map by type)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -45,17 +46,43 @@ def planner_reserved_share(planner: EmbeddingShardingPlanner) -> float:
     return getattr(planner._storage_reservation, "_percentage", 0.0)
 
 
-def sharded_tensor_with_shards(like: ShardedTensor, shards: list[Shard]) -> ShardedTensor:
-    """A ShardedTensor with ``like``'s global metadata and process group over ``shards``
-    (the public constructors re-run a metadata collective, which a background copy must not)."""
-    return ShardedTensor._init_from_local_shards_and_global_metadata(
-        shards, like.metadata(), process_group=like._process_group
-    )
-
-
 def floating_to(x: Any, dtype: torch.dtype) -> Any:
     """Every floating-point tensor in a nested structure cast to ``dtype``."""
     return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, x)
+
+
+@contextlib.contextmanager
+def one_post_forward_mesh() -> Iterator[None]:
+    """Inside: every ``fully_shard`` with ``reshard_after_forward=N`` (an int) on the same mesh
+    shares one post-forward mesh. FSDP2 builds a new DeviceMesh, with new process groups
+    (NCCL communicators), for each call; there is no public way to pass one in."""
+    import torch.distributed.fsdp._fully_shard._fully_shard as fs
+
+    build, meshes = fs._get_post_forward_mesh_info, {}
+
+    def shared(reshard_after_forward: Any, mesh_info: Any) -> Any:
+        if isinstance(reshard_after_forward, bool):
+            return build(reshard_after_forward, mesh_info)
+        key = (reshard_after_forward, id(mesh_info.mesh))
+        if key not in meshes:
+            meshes[key] = build(reshard_after_forward, mesh_info)
+        return meshes[key]
+
+    fs._get_post_forward_mesh_info = shared
+    try:
+        yield
+    finally:
+        fs._get_post_forward_mesh_info = build
+
+
+def size_oblivious_export() -> Any:
+    """A context in which ``torch.export`` keeps a dynamic dimension general for sizes 0 and
+    1 too. By default it specializes on them, so a program traced for a batch of rows
+    refuses a batch of one row (a guard failure at call time). The switch is the one torch's
+    export tutorial documents as experimental: ``torch.fx.experimental._config``."""
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)
 
 
 def failed_job_error(job_return: Any) -> BaseException:

@@ -13,11 +13,12 @@ import inspect
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, ClassVar, NoReturn, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 
 # ---------------------------------------------------------------------------- model
@@ -26,6 +27,10 @@ class ModelConfig:
     _target_: str = MISSING
     embedding_dim: int = 16
     """Width of every embedding table."""
+
+    # Every other field shapes the model's weights, so a checkpoint resumes only under the
+    # values it was saved with (checkpoint.check_compatible); these fields may change.
+    free_on_resume: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass
@@ -66,6 +71,8 @@ class TwoTowerConfig(ModelConfig):
     """L2-normalize both towers' outputs (cosine scores)."""
     temperature: float = 0.1
     """Scores are <user, item> / temperature."""
+
+    free_on_resume: ClassVar[tuple[str, ...]] = ("normalize", "temperature")  # no weights of their own
 
 
 # ---------------------------------------------------------------------------- loss
@@ -652,6 +659,31 @@ class HybridrecConfig:
     """Seeds data, dense init and the sharding-invariant embedding init: same seed, same losses."""
 
 
+# ---------------------------------------------------------------------------- evaluate
+@dataclass
+class EvaluateConfig:
+    """``python -m hybridrec.evaluate``: a saved model scored on one split. The model, loss,
+    sharding, mesh and seed are the checkpoint's own (its config.yaml); only the data and
+    the launcher are given here."""
+
+    checkpoint: str = MISSING
+    """A committed checkpoint directory written by training: <checkpoint.dir>/step_<N>."""
+    split: str = "eval"
+    """The split to score: eval (the test set) or valid (when the source has one)."""
+    predictions: bool = True
+    """Write predictions.parquet (row, label, score of every scored row) beside metrics.json."""
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    data: Any = field(default_factory=dict)
+    """Keys that change the checkpoint's data config (data.eval_path=..., data.eval_batches=null);
+    data=<option> starts from that option's YAML instead of the checkpoint's data config."""
+
+
+# Config groups whose node names the class it configures (`_target_`): a config saved as
+# plain YAML is typed again by the schema registered for that class (``typed``).
+TARGET_GROUPS = {"model": "model", "loss": "loss", "data": "data", "optimizer.sparse": "optimizer/sparse",
+                 "optimizer.dense": "optimizer/dense"}
+
+
 def register_configs() -> None:
     # conf/hydra/launcher/slurm.yaml sizes a job's CPUs per rank: ${hybridrec.mul:a,b} = a*b.
     if not OmegaConf.has_resolver("hybridrec.mul"):
@@ -682,6 +714,95 @@ def register_configs() -> None:
     for name, node in [("adagrad", DenseAdagradConfig), ("adam", AdamConfig),
                        ("adamw", AdamWConfig), ("sgd", DenseSGDConfig)]:
         cs.store(group="schema/optimizer/dense", name=name, node=node)
+    # The evaluate entry point's data node takes any key of any source (the checkpoint's
+    # data config decides which schema types them, after composition): not in struct mode.
+    evaluate = OmegaConf.structured(EvaluateConfig)
+    OmegaConf.set_struct(evaluate.data, False)
+    cs.store(name="hybridrec_evaluate_schema", node=evaluate)
+
+
+def group_schema(group: str, target: Optional[str]) -> Optional[DictConfig]:
+    """The schema registered under ``schema/<group>`` (ConfigStore) for the class ``target``:
+    a loss without fields of its own gets the generic ``loss`` schema; None when no schema
+    names that class (the node then stays untyped)."""
+    cs = ConfigStore.instance()
+    generic = None
+    for name in cs.list(f"schema/{group}"):
+        node = cs.load(f"schema/{group}/{name}").node
+        if OmegaConf.is_missing(node, "_target_"):
+            generic = node
+        elif node._target_ == target:
+            return node
+    return generic
+
+
+def typed(saved: DictConfig) -> DictConfig:
+    """A config saved as plain YAML (a checkpoint's ``config.yaml``) under hybridrec's schemas
+    again: enums, optional fields and types as the run that saved it had them.
+
+    ``config.yaml`` holds values, not the group choices that typed them (``data=criteo``),
+    so each node of ``TARGET_GROUPS`` takes the schema registered for the class its
+    ``_target_`` names. A ValueError names a key that no schema knows (with the nearest
+    known key) or a value that does not fit its type."""
+    schema = OmegaConf.structured(HybridrecConfig)
+    schema.optimizer = OptimizerConfig()  # (MISSING in the schema: the parent of two typed nodes)
+    for path, group in TARGET_GROUPS.items():
+        node = OmegaConf.select(saved, path)
+        if isinstance(node, DictConfig) and "_target_" in node:
+            OmegaConf.update(schema, path, typed_node(group_schema(group, node._target_), node, path), merge=False)
+    rest = OmegaConf.masked_copy(saved, [k for k in saved if k not in ("model", "loss", "data", "optimizer")])
+    if "optimizer" in saved:
+        rest.optimizer = {k: v for k, v in saved.optimizer.items() if k not in ("sparse", "dense")}
+    return _merge(schema, rest, "")
+
+
+def evaluation_config(saved: DictConfig, ev: DictConfig, data_option: bool) -> DictConfig:
+    """The config the ranks of ``python -m hybridrec.evaluate`` run: the checkpoint's
+    ``saved`` config, typed again, with the evaluation's data and launcher.
+
+    Data: the checkpoint's data config changed by the keys of ``ev.data``, or with
+    ``data_option`` (``data=<option>`` given) that option's config as composed. The training
+    job's topology (mesh.world_size, local_world_size, compute_device) is unset: the
+    evaluation plans the tables for its own ranks. Nothing is saved or resumed."""
+    cfg = typed(saved)
+    data = ev.data if data_option else OmegaConf.merge(saved.data, ev.data)
+    if "_target_" not in data:
+        raise ValueError("data._target_ is not set: data=<option> names a source, or leave data as the checkpoint's")
+    cfg.data = typed_node(group_schema("data", data._target_), data, "data")
+    cfg.launcher = ev.launcher
+    cfg.mesh.world_size = cfg.mesh.local_world_size = None
+    cfg.mesh.compute_device = Device.auto
+    cfg.checkpoint = CheckpointConfig(dir=None, resume="never")
+    cfg.profile.enabled = False
+    return cfg
+
+
+def typed_node(schema: Optional[DictConfig], values: DictConfig, path: str) -> DictConfig:
+    """``values`` merged onto ``schema`` (None: left untyped), each key checked first."""
+    if schema is None:
+        return values
+    known = [f.name for f in fields(OmegaConf.get_type(schema))]
+    for key in values:
+        if key not in known:
+            _refuse_key(str(key), known, path)
+    return _merge(schema, values, path)
+
+
+def _merge(schema: DictConfig, values: DictConfig, path: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(schema, values)
+    except ValidationError as e:  # a value of the wrong type: OmegaConf names the key
+        where = ".".join(k for k in (path, str(e.full_key or e.key or "")) if k)
+        raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+
+
+def _refuse_key(key: str, names: list[str], path: str) -> NoReturn:
+    near = difflib.get_close_matches(key, names, n=1)
+    where = f"{path}." if path else ""
+    raise ValueError(
+        f"unknown key {where}{key}{f' (did you mean {where}{near[0]}?)' if near else ''}: "
+        f"the keys of {path or 'the top level'} are {', '.join(n for n in names if not n.startswith('_'))}"
+    )
 
 
 # Fused optimizers fbgemm's CPU kernels implement (its TBE asserts the same list).
@@ -759,12 +880,7 @@ def _check_keys(node: Any, path: str = "") -> None:
         names = [f.name for f in fields(schema)]
         for key in node:
             if key not in names and f"{path}.{key}".lstrip(".") not in _FREE_FORM:
-                near = difflib.get_close_matches(str(key), names, n=1)
-                where = f"{path}." if path else ""
-                raise ValueError(
-                    f"unknown key {where}{key}{f' (did you mean {where}{near[0]}?)' if near else ''}: "
-                    f"the keys of {path or 'the top level'} are {', '.join(n for n in names if not n.startswith('_'))}"
-                )
+                _refuse_key(str(key), names, path)
     if isinstance(node, (DictConfig, ListConfig)):
         keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
         for key in keys:

@@ -1,33 +1,57 @@
-"""Export a checkpoint as one unsharded state dict for inference:
+"""Export a checkpoint for inference outside hybridrec:
 
-    python -m hybridrec.export checkpoint=<checkpoint dir> [out=<file>]
+    python -m hybridrec.export checkpoint=<checkpoint dir> [out=<dir>]
 
-Rebuilds the plain (non-distributed) model from the checkpoint's own config and feature
-list, lets torch.distributed.checkpoint load every sharded tensor into its full form (no
-process group needed), and saves ``model.state_dict()`` with torch.save (default:
-``<checkpoint>/model.pt``). Load it with ``load_model(checkpoint)`` +
-``load_state_dict(torch.load(file, weights_only=True))``: it holds tensors only. For a
-two-tower model it also writes ``item_vectors.pt`` beside it (tensors only too): every
-catalogue item's id and item-tower vector (needs the run's data, to build the item
-features), ready for a nearest-neighbour index.
+writes into ``out`` (default ``<checkpoint>/export``):
 
-A checkpoint whose hybridrec state holds pickled objects is refused, never loaded
-(``checkpoint.TrainState``).
+- ``model.pt2``: the model as a ``torch.export`` program over plain tensors,
+  ``program(dense, values, lengths) -> scores`` (``Scorer``), loaded with
+  ``torch.export.load(path).module()``: neither hybridrec nor TorchRec is needed to run it
+  (the graph holds aten operators only).
+- ``model.json``: what the program takes and returns: the input layout, the sparse
+  features in input order with their table sizes, the number of dense features, and
+  whether the output is a probability.
+- two-tower models: ``item_vectors.pt`` (every catalogue item's id and item-tower vector)
+  and ``user_vectors.pt`` (every user of the data's ratings), tensors only
+  (``torch.load(path, weights_only=True)``), for a nearest-neighbour index. They need the
+  run's data, to build the features.
+
+Why ``torch.export``: it traces TorchRec's EmbeddingBagCollection, KeyedJaggedTensor
+included, into aten ``embedding_bag`` calls (tested for every model), so the file runs
+with torch alone, at any batch size, and stores the weights as raw tensor bytes beside a
+JSON graph: no pickled code (checked after writing, ``_check_archive``). A TorchScript
+file or a state dict + module would need hybridrec's (or TorchRec's) code to load.
+
+The model is rebuilt from the checkpoint's own config and feature list, and
+torch.distributed.checkpoint loads every sharded tensor into its full form (no process
+group needed). A checkpoint whose hybridrec state holds pickled objects is refused, never
+loaded (``checkpoint.TrainState``).
 """
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import os
 import sys
+import warnings
+import zipfile
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec import models
-from hybridrec.checkpoint import CheckpointError, TrainState, check_complete
+from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint
+from hybridrec.compat import size_oblivious_export
 from hybridrec.data import SparseFeature, build_source
+
+PROGRAM, SPEC = "model.pt2", "model.json"
 
 
 def load_model(checkpoint: str) -> nn.Module:
@@ -39,27 +63,145 @@ def load_model(checkpoint: str) -> nn.Module:
     return model
 
 
-def export(checkpoint: str, out: str) -> nn.Module:
+class Scorer(nn.Module):
+    """A model behind plain tensors: what ``model.pt2`` holds.
+
+    ``forward(dense, values, lengths)``: ``dense`` float32 ``[B, num_dense_features]``;
+    ``values`` int64, every id of the batch, feature-major (feature 0's ids for rows 0..B-1,
+    then feature 1's, ...: TorchRec's KeyedJaggedTensor order); ``lengths`` int32
+    ``[num_features * B]``, ``lengths[f * B + i]`` = the ids of feature f in row i. Returns
+    ``[B]`` float32: sigmoid(logit), a click probability, when the loss is calibrated
+    (``Loss.calibrated``: loss=pointwise); the raw score otherwise (a ranking objective's
+    score orders rows and is not a probability)."""
+
+    def __init__(self, model: nn.Module, keys: list[str], calibrated: bool) -> None:
+        super().__init__()
+        self.model, self.keys, self.calibrated = model, list(keys), calibrated
+
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        sparse = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths)
+        logits = self.model.score(Batch(dense_features=dense, sparse_features=sparse,
+                                        labels=dense.new_zeros(dense.shape[0])))
+        return torch.sigmoid(logits) if self.calibrated else logits
+
+
+def export_program(model: nn.Module, features: list[SparseFeature], num_dense_features: int) -> torch.export.ExportedProgram:
+    """``Scorer(model)`` traced by ``torch.export`` for any batch size and number of ids."""
+    scorer = Scorer(model, [f.name for f in features], model.loss.calibrated).eval()
+    rows = 2  # any example works: the batch dimension is exported as dynamic
+    example = (torch.zeros(rows, num_dense_features), torch.zeros(rows * len(features), dtype=torch.int64),
+               torch.ones(rows * len(features), dtype=torch.int32))
+    batch, ids = torch.export.Dim("batch"), torch.export.Dim("ids")
+    with torch.no_grad(), size_oblivious_export():
+        # non-strict: TorchRec's KeyedJaggedTensor is traced as the Python it is
+        return torch.export.export(scorer, example, dynamic_shapes=({0: batch}, {0: ids}, {0: batch * len(features)}),
+                                   strict=False)
+
+
+def export(checkpoint: str, out: str) -> dict[str, Any]:
+    """Write ``out``'s files (see the module docstring); returns ``model.json``'s content."""
     model = load_model(checkpoint)
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=checkpoint, no_dist=True)  # one process: loads full tensors
+    with warnings.catch_warnings():  # DCP notes that it loads in one process: what no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=checkpoint, no_dist=True)  # one process: loads full tensors
     model.load_state_dict(state["model"])
-    _save(model.state_dict(), out)
-    if hasattr(model, "item_vectors"):  # two-tower: the item side of nearest-neighbour search
-        cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
-        items, batch = build_source(cfg.data, cfg.seed).catalogue_batch()
-        model.eval()
-        with torch.no_grad():
-            vectors = model.item_vectors(batch)
-        path = os.path.join(os.path.dirname(out), "item_vectors.pt")
-        _save({"item_ids": torch.from_numpy(items), "vectors": vectors}, path)
-        print(f"hybridrec.export: {len(items):,} item vectors of width {vectors.shape[1]} -> {path}")
-    return model
+    model.eval()
+    train_state = TrainState.from_files(checkpoint)
+    features = [SparseFeature(**f) for f in train_state.features]
+    os.makedirs(out, exist_ok=True)
+    cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
+    spec = write_program(model, features, train_state.num_dense_features, out,
+                         {"model": cfg.model._target_, "loss": cfg.loss._target_,
+                          "checkpoint": os.path.abspath(checkpoint), "step": train_state.step})
+    if model.in_batch_negatives:  # the model declares separate user and item vectors: two towers
+        data = build_source(cfg.data, cfg.seed)
+        for side, (ids, batch), vectors_of in (("item", data.catalogue_batch(), model.item_vectors),
+                                               ("user", data.user_batch(), model.user_vectors)):
+            vectors = vectors_of(batch)
+            path = os.path.join(out, f"{side}_vectors.pt")
+            _write(path, lambda p: torch.save({f"{side}_ids": torch.from_numpy(ids), "vectors": vectors}, p))
+            print(f"hybridrec.export: {len(ids):,} {side} vectors of width {vectors.shape[1]} -> {path}")
+    return spec
 
 
-def _save(obj: object, path: str) -> None:
+def write_program(model: nn.Module, features: list[SparseFeature], num_dense_features: int, out: str,
+                  about: dict[str, Any]) -> dict[str, Any]:
+    """``model.pt2`` and ``model.json`` (with ``about``: where the model comes from) in the
+    directory ``out``; returns ``model.json``'s content."""
+    _write(os.path.join(out, PROGRAM), lambda path: torch.export.save(
+        export_program(model, features, num_dense_features), path))
+    _check_archive(os.path.join(out, PROGRAM))
+    spec = {**program_spec(features, num_dense_features, model.loss.calibrated), **about}
+    _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
+    return spec
+
+
+def program_spec(features: list[SparseFeature], num_dense_features: int, calibrated: bool) -> dict[str, Any]:
+    """``model.json``: how to call ``model.pt2`` without hybridrec."""
+    return {
+        "program": PROGRAM,
+        "load": "torch.export.load(path).module()",
+        "inputs": {
+            "dense": {"dtype": "float32", "shape": ["B", num_dense_features],
+                      "doc": "dense features, preprocessed as the data source feeds them to the model"},
+            "values": {"dtype": "int64", "shape": ["sum(lengths)"],
+                       "doc": "every id of the batch, feature-major (KeyedJaggedTensor order): feature 0's ids "
+                              "for rows 0..B-1, then feature 1's, ...; each id a row of that feature's table"},
+            "lengths": {"dtype": "int32", "shape": [f"{len(features)} * B"],
+                        "doc": "lengths[f * B + i] = number of ids of feature f in row i (pooled by sum)"},
+        },
+        "features": [{"name": f.name, "num_embeddings": f.num_embeddings} for f in features],
+        "num_dense_features": num_dense_features,
+        "output": "probability" if calibrated else "score",
+        "output_doc": ("[B] float32: sigmoid of the logit, a click probability (the loss is calibrated)"
+                       if calibrated else "[B] float32: the raw score of a ranking objective; it orders rows, "
+                                          "it is not a probability"),
+    }
+
+
+def _check_archive(path: str) -> None:
+    """Refuse to leave a ``model.pt2`` behind that loading would have to unpickle or run:
+    torch.export writes plain tensors as raw bytes, but tensor subclasses and script objects
+    as pickles, and AOTInductor code as a library; this model must have none of them."""
+    from torch.export.pt2_archive.constants import AOTINDUCTOR_DIR, SAMPLE_INPUTS_DIR
+
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            inner = name.split("/", 1)[-1]  # below the archive's root folder
+            if inner.startswith(AOTINDUCTOR_DIR):
+                raise RuntimeError(f"{path}: holds compiled code ({name})")
+            if inner.endswith("_config.json"):  # the weights' and constants' payload configs
+                for key, payload in json.loads(archive.read(name))["config"].items():
+                    if payload.get("use_pickle") or payload.get("tensor_meta") is None:
+                        raise RuntimeError(f"{path}: {key} is stored as a pickled object")
+            if inner.startswith(SAMPLE_INPUTS_DIR):  # torch.export.load falls back to a full unpickle
+                torch.load(io.BytesIO(archive.read(name)), weights_only=True)
+
+
+class _KJTTracingNotice(logging.Filter):
+    """TorchRec logs, on the root logger, that tracing KeyedJaggedTensor.to_dict without
+    torch.compile's strict mode is slow: it is, once per export (seconds), never when the
+    exported program runs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "non-strict torch.export KJT" not in str(record.msg)
+
+
+def _quiet_tracing() -> None:
+    logging.getLogger().addFilter(_KJTTracingNotice())
+    # torch notes, once per process, that is_fx_tracing is also true under torch.export
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text + "\n")
+
+
+def _write(path: str, write: Any) -> None:
     try:
-        torch.save(obj, path)
+        write(path)
     except (OSError, RuntimeError) as e:  # torch's file writer reports open and write failures as RuntimeError
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OSError(f"{path}: {reason}") from e
@@ -69,26 +211,26 @@ def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
     unknown = set(args) - {"checkpoint", "out"} or [a for a in argv if "=" not in a]
     if "checkpoint" not in args or unknown:
-        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<file>] (unknown: {sorted(unknown)})")
+        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir>] (unknown: {sorted(unknown)})")
     ckpt = args["checkpoint"]
-    out = args.get("out", os.path.join(ckpt, "model.pt"))
+    out = args.get("out", os.path.join(ckpt, "export"))
     # Checked before anything is loaded: each failure is one line naming the file.
     try:
-        check_complete(ckpt)
-        if not os.path.isfile(os.path.join(ckpt, "config.yaml")):
-            raise CheckpointError(f"{ckpt} is not a complete checkpoint (no config.yaml)")
+        check_checkpoint(ckpt)
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
-    folder = os.path.dirname(os.path.abspath(out))
+    folder = out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         sys.exit(f"hybridrec.export: out={out}: {folder} is not a writable directory")
+    _quiet_tracing()
     try:
-        model = export(ckpt, out)
+        spec = export(ckpt, out)
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
-    except OSError as e:  # disk full, a directory named like the file
+    except OSError as e:  # disk full, a file named like the directory
         sys.exit(f"hybridrec.export: cannot write {e}")
-    print(f"hybridrec.export: {sum(p.numel() for p in model.parameters()):,} parameters -> {out}")
+    print(f"hybridrec.export: {len(spec['features'])} sparse and {spec['num_dense_features']} dense features -> "
+          f"{os.path.join(out, PROGRAM)} (outputs a {spec['output']}; inputs in {os.path.join(out, SPEC)})")
 
 
 if __name__ == "__main__":

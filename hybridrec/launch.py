@@ -1,8 +1,8 @@
 """Starting ranks: in-process for one rank, PyTorch's elastic launcher for several.
 
-``launcher.nproc_per_node=N`` starts N workers on this machine with
-``torch.distributed.launcher.elastic_launch``, the machinery behind ``torchrun`` (c10d
-rendezvous on a free local port, spawned workers, failures reported with tracebacks).
+``launcher.nproc_per_node=N`` starts N workers on this machine with PyTorch's elastic agent,
+the machinery behind ``torchrun`` and ``elastic_launch`` (c10d rendezvous on a free local
+port, spawned workers, failures reported with tracebacks, restarts after a crash).
 When the process is already one rank of a launched job (torchrun, srun), it just runs.
 
 Under Hydra's submitit launcher (``-m hydra/launcher=slurm``), each Slurm job runs one task
@@ -22,11 +22,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from hybridrec.config import Device, validate
-from hybridrec.trainer import USER_ERROR_EXIT, run
+from hybridrec.logs import JobLogging
+from hybridrec.trainer import USER_ERROR_EXIT, RankJob, run
 
 log = logging.getLogger(__name__)
 
@@ -102,44 +109,44 @@ def world_size(cfg: DictConfig) -> int:
     return cfg.launcher.nproc_per_node * job_nodes().count
 
 
-def launch(cfg: DictConfig, run_dir: str) -> dict[str, Any]:
-    """Run the job on ``world_size(cfg)`` ranks and return rank 0's summary."""
+def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict[str, Any]:
+    """Run ``job`` (default: training) on ``world_size(cfg)`` ranks and return rank 0's
+    summary."""
     if already_launched():
         if cfg.launcher.nproc_per_node != 1:
             log.info("already launched (torchrun/srun): launcher.nproc_per_node is ignored")
-        return run(cfg, run_dir)
+        return run(cfg, run_dir, job=job)
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
     if nproc == 1 and nodes.count == 1 and not in_sweep():
-        return run(cfg, run_dir)
+        return run(cfg, run_dir, job=job)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
-    return spawn(run, nproc, cfg, run_dir, True, max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+    # The ranks are new processes: they get the Hydra job's logging (console, train.log).
+    return spawn(run, nproc, cfg, run_dir, True, job, JobLogging.of_this_job(),
+                 max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+
+
+def quiet_secondary_ranks() -> None:
+    """Under torchrun every rank runs the Hydra entry point, and each would create its own
+    timestamped run directory and log file. Ranks other than 0 write to a scratch directory
+    instead; ``trainer.run`` then adopts rank 0's directory (broadcast once the process group
+    is up). Call before Hydra parses the command line."""
+    if already_launched() and os.environ["RANK"] != "0":
+        scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hybridrec-rank{os.environ['RANK']}")
+        sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=none"]
 
 
 def spawn(
     fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0, nodes: Optional[Nodes] = None
 ) -> Any:
     """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
-    local ranks, started by PyTorch's elastic launcher: c10d rendezvous (on a free local port
+    local ranks, started by PyTorch's elastic agent: c10d rendezvous (on a free local port
     for one node) and spawned workers. Tests and benchmarks use it too, so they start ranks
     exactly as users do. ``max_restarts`` (default 0: a failed rank fails the call) lets the
-    agent stop and restart every rank after a failure, up to that many times. With ``nodes``, this call is one node of several, as torchrun --nnodes.
+    agent stop and restart every rank after a crash, up to that many times, but never after
+    a user error. With ``nodes``, this call is one node of several, as torchrun --nnodes.
     A rank that exits with USER_ERROR_EXIT raises ``RankError`` with the message it recorded."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     nodes = nodes or Nodes(1, "localhost:0", f"hybridrec-{uuid.uuid4().hex[:8]}")
-    config = LaunchConfig(
-        min_nodes=nodes.count,
-        max_nodes=nodes.count,
-        nproc_per_node=nproc,
-        run_id=nodes.run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint=nodes.endpoint,
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
     # The elastic agent logs every state change at INFO; keep the user's console for training.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
@@ -149,13 +156,52 @@ def spawn(
     # itself is what the user needs, and it is reported.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
-        results = elastic_launch(config, fn)(*args)  # keyed by global rank, this node's ranks only
+        results = _run_agent(fn, args, nproc, nodes, max_restarts)  # keyed by global rank, this node's ranks only
     except ChildFailedError as e:
         stopped = sorted((rank, f) for rank, f in e.failures.items() if f.exitcode == USER_ERROR_EXIT)
         if stopped:
             raise RankError(stopped[0][1].message) from None
         raise
     return results[min(results)]
+
+
+class _UserErrorsEndTheJob(LocalElasticAgent):
+    """torch's local elastic agent, except that a rank stopped by a user error (bad rows, a
+    checkpoint that does not fit, a plan that cannot be met) ends the job at once: restarted
+    ranks would read the same config and files and fail the same way, max_restarts times."""
+
+    def _monitor_workers(self, worker_group: Any) -> RunResult:
+        # torch documents extending the agent through SimpleElasticAgent's methods, this one
+        # included ("Elastic Agent: Extending the Agent"); _invoke_run restarts the workers
+        # only while _remaining_restarts > 0.
+        result = super()._monitor_workers(worker_group)
+        if result.is_failed() and any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
+            self._remaining_restarts = 0
+        return result
+
+
+def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, max_restarts: int) -> dict[int, Any]:
+    """What ``elastic_launch`` does (torch's launch_agent, the part a CPU or GPU job here
+    uses), with the agent above: elastic_launch builds its LocalElasticAgent itself, and has
+    no say in which failures it restarts."""
+    params = RendezvousParameters(backend="c10d", endpoint=nodes.endpoint, run_id=nodes.run_id,
+                                  min_nodes=nodes.count, max_nodes=nodes.count, timeout=900)  # elastic_launch's join timeout
+    spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=fn, args=tuple(args),
+                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
+                      monitor_interval=0.1)
+    agent = _UserErrorsEndTheJob(spec, DefaultLogsSpecs(), start_method="spawn")
+    close_rendezvous = True
+    try:
+        result = agent.run()
+    except SignalException:
+        close_rendezvous = False  # as torch's launcher: an agent stopped by a signal may be replaced
+        raise
+    finally:
+        if close_rendezvous:
+            spec.rdzv_handler.shutdown()
+    if result.is_failed():
+        raise ChildFailedError(name=getattr(fn, "__name__", str(fn)), failures=result.failures)
+    return result.return_values
 
 
 _SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher."

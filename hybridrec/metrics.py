@@ -79,16 +79,50 @@ def ranking_metrics(scores: np.ndarray, relevance: np.ndarray, query: np.ndarray
     }
 
 
-def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate equal-sized tensors from every rank, in rank order."""
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return torch.cat(out)
+def gather_to_first(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """Every rank's 1-D ``t`` (lengths may differ), concatenated in rank order on rank 0;
+    None on the other ranks. Collective.
+
+    An all-gather would hold the whole eval set on every rank, N times what rank 0 needs;
+    here a rank holds only its own part, and rank 0 the whole (what AUC, a sort, needs).
+    ``dist.gather`` takes equal shapes, hence the padding to the longest part."""
+    world = dist.get_world_size()
+    size = torch.tensor([t.numel()], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)  # N integers: every rank needs the longest for its padding
+    lengths = [int(s) for s in sizes]
+    padded = torch.cat([t, t.new_zeros(max(lengths) - t.numel())])
+    if dist.get_rank() != 0:
+        dist.gather(padded, None, dst=0)
+        return None
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.gather(padded, parts, dst=0)
+    return torch.cat([part[:n] for part, n in zip(parts, lengths)])
+
+
+def throughput(steps: int, samples: int, wall_s: float, timed_samples: Optional[int] = None) -> dict[str, Any]:
+    """The block a run reports about its own speed, training's ``summary.json`` and
+    evaluation's ``metrics.json`` alike: steps, samples, wall time and samples per second.
+    ``timed_samples``: the samples ``wall_s`` measured when fewer than ``samples`` (a resumed
+    run counts the steps before it, but timed only its own)."""
+    timed = samples if timed_samples is None else timed_samples
+    return {"steps": steps, "samples": samples, "wall_time_s": round(wall_s, 3),
+            "samples_per_second": timed / wall_s if wall_s > 0 else 0.0}
 
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_device_mb(device: torch.device) -> dict[str, float]:
+    """This process's peak GPU memory (what the planner's device estimate is compared to):
+    torch's caching allocator, allocated (tensors) and reserved (held from the driver). Empty
+    on CPU, where peak_rss_mb is the measure."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_device_allocated_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+            "peak_device_reserved_mb": round(torch.cuda.max_memory_reserved(device) / 2**20, 1)}
 
 
 def percentiles_ms(seconds: list[float]) -> dict[str, float]:
@@ -109,7 +143,15 @@ _COMM_KINDS = {  # collective -> what it is for, in a sparse + FSDP2 job
     "all_reduce": "all-reduce (gradients, metrics)",
     "allreduce": "all-reduce (gradients, metrics)",
     "broadcast": "broadcast",
+    # NCCL runs an all-to-all as grouped send/recv: its kernel is ncclDevKernel_SendRecv.
+    "sendrecv": "embedding all-to-all",
 }
+
+
+def _collective(name: str) -> bool:
+    """A collective's own work: gloo's events, or NCCL's device kernels (ncclDevKernel_*,
+    ncclKernel_*). ProcessGroupNCCL's host-side ``nccl:...`` records only time the launch."""
+    return name.startswith("gloo:") or (name.startswith("nccl") and not name.startswith("nccl:"))
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -125,7 +167,7 @@ def comm_compute_split(events: Any) -> dict[str, Any]:
     """Share of the profiled steps' wall time during which a collective was running.
 
     Window = the union of the ProfilerStep spans. Communication = the union of the backend's
-    own collective events (``gloo:...`` work, or ``nccl...`` kernels on GPU) inside it, in total
+    own collective events (``gloo:...`` work, or NCCL's kernels on GPU) inside it, in total
     and per kind; compute = the rest of the window. Comm that overlaps compute (TorchRec's
     pipeline does this) counts as comm: this is how busy the network was, an upper bound on
     the time it cost.
@@ -136,7 +178,7 @@ def comm_compute_split(events: Any) -> dict[str, Any]:
     by_kind: dict[str, list[tuple[float, float]]] = {}
     for e in events:
         name = e.name.lower()
-        if not (name.startswith("gloo:") or name.startswith("nccl")):
+        if not _collective(name):
             continue
         kind = next((v for k, v in _COMM_KINDS.items() if k in name.replace(" ", "_")), "other collectives")
         a, b = max(e.time_range.start, lo), min(e.time_range.end, hi)
@@ -356,6 +398,10 @@ def format_summary(s: dict[str, Any]) -> str:
         ("eval (test)" if "valid" in s else "eval", format_eval(e)),
         ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
     ]
+    gpu = [r for r in s.get("memory_per_rank", []) if "peak_device_allocated_mb" in r]
+    if gpu:  # the planner's device estimate beside what the ranks used
+        rows.append(("GPU peak allocated / planned", ", ".join(
+            f"{r['peak_device_allocated_mb']:,.0f} / {r['est_device_mb']:,.0f} MB" for r in gpu)))
     if "profile" in s:
         shares = ", ".join(f"{p['comm_share']:.0%}" for p in s["profile"])
         rows.append(("comm share of step time per rank", shares))

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config import DenseParallel, Device, MeshConfig
+from hybridrec.distributed import LaunchError, local_layout
 
 
 @dataclass(frozen=True)
@@ -76,17 +77,61 @@ class ParallelDims:
         return max(1, self.local_world_size // self.embedding_replicas)
 
 
-def device_type(cfg: DictConfig) -> str:
-    """The device a run uses: launcher.device, with auto = cuda when available."""
+@dataclass(frozen=True)
+class Cuda:
+    """What this machine's torch can do with CUDA (a value, so that tests can describe a GPU machine)."""
+
+    build: Optional[str]
+    """torch.version.cuda: None for a CPU-only torch."""
+    devices: int
+    """Usable GPUs: 0 when CUDA is unusable (no device visible, driver missing)."""
+
+    @classmethod
+    def probe(cls) -> Cuda:
+        return cls(torch.version.cuda, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+    def unusable(self) -> Optional[str]:
+        """Why a run here cannot use CUDA, or None when it can."""
+        if self.build is None:
+            return f"torch {torch.__version__} is a CPU-only build (`make install GPU=1` installs the CUDA one)"
+        if self.devices == 0:
+            return (f"torch has CUDA {self.build} but sees no usable GPU (torch.cuda.is_available() is False: "
+                    f"check the driver and CUDA_VISIBLE_DEVICES)")
+        return None
+
+
+def device_type(cfg: DictConfig, cuda: Optional[Cuda] = None) -> str:
+    """The device a run uses: launcher.device, with auto = cuda when usable."""
     if cfg.launcher.device == Device.auto:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cpu" if (cuda or Cuda.probe()).unusable() else "cuda"
     return cfg.launcher.device.value
+
+
+def device_choice(cfg: DictConfig, dims: ParallelDims, cuda: Optional[Cuda] = None) -> str:
+    """Before launch: the device the ranks will use and why, as one line for the log; raises
+    ValueError when the launcher settings ask for GPUs this machine does not have."""
+    cuda = cuda or Cuda.probe()
+    why = cuda.unusable()
+    if cfg.launcher.device == Device.cuda and why:
+        raise ValueError(f"launcher.device=cuda but {why}; or set launcher.device=auto to run on CPU")
+    if dims.device_type == "cuda":
+        if dims.local_world_size > cuda.devices:
+            raise ValueError(
+                f"{dims.local_world_size} ranks per node (launcher.nproc_per_node, or the launcher's "
+                f"LOCAL_WORLD_SIZE) but {cuda.devices} GPU(s) visible: hybridrec runs one rank per GPU, "
+                f"so start at most {cuda.devices}"
+            )
+        return f"device: cuda, {dims.local_world_size} of {cuda.devices} GPU(s) per node (CUDA {cuda.build})"
+    if cfg.launcher.device == Device.auto:
+        return f"device: cpu (launcher.device=auto: {why})"
+    return "device: cpu (launcher.device=cpu)"
 
 
 def job_dims(cfg: DictConfig, world_size: int, env: Mapping[str, str] = os.environ) -> ParallelDims:
     """Before launch: ``world_size`` ranks (hybridrec.launch.world_size), as many per node as
-    the launcher starts (torchrun's LOCAL_WORLD_SIZE when already launched)."""
-    local = int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env else min(cfg.launcher.nproc_per_node, world_size)
+    the launcher starts (torchrun's or srun's layout when already launched)."""
+    launched = "RANK" in env and "WORLD_SIZE" in env
+    local = local_layout(env).world_size if launched else min(cfg.launcher.nproc_per_node, world_size)
     return ParallelDims.build(cfg.mesh, world_size, local, device_type(cfg))
 
 
@@ -103,16 +148,15 @@ def planning_dims(cfg: DictConfig) -> ParallelDims:
 
 def rank_dims(cfg: DictConfig, world_size: int, device: torch.device, env: Mapping[str, str] = os.environ,
               ) -> ParallelDims:
-    """Inside a rank: the process group's size, and the ranks per node the launcher set
-    (torchrun and the elastic launcher set LOCAL_WORLD_SIZE; without it, one node)."""
-    local: Optional[str] = env.get("LOCAL_WORLD_SIZE")
-    return ParallelDims.build(cfg.mesh, world_size, int(local) if local else world_size, device.type)
+    """Inside a rank: the process group's size, and the ranks per node the launcher set."""
+    return ParallelDims.build(cfg.mesh, world_size, local_layout(env).world_size, device.type)
 
 
-def pick_device(cfg: DictConfig, env: Mapping[str, str] = os.environ) -> torch.device:
-    """This rank's device: ``device_type(cfg)``, on CUDA the local rank's GPU (set current)."""
-    if device_type(cfg) == "cuda":
-        local_rank = int(env.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local_rank)
+def pick_device(cfg: DictConfig, env: Mapping[str, str] = os.environ, cuda: Optional[Cuda] = None) -> torch.device:
+    """This rank's device: ``device_type(cfg)``, on CUDA the local rank's GPU."""
+    if device_type(cfg, cuda) == "cuda":
+        local_rank, gpus = local_layout(env).rank, (cuda or Cuda.probe()).devices
+        if local_rank >= gpus:
+            raise LaunchError(f"local rank {local_rank} has no GPU: {gpus} visible on this node; start one rank per GPU")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

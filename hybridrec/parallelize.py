@@ -39,7 +39,7 @@ from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineBase
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from hybridrec.compat import ShardedTensor, dmp_root, floating_to
+from hybridrec.compat import ShardedTensor, dmp_root, floating_to, one_post_forward_mesh
 from hybridrec.config import (
     CommPrecision,
     DenseParallel,
@@ -100,14 +100,15 @@ class FSDP2Wrapper(DataParallelWrapper):
             # with bf16 weights. Give each block the unit's casts without making it a unit.
             for block in dmp.module.dense_units():
                 cast_at_boundary(block, dtype(cfg.param_dtype))
-        for block in blocks:
-            if cfg.units == FSDPUnits.layer:
-                for layer in dense_layers(block):
-                    fully_shard(layer, **kwargs)
-                    units.append(layer)
-            fully_shard(block, **kwargs)  # the block's own parameters (all of them in arch mode)
-            if cfg.units == FSDPUnits.arch or any(True for _ in block.parameters(recurse=False)):
-                units.append(block)
+        with one_post_forward_mesh():  # reshard_after_forward=N: one N-rank mesh for all units
+            for block in blocks:
+                if cfg.units == FSDPUnits.layer:
+                    for layer in dense_layers(block):
+                        fully_shard(layer, **kwargs)
+                        units.append(layer)
+                fully_shard(block, **kwargs)  # the block's own parameters (all of them in arch mode)
+                if cfg.units == FSDPUnits.arch or any(True for _ in block.parameters(recurse=False)):
+                    units.append(block)
         # Then the root, as torchtitan does: one root state for all units (lazy init, and
         # prefetch across blocks). The tables are TorchRec's; FSDP2 must not touch them.
         # The root gets FSDP2's own rule unless the user sets one for it: passing any value
@@ -176,6 +177,9 @@ class Parallelized:
     dims: ParallelDims
     sync_every: int
     """2D: steps between replica syncs (0 = no replicas)."""
+    dense_parameters: int
+    """The model's parameters outside the tables (what DDP or FSDP2 holds), counted before
+    sharding: the whole model's, on any world size."""
 
     def pipeline(self, kind: Pipeline, optimizer: torch.optim.Optimizer, device: torch.device) -> TrainPipeline:
         """TorchRec's train pipeline. sparse_dist overlaps the next batch's input all-to-all
@@ -202,6 +206,7 @@ def parallelize(
     pg: dist.ProcessGroup,
 ) -> Parallelized:
     """Shard ``model``: tables by TorchRec's plan, the dense part by ``cfg.mesh.dense``."""
+    dense_parameters = model.dense_parameter_count()  # before DMP and FSDP2 wrap them
     cls, kwargs = sparse_optimizer(cfg.optimizer.sparse)
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
@@ -251,10 +256,16 @@ def parallelize(
             data_parallel_wrapper=wrapper,
         )
     init_embeddings(dmp.module.sparse_module(), cfg.seed)
-    return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0)
+    return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0,
+                        dense_parameters)
 
 
 _INIT_BLOCK = 65536  # rows per independently seeded block of the embedding init
+# Columns per independently seeded chunk. TorchRec's column-wise shards are multiples of the
+# planner's min_partition (128 by default), so a column shard starts and ends on a chunk
+# boundary and draws only its own columns: drawing whole rows and keeping a slice cost a
+# k-way column split k times the work on every rank.
+_INIT_COLS = 32
 
 
 @torch.no_grad()
@@ -263,9 +274,14 @@ def init_embeddings(sharded_ebc: nn.Module, seed: int) -> None:
 
     TorchRec initializes each shard from the process's random stream, so the same seed gives
     different tables under different plans or world sizes. Here the table is split into
-    blocks of rows, each drawn from its own seeded generator: a shard draws the blocks it
-    overlaps and keeps its rows and columns. Result: identical tables for any plan, which is
+    blocks of rows and chunks of columns, each drawn from its own seeded generator: a shard
+    draws the blocks and chunks it overlaps. Result: identical tables for any plan, which is
     what lets a 2-rank run reproduce a 1-rank run, and a run be reproduced on another cluster.
+
+    The values are drawn on the host, on purpose: CUDA's generator gives other numbers for
+    the same seed, and a GPU run must start from the tables a CPU run starts from. A GPU
+    shard receives each block through pinned memory with an asynchronous copy, so drawing
+    the next block overlaps the transfer of this one.
     """
     for key, weight in sharded_ebc.state_dict().items():
         table = key.split(".")[-2]
@@ -281,21 +297,33 @@ def init_embeddings(sharded_ebc: nn.Module, seed: int) -> None:
             # Block by block into the shard: a whole-shard temporary would double the peak
             # memory of the largest table (measured: +256 MB for ctr's 1M x 64 table).
             row1, col1 = row0 + local.size(0), col0 + local.size(1)
-            for offset, values in _table_blocks(seed, table, rows, dim, row0, row1, col0, col1):
-                local[offset : offset + values.size(0)].copy_(values)
+            for r, c, values in _table_blocks(seed, table, rows, dim, row0, row1, col0, col1):
+                if local.is_cuda:
+                    # the caching host allocator keeps the pinned block until the copy is done
+                    values = values.pin_memory()
+                local[r : r + values.size(0), c : c + values.size(1)].copy_(values, non_blocking=local.is_cuda)
 
 
 def _table_blocks(
     seed: int, table: str, rows: int, dim: int, row0: int, row1: int, col0: int, col1: int
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """Rows row0..row1, columns col0..col1 of the table's init, one seeded block at a time:
-    (offset of the part within the slice, values)."""
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """Rows row0..row1, columns col0..col1 of the table's init, one seeded block of rows and
+    chunk of columns at a time: (row and column offset of the part within the slice, values)."""
     # TorchRec's default init distribution: uniform(+-sqrt(1 / num_embeddings)).
     bound = (1.0 / rows) ** 0.5
     table_seed = (seed * 1_000_003 + zlib.crc32(table.encode())) * 1_000_033
+    chunks = range(col0 // _INIT_COLS, (col1 - 1) // _INIT_COLS + 1)
     for block in range(row0 // _INIT_BLOCK, (row1 - 1) // _INIT_BLOCK + 1):
         lo = block * _INIT_BLOCK
         n = min(_INIT_BLOCK, rows - lo)
-        g = torch.Generator().manual_seed((table_seed + block) % 2**63)
-        values = torch.empty(n, dim).uniform_(-bound, bound, generator=g)
-        yield max(lo - row0, 0), values[max(row0 - lo, 0) : min(row1 - lo, n), col0:col1]
+        first, last = max(row0 - lo, 0), min(row1 - lo, n)
+        for chunk in chunks:
+            c0 = chunk * _INIT_COLS
+            values = _draw(table_seed + block * 1_000_003 + chunk, n, min(_INIT_COLS, dim - c0), bound)
+            yield max(lo - row0, 0), max(c0 - col0, 0), values[first:last, max(col0 - c0, 0) : col1 - c0]
+
+
+def _draw(seed: int, rows: int, cols: int, bound: float) -> torch.Tensor:
+    """One seeded chunk of the init: rows x cols uniform(-bound, bound), on the host."""
+    g = torch.Generator().manual_seed(seed % 2**63)
+    return torch.empty(rows, cols).uniform_(-bound, bound, generator=g)

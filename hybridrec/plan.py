@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -19,6 +19,8 @@ from omegaconf import DictConfig
 
 from hybridrec.config import register_configs, validate
 from hybridrec.data import build_source
+from hybridrec.data.source import Source
+from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.metrics import write_json
 from hybridrec.models import build_model
 from hybridrec.parallel_dims import ParallelDims, planning_dims
@@ -27,30 +29,24 @@ from hybridrec.sharding import HybridEBCSharder, format_report, plan_tables
 register_configs()
 
 
-def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool) -> dict[str, Any]:
+def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool, data: Optional[Source] = None) -> dict[str, Any]:
     """Plan ``cfg``'s tables for the given topology without any process group. ``detect``:
     take unset memory sizes from this machine (the check before a run here) rather than
-    TorchRec's defaults (planning for another cluster)."""
-    data = build_source(cfg.data, cfg.seed)
+    TorchRec's defaults (planning for another cluster). ``data``: the source, when the
+    caller has built it already."""
+    data = data or build_source(cfg.data, cfg.seed)
     model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
     pooling = {f.name: f.pooling_factor for f in data.features}
     _, report = plan_tables(model, cfg, HybridEBCSharder(), dims, pooling, detect=detect)
     return report
 
 
-def quiet_enumerator() -> None:
-    # The enumerator warns once per table for every (sharding type, kernel) pair a constraint
-    # rules out, e.g. data_parallel when only `fused` is allowed: expected, not actionable.
-    logging.getLogger("torchrec.distributed.planner.enumerators").setLevel(logging.ERROR)
-    # The partitioner and estimator log at INFO once per proposal (200+ lines before a run
-    # under Hydra's console logging, which is at INFO); the plan report says what matters.
-    logging.getLogger("torchrec.distributed.planner").setLevel(logging.WARNING)
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    logging.getLogger().setLevel(logging.WARNING)  # TorchRec's planner logs at INFO
-    quiet_enumerator()
+    verbose = hydra_verbose()
+    if verbose is not True:
+        logging.getLogger().setLevel(logging.WARNING)  # the plan report is printed; libraries log at INFO
+    quiet_libraries(verbose)  # hydra.verbose=torchrec.distributed.planner shows TorchRec's planner lines
     try:
         # "is None", not "or": a 0 given is refused by validate, not read as unset
         validate(cfg, cfg.mesh.world_size if cfg.mesh.world_size is not None else cfg.launcher.nproc_per_node)

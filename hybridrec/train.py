@@ -1,59 +1,79 @@
 """Entry point: ``python -m hybridrec.train +experiment=ctr [overrides]``.
 
-Hydra composes and type-checks the config, ``validate`` checks cross-field rules, and only
-then are ranks started (``launch.py``): a bad config never costs a process group.
+Hydra composes and type-checks the config, ``check_before_launch`` checks cross-field rules,
+the device, the checkpoint to resume and the plan, and only then are ranks started
+(``launch.py``): a bad config never costs a process group.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import logging
 from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, check_dir, probe_writable, resume_path
 from hybridrec.config import check_device, register_configs, validate
-from hybridrec.checkpoint import CheckpointError, TrainState, check_dir, probe_writable, resume_path
-from hybridrec.launch import RankError, already_launched, in_sweep, launch, world_size
-from hybridrec.parallel_dims import job_dims
-from hybridrec.plan import dry_plan, quiet_enumerator
+from hybridrec.data import build_source
+from hybridrec.distributed import LaunchError
+from hybridrec.launch import RankError, already_launched, in_sweep, launch, quiet_secondary_ranks, world_size
+from hybridrec.logs import hydra_verbose, quiet_libraries
+from hybridrec.parallel_dims import device_choice, job_dims
+from hybridrec.plan import dry_plan
 from hybridrec.sweep import JobFailed
-from hybridrec.trainer import USER_ERRORS, full_errors
+from hybridrec.trainer import USER_ERRORS, exit_user_error, full_errors
 
 register_configs()
+log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
+
+
+def check_before_launch(cfg: DictConfig) -> None:
+    """Everything that can be checked before a rank starts; raises ``CheckpointError``,
+    ``LaunchError`` or ``ValueError`` (a config the ranks would refuse) with the one line."""
+    world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
+    validate(cfg, world)
+    dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
+    log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
+    check_device(cfg, dims.device_type)
+    if cfg.checkpoint.dir:
+        probe_writable(cfg.checkpoint.dir)
+    # A checkpoint the ranks would refuse, find damaged or of another model fails here,
+    # before launch (and before any elastic restart could retry it).
+    path = resume_path(cfg)
+    state = TrainState.from_files(path) if path else None  # checked complete by resume_path
+    data = build_source(cfg.data, cfg.seed) if state or not already_launched() else None
+    if state:
+        check_compatible(cfg, path, state, data.features, data.num_dense_features)
+    if state and state.step >= cfg.train.steps:
+        raise CheckpointError(
+            f"checkpoint {path} is at step {state.step} and train.steps={cfg.train.steps}: nothing to "
+            f"train; raise train.steps (the total, e.g. train.steps={state.step + cfg.train.steps}), or "
+            f"start a new run in another checkpoint.dir"
+        )
+    check_dir(cfg, path, state)
+    if not already_launched():
+        # Plan the tables here first: a constraint the planner cannot meet fails now, not
+        # after N ranks have started. The ranks plan again (identically) over their group.
+        dry_plan(cfg, dims, detect=True, data=data)
+
+
+def user_message(error: BaseException) -> str:
+    """The one line a user error before launch is reported with."""
+    if isinstance(error, (CheckpointError, LaunchError)):
+        return f"hybridrec: {error}"
+    return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    quiet_libraries(hydra_verbose())  # TorchRec's planner INFO lines, unless hydra.verbose asks for them
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     try:
-        world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
-        validate(cfg, world)
-        dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
-        check_device(cfg, dims.device_type)
-        if cfg.checkpoint.dir:
-            probe_writable(cfg.checkpoint.dir)
-        # A checkpoint the ranks would refuse or find damaged fails here, before launch.
-        path = resume_path(cfg)
-        state = TrainState.from_files(path) if path else None  # checked complete by resume_path
-        if state and state.step >= cfg.train.steps:
-            raise CheckpointError(
-                f"checkpoint {path} is at step {state.step} and train.steps={cfg.train.steps}: nothing to "
-                f"train; raise train.steps (the total, e.g. train.steps={state.step + cfg.train.steps}), or "
-                f"start a new run in another checkpoint.dir"
-            )
-        check_dir(cfg, path, state)
-        if not already_launched():
-            # Plan the tables here first: a constraint the planner cannot meet fails now, not
-            # after N ranks have started. The ranks plan again (identically) over their group.
-            quiet_enumerator()
-            dry_plan(cfg, dims, detect=True)
-    except CheckpointError as e:
-        _exit(e, f"hybridrec: {e}")
-    except ValueError as e:  # PlanError and DataError included
-        _exit(e, f"hybridrec: invalid config: {e}")
+        check_before_launch(cfg)
+    except ValueError as e:  # CheckpointError and LaunchError are ValueErrors too
+        _exit(e, user_message(e))
     try:
         summary = launch(cfg, HydraConfig.get().runtime.output_dir)
     except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
@@ -62,25 +82,14 @@ def main(cfg: DictConfig) -> float:
 
 
 def _exit(error: BaseException, message: str) -> NoReturn:
-    if full_errors():
-        raise error
-    if in_sweep():
+    if in_sweep() and not full_errors():
         # An exit would end the whole multirun, jobs not yet run included, and skip Hydra's
         # record of this one: raised, the job is marked failed (a row of the sweep summary),
         # the other jobs run, and Hydra ends the sweep with this one line.
         raise JobFailed(message) from None
-    sys.exit(message)
-
-
-def _quiet_secondary_ranks() -> None:
-    # Under torchrun every rank runs Hydra, and each would create its own timestamped run
-    # directory and log file. Ranks other than 0 write to a scratch directory instead; the
-    # trainer then adopts rank 0's directory (broadcast after the process group is up).
-    if already_launched() and os.environ["RANK"] != "0":
-        scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hybridrec-rank{os.environ['RANK']}")
-        sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=none"]
+    exit_user_error(error, message)
 
 
 if __name__ == "__main__":
-    _quiet_secondary_ranks()
+    quiet_secondary_ranks()
     main()

@@ -6,8 +6,6 @@ directly in the Hydra process for a single-rank run.
 
 from __future__ import annotations
 
-import datetime
-import gc
 import hashlib
 import json
 import logging
@@ -15,64 +13,80 @@ import math
 import os
 import platform
 import sys
-import threading
 import time
 import warnings
-from typing import Any, Iterator, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
-from tqdm import tqdm
 
 from hybridrec import checkpoint
 from hybridrec.config import Logger
-from hybridrec.data import DataError, ReadReport, RecBatch, build_source, loader
-from hybridrec.data.loader import padding_batch
+from hybridrec.data import DataError, ReadReport, build_source, loader
+from hybridrec.data.source import Source
+from hybridrec.evaluation import Evaluation, evaluate, write_predictions
 from hybridrec.metrics import (
     MetricsLog,
-    all_gather_cat,
-    binary_metrics,
     format_eval,
-    ranking_metrics,
     comm_compute_split,
     step_breakdown,
     format_summary,
+    peak_device_mb,
     peak_rss_mb,
     percentiles_ms,
     plot_report,
+    throughput,
     write_json,
 )
+from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.logs import JobLogging, Progress, configure_rank
+from hybridrec.losses import Loss
 from hybridrec.models import build_model
 from hybridrec.optim import TrainOptimizer
-from hybridrec.parallel_dims import pick_device, rank_dims  # noqa: F401  (pick_device: the ranks' entry)
-from hybridrec.parallelize import parallelize
-from hybridrec.plan import quiet_enumerator
-from hybridrec.sharding import format_report
+from hybridrec.parallel_dims import pick_device, rank_dims
+from hybridrec.parallelize import Parallelized, parallelize
+from hybridrec.sharding import PlanError, format_report
 
 log = logging.getLogger(__name__)
+
+
+def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, Loss, Parallelized]:
+    """What a rank scores with, built the same for training and for evaluating a saved
+    model: the data source, the model's loss (its declarations) and the model sharded over
+    the process group (the plan report logged and saved by rank 0)."""
+    # Dense layers are initialized from the global RNG before sharding: same values on
+    # every rank and for every world size. Embeddings get their own plan-independent init.
+    torch.manual_seed(cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
+    loader.check_splits(data)  # an empty split fails here, before any sharding
+    model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
+    pooling = {f.name: f.pooling_factor for f in data.features}
+    world = dist.get_world_size()
+    parallel = parallelize(model, cfg, rank_dims(cfg, world, device), device, pooling, dist.group.WORLD)
+    if dist.get_rank() == 0:
+        log.info("\n" + format_report(parallel.plan))
+        write_json(os.path.join(run_dir, "plan.json"), parallel.plan)
+    return data, model.loss, parallel
+
+
+def rank_batches(cfg: DictConfig, data: Source, split: str, device: torch.device, num_batches: Optional[int] = None,
+                 start: int = 0) -> Iterator:
+    """This rank's batches of ``split`` from the shared input loop, with the configured
+    worker processes (pinned memory on CUDA)."""
+    d = cfg.data
+    return loader.batches(data, split, dist.get_rank(), dist.get_world_size(), num_batches, start,
+                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda")
 
 
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> None:
         self.cfg, self.run_dir, self.device = cfg, run_dir, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # Dense layers are initialized from the global RNG before sharding: same values on
-        # every rank and for every world size. Embeddings get their own plan-independent init.
-        torch.manual_seed(cfg.seed)
-        self.data = build_source(cfg.data, cfg.seed)
-        loader.check_splits(self.data)  # an empty split fails here, before any training
-        model = build_model(cfg, self.data.features, self.data.num_dense_features, self.data.list_size)
-        self.dense_parameters = model.dense_parameter_count()  # before DMP and FSDP2 wrap them
-        pooling = {f.name: f.pooling_factor for f in self.data.features}
-        self.loss = model.loss
-        self.parallel = parallelize(model, cfg, rank_dims(cfg, self.world_size, device), device, pooling,
-                                    dist.group.WORLD)
+        self.data, self.loss, self.parallel = build(cfg, run_dir, device)
         self.model, self.plan = self.parallel.model, self.parallel.plan
-        if self.rank == 0:
-            log.info("\n" + format_report(self.plan))
-            write_json(os.path.join(run_dir, "plan.json"), self.plan)
         self.optimizer = TrainOptimizer(self.model, cfg.optimizer)
         self.pipeline = self.parallel.pipeline(cfg.train.pipeline, self.optimizer, device)
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
@@ -86,13 +100,15 @@ class Trainer:
         # This run's id, after the ids of the runs it continues (rank 0's is the one saved):
         # what decides which checkpoints keep_last may delete.
         self.runs = [checkpoint.new_run_id()]
-        self.checkpointer = checkpoint.Checkpointer(self) if cfg.checkpoint.dir else None
+        live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
+                                    self.losses, self.runs)
         self.resumed_from: Optional[dict[str, Any]] = None
         # Rank 0 warns when a damaged newer checkpoint is skipped (again after each restart).
         if path := checkpoint.resume_path(cfg, warn=self.rank == 0):
-            self.start_step = checkpoint.load(self, path)
+            self.start_step = checkpoint.load(cfg, path, live).step
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
+        self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
 
     def step(self, batches: Iterator, step: int) -> torch.Tensor:
         """Training step ``step`` (1-based) on the next batch of ``batches``: TorchRec's
@@ -106,43 +122,39 @@ class Trainer:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
         batches = self._batches("train", cfg.steps, start=self.start_step)
         self.local_losses = torch.zeros(cfg.steps, device=self.device)
-        # tqdm's default lock is a multiprocessing semaphore: a rank stopped while another
-        # reports a data error would leave it behind, and Python warns of the leak at exit.
-        tqdm.set_lock(threading.RLock())
-        bar = tqdm(total=cfg.steps, initial=self.start_step, desc="train", unit="step", disable=self.rank != 0)
+        progress = Progress(cfg.steps, self.start_step, enabled=self.rank == 0, logger=log)
         profiler = self._profiler()
         self.start = time.perf_counter()
         try:
-            for step in range(self.start_step + 1, cfg.steps + 1):
-                tick = time.perf_counter()
-                self.local_losses[step - 1] = self.step(batches, step)
-                self.step_times.append(time.perf_counter() - tick)
-                if profiler:
-                    profiler.step()
-                save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
-                if step % cfg.log_every == 0 or step == cfg.steps or save:
-                    self._log(step, bar)  # also checks the losses are finite: no bad checkpoint
-                if save:
-                    self.checkpointer.save(step)
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    self._evaluate_and_log(self.select_split, step, bar)
-                bar.update()
-            if self.checkpointer:
-                self.checkpointer.wait()  # an async save still in flight is committed here
-        except BaseException:
-            bar.close()  # the bar's last state first, then whatever reports the error
-            raise
+            with progress.logging():
+                for step in range(self.start_step + 1, cfg.steps + 1):
+                    tick = time.perf_counter()
+                    self.local_losses[step - 1] = self.step(batches, step)
+                    self.step_times.append(time.perf_counter() - tick)
+                    progress.advance(step)
+                    if profiler:
+                        profiler.step()
+                    save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
+                    if step % cfg.log_every == 0 or step == cfg.steps or save:
+                        self._log(step, progress)  # also checks the losses are finite: no bad checkpoint
+                    if save:
+                        self.checkpointer.save(step)
+                    if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                        self._evaluate_and_log(self.select_split, step)
+                if self.checkpointer:
+                    self.checkpointer.wait()  # an async save still in flight is committed here
+        finally:
+            progress.close()  # the bar's last state first, then whatever reports an error
         wall = time.perf_counter() - self.start - self.eval_seconds
-        bar.close()
         if profiler:
             profiler.stop()
         # Validation (when the source has it) drives the history; the test split is scored
         # once, at the end, and never used to choose anything.
-        final = {split: self._evaluate_and_log(split, cfg.steps, bar) for split in ("valid", "eval")
+        final = {split: self._evaluate_and_log(split, cfg.steps) for split in ("valid", "eval")
                  if split in self.data.splits}
         return self._finish(wall, final)
 
-    def _log(self, step: int, bar: tqdm) -> None:
+    def _log(self, step: int, progress: Progress) -> None:
         # One all-reduce per window, not per step: the reduction is a sync point.
         window = self._global_mean(self.local_losses[len(self.losses) : step])
         if bad := [i for i, x in enumerate(window) if not math.isfinite(x)]:
@@ -153,7 +165,7 @@ class Trainer:
         self.losses += window
         elapsed = time.perf_counter() - self.start - self.eval_seconds
         rate = (step - self.start_step) * self.cfg.data.batch_size / elapsed
-        bar.set_postfix(loss=f"{self.losses[-1]:.4f}", samples_s=f"{rate:,.0f}")
+        progress.report(step, self.losses[-1], rate, elapsed)
         extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
         self.metrics.log(step=step, loss=self.losses[-1], loss_mean=sum(window) / len(window), samples_per_second=rate,
                          elapsed_s=elapsed, lr=self.optimizer.lrs(), **extra)
@@ -170,64 +182,26 @@ class Trainer:
         """The split that evaluations during training report on: validation if there is one."""
         return "valid" if "valid" in self.data.splits else "eval"
 
-    def _evaluate_and_log(self, split: str, step: int, bar: tqdm) -> dict[str, float]:
+    def _evaluate_and_log(self, split: str, step: int) -> dict[str, float]:
         tick = time.perf_counter()
-        result = self.evaluate(split)
+        result = self.evaluate(split).metrics
         self.eval_seconds += time.perf_counter() - tick
         if split == self.select_split:
             self.eval_history.append({"step": step, "split": split, **result})
         self.metrics.log(step=step, split=split, eval=result)
         if self.rank == 0:
-            bar.write(f"{split} @ step {step}: {format_eval(result)}")
+            log.info(f"{split} @ step {step}: {format_eval(result)}")
         return result
 
-    @torch.no_grad()
-    def evaluate(self, split: str = "eval") -> dict[str, float]:
-        """Metrics over the whole ``split`` (``eval`` = test, ``valid``), predictions gathered
-        from every rank."""
-        model = self.pipeline.detach()  # restores the model's own forward (no pipelining)
-        model.eval()
-        columns: dict[str, list[torch.Tensor]] = {"score": [], "label": [], "real": []}
-        batches = self._batches(split)
-        while True:
-            item = next(batches, None)
-            # Ranks can run out at different batches (a sharded source): one all-reduce per
-            # batch agrees on the end, and a rank that ran out feeds padding meanwhile (the
-            # sharded embedding lookups are collectives every rank must join).
-            more = torch.tensor([item is not None], dtype=torch.int32, device=self.device)
-            dist.all_reduce(more, op=dist.ReduceOp.MAX)
-            if not more.item():
-                break
-            item = item or padding_batch(self.data, self.world_size)
-            _, (_, logits, y) = model(item.batch.to(self.device))
-            columns["score"].append(logits)
-            columns["label"].append(y)
-            real = item.real
-            if isinstance(item.batch, RecBatch):  # ranking sources: padding inside lists too
-                real = real & (item.batch.weights > 0)
-                for name in ("relevance", "query"):
-                    columns.setdefault(name, []).append(getattr(item.batch, name))
-            columns["real"].append(real.to(torch.uint8))  # (gloo gathers no bool)
-        model.train()  # the pipeline re-attaches itself at the next progress()
-        c = {name: all_gather_cat(torch.cat(parts).to(self.device)).cpu() for name, parts in columns.items()}
-        real = c.pop("real").bool()  # padding rows (the last batch of a split) are no rows
-        c = {name: t[real] for name, t in c.items()}
-        result = binary_metrics(torch.sigmoid(c["score"]), c["label"])
-        if not self.loss.calibrated:
-            # Scores trained by a ranking or regression objective are not click probabilities:
-            # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
-            result = {k: v for k, v in result.items() if k not in ("ne", "logloss", "calibration", "accuracy")}
-        if self.data.ranking_k is not None:  # lists per user: NDCG, MAP, recall
-            result |= ranking_metrics(c["score"].double().numpy(), c["relevance"].numpy(), c["query"].numpy(),
-                                      self.data.threshold, self.data.ranking_k)
-        return result
+    def evaluate(self, split: str = "eval", predictions: bool = False) -> Evaluation:
+        """The metrics of the whole ``split`` (``eval`` = test, ``valid``) over every rank
+        (``hybridrec.evaluation.evaluate``), and its predictions on rank 0 when asked."""
+        model = self.pipeline.detach()  # restores the model's own forward (no pipelining);
+        # the pipeline re-attaches itself at the next progress()
+        return evaluate(model, self.data, self.loss, self._batches(split), self.device, predictions)
 
     def _batches(self, split: str, num_batches: Optional[int] = None, start: int = 0):
-        """This rank's batches of ``split`` from the shared input loop, with the configured
-        worker processes (pinned memory when training on CUDA)."""
-        d = self.cfg.data
-        return loader.batches(self.data, split, self.rank, self.world_size, num_batches, start,
-                              num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=self.device.type == "cuda")
+        return rank_batches(self.cfg, self.data, split, self.device, num_batches, start)
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
         """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
@@ -290,28 +264,22 @@ class Trainer:
         tail = self.losses[-max(1, steps // 10) :]
         run_samples = (steps - self.start_step) * self.cfg.data.batch_size  # in this process
         per_rank = [None] * self.world_size
-        dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile))
-        rss = [m for m, _ in per_rank]
+        dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile, peak_device_mb(self.device)))
+        rss = [m for m, _, _ in per_rank]
         plan = self.plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
-        samples = steps * self.cfg.data.batch_size
+        # wall: this process's training only, evaluation excluded
+        train = {**throughput(steps, steps * self.cfg.data.batch_size, wall, run_samples),
+                 "resumed_from_step": self.start_step, **percentiles_ms(self.step_times)}
         summary = {
             "world_size": self.world_size,
             "device": str(self.device),
             "dense_parallel": self.cfg.mesh.dense.value,
-            "steps": steps,
+            # the headline numbers, at the top for scripts: the train block's own values
+            **{key: train[key] for key in ("steps", "wall_time_s", "samples_per_second")},
             "global_batch_size": self.cfg.data.batch_size,
-            "wall_time_s": round(wall, 3),
-            "samples_per_second": run_samples / wall,
             "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
-            "dense_parameters": self.dense_parameters,
-            "train": {
-                "steps": steps,
-                "samples": samples,
-                "resumed_from_step": self.start_step,
-                "wall_time_s": round(wall, 3),  # training only, this process: evaluation excluded
-                "samples_per_second": run_samples / wall,
-                **percentiles_ms(self.step_times),
-            },
+            "dense_parameters": self.parallel.dense_parameters,
+            "train": train,
             "eval": final["eval"],  # the test split: scored once, at the end
             **({"valid": final["valid"]} if "valid" in final else {}),
             "eval_history": self.eval_history,  # on validation when the source has it
@@ -325,12 +293,13 @@ class Trainer:
                     "est_device_mb": round(r["est_device_bytes"] / 2**20, 1),
                     "est_host_mb": round(r["est_host_bytes"] / 2**20, 1),
                     "peak_rss_mb": rss[r["rank"]],
+                    **per_rank[r["rank"]][2],  # on GPU: torch's peak allocated / reserved device memory
                 }
                 for r in plan["ranks"]
             ],
         }
         if self.cfg.profile.enabled:
-            summary["profile"] = [p for _, p in per_rank]
+            summary["profile"] = [p for _, p, _ in per_rank]
         return summary
 
 
@@ -362,63 +331,22 @@ def provenance(cfg: DictConfig, resumed_from: Optional[dict[str, Any]]) -> dict[
     }
 
 
-def init_distributed(device: torch.device, timeout_s: float = 300.0) -> None:
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=timeout_s)  # every collective's timeout
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # Started by the elastic agent, whose store outlives restarts. Prefix this attempt's
-        # keys: after a restart, gloo otherwise read the dead attempt's peer addresses from
-        # the shared store and failed to connect (seen on torch 2.13).
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-        )
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"hybridrec/attempt_{attempt}", store),
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            timeout=timeout,
-        )
-    elif "RANK" in os.environ:  # another launcher (e.g. srun): rendezvous through env://
-        dist.init_process_group(backend, timeout=timeout)
-    else:  # a single process still gets a process group, so there is one code path
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-
-
-def health_check(timeout_s: float) -> None:
-    """One monitored barrier across all ranks: a rank that does not answer in time is named
-    (gloo's monitored_barrier reports which ranks failed) instead of everyone hanging. NCCL
-    has no monitored barrier, so GPU jobs run it on a gloo group."""
-    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    try:
-        dist.monitored_barrier(group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
-    except RuntimeError as e:
-        raise RuntimeError(f"health check: not every rank answered within {timeout_s:g} s: {e}") from e
-
-
-def _configure_logging(rank: int) -> None:
-    logging.basicConfig(format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
-    # Libraries log at INFO on the root logger (fbgemm prints every kernel's arguments), so
-    # only hybridrec's own INFO is shown, and only on rank 0: other ranks speak on failure.
-    logging.getLogger().setLevel(logging.WARNING)
-    logging.getLogger("hybridrec").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+def _quiet_deprecations() -> None:
     # Notices about the libraries' own internals that a user can do nothing about: TorchRec's
-    # embedding shards are ShardedTensors, FSDP2 calls collectives torch has renamed, and the
-    # train pipeline's fx tracing logs a notice once per rank. Matched by message, so any
-    # other warning still shows.
+    # embedding shards are ShardedTensors, and FSDP2 calls collectives torch has renamed.
+    # Matched by message, so any other warning still shows.
     for message in (
         "Please use DTensor instead and we are deprecating ShardedTensor",
         r"`torch.distributed.\w+` is deprecated",
     ):
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    quiet_enumerator()
 
 
-# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk):
-# reported as one line naming the file or key, without a traceback.
-USER_ERRORS = (DataError, checkpoint.CheckpointError)
+# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
+# a plan the planner cannot meet: under torchrun the ranks plan before anything else has,
+# a launcher environment without the local layout): reported as one line naming the
+# file or key, without a traceback, and never restarted.
+USER_ERRORS = (DataError, checkpoint.CheckpointError, PlanError, LaunchError)
 USER_ERROR_EXIT = 3
 """Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
 
@@ -428,32 +356,53 @@ def full_errors() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-def intra_op_threads(cfg: DictConfig, device: torch.device, env: Mapping[str, str]) -> Optional[int]:
+def exit_user_error(error: BaseException, message: str) -> NoReturn:
+    """How an entry point stops on a user error: its one-line ``message`` and a non-zero
+    exit, or the traceback with HYDRA_FULL_ERROR=1."""
+    if full_errors():
+        raise error
+    sys.exit(message)
+
+
+def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
     """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
     if cfg.launcher.threads_per_rank:
         return cfg.launcher.threads_per_rank
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in env:
+    if "OMP_NUM_THREADS" not in env:
         # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
-        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores.
-        return max(1, (os.cpu_count() or 1) // int(env.get("LOCAL_WORLD_SIZE", 1)))
+        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores. On
+        # GPUs too: each rank's input pipeline, optimizer on CPU and host-side work share them.
+        return max(1, (os.cpu_count() or 1) // local_layout(env).world_size)
     return None
 
 
+RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
+"""What a rank does once its process group is up: ``job(cfg, run_dir, device)`` -> its result."""
+
+
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
-def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str, Any]:
-    """One rank's whole job: process group, Trainer, summary (rank 0), teardown.
+def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None,
+        job_logging: Optional[JobLogging] = None) -> dict[str, Any]:
+    """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
+    for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
 
     ``parent_reports``: the rank was started by ``launch.spawn``, which prints a user error's
     one line itself; the rank then records the message in the elastic error file and exits
-    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller."""
+    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller.
+    ``job_logging``: the Hydra job's logging, for a rank in a process of its own."""
     device = pick_device(cfg)
-    if threads := intra_op_threads(cfg, device, os.environ):
+    if threads := intra_op_threads(cfg, os.environ):
         torch.set_num_threads(threads)
-    init_distributed(device, cfg.launcher.collective_timeout_s)
+    init_distributed(device, cfg.launcher.collective_timeout_s, cfg.mesh.cpu_offload)
     summary = None
     try:
         health_check(cfg.launcher.health_check_timeout_s)
-        summary = _train_rank(cfg, run_dir, device)  # the Trainer is freed when it returns
+        configure_rank(dist.get_rank(), job_logging)
+        _quiet_deprecations()
+        # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
+        shared = [run_dir]
+        dist.broadcast_object_list(shared, src=0)
+        summary = (job or _train_rank)(cfg, shared[0], device)  # what it built is freed when it returns
         dist.barrier()  # leave together: no rank tears down while another still communicates
         return summary
     except USER_ERRORS as e:
@@ -468,14 +417,8 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False) -> dict[str
 
 
 def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
-    rank = dist.get_rank()
-    _configure_logging(rank)
-    # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
-    shared = [run_dir]
-    dist.broadcast_object_list(shared, src=0)
-    run_dir = shared[0]
     summary = Trainer(cfg, run_dir, device).train()
-    if rank == 0:
+    if dist.get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         log.info(
             f"{summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
@@ -485,15 +428,43 @@ def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str
     return summary
 
 
-def shutdown_distributed(clean: bool) -> None:
-    """Release everything that holds a process group, then destroy the groups.
+@dataclass(frozen=True)
+class ScoreCheckpoint:
+    """The rank job of ``python -m hybridrec.evaluate``: the model of a saved checkpoint,
+    sharded as training shards it (any world size: DCP reshards), scored on one split by
+    the evaluation training uses. Rank 0 writes ``metrics.json`` and, with ``predictions``,
+    ``predictions.parquet`` into the run directory. A dataclass of plain fields, so that the
+    elastic launcher can pickle it to the ranks it spawns."""
 
-    The model, pipeline and FSDP2 mesh keep references to gloo/NCCL groups (TorchRec creates
-    sub-groups too); left to interpreter shutdown, their transport threads are torn down in
-    arbitrary order, which can abort a rank after a successful run. On failure, skip the
-    collective destroy, which could block on a peer that is still inside a collective
-    (as torchtitan does); the launcher then stops the other ranks.
-    """
-    gc.collect()
-    if clean:
-        dist.destroy_process_group()
+    checkpoint: str
+    """A committed checkpoint directory (``<checkpoint.dir>/step_<N>``), checked before launch."""
+    split: str
+    predictions: bool
+
+    def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
+        data, loss, parallel = build(cfg, run_dir, device)
+        step = checkpoint.load_weights(parallel.model, self.checkpoint)
+        tick = time.perf_counter()
+        result = evaluate(parallel.model, data, loss, rank_batches(cfg, data, self.split, device), device,
+                          self.predictions)
+        wall = time.perf_counter() - tick
+        out = {
+            "checkpoint": {"path": os.path.abspath(self.checkpoint), "step": step},
+            "split": self.split,
+            "eval": result.metrics,  # the block training reports, same keys
+            "world_size": dist.get_world_size(),
+            "device": str(device),
+            # steps: global batches scored; samples: real rows (padding excluded)
+            "scoring": throughput(result.batches, result.metrics["n"], wall),
+            "provenance": provenance(cfg, None),
+        }
+        if dist.get_rank() == 0:
+            files = ["metrics.json"]
+            if result.predictions is not None:
+                write_predictions(os.path.join(run_dir, "predictions.parquet"), result.predictions, loss.calibrated)
+                files.append("predictions.parquet")
+            write_json(os.path.join(run_dir, "metrics.json"), out)
+            print(f"{self.split} @ step {step} ({self.checkpoint}): {format_eval(result.metrics)}", flush=True)
+            print(f"hybridrec: outputs in {os.path.abspath(run_dir)} ({', '.join(files)})", flush=True)
+        return out
+

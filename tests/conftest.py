@@ -5,6 +5,7 @@ import sys
 import warnings
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -20,15 +21,20 @@ register_configs()
 
 # Every test belongs to exactly one tier (see [tool.pytest.ini_options] markers), so that
 # `-m unit` is the fast in-process suite and `-m "not dist"` starts no ranks.
-TIERS = ("unit", "dist", "slow")
+TIERS = ("unit", "dist", "slow", "gpu")
+# `make test-gpu` runs the 2-rank suites on NCCL: HYBRIDREC_TEST_DEVICE=cuda (tests/shared.BASE).
+ON_CUDA = os.environ.get("HYBRIDREC_TEST_DEVICE") == "cuda"
 
 
 def pytest_collection_modifyitems(config, items):
     wrong = []
+    gpus = torch.cuda.device_count() if ON_CUDA and torch.cuda.is_available() else 0
     for item in items:
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
+        elif ON_CUDA and tiers == ["dist"] and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason=f"HYBRIDREC_TEST_DEVICE=cuda needs 2+ CUDA GPUs, {gpus} visible"))
     if wrong:
         raise pytest.UsageError("each test needs exactly one of the markers " + ", ".join(TIERS)
                                 + " (module `pytestmark` or a decorator):\n" + "\n".join(wrong))

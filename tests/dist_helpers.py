@@ -13,7 +13,9 @@ from torch.distributed.tensor import DTensor
 
 from hybridrec.compat import ShardedTensor
 from hybridrec.launch import spawn  # noqa: F401  (re-exported: the tests start ranks with it)
-from hybridrec.trainer import Trainer, init_distributed, pick_device, shutdown_distributed
+from hybridrec.distributed import init_distributed, shutdown_distributed
+from hybridrec.parallel_dims import pick_device
+from hybridrec.trainer import Trainer
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -88,13 +90,18 @@ def train_and_collect(jobs: list[tuple[DictConfig, str]], run_dir: str) -> list[
 @torch.no_grad()
 def _eval_logits(trainer: Trainer) -> torch.Tensor:
     """The trained model's logits on the first global eval batch (gathered from all ranks)."""
-    from hybridrec.metrics import all_gather_cat
-
     model = trainer.pipeline.detach()
     model.eval()
     batch = next(trainer.data.batches("eval", trainer.rank, trainer.world_size, 1)).batch
     _, (_, logits, _) = model(batch.to(trainer.device))
     return all_gather_cat(logits).cpu()
+
+
+def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate equal-sized tensors from every rank, in rank order, on every rank."""
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.cat(out)
 
 
 def _dense_placements(trainer: Trainer) -> str:
@@ -112,7 +119,7 @@ def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
     """Rank 1 arrives late at the start-up health check; returns what rank 0 saw."""
     import time
 
-    from hybridrec.trainer import health_check
+    from hybridrec.distributed import health_check
 
     init_distributed(torch.device("cpu"))
     try:

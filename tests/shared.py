@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -96,6 +97,8 @@ BASE = [
     "model.over_arch_layer_sizes=[16,1]",
     "train.steps=8",
     "train.log_every=4",
+    # The suite is the CPU suite even on a GPU machine; `make test-gpu` sets cuda (2 GPUs or more).
+    f"launcher.device={os.environ.get('HYBRIDREC_TEST_DEVICE', 'cpu')}",
 ]
 # fp32 tolerance: 2 ranks reduce partial gradients in a different order than one process.
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -118,3 +121,30 @@ TWO_NODE_RUN = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100
 def global_batch(source, split: str, index: int):
     """The ``index``-th global batch of ``split``, whole (what every rank's slices make up)."""
     return source.read(split, 0, index, 0, source.batch_size).batch(source.keys)
+
+
+# ------------------------------------------------------------------------------ what a run prints
+# A line of hybridrec's in the console and in <run dir>/train.log: Hydra's job-logging format
+# (hydra/job_logging), for one rank in the Hydra process and for ranks of their own alike.
+TRAINER_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[hybridrec\.trainer\]\[INFO\] - (.*)")
+
+
+def trainer_log(run_dir) -> list[str]:
+    """The first line of every message hybridrec.trainer wrote into the run's train.log."""
+    with open(os.path.join(run_dir, "train.log")) as f:
+        return [m.group(1) for line in f if (m := TRAINER_LINE.fullmatch(line.rstrip("\n")))]
+
+
+def assert_readable(console: str, run_dir, steps: int, log_every: int) -> None:
+    """A run's console output (no terminal) and train.log, as a person reads them: short lines
+    (no progress bar redrawn with carriage returns), none of TorchRec's planner INFO lines,
+    and train.log holding the progress, the evaluations and the summary."""
+    long = [line[:80] for line in console.splitlines() if len(line) > 300]
+    assert not long and "\r" not in console, long
+    assert "GreedyPerfPartitioner" not in console and "torchrec.distributed.planner" not in console
+    logged = trainer_log(run_dir)
+    progress = [m for m in logged if m.startswith("step ")]
+    assert [m.split()[1] for m in progress] == [f"{s}/{steps}" for s in range(log_every, steps + 1, log_every)]
+    assert all(re.fullmatch(r"step \d+/\d+  loss \d\.\d{4}  [\d,]+ samples/s  ETA \d\d:\d\d", m) for m in progress)
+    assert any(m.startswith(f"eval @ step {steps}: AUC ") for m in logged), logged
+    assert "summary" in logged and any(m.startswith(f"{steps} steps, ") for m in logged), logged

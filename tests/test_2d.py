@@ -4,7 +4,6 @@ config rules, the refusal on CPU before any rank starts, the dry-run plan for 51
 (on 2+ GPUs only) training against a plain run."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -84,7 +83,7 @@ def test_plan_cli_512_ranks_8_replicas(tmp_path):
 GPUS = torch.cuda.device_count()
 
 
-@pytest.mark.dist
+@pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 2, reason=f"2D parallelism needs 2+ CUDA GPUs (TorchRec's DMPCollection asserts "
                                      f"a CUDA/MTIA device); this machine has {GPUS}")
 def test_replicated_tables_train_like_sharded_tables(tmp_path):

@@ -3,6 +3,7 @@ that its outputs are well-formed. Benchmarks are not timed tests: no timing is a
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,13 +15,14 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench  # noqa: E402
 import bench_report  # noqa: E402
+import levers  # noqa: E402
 
 
-def _run(rep, world, kind, rate, dense="fsdp", sharding="auto"):
+def _run(rep, world, kind, rate, dense="fsdp", sharding="auto", **extra):
     return {"kind": kind, "rep": rep, "world_size": world, "sharding": sharding, "dense": dense,
             "pipeline": "sparse_dist", "samples_per_second": rate, "step_time_p50_ms": 1.0,
             "step_time_p95_ms": 2.0, "peak_rss_mb": [100.0] * world, "plan": {"t": ["table_wise", 1]},
-            "memory_per_rank": [{"est_host_mb": 10.0, "est_device_mb": 0.0}] * world}
+            "memory_per_rank": [{"est_host_mb": 10.0, "est_device_mb": 0.0}] * world, **extra}
 
 
 @pytest.mark.unit
@@ -115,3 +117,171 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
             assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
             im.verify()
         assert f"]({chart})" in text
+
+
+# ------------------------------------------------------------------------------ the gpu preset
+GPU_REFUSAL = "bench: the gpu preset needs CUDA: "
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("build, available, reason", [
+    (None, False, "torch {torch} is a CPU-only build"),
+    ("12.8", False, "torch has CUDA 12.8 but sees no usable GPU"),
+])
+def test_gpu_preset_refuses_without_cuda_in_one_line(monkeypatch, tmp_path, build, available, reason):
+    """Each reason a machine cannot run the gpu preset stops it before anything runs (no
+    output directory), in one line naming the reason."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", build)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(available))
+    out = tmp_path / "bench-gpu"
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--preset", "gpu", "--out", str(out)])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert isinstance(e.value.code, str) and "\n" not in e.value.code
+    assert e.value.code.startswith(GPU_REFUSAL + reason.format(torch=torch.__version__))
+    assert not out.exists()
+
+
+@pytest.mark.dist
+def test_gpu_preset_without_a_visible_gpu_prints_one_line_and_no_traceback(tmp_path):
+    """The real command with every GPU hidden (on a CPU-only build: that build is the reason)."""
+    out = tmp_path / "bench-gpu"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--preset", "gpu",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 1 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(GPU_REFUSAL) and not out.exists()
+
+
+@pytest.mark.unit
+def test_gpu_preset_runs_every_gpu_on_cuda(monkeypatch, tmp_path):
+    """On 4 GPUs: 1 and 4 ranks, hybridrec with launcher.device=cuda and the reference with
+    --device cuda on as many ranks, both at 8192 rows per rank; the levers at 4 ranks
+    without the CPU thread split. One GPU: the 1-rank comparison only, and the report says so."""
+    p = bench.on_local_gpus(bench.PRESETS["gpu"], 4)
+    assert p.worlds == p.reference_worlds == (1, 4) and p.device == "cuda" and p.per_rank_batch == 8192
+    assert not (p.roofline or p.profile or p.dense_memory_steps or p.input)
+    assert "every core on every rank" not in p.levers and "bf16 dense compute, fp32 reduce" in p.levers
+    one = bench.on_local_gpus(bench.PRESETS["gpu"], 1)
+    assert one.worlds == one.reference_worlds == (1,) and "1-rank comparison only" in one.notes[-1]
+
+    commands = []
+
+    def record(cmd, log):  # the command each runner would start
+        commands.append(cmd)
+        raise StopIteration
+
+    monkeypatch.setattr(bench, "_run", record)
+    for runner in (lambda: bench.sweep(p, 4, 0, str(tmp_path)), lambda: bench.reference(p, 4, 0, str(tmp_path)),
+                   lambda: bench.single(p, 4, 0, str(tmp_path), "x", [])):
+        with pytest.raises(StopIteration):
+            runner()
+    sweep, ref, single = commands
+    for cmd in (sweep, single):
+        assert {"launcher.device=cuda", "launcher.nproc_per_node=4", "data.batch_size=32768"} <= set(cmd)
+    assert "sharding=auto,table_wise,row_wise,column_wise,table_row_wise" in sweep and "mesh=ddp,fsdp" in sweep
+    assert {"--nproc_per_node=4", "--device=cuda", "data.batch_size=32768", "--steps=400", "--warmup=50"} <= set(ref)
+
+    worlds = []
+    fake = lambda *a, **k: worlds.append(a[1]) or {"samples_per_second": 1.0}
+    res = levers.measure(p, str(tmp_path), 1, fake, fake, names=p.levers)
+    assert set(worlds) == {4} and res["world_size"] == 4
+
+
+@pytest.mark.unit
+def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_factory):
+    """What the gpu preset runs, planned for 4 GPUs without any GPU: the reference's planner
+    (its own Topology) and hybridrec's put every ctr table in device memory with FBGEMM's
+    fused kernel, not a UVM or host-memory kernel."""
+    import reference_torchrec as ref
+    import torch
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from hybridrec.data.synthetic import SyntheticClickLog
+    from hybridrec.parallel_dims import planning_dims
+    from hybridrec.plan import dry_plan
+
+    batch = bench.PRESETS["gpu"].per_rank_batch
+    cfg = ref.experiment_config([f"data.batch_size={4 * batch}"])
+    model = ref.build_model(cfg, SyntheticClickLog(seed=cfg.seed, **ref.kwargs(cfg.data)), torch.device("cpu"))
+    planner = ref.build_planner(4, 4, "cuda", batch)
+    plan = planner.plan(model, get_default_sharders())
+    kernels = {t: p.compute_kernel for m in plan.plan.values() for t, p in m.items()}
+    assert len(kernels) == 26 and set(kernels.values()) == {"fused"}
+    assert sorted({r for m in plan.plan.values() for p in m.values() for r in p.ranks}) == [0, 1, 2, 3]
+
+    ours = cfg_factory(["+experiment=ctr", f"data.batch_size={4 * batch}", "launcher.device=cuda",
+                        "launcher.nproc_per_node=4"])
+    tables = dry_plan(ours, planning_dims(ours), detect=False)["tables"]
+    assert len(tables) == 26 and {t["compute_kernel"] for t in tables.values()} == {"fused"}
+
+
+def _gpu_results(tmp_path):
+    """A results.json as the gpu preset writes it on 4 GPUs, from hand-made runs."""
+    runs = []
+    for rep in range(2):
+        for world, ref_rate in ((1, 100_000.0), (4, 300_000.0)):
+            gpu = dict(device="cuda:0", compute_kernels={"t": "fused"}, peak_device_allocated_mb=[500.0] * world)
+            runs.append(_run(rep, world, "reference", ref_rate, dense="ddp", **gpu))
+            runs.append(_run(rep, world, "hybridrec", ref_rate * 1.1, **gpu))
+            runs.append(_run(rep, world, "hybridrec", ref_rate * 1.2, dense="ddp", **gpu))
+    for r in runs:
+        if r["kind"] == "reference":
+            r["sharding"] = "torchrec planner"
+    configs = bench_report.summarize(runs)
+    p = bench.on_local_gpus(bench.PRESETS["gpu"], 4)
+    lever_rates = {n: [1000.0, 1100.0] for n in p.levers + ["reference"]}
+    return {
+        "suite": {"preset": "gpu", **bench.dataclasses.asdict(p), "warmup_steps": p.warmup,
+                  "command": "python benchmarks/bench.py --preset gpu", "date": "2026-01-01T00:00:00+00:00",
+                  "duration_s": 600.0},
+        "machine": {"cpu": "Some CPU", "cores": 64, "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 4, "cuda": "12.6",
+                    "python": "3.11", "torch": "2.13.0", "torchrec": "1.8.0", "fbgemm_gpu": "1.8.0", "hydra": "1.3.2"},
+        "configs": configs, "scaling": bench_report.scaling(configs), "answers": bench_report.answers(configs),
+        "profile": [], "roofline": None, "runs": runs,
+        "levers": {"rates": lever_rates, "per_rank_batch": {n: 8192 for n in p.levers},
+                   "overrides": {n: levers.LEVERS[n]["overrides"] for n in p.levers}, "reps": 2, "world_size": 4},
+    }
+
+
+@pytest.mark.unit
+def test_report_of_four_gpus_names_four_ranks_and_the_gpus(tmp_path):
+    res = _gpu_results(tmp_path)
+    (sc,) = [s for s in res["scaling"] if s["name"] == "auto · fsdp · sparse_dist"]
+    assert sc["world_size"] == 4 and sc["efficiency"] == pytest.approx(3 / 4)  # 330k / (4 x 110k)
+    assert res["answers"]["default"] == "4 ranks · auto · fsdp · sparse_dist"
+    text = bench_report.report(res)
+    assert "2 ranks" not in text and "2-rank" not in text
+    assert "Fastest at 4 ranks: **4 ranks · auto · ddp · sparse_dist**" in text
+    assert "Scaling 1 -> 4 ranks (auto · fsdp · sparse_dist): 3.00x throughput (efficiency 75% of ideal 4x)" in text
+    assert "| configuration | 1 rank samples/s | 4 ranks samples/s | speed-up | efficiency |" in text
+    assert "4 x NVIDIA H100 80GB HBM3" in text.split("## Answers")[0]
+    assert "Embedding kernels the planners chose: hybridrec fused; reference fused" in text
+    assert "Not run on GPUs: the profiled breakdown" in text and "Dense roofline: not measured" in text
+    assert "| 4 ranks · auto · fsdp · sparse_dist | table_wise x1 | 100, 100, 100, 100 | 10, 10, 10, 10 | " \
+           "500, 500, 500, 500 |" in text
+    assert "4 ranks, 2 alternating repetitions, 4 x NVIDIA H100 80GB HBM3 (CUDA 12.6)." in text  # the levers
+    positions = [text.index(section) for section in bench_report.REPORT_SECTIONS]
+    assert positions == sorted(positions)
+    bench_report.charts(res, str(tmp_path))
+    for chart in bench_report.CHARTS:
+        with Image.open(tmp_path / chart) as im:
+            assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
+
+
+@pytest.mark.unit
+def test_report_of_one_gpu_is_the_one_rank_comparison():
+    res = _gpu_results(None)
+    res["runs"] = [r for r in res["runs"] if r["world_size"] == 1]
+    res["configs"] = bench_report.summarize(res["runs"])
+    res["scaling"], res["answers"] = bench_report.scaling(res["configs"]), bench_report.answers(res["configs"])
+    res["suite"]["notes"] = list(bench.on_local_gpus(bench.PRESETS["gpu"], 1).notes)
+    res["levers"]["world_size"] = 1  # (measured at the one world)
+    text = bench_report.report(res)
+    assert not re.search(r"\d+ ranks", text)
+    assert "Fastest at 1 rank: **1 rank · auto · ddp · sparse_dist**" in text
+    assert "One GPU: the 1-rank comparison only" in text and "no scaling to report" in text

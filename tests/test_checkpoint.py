@@ -13,8 +13,7 @@ from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
 from hybridrec.data import build_source
 
-from hybridrec.checkpoint import CheckpointError, TrainState, latest, probe_writable
-from hybridrec.export import load_model
+from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, latest, probe_writable
 from shared import BASE, TOL, assert_same_training
 
 RUN = BASE + ["train.steps=8", "checkpoint.every_n_steps=4", "sharding=table_wise"]
@@ -78,19 +77,20 @@ def test_keep_last_and_only_complete_checkpoints(runs):
 
 @pytest.mark.dist
 def test_export_predicts_like_the_distributed_model(runs, tmp_path):
+    """The exported program, fed plain tensors, scores the first eval batch as the 2-rank
+    trained model did (sigmoid of its logits: loss=pointwise is calibrated)."""
     tmp, two, _ = runs
-    ckpt, out = tmp / "a" / "step_00000008", tmp_path / "model.pt"
+    ckpt, out = tmp / "a" / "step_00000008", tmp_path / "export"
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}", f"out={out}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    model = load_model(str(ckpt))
-    model.load_state_dict(torch.load(out, weights_only=True))  # a plain state dict of full tensors
-    model.eval()
+    assert json.load(open(out / "model.json"))["output"] == "probability"
+    program = torch.export.load(out / "model.pt2").module()
     cfg = _cfg()
     batch = next(build_source(cfg.data, cfg.seed).batches("eval", 0, 1, 1)).batch
     with torch.no_grad():
-        _, (_, logits, _) = model(batch)
-    torch.testing.assert_close(logits, two[0]["eval_logits"], **TOL)
+        scores = program(batch.dense_features, batch.sparse_features.values(), batch.sparse_features.lengths())
+    torch.testing.assert_close(scores, torch.sigmoid(two[0]["eval_logits"]), **TOL)
 
 
 class _Planted:
@@ -130,7 +130,7 @@ def test_a_planted_pickle_is_refused_and_never_run(runs, tmp_path):
             f"{prefix}{ckpt / 'trainer_state.pt'} is not a safe checkpoint file (it holds pickled objects"
         ), proc.stderr[-2000:]
         assert not marker.exists()
-    assert not (ckpt / "model.pt").exists()
+    assert not (ckpt / "export").exists()
 
 
 @pytest.mark.dist
@@ -172,3 +172,121 @@ def test_non_finite_loss_stops_before_a_checkpoint(tmp_path):
     step = int(proc.stderr.split("non-finite loss")[1].split("at step ")[1].split(":")[0])
     last = latest(str(ckpt))
     assert last is None or int(last.rsplit("_", 1)[1]) < step  # only checkpoints before the bad step
+
+
+@pytest.fixture
+def one_rank_group():
+    """A world of one in this process: DTensors and ShardedTensors need a process group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.unit
+def test_async_staging_copies_every_kind_of_tensor_to_the_host(one_rank_group):
+    """What the background writer saves: host copies (never views, never left on the GPU)
+    of plain tensors, FSDP2's DTensors and TorchRec's ShardedTensors, layouts kept."""
+    from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard as DShard, distribute_tensor
+
+    from hybridrec.checkpoint import _stage
+
+    table = torch.arange(12.0).reshape(4, 3)
+    sharded = init_from_local_shards([Shard(table.clone(), ShardMetadata([0, 0], [4, 3], "rank:0/cpu"))], 4, 3)
+    state = {"model": {"dense": torch.ones(3), "table": sharded,
+                       "fsdp": distribute_tensor(torch.randn(4, 2), init_device_mesh("cpu", (1,)), [DShard(0)])},
+             "optim": {"step": 7, "state": [torch.zeros(2)]}}
+    staged = _stage(state)
+    originals = [state["model"]["dense"], sharded.local_shards()[0].tensor, state["model"]["fsdp"].to_local(),
+                 state["optim"]["state"][0]]
+    copies = [staged["model"]["dense"], staged["model"]["table"].local_shards()[0].tensor,
+              staged["model"]["fsdp"].to_local(), staged["optim"]["state"][0]]
+    for original, copy in zip(originals, copies):
+        assert copy.device.type == "cpu" and torch.equal(copy, original)
+        assert copy.untyped_storage().data_ptr() != original.untyped_storage().data_ptr()  # a copy, not a view
+        original.add_(1.0)  # training goes on: the staged state does not move
+        assert not torch.equal(copy, original)
+    assert isinstance(staged["model"]["fsdp"], DTensor) and staged["model"]["fsdp"].placements == (DShard(0),)
+    assert staged["model"]["table"].metadata().shards_metadata[0].placement.device() == torch.device("cpu")
+    assert staged["model"]["table"].size() == torch.Size([4, 3]) and staged["optim"]["step"] == 7
+
+
+# ------------------------------------------------------------- resuming another model's checkpoint
+def _saved(tmp_path, overrides, features=None, num_dense=None):
+    """A checkpoint directory's config.yaml and TrainState for the run ``overrides`` describe
+    (its own source's features unless given), and the path."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg(overrides)
+    if features is None:
+        source = build_source(cfg.data, cfg.seed)
+        features, num_dense = [vars(f) for f in source.features], source.num_dense_features
+    path = tmp_path / "step_00000010"
+    path.mkdir()
+    OmegaConf.save(cfg, path / "config.yaml", resolve=True)
+    state = TrainState(step=10, schedulers=[], features=features, num_dense_features=num_dense,
+                       rng=torch.zeros(1, 8, dtype=torch.uint8), losses=torch.zeros(10), runs=["r"])
+    return str(path), state
+
+
+def _check(path, state, overrides):
+    cfg = compose_cfg(overrides)
+    source = build_source(cfg.data, cfg.seed)
+    check_compatible(cfg, path, state, source.features, source.num_dense_features)
+
+
+@pytest.mark.unit
+def test_resume_across_parallelism_and_training_settings_is_compatible(tmp_path):
+    path, state = _saved(tmp_path, BASE + ["mesh=fsdp", "sharding=table_wise"])
+    # another world size, mesh, sharding, pipeline, batch, learning rate, length: same weights
+    _check(path, state, BASE + ["mesh=ddp", "sharding=row_wise", "launcher.nproc_per_node=2", "mesh.world_size=2",
+                                "train.pipeline=base", "data.batch_size=128", "optimizer.dense.lr=0.5",
+                                "train.steps=100", "seed=3"])
+
+
+@pytest.mark.unit
+def test_two_tower_temperature_may_change_on_resume(tmp_path):
+    features = [{"name": n, "num_embeddings": 10, "pooling_factor": 1.0}
+                for n in ("user", "item", "age", "gender", "occupation", "zip")]
+    path, state = _saved(tmp_path, ["model=two_tower", "loss=sampled_softmax"], features, 13)
+    cfg = compose_cfg(["model=two_tower", "loss=sampled_softmax", "model.temperature=0.05", "model.normalize=false"])
+    from hybridrec.data import SparseFeature
+    check_compatible(cfg, path, state, [SparseFeature(**f) for f in features], 13)
+    cfg = compose_cfg(["model=two_tower", "loss=sampled_softmax", "model.tower_layer_sizes=[32,16]"])
+    with pytest.raises(CheckpointError, match=r"model.tower_layer_sizes: checkpoint \[64, 32\], run \[32, 16\]"):
+        check_compatible(cfg, path, state, [SparseFeature(**f) for f in features], 13)
+
+
+@pytest.mark.unit
+def test_another_model_is_refused_naming_every_difference(tmp_path):
+    # The two-tower retrieval checkpoint of the README, resumed by the ctr experiment (same checkpoint.dir)
+    features = [{"name": n, "num_embeddings": 100, "pooling_factor": 1.0}
+                for n in ("user", "item", "age", "gender", "occupation", "zip", "genres")]
+    path, state = _saved(tmp_path, ["+experiment=movielens_retrieval"], features, 2)
+    with pytest.raises(CheckpointError) as e:
+        _check(path, state, ["+experiment=ctr", "checkpoint.dir=ckpt"])
+    assert str(e.value) == (
+        f"checkpoint {path} does not fit this run (model._target_: checkpoint TwoTower, run DLRMRanker; "
+        f"tables: only in the checkpoint [t_user, t_item, t_age +4 more], only in the run "
+        f"[t_cat_0, t_cat_1, t_cat_2 +23 more]; dense features: checkpoint 2, run 13; "
+        f"loss._target_: checkpoint InBatchSoftmax, run BCE): train this config in another checkpoint.dir, or resume with the config it was saved with ({path}/config.yaml)"
+    )
+
+
+@pytest.mark.unit
+def test_resized_tables_layers_and_optimizers_are_refused(tmp_path):
+    path, state = _saved(tmp_path, BASE)
+    with pytest.raises(CheckpointError) as e:
+        _check(path, state, BASE + ["data.num_embeddings_per_feature=[300,200,100,60]", "model.embedding_dim=4",
+                                    "model.dense_arch_layer_sizes=[16,4]", "optimizer=sgd",
+                                    f"checkpoint.resume={path}"])
+    assert str(e.value) == (
+        f"checkpoint {path} does not fit this run (model.embedding_dim: checkpoint 8, run 4; "
+        f"model.dense_arch_layer_sizes: checkpoint [16, 8], run [16, 4]; t_cat_3 rows: checkpoint 50, run 60; "
+        f"optimizer.sparse._target_: checkpoint RowWiseAdagrad, run SGD; optimizer.dense._target_: checkpoint "
+        f"Adagrad, run SGD): resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
+        f"(its config: {path}/config.yaml)"
+    )

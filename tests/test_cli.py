@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from shared import TWO_NODE_RUN
+from shared import TWO_NODE_RUN, assert_readable, trainer_log
 
 pytestmark = pytest.mark.dist  # every test starts ranks: the elastic launcher, torchrun, a multirun's spawned jobs
 
@@ -82,8 +82,14 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     noise = [line for line in lines if re.search(r"warn|error|traceback|rank ?1\b", line, re.I)
              and "USDT" not in line]  # the profiler's own start/stop lines
     assert noise == [], noise
-    assert proc.stderr.count("Embedding plan: 2 rank(s)") == 1
+    assert (proc.stdout + proc.stderr).count("Embedding plan: 2 rank(s)") == 1
     assert (run_dir / "plan.json").exists()
+    # without a terminal: one line per progress report, and rank 0's log in train.log in
+    # Hydra's format, as a one-rank run writes it (tests/test_movielens.py)
+    assert_readable(proc.stdout + proc.stderr, run_dir, steps=40, log_every=10)
+    order = [m.split(":")[0] if " @ " in m else m.split()[1] for m in trainer_log(run_dir)
+             if m.startswith("step ") or " @ step " in m]
+    assert order == ["10/40", "20/40", "valid @ step 20", "30/40", "40/40", "valid @ step 40", "eval @ step 40"]
 
 
 def test_torchrun_shares_one_run_directory(tmp_path):

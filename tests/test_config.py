@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import compose_cfg
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
@@ -278,3 +279,8 @@ def test_cli_errors_are_one_line(tmp_path):
         proc = _cli(*args, f"hydra.run.dir={tmp_path}")
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1] == line
+    if torch.version.cuda is None:  # asking for CUDA where torch has none: no silent CPU run
+        proc = _cli("launcher.device=cuda", f"hydra.run.dir={tmp_path}")
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            f"hybridrec: invalid config: launcher.device=cuda but torch {torch.__version__} is a CPU-only build")

@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from hybridrec.models import build_model
 from hybridrec.optim import lr_multiplier
-from hybridrec.parallelize import _table_blocks
+from hybridrec.parallelize import init_embeddings
 
 pytestmark = pytest.mark.dist  # every test reads runs of 1 or 2 launched ranks
 
@@ -36,11 +36,7 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     model = build_model(cfg, data.features, data.num_dense_features)
     ebc = model.sparse_module()
     ebc.to_empty(device="cpu")
-    with torch.no_grad():
-        for t in ebc.embedding_bag_configs():
-            w = ebc.embedding_bags[t.name].weight
-            blocks = _table_blocks(cfg.seed, t.name, t.num_embeddings, t.embedding_dim, 0, t.num_embeddings, 0, t.embedding_dim)
-            w.copy_(torch.cat([v for _, v in blocks]))
+    init_embeddings(ebc, cfg.seed)  # an unsharded table is a full replica: the whole table's init
     dense_params = [p for n, p in model.named_parameters() if "embedding_bags" not in n]
     sparse = torch.optim.SGD(ebc.parameters(), lr=cfg.optimizer.sparse.lr)
     dense = torch.optim.SGD(dense_params, lr=cfg.optimizer.dense.lr)

@@ -7,14 +7,13 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
-from hybridrec.data.movielens import MovieLens, MovieLensRank
+from hybridrec.data.movielens import MovieLensRank
 from hybridrec.data.synthetic import SyntheticClickLog
 from shared import SIZES, ml, rand_rows, row, write
 
@@ -143,6 +142,33 @@ def test_evaluation_scores_every_row_once(tmp_path, name, layout):
             assert rows == len(e["user"]) and w == rows
         else:
             assert rows == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", [*SOURCES, "movielens", "movielens_rank"])
+def test_eval_rows_are_named_the_same_for_any_world_size(tmp_path, name, layout):
+    """EvalBatch.rows (predictions.parquet's row column): every real row of the split once,
+    named by its place in the split's global batches, so that a name and the row it names
+    do not depend on the world size; padding rows are -1."""
+    make = SOURCES.get(name) or (lambda p: (_movielens if name == "movielens" else _movielens_rank)(p, layout))
+
+    def named(world_size):
+        rows = {}
+        for rank in range(world_size):
+            for item in loader.batches(make(tmp_path), "eval", rank, world_size):
+                assert (item.rows[~item.real] == -1).all()
+                real = item.real
+                for i, label, dense in zip(item.rows[real].tolist(), item.batch.labels[real].tolist(),
+                                           item.batch.dense_features[real, 0].tolist()):
+                    assert i not in rows, (name, world_size, i)
+                    rows[i] = (label, dense)
+        return rows
+
+    one = named(1)
+    if name != "criteo_tsv":  # one reader: the real rows come first, 0 .. n-1 (shards leave gaps)
+        assert sorted(one) == list(range(len(one)))
+    for world_size in (2, 4) if name == "criteo_tsv" else (2,):
+        assert named(world_size) == one, (name, world_size)
 
 
 @pytest.mark.slow

@@ -52,6 +52,20 @@ def test_comm_split_adds_up_and_does_not_double_count_overlaps():
     assert s["comm_ms_by_kind"]["embedding all-to-all"] == pytest.approx(0.02)
 
 
+def test_comm_split_files_nccl_kernels_under_their_kind():
+    events = [
+        _event("ProfilerStep*", 0, 1000),
+        _event("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 0, 100),  # NCCL's all-to-all
+        _event("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 100, 150),
+        _event("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 200, 260),
+        _event("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", 300, 310),  # older NCCL's names
+        _event("nccl:_all_gather_base", 100, 102),  # the host's launch record: not comm time
+    ]
+    kinds = comm_compute_split(events)["comm_ms_by_kind"]
+    assert kinds == pytest.approx({"embedding all-to-all": 0.1, "FSDP2 all-gather": 0.05,
+                                   "FSDP2 reduce-scatter": 0.06, "all-reduce (gradients, metrics)": 0.01})
+
+
 def test_step_breakdown_innermost_label_wins_and_waits_go_to_the_collective():
     main = [
         _event("ProfilerStep#1", 0, 1000), _event("ProfilerStep#2", 1000, 2000),
@@ -87,3 +101,17 @@ def test_step_breakdown_innermost_label_wins_and_waits_go_to_the_collective():
 def test_step_time_percentiles():
     p = percentiles_ms([0.01] * 95 + [0.1] * 5)
     assert p["step_time_p50_ms"] == pytest.approx(10) and p["step_time_p95_ms"] == pytest.approx(10, abs=5)
+
+
+def test_summary_shows_gpu_memory_beside_the_planners_estimate():
+    from hybridrec.metrics import format_summary, peak_device_mb
+
+    assert peak_device_mb(torch.device("cpu")) == {}  # on CPU the host RSS is the measure
+    train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0}
+    s = {"world_size": 2, "device": "cuda:0", "dense_parallel": "fsdp", "train": train, "train_loss": 0.5,
+         "eval": {"auc": 0.7, "n": 64}, "peak_rss_mb": [900.0, 910.0],
+         "memory_per_rank": [{"rank": r, "est_device_mb": 2048.0, "peak_device_allocated_mb": 1500.0 + r,
+                              "peak_device_reserved_mb": 1800.0} for r in (0, 1)]}
+    assert "GPU peak allocated / planned  1,500 / 2,048 MB, 1,501 / 2,048 MB" in format_summary(s)
+    s["memory_per_rank"] = [{"rank": 0, "est_device_mb": 0.0, "peak_rss_mb": 900.0}]
+    assert "GPU" not in format_summary(s)

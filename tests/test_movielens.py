@@ -15,7 +15,7 @@ import torch
 from hybridrec.data import DataError
 from hybridrec.data.fetch_movielens import FILES, read_wheel, write_layout
 from hybridrec.data.movielens import GENRES
-from shared import GENRE_NAMES, ml, tables
+from shared import GENRE_NAMES, assert_readable, ml, tables
 
 
 @pytest.mark.unit
@@ -102,6 +102,8 @@ def test_train_movielens_end_to_end(layout, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.load(open(run / "summary.json"))
     assert s["eval"]["n"] == 60 and 0 <= s["eval"]["auc"] <= 1 and s["data"]["rows"] == 300 + 20 + 30
+    # one rank, in the Hydra process: the same console and train.log as ranks of their own (tests/test_cli.py)
+    assert_readable(proc.stdout + proc.stderr, run, steps=10, log_every=5)
 
 
 @pytest.mark.unit

@@ -1,4 +1,7 @@
-"""Performance options: intra-op threads per rank, and torch.compile of the dense blocks."""
+"""Performance options: intra-op threads per rank, torch.compile of the dense blocks, and the
+cost of the embedding init on a column shard."""
+
+import contextlib
 
 import pytest
 import torch
@@ -14,12 +17,13 @@ BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "mod
 
 @pytest.mark.unit
 def test_threads_per_rank_split_the_cores_unless_set():
-    cpu = torch.device("cpu")
     cores = torch.multiprocessing.cpu_count()
-    assert intra_op_threads(compose_cfg(["launcher.threads_per_rank=3"]), cpu, {}) == 3
-    assert intra_op_threads(compose_cfg([]), cpu, {"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2)
-    assert intra_op_threads(compose_cfg([]), cpu, {"OMP_NUM_THREADS": "1"}) is None  # the user's choice stands
-    assert intra_op_threads(compose_cfg([]), torch.device("cuda"), {}) is None
+    assert intra_op_threads(compose_cfg(["launcher.threads_per_rank=3"]), {}) == 3
+    # split between the node's ranks, whatever their device (GPU ranks share the host's cores too)
+    two = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert intra_op_threads(compose_cfg([]), two) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg(["launcher.device=cuda"]), two) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg([]), {"OMP_NUM_THREADS": "1"}) is None  # the user's choice stands
 
 
 def compiled_losses(cfg, run_dir):
@@ -40,3 +44,51 @@ def test_compiled_dense_blocks_train_like_eager(tmp_path):
     compiled = spawn(compiled_losses, 1, compose_cfg(BASE + ["mesh.compile=true"]), str(tmp_path / "compiled"))
     assert eager["graphs"] == 0 and compiled["graphs"] >= 2  # one per dense block at least
     torch.testing.assert_close(torch.tensor(compiled["losses"]), torch.tensor(eager["losses"]), rtol=0, atol=1e-5)
+
+
+
+@pytest.mark.unit
+def test_a_column_shard_draws_only_its_own_columns(monkeypatch):
+    """The embedding init of a column shard is the full table's slice, and costs its own
+    width only: a 4-way column split does not draw the full table on every rank."""
+    import hybridrec.parallelize as par
+
+    rows, dim = 70_000, 256  # two row blocks, eight column chunks
+    full = torch.empty(rows, dim)
+    for r, c, values in par._table_blocks(3, "t", rows, dim, 0, rows, 0, dim):
+        full[r : r + values.size(0), c : c + values.size(1)] = values
+    drawn = []
+    draw = par._draw
+    monkeypatch.setattr(par, "_draw", lambda *a: drawn.append(a[1] * a[2]) or draw(*a))
+    shard = torch.full((rows - 1000, 64), float("nan"))  # rows 1000.., columns 128..192
+    for r, c, values in par._table_blocks(3, "t", rows, dim, 1000, rows, 128, 192):
+        shard[r : r + values.size(0), c : c + values.size(1)] = values
+    assert torch.equal(shard, full[1000:, 128:192])
+    assert sum(drawn) == rows * 64  # the shard's 64 columns of both row blocks, nothing wider
+
+
+@pytest.mark.unit
+def test_units_resharding_to_n_ranks_share_one_mesh():
+    """reshard_after_forward=2 on a 4-rank mesh: FSDP2 would build one 2-rank DeviceMesh (new
+    communicators) per unit; every unit shares one. A fake 4-rank group, in this process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from hybridrec.compat import one_post_forward_mesh
+
+    def post_forward_meshes(shared: bool) -> set[int]:
+        mesh = init_device_mesh("cpu", (4,))
+        units = [torch.nn.Linear(8, 8) for _ in range(3)]
+        with one_post_forward_mesh() if shared else contextlib.nullcontext():
+            for unit in units:
+                fully_shard(unit, mesh=mesh, reshard_after_forward=2)
+        return {id(u._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info.mesh) for u in units}
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        assert len(post_forward_meshes(shared=False)) == 3  # FSDP2 alone: one mesh per unit
+        assert len(post_forward_meshes(shared=True)) == 1
+    finally:
+        dist.destroy_process_group()

@@ -116,7 +116,7 @@ def planted_tables(seed=0):
 
 
 @pytest.mark.slow
-def test_two_tower_retrieval_learns_planted_clusters_and_exports_item_vectors(tmp_path):
+def test_two_tower_retrieval_learns_planted_clusters_and_exports_its_vectors(tmp_path):
     path = tmp_path / "planted"
     write_layout(planted_tables(), str(path))
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
@@ -132,12 +132,18 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_item_vectors(tm
     proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={step}"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    saved = torch.load(step / "item_vectors.pt", weights_only=True)
+    saved = torch.load(step / "export" / "item_vectors.pt", weights_only=True)
     ids, v = saved["item_ids"], saved["vectors"]
     assert ids.tolist() == list(range(1, 61)) and v.shape == (60, 32)
     cos = v @ v.T
     same = (ids[:, None] % 4) == (ids[None, :] % 4)
     assert cos[same].mean() > cos[~same].mean() + 0.3  # the exported vectors carry the clusters
+    users = torch.load(step / "export" / "user_vectors.pt", weights_only=True)
+    assert users["user_ids"].tolist() == list(range(1, 61)) and users["vectors"].shape == (60, 32)
+    # a user's vector is nearest to the items of the user's own taste cluster
+    affinity = users["vectors"] @ v.T
+    own = (users["user_ids"][:, None] % 4) == (ids[None, :] % 4)
+    assert affinity[own].mean() > affinity[~own].mean() + 0.3
 
 
 @pytest.mark.dist

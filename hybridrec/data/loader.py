@@ -6,8 +6,9 @@ batches ``start`` .. ``num_batches - 1`` of ``split``. Training passes over the 
 and again (epochs); a partial last global batch is dropped by the source and counted.
 An evaluated split (``valid``, ``eval``) is one pass that scores every row: its last batch
 is padded with rows of weight 0 (dense 0, id 0 in every feature), and ``EvalBatch.real``
-marks the rows that count. Ranks can run out at different batches (sharded sources); ``Trainer.evaluate``
-agrees on the end with one all-reduce per batch.
+marks the rows that count and ``EvalBatch.rows`` names each row. Ranks can run out at different
+batches (sharded sources); the evaluation (``hybridrec.evaluation``) agrees on the end with one
+all-reduce per batch.
 
 Workers: ``num_workers`` > 0 builds batches in ``torch.utils.data.DataLoader`` worker
 processes (forked: the source is not pickled), ``prefetch`` batches ahead each. Batch k of
@@ -38,6 +39,11 @@ class EvalBatch:
 
     batch: Batch
     real: torch.Tensor
+    rows: torch.Tensor
+    """int64: each row's index in the split, ``global batch * batch_size + position in the
+    global batch``. Global batches are the same for every world size, so the index is too:
+    it names the row however many ranks scored it (a random-access source's real rows are
+    0 .. n-1; a sharded source's last batch may leave gaps). -1 for padding rows."""
 
 
 @dataclass
@@ -155,7 +161,7 @@ def batches(source: Source, split: str, rank: int, world_size: int, num_batches:
                 source.merge_report(item.rows.report)
             continue
         if index is not None and item.index != index:
-            yield _assemble(source, pending, len(ranges), per, train, pin_memory)
+            yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
             pending = {}
         index = item.index
         if item.rows.report is not None:
@@ -163,12 +169,13 @@ def batches(source: Source, split: str, rank: int, world_size: int, num_batches:
             item.rows.report = None
         pending[item.piece] = item.rows.unpack(len(source.features))
     if pending:
-        yield _assemble(source, pending, len(ranges), per, train, pin_memory)
+        yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
 
 
 def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, train: bool,
-              pin_memory: bool) -> Union[Batch, EvalBatch]:
-    """One batch from its pieces; an evaluated split's missing or short pieces are padded."""
+              pin_memory: bool, index: int, first: int) -> Union[Batch, EvalBatch]:
+    """One batch (global batch ``index``, of which this rank's pieces start at row ``first``)
+    from its pieces; an evaluated split's missing or short pieces are padded."""
     if not train:  # a piece whose reader ran out early (a shard of a sharded source) is padding
         like = next(iter(pending.values()))
         pending = {p: pending.get(p, _empty_like(like)).padded(per) for p in range(pieces)}
@@ -178,7 +185,13 @@ def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, t
     batch = rows.batch(source.keys)
     if pin_memory:
         batch = batch.pin_memory()
-    return batch if train else EvalBatch(batch, rows.real_mask())
+    if train:
+        return batch
+    real = rows.real_mask()
+    # The pieces are consecutive and each padded to `per` rows: position i of this rank's
+    # batch is row first + i of the global batch.
+    index_of = torch.arange(len(rows), dtype=torch.int64) + index * source.batch_size + first
+    return EvalBatch(batch, real, torch.where(real, index_of, -1))
 
 
 def padding_batch(source: Source, world_size: int) -> EvalBatch:
@@ -188,7 +201,7 @@ def padding_batch(source: Source, world_size: int) -> EvalBatch:
                 [torch.zeros(0, dtype=torch.int32)] * len(source.features), torch.zeros(0),
                 {k: torch.zeros(0, dtype=torch.int64 if k == "query" else torch.float32) for k in source.extra_fields})
     rows = rows.padded(n)
-    return EvalBatch(rows.batch(source.keys), rows.real_mask())
+    return EvalBatch(rows.batch(source.keys), rows.real_mask(), torch.full((n,), -1, dtype=torch.int64))
 
 
 def _empty_like(rows: Rows) -> Rows:

@@ -192,6 +192,13 @@ class MovieLens(Source):
         none = np.zeros(len(items), dtype=np.int64)
         return items, self._pairs_batch(none, items, np.zeros(len(items), np.float32), np.ones(len(items)))
 
+    def user_batch(self) -> tuple[np.ndarray, RecBatch]:
+        """Every user of the ratings, each paired with item 0 (no such item): the input from
+        which a two-tower model's user vectors are computed."""
+        users = np.unique(self.user)
+        none = np.zeros(len(users), dtype=np.int64)
+        return users, self._pairs_batch(users, none, np.zeros(len(users), np.float32), np.ones(len(users)))
+
     def _pairs_rows(self, user: np.ndarray, item: np.ndarray, rating: np.ndarray, weights: np.ndarray) -> Rows:
         dense, ids, _ = self._pair_features(user, item)
         return Rows.of(dense, ids, (rating >= self.threshold).astype(np.float32),

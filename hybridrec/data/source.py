@@ -152,7 +152,9 @@ class Source(ABC):
     """Rows per list when ``lists``."""
     user_item_features: ClassVar[bool] = False
     """The features are a user side and an item side (an ``item`` feature among them), and
-    batches carry each item's sampling frequency (``log_q``): what two towers need."""
+    batches carry each item's sampling frequency (``log_q``): what two towers need. Such a
+    source also gives ``catalogue_batch()`` and ``user_batch()`` (ids, a batch of every item
+    or user), from which ``hybridrec.export`` writes a two-tower model's vectors."""
     ranking_k: Optional[int] = None
     """Set: evaluation scores each query's list with NDCG, MAP and recall at this cut-off."""
     threshold: Optional[float] = None

@@ -4,8 +4,8 @@ retrieval example), scored by the inner product of the (normalized) tower output
 
 Trained with in-batch sampled softmax (``loss=sampled_softmax``, log-q corrected) or any
 row/list loss on the scores (``loss=pointwise`` is BCE). ``item_vectors`` gives the item
-tower's output for a catalogue, what ``python -m hybridrec.export`` saves for
-nearest-neighbour search.
+tower's output for a catalogue and ``user_vectors`` the user tower's for the data's users,
+what ``python -m hybridrec.export`` saves for nearest-neighbour search.
 """
 
 from __future__ import annotations
@@ -83,6 +83,10 @@ class TwoTower(Ranker):
     @torch.no_grad()
     def item_vectors(self, batch: Batch) -> torch.Tensor:
         return self.towers(batch)[1]
+
+    @torch.no_grad()
+    def user_vectors(self, batch: Batch) -> torch.Tensor:
+        return self.towers(batch)[0]
 
     def sparse_module(self) -> nn.Module:
         return self.embedding_bag_collection

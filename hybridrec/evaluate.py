@@ -1,0 +1,75 @@
+"""Entry point: ``python -m hybridrec.evaluate checkpoint=<dir> [data.<key>=...] [launcher.nproc_per_node=N]``.
+
+Scores the model of a saved checkpoint on one split (``split=eval``, the test set, or
+``valid``) with the evaluation training runs (``hybridrec.evaluation``), on 1 or N ranks
+started as training starts them. The config is the checkpoint's own ``config.yaml``, typed
+again, with the data changes given here (``config.evaluation_config``). Everything a rank
+would refuse (a checkpoint that is missing, uncommitted or damaged, data whose features
+do not fit its tables, a bad key) fails here first, in one line. Writes ``metrics.json``
+and ``predictions.parquet`` into the Hydra run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits
+from hybridrec.config import check_device, evaluation_config, register_configs, validate
+from hybridrec.data import DataError, build_source
+from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
+from hybridrec.distributed import LaunchError
+from hybridrec.parallel_dims import device_choice, job_dims
+from hybridrec.plan import dry_plan, quiet_enumerator
+from hybridrec.trainer import USER_ERRORS, ScoreCheckpoint, exit_user_error
+
+register_configs()
+log = logging.getLogger("hybridrec.evaluate")  # not "__main__" under python -m
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(ev: DictConfig) -> float:
+    # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
+    try:
+        if OmegaConf.is_missing(ev, "checkpoint"):
+            raise CheckpointError("checkpoint is not set: give checkpoint=<dir>, a step_<N> directory that "
+                                  "training wrote under its checkpoint.dir")
+        state = check_checkpoint(ev.checkpoint)
+        if ev.launcher.max_restarts:
+            raise ValueError("launcher.max_restarts restarts training from its checkpoints; an evaluation "
+                             "that fails is run again as a whole: leave it 0")
+        saved = OmegaConf.load(os.path.join(ev.checkpoint, "config.yaml"))
+        cfg = evaluation_config(saved, ev, data_option=HydraConfig.get().runtime.choices.get("data") is not None)
+        world = world_size(cfg)
+        validate(cfg, world)
+        dims = job_dims(cfg, world)
+        log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
+        check_device(cfg, dims.device_type)
+        data = build_source(cfg.data, cfg.seed)
+        check_fits(state, data.features, data.num_dense_features, ev.checkpoint)
+        scored = [s for s in data.splits if s != "train"]
+        if ev.split not in scored:
+            raise DataError(f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
+                            f"split={' or split='.join(scored)}")
+        if not already_launched():
+            quiet_enumerator()
+            dry_plan(cfg, dims, detect=True, data=data)  # a plan that cannot fit fails now
+    except (CheckpointError, LaunchError) as e:
+        exit_user_error(e, f"hybridrec: {e}")
+    except ValueError as e:  # DataError and PlanError included
+        exit_user_error(e, f"hybridrec: invalid config: {e}")
+    job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions)
+    try:
+        result = launch(cfg, HydraConfig.get().runtime.output_dir, job)
+    except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, a checkpoint that does not load
+        exit_user_error(e, f"hybridrec: {e}")
+    return result["eval"]["auc"]  # what a Hydra sweeper would maximize
+
+
+if __name__ == "__main__":
+    quiet_secondary_ranks()
+    main()

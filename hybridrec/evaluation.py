@@ -1,0 +1,132 @@
+"""Scoring a split: the one evaluation that training (``Trainer.evaluate``, during and after
+the run) and ``python -m hybridrec.evaluate`` (a saved model) both call, and the files the
+latter writes (``metrics.json``, ``predictions.parquet``).
+
+What is computed follows the declarations: the loss's ``calibrated`` decides whether the
+scores are click probabilities (NE, log loss, calibration, accuracy), the source's
+``ranking_k`` whether rows are per-query lists (NDCG, MAP, recall), its ``extra_fields``
+whether batches carry relevance, query and weights.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridrec.data.loader import EvalBatch, padding_batch
+from hybridrec.data.source import Source
+from hybridrec.losses import Loss
+from hybridrec.metrics import binary_metrics, gather_to_first, ranking_metrics
+
+# Metrics of sigmoid(score) that only mean something when the scores are click logits.
+CALIBRATED_ONLY = ("ne", "logloss", "calibration", "accuracy")
+
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, Any]
+    """The metrics block (summary.json's ``eval``), the same on every rank."""
+    predictions: Optional[dict[str, torch.Tensor]]
+    """On rank 0 when asked for: one CPU column per field, every real row of the split once,
+    ordered by ``row``. None elsewhere."""
+    batches: int
+    """Global batches scored (each rank scored its share of each)."""
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[EvalBatch], device: torch.device,
+             predictions: bool = False) -> Evaluation:
+    """Score every row of ``batches`` (this rank's share of one split) with ``model`` (a
+    Ranker, sharded or not: forward gives ``(loss, (loss, logits, labels))``) and compute
+    the split's metrics over all ranks. Collective: every rank calls it with its own batches.
+
+    The columns are gathered to rank 0 only (a rank holds its own share, rank 0 the whole
+    split, which AUC needs); rank 0 computes the metrics and broadcasts them."""
+    world = dist.get_world_size()
+    was_training = model.training
+    model.eval()
+    lists = bool(source.extra_fields)  # RecBatch: relevance, query, and padding inside lists (weight 0)
+    names = ["score", "label", "real"] + (["relevance", "query"] if lists else []) + (["row"] if predictions else [])
+    columns: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    count = 0
+    while True:
+        item = next(batches, None)
+        # Ranks can run out at different batches (a sharded source): one all-reduce per
+        # batch agrees on the end, and a rank that ran out feeds padding meanwhile (the
+        # sharded embedding lookups are collectives every rank must join).
+        more = torch.tensor([item is not None], dtype=torch.int32, device=device)
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if not more.item():
+            break
+        count += 1
+        item = item or padding_batch(source, world)
+        _, (_, logits, labels) = model(item.batch.to(device))
+        columns["score"].append(logits)
+        columns["label"].append(labels)
+        real = item.real
+        if lists:
+            real = real & (item.batch.weights > 0)
+            columns["relevance"].append(item.batch.relevance)
+            columns["query"].append(item.batch.query)
+        if predictions:
+            columns["row"].append(item.rows)
+        columns["real"].append(real)
+    model.train(was_training)
+    real = torch.cat(columns.pop("real"))
+    # Padding rows (the last batch of a split, short lists) are dropped before gathering.
+    mine = {name: torch.cat(parts).to(device)[real.to(device)] for name, parts in columns.items()}
+    gathered = {name: gather_to_first(t) for name, t in mine.items()}
+    metrics: list[Optional[dict[str, Any]]] = [None]
+    if dist.get_rank() == 0:
+        c = {name: t.cpu() for name, t in gathered.items()}
+        metrics[0] = split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
+    dist.broadcast_object_list(metrics, src=0)  # a few numbers: every rank reports the same
+    table = None
+    if predictions and dist.get_rank() == 0:
+        order = torch.argsort(c["row"])  # rank order -> row order: the same file for any world size
+        table = {name: t[order] for name, t in c.items()}
+    return Evaluation(metrics[0], table, count)
+
+
+def split_metrics(scores: torch.Tensor, labels: torch.Tensor, loss: Loss, source: Source,
+                  relevance: Optional[torch.Tensor] = None, query: Optional[torch.Tensor] = None) -> dict[str, Any]:
+    """The metrics block of a whole split (every real row once): AUC and the label's rate
+    always; NE, log loss, calibration and accuracy when ``loss.calibrated``; per-query NDCG,
+    MAP and recall when ``source.ranking_k`` is set."""
+    result = binary_metrics(torch.sigmoid(scores), labels)
+    if not loss.calibrated:
+        # Scores trained by a ranking or regression objective are not click probabilities:
+        # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
+        result = {k: v for k, v in result.items() if k not in CALIBRATED_ONLY}
+    if source.ranking_k is not None:  # lists per user: NDCG, MAP, recall
+        result |= ranking_metrics(scores.double().numpy(), relevance.numpy(), query.numpy(),
+                                  source.threshold, source.ranking_k)
+    return result
+
+
+def write_predictions(path: str, predictions: dict[str, torch.Tensor], calibrated: bool) -> int:
+    """``predictions.parquet``: ``row`` (the row's index in the split, see
+    ``EvalBatch.rows``), ``label``, ``score`` (the model's logit), ``probability``
+    (sigmoid(score), calibrated losses only) and, for list sources, ``query`` and
+    ``relevance``. Written through a temporary file; returns the number of rows."""
+    cols = {"row": predictions["row"], "label": predictions["label"], "score": predictions["score"]}
+    if calibrated:
+        cols["probability"] = torch.sigmoid(predictions["score"])
+    for name in ("query", "relevance"):
+        if name in predictions:
+            cols[name] = predictions[name]
+    table = pa.table({name: t.numpy() for name, t in cols.items()})
+    meaning = ("a logit: sigmoid(score) is the click probability (column probability)" if calibrated
+               else "a ranking score: it orders rows, it is not a probability")
+    table = table.replace_schema_metadata({"hybridrec.score": f"score is the model's raw output, {meaning}"})
+    tmp = f"{path}.tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return table.num_rows

@@ -1,0 +1,80 @@
+"""The gpu tier (`make test-gpu`): what only a CUDA machine can prove. On a machine without
+CUDA every test here is skipped with the reason. `make test-gpu` then runs the 2-rank
+equivalence, checkpoint and 2D suites on NCCL (HYBRIDREC_TEST_DEVICE=cuda).
+
+Not yet run on a GPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import compose_cfg
+from dist_helpers import spawn, train_and_gather
+from shared import BASE
+
+from hybridrec.parallel_dims import Cuda
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA = Cuda.probe()
+pytestmark = pytest.mark.gpu
+
+
+def needs_gpus(n: int):
+    why = CUDA.unusable() or f"{CUDA.devices} GPU(s) visible"
+    return pytest.mark.skipif(CUDA.devices < n, reason=f"needs {n} CUDA GPU(s): {why}")
+
+
+# The ctr experiment, shorter: a real model (26 tables, 1M-row table included) on one GPU.
+CTR = ["+experiment=ctr", "train.log_every=10", "data.eval_batches=4", "train.eval_every=0", "launcher.device=cuda"]
+
+
+def _train(tmp_path, name, *overrides):
+    run_dir = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={run_dir}"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    with open(run_dir / "summary.json") as f:
+        return json.load(f)
+
+
+@needs_gpus(1)
+def test_the_install_is_the_cuda_build():
+    proc = subprocess.run([sys.executable, "-P", "hybridrec/install_check.py", "--gpu", "1"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+@needs_gpus(1)
+def test_ctr_trains_and_resumes_on_one_gpu(tmp_path):
+    ckpt = [f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.every_n_steps=50"]
+    first = _train(tmp_path, "first", *CTR, "train.steps=100", *ckpt)
+    assert first["device"] == "cuda:0" and first["eval"]["auc"] > 0.7
+    rank0 = first["memory_per_rank"][0]  # the planner's estimate beside what the GPU used
+    assert 0 < rank0["peak_device_allocated_mb"] <= rank0["peak_device_reserved_mb"]
+    resumed = _train(tmp_path, "resumed", *CTR, "train.steps=150", *ckpt)
+    assert resumed["train"]["resumed_from_step"] == 100 and resumed["steps"] == 150
+    assert resumed["eval"]["auc"] >= first["eval"]["auc"] - 0.01
+
+
+@needs_gpus(1)
+def test_a_uvm_caching_table_trains(tmp_path):
+    """fused_uvm_caching: the table in host memory behind a device cache, planned and trained."""
+    s = _train(tmp_path, "uvm", *CTR, "train.steps=60",
+               "sharding.tables=[{match:t_cat_0,compute_kernels:[fused_uvm_caching]}]")
+    assert s["plan"]["t_cat_0"]["compute_kernel"] == "fused_uvm_caching"
+    assert s["eval"]["auc"] > 0.6
+
+
+@needs_gpus(1)
+def test_one_gpu_trains_like_the_cpu(tmp_path):
+    """The same seed gives the same tables on both devices (hybridrec draws them on the host),
+    so one GPU must follow the CPU run step by step, up to kernel-order rounding."""
+    cpu = spawn(train_and_gather, 1, [compose_cfg(BASE + ["launcher.device=cpu", "sharding=table_wise"])],
+                str(tmp_path / "cpu"))[0]
+    gpu = spawn(train_and_gather, 1, [compose_cfg(BASE + ["launcher.device=cuda", "sharding=table_wise"])],
+                str(tmp_path / "gpu"))[0]
+    torch.testing.assert_close(torch.tensor(gpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=1e-5)
+    assert gpu["summary"]["eval"]["auc"] == pytest.approx(cpu["summary"]["eval"]["auc"], abs=1e-3)
