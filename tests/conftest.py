@@ -51,6 +51,16 @@ def cfg_factory():
     return compose_cfg
 
 
+@pytest.fixture(scope="module")
+def ml400(tmp_path_factory):
+    """A MovieLens-100k layout of 400 ratings, written once per test module."""
+    from hybridrec.data.fetch_movielens import write_layout
+
+    out = tmp_path_factory.mktemp("ml") / "ml"
+    write_layout(tables(n_ratings=400), str(out))
+    return out
+
+
 @pytest.fixture
 def layout(tmp_path):
     """A tiny MovieLens-100k layout (20 users, 30 movies, 300 ratings) in the official format."""

@@ -11,12 +11,10 @@ import zipfile
 import pytest
 import torch
 from conftest import compose_cfg
-from shared import tables
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import build_source
-from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.export import PROGRAM, SPEC, _check_archive, write_program
 from hybridrec.models import build_model
 
@@ -35,16 +33,9 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module")
-def layout(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ml") / "ml"
-    write_layout(tables(n_ratings=400), str(out))
-    return out
-
-
-def _model(name, layout):
+def _model(name, path):
     """An untrained model of ``name`` with random tables (values of a trained one's scale)."""
-    cfg = compose_cfg([*MODELS[name], f"data.path={layout}"] if "experiment" in MODELS[name][0] else MODELS[name])
+    cfg = compose_cfg([*MODELS[name], f"data.path={path}"] if "experiment" in MODELS[name][0] else MODELS[name])
     data = build_source(cfg.data, cfg.seed)
     torch.manual_seed(0)
     model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
@@ -63,8 +54,8 @@ def _first_rows(sparse, n):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_every_model_exports_to_a_program_that_scores_as_it_does(name, layout, tmp_path):
-    model, data = _model(name, layout)
+def test_every_model_exports_to_a_program_that_scores_as_it_does(name, ml400, tmp_path):
+    model, data = _model(name, ml400)
     spec = write_program(model, data.features, data.num_dense_features, str(tmp_path), {})
     program = torch.export.load(tmp_path / PROGRAM)
     # aten operators only (and Python's arithmetic on symbolic sizes): nothing of TorchRec's or fbgemm's
@@ -109,8 +100,8 @@ def _readme_example() -> str:
     return block
 
 
-def test_the_readme_example_scores_a_row_with_torch_alone(layout, tmp_path):
-    model, data = _model("dlrm", layout)
+def test_the_readme_example_scores_a_row_with_torch_alone(ml400, tmp_path):
+    model, data = _model("dlrm", ml400)
     export = tmp_path / "ckpt" / "step_00000400" / "export"  # the path the example names
     export.mkdir(parents=True)
     write_program(model, data.features, data.num_dense_features, str(export), {})

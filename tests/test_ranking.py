@@ -35,22 +35,15 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def layout(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ml") / "ml"
-    write_layout(tables(n_ratings=400), str(out))
-    return out
-
-
-def _cfg(layout, overrides):
-    return compose_cfg(["+experiment=movielens_rank", f"data.path={layout}", "data.list_size=4", "data.negatives=2",
+def _cfg(path, overrides):
+    return compose_cfg(["+experiment=movielens_rank", f"data.path={path}", "data.list_size=4", "data.negatives=2",
                         "data.batch_size=24", "data.eval_negatives=5", "train.steps=6", "train.log_every=3",
                         "optimizer/sparse=sgd", "optimizer/dense=sgd", *overrides])
 
 
 @pytest.mark.unit
-def test_lists_are_whole_users_and_the_same_for_any_world_size(layout):
-    cfg = _cfg(layout, [])
+def test_lists_are_whole_users_and_the_same_for_any_world_size(ml400):
+    cfg = _cfg(ml400, [])
     kw = {k: v for k, v in cfg.data.items() if k not in ("_target_", *LOADER_KEYS)}
     data = MovieLensRank(**kw, seed=0)
     one = next(data.batches("train", 0, 1, 1))
@@ -72,8 +65,8 @@ def test_lists_are_whole_users_and_the_same_for_any_world_size(layout):
 
 
 @pytest.fixture(scope="module")
-def trained(layout, tmp_path_factory):
-    cfgs = [_cfg(layout, o) for _, o in CASES]
+def trained(ml400, tmp_path_factory):
+    cfgs = [_cfg(ml400, o) for _, o in CASES]
     out = tmp_path_factory.mktemp("runs")
     return spawn(train_and_gather, 1, cfgs, str(out / "one")), spawn(train_and_gather, 2, cfgs, str(out / "two"))
 
@@ -147,9 +140,9 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_its_vectors(tmp
 
 
 @pytest.mark.dist
-def test_objectives_compare_in_one_sweep(layout, tmp_path):
+def test_objectives_compare_in_one_sweep(ml400, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", "+experiment=movielens_rank",
-                           "loss=pointwise,pairwise,listwise", f"data.path={layout}", "data.list_size=4",
+                           "loss=pointwise,pairwise,listwise", f"data.path={ml400}", "data.list_size=4",
                            "data.negatives=2", "data.batch_size=24", "train.steps=6", "train.log_every=3",
                            f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${hydra.job.num}"],
                           capture_output=True, text=True, timeout=300)
