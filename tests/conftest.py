@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from hybridrec.config import register_configs
@@ -40,10 +41,15 @@ def pytest_collection_modifyitems(config, items):
                                 + " (module `pytestmark` or a decorator):\n" + "\n".join(wrong))
 
 
-def compose_cfg(overrides: list[str] = ()) -> DictConfig:
-    """The config `python -m hybridrec.train <overrides>` would see."""
-    with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+def compose_cfg(overrides: list[str] = (), config_name: str = "config", hydra_keys: bool = False) -> DictConfig:
+    """The config `python -m hybridrec.train <overrides>` would see (``config_name="evaluate"``:
+    `python -m hybridrec.evaluate`'s; ``hydra_keys``: with the ``hydra`` node, launcher included).
+
+    Hydra is initialized once per process and kept (not as a context manager): its config
+    repository then caches the parsed YAML, and the suite composes a few hundred configs."""
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3")
+    return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_keys)
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import CONF_DIR, compose_cfg
+from conftest import compose_cfg
 from dist_helpers import spawn, train_and_summarize
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from shared import BASE, TOL, tables
 
@@ -27,8 +26,7 @@ from hybridrec.losses import BCE, Pairwise
 
 def _evaluate_cfg(overrides):
     """The config `python -m hybridrec.evaluate <overrides>` composes (before the checkpoint's)."""
-    with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
-        return compose(config_name="evaluate", overrides=list(overrides))
+    return compose_cfg(overrides, config_name="evaluate")
 
 
 def _saved(overrides):

@@ -11,9 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from conftest import CONF_DIR
+from conftest import compose_cfg
 from shared import TWO_NODE_RUN
 from hybridrec.launch import check_submitit, job_nodes, world_size
 
@@ -135,8 +134,7 @@ def test_slurm_variables_give_the_rendezvous(monkeypatch, cfg_factory):
 
 
 def _hydra_cfg(overrides):
-    with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    return compose_cfg(overrides, hydra_keys=True)
 
 
 @pytest.mark.unit

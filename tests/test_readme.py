@@ -10,12 +10,11 @@ import re
 import shlex
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import open_dict
 
-from conftest import CONF_DIR
+from conftest import compose_cfg
 
 README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 APPS = ("hybridrec.train", "hybridrec.plan", "hybridrec.evaluate")
@@ -58,11 +57,10 @@ def _check(app: str, overrides: list[str]) -> None:
     from hybridrec.config import validate
 
     hydra_keys = any(o.startswith("hydra") for o in overrides)
-    with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
-        if app == "hybridrec.evaluate":  # its own config; the checkpoint's is read at run time
-            compose(config_name="evaluate", overrides=overrides)
-            return
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=hydra_keys)
+    if app == "hybridrec.evaluate":  # its own config; the checkpoint's is read at run time
+        compose_cfg(overrides, config_name="evaluate")
+        return
+    cfg = compose_cfg(overrides, hydra_keys=hydra_keys)
     world = cfg.launcher.nproc_per_node
     if app == "hybridrec.plan" and cfg.topology.world_size is not None:
         world = cfg.topology.world_size
