@@ -67,11 +67,15 @@ class ResumedFrom(TypedDict):
 
 class Versions(TypedDict):
     python: str
+    """The interpreter's version."""
     torch: str
+    """torch.__version__ (its build suffix included: +cpu, +cu128)."""
     torchrec: str
+    """torchrec.__version__."""
     fbgemm_gpu: Optional[str]
     """fbgemm-gpu-cpu's or fbgemm-gpu's version; None when neither is installed."""
     hydra: str
+    """hydra.__version__."""
     hybridrec: Optional[str]
     """None when the package runs from a tree that was not installed."""
 
@@ -91,6 +95,7 @@ class MemoryRow(TypedDict):
     """One rank's memory: the planner's estimate beside what the rank measured."""
 
     rank: int
+    """The rank, as the plan numbers it."""
     est_device_mb: float
     """The planner's device (HBM) estimate for the rank's tables, MiB (0 on CPU)."""
     est_host_mb: float
@@ -107,7 +112,9 @@ class Profile(TypedDict):
     """One rank's profiled steps (``hybridrec.metrics.comm_compute_split`` and ``step_breakdown``)."""
 
     rank: int
+    """The rank that measured it."""
     profiled_steps: int
+    """Steps in the window (profile.steps)."""
     profiled_ms: float
     """The profiled steps' wall time (union of their spans)."""
     comm_ms: float
@@ -127,6 +134,7 @@ class RunSummary(TypedDict):
     ``plan`` and ``memory_per_rank``, which only rank 0 (holding the plan report) fills."""
 
     world_size: int
+    """Ranks in the job."""
     device: str
     """This rank's device (rank 0's in the file): ``cpu``, ``cuda:0``."""
     dense_parallel: str
@@ -144,6 +152,7 @@ class RunSummary(TypedDict):
     dense_parameters: int
     """Parameters outside the embedding tables, the whole model's on any world size."""
     train: TrainBlock
+    """The training's throughput, resume point and step times."""
     eval: Metrics
     """The test split, scored once, at the end."""
     valid: NotRequired[Metrics]
@@ -151,6 +160,7 @@ class RunSummary(TypedDict):
     eval_history: list[EvalRecord]
     """Every evaluation during training and at the end, on validation when the source has it."""
     provenance: Provenance
+    """The checkpoint resumed, the config's hash, the libraries' versions."""
     plan: dict[str, dict[str, Any]]
     """Per table, its placement and estimates (the ``tables`` of plan.json,
     ``hybridrec.sharding.plan_report``); empty on ranks other than 0."""
@@ -171,13 +181,17 @@ class ScoreSummary(TypedDict):
     checkpoint: ResumedFrom
     """The checkpoint scored: its directory and step."""
     split: str
+    """The split scored: eval (test) or valid."""
     eval: Metrics
     """The metrics block training reports, same keys."""
     world_size: int
+    """Ranks that scored it."""
     device: str
+    """This rank's device."""
     scoring: Throughput
     """steps: global batches scored; samples: real rows (padding excluded)."""
     provenance: Provenance
+    """The config's hash and the libraries' versions (resumed_from: None)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +199,7 @@ class RankMeasurement:
     """What one rank measured of itself, gathered to every rank for the summary."""
 
     peak_rss_mb: float
+    """``hybridrec.metrics.peak_rss_mb``, rounded to 0.1 MiB."""
     device_memory: dict[str, float]
     """``hybridrec.metrics.peak_device_mb``: the GPU peaks, empty on CPU."""
     profile: Optional[Profile]
