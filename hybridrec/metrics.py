@@ -1,5 +1,6 @@
-"""Evaluation metrics (TorchRec's formulas), step timing, the profiler's comm/compute split and step breakdown,
-and the run's output files: metrics.jsonl, summary.json, report.png, TensorBoard events."""
+"""Evaluation metrics (TorchRec's formulas), step timing, peak memory, the profiler's comm/compute split and
+step breakdown, and the run's output files: metrics.jsonl, report.png, TensorBoard events (summary.json's
+schema, built from these numbers, is hybridrec.summary)."""
 
 from __future__ import annotations
 
@@ -98,16 +99,6 @@ def gather_to_first(t: torch.Tensor) -> Optional[torch.Tensor]:
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.gather(padded, parts, dst=0)
     return torch.cat([part[:n] for part, n in zip(parts, lengths)])
-
-
-def throughput(steps: int, samples: int, wall_s: float, timed_samples: Optional[int] = None) -> dict[str, Any]:
-    """The block a run reports about its own speed, training's ``summary.json`` and
-    evaluation's ``metrics.json`` alike: steps, samples, wall time and samples per second.
-    ``timed_samples``: the samples ``wall_s`` measured when fewer than ``samples`` (a resumed
-    run counts the steps before it, but timed only its own)."""
-    timed = samples if timed_samples is None else timed_samples
-    return {"steps": steps, "samples": samples, "wall_time_s": round(wall_s, 3),
-            "samples_per_second": timed / wall_s if wall_s > 0 else 0.0}
 
 
 def peak_rss_mb() -> float:
@@ -382,28 +373,3 @@ def format_eval(e: dict[str, Any]) -> str:
     names = {"auc": "AUC", "ne": "NE", "logloss": "logloss", "calibration": "calibration", "map": "MAP"}
     parts = [f"{names.get(k, k)} {v:.4f}" for k, v in e.items() if isinstance(v, float)]
     return "  ".join(parts + [f"n {e['n']:,}"])
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """The final table rank 0 prints."""
-    e, t = s["eval"], s["train"]
-    rows = [
-        ("world size / device", f"{s['world_size']} / {s['device']}, dense {s['dense_parallel']}"),
-        ("steps / samples", f"{t['steps']:,} / {t['samples']:,}"),
-        ("wall time", f"{t['wall_time_s']:.1f} s"),
-        ("samples/s", f"{t['samples_per_second']:,.0f}"),
-        ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
-        ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
-        *([("valid", format_eval(s["valid"]))] if "valid" in s else []),
-        ("eval (test)" if "valid" in s else "eval", format_eval(e)),
-        ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
-    ]
-    gpu = [r for r in s.get("memory_per_rank", []) if "peak_device_allocated_mb" in r]
-    if gpu:  # the planner's device estimate beside what the ranks used
-        rows.append(("GPU peak allocated / planned", ", ".join(
-            f"{r['peak_device_allocated_mb']:,.0f} / {r['est_device_mb']:,.0f} MB" for r in gpu)))
-    if "profile" in s:
-        shares = ", ".join(f"{p['comm_share']:.0%}" for p in s["profile"])
-        rows.append(("comm share of step time per rank", shares))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

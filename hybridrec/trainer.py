@@ -6,12 +6,10 @@ directly in the Hydra process for a single-rank run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
-import platform
 import sys
 import time
 import warnings
@@ -20,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybridrec import checkpoint
@@ -33,12 +31,9 @@ from hybridrec.metrics import (
     format_eval,
     comm_compute_split,
     step_breakdown,
-    format_summary,
     peak_device_mb,
     peak_rss_mb,
-    percentiles_ms,
     plot_report,
-    throughput,
     write_json,
 )
 from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
@@ -49,6 +44,19 @@ from hybridrec.optim import TrainOptimizer
 from hybridrec.parallel_dims import pick_device, rank_dims
 from hybridrec.parallelize import Parallelized, parallelize
 from hybridrec.sharding import PlanError, format_report
+from hybridrec.summary import (
+    EvalRecord,
+    Metrics,
+    Profile,
+    RankMeasurement,
+    ResumedFrom,
+    RunSummary,
+    ScoreSummary,
+    format_summary,
+    provenance,
+    run_summary,
+    throughput,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +101,16 @@ class Trainer:
         self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None, tensorboard)
         self.losses: list[float] = []  # global mean loss of every step
         self.step_times: list[float] = []  # host wall time of every step, seconds
-        self.eval_history: list[dict[str, Any]] = []
+        self.eval_history: list[EvalRecord] = []
         self.eval_seconds = 0.0  # excluded from the training throughput
-        self.profile: Optional[dict[str, Any]] = None
+        self.profile: Optional[Profile] = None
         self.start_step = 0  # > 0 when resuming: the steps (= global batches) already done
         # This run's id, after the ids of the runs it continues (rank 0's is the one saved):
         # what decides which checkpoints keep_last may delete.
         self.runs = [checkpoint.new_run_id()]
         live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
                                     self.losses, self.runs)
-        self.resumed_from: Optional[dict[str, Any]] = None
+        self.resumed_from: Optional[ResumedFrom] = None
         # Rank 0 warns when a damaged newer checkpoint is skipped (again after each restart).
         if path := checkpoint.resume_path(cfg, warn=self.rank == 0):
             self.start_step = checkpoint.load(cfg, path, live).step
@@ -118,7 +126,7 @@ class Trainer:
         self.parallel.after_step(step, last=step == self.cfg.train.steps)
         return loss
 
-    def train(self) -> dict[str, Any]:
+    def train(self) -> RunSummary:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
         batches = self._batches("train", cfg.steps, start=self.start_step)
         self.local_losses = torch.zeros(cfg.steps, device=self.device)
@@ -227,22 +235,29 @@ class Trainer:
         profiler.start()
         return profiler
 
-    def _finish(self, wall: float, final: dict[str, dict[str, float]]) -> dict[str, Any]:
+    def _finish(self, wall: float, final: dict[str, Metrics]) -> RunSummary:
         self.metrics.close()
-        summary = self.summary(wall, final)
-        report = self._read_report()
-        if report is not None:  # file sources: rows read, bad rows, dropped tails, collisions
-            summary["data"] = report
-            if report["bad_rows"] and self.rank == 0:
-                first = next(e for f in report["files"].values() for e in f["errors"])
-                log.warning(f"data: skipped {report['bad_rows']} bad rows of "
-                            f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
-            for lost in report.get("unreadable", []) if self.rank == 0 else []:
-                log.warning(f"data: {lost}; the lines before it were used")
+        cfg = self.cfg
+        ranks, read = self._measure_ranks(), self._read_report()  # collectives: every rank
+        summary = run_summary(
+            losses=self.losses, start_step=self.start_step, step_times=self.step_times,
+            global_batch_size=cfg.data.batch_size, wall_s=wall, final=final, eval_history=self.eval_history,
+            world_size=self.world_size, device=str(self.device), dense_parallel=cfg.mesh.dense.value,
+            dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
+            plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, data=read,
+        )
         if self.rank == 0:
+            warn_read_problems(read)
             plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"))
             log.info("summary\n" + format_summary(summary))
         return summary
+
+    def _measure_ranks(self) -> list[RankMeasurement]:
+        """Every rank's peak memory and profile, in rank order, on every rank (a collective)."""
+        mine = RankMeasurement(round(peak_rss_mb(), 1), peak_device_mb(self.device), self.profile)
+        ranks: list[Any] = [None] * self.world_size
+        dist.all_gather_object(ranks, mine)
+        return ranks
 
     def _read_report(self) -> Optional[dict[str, Any]]:
         """The source's read report, summed over ranks when each rank read its own part of
@@ -259,76 +274,17 @@ class Trainer:
         total.collisions = parts[0]["collisions"]  # estimated by rank 0 (shard 0)
         return total.to_dict()
 
-    def summary(self, wall: float, final: dict[str, dict[str, float]]) -> dict[str, Any]:
-        steps = len(self.losses)
-        tail = self.losses[-max(1, steps // 10) :]
-        run_samples = (steps - self.start_step) * self.cfg.data.batch_size  # in this process
-        per_rank = [None] * self.world_size
-        dist.all_gather_object(per_rank, (round(peak_rss_mb(), 1), self.profile, peak_device_mb(self.device)))
-        rss = [m for m, _, _ in per_rank]
-        plan = self.plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
-        # wall: this process's training only, evaluation excluded
-        train = {**throughput(steps, steps * self.cfg.data.batch_size, wall, run_samples),
-                 "resumed_from_step": self.start_step, **percentiles_ms(self.step_times)}
-        summary = {
-            "world_size": self.world_size,
-            "device": str(self.device),
-            "dense_parallel": self.cfg.mesh.dense.value,
-            # the headline numbers, at the top for scripts: the train block's own values
-            **{key: train[key] for key in ("steps", "wall_time_s", "samples_per_second")},
-            "global_batch_size": self.cfg.data.batch_size,
-            "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
-            "dense_parameters": self.parallel.dense_parameters,
-            "train": train,
-            "eval": final["eval"],  # the test split: scored once, at the end
-            **({"valid": final["valid"]} if "valid" in final else {}),
-            "eval_history": self.eval_history,  # on validation when the source has it
-            "provenance": provenance(self.cfg, self.resumed_from),
-            "plan": plan["tables"],
-            "peak_rss_mb": rss,
-            # the planner's estimate beside the measurement, per rank
-            "memory_per_rank": [
-                {
-                    "rank": r["rank"],
-                    "est_device_mb": round(r["est_device_bytes"] / 2**20, 1),
-                    "est_host_mb": round(r["est_host_bytes"] / 2**20, 1),
-                    "peak_rss_mb": rss[r["rank"]],
-                    **per_rank[r["rank"]][2],  # on GPU: torch's peak allocated / reserved device memory
-                }
-                for r in plan["ranks"]
-            ],
-        }
-        if self.cfg.profile.enabled:
-            summary["profile"] = [p for _, p, _ in per_rank]
-        return summary
 
-
-def provenance(cfg: DictConfig, resumed_from: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """What a result came from: the checkpoint it resumed (path, step), the library versions,
-    and a hash of the resolved config (equal hashes, same settings)."""
-    import hydra
-    import torchrec
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(name: str) -> Optional[str]:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    resolved = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
-    return {
-        "resumed_from": resumed_from,
-        "config_sha256": hashlib.sha256(resolved.encode()).hexdigest(),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torchrec": torchrec.__version__,
-            "fbgemm_gpu": installed("fbgemm-gpu-cpu") or installed("fbgemm-gpu"),
-            "hydra": hydra.__version__,
-            "hybridrec": installed("hybridrec"),
-        },
-    }
+def warn_read_problems(report: Optional[dict[str, Any]]) -> None:
+    """The read report's skipped rows and unreadable file ends, as warnings (file sources)."""
+    if report is None:
+        return
+    if report["bad_rows"]:
+        first = next(e for f in report["files"].values() for e in f["errors"])
+        log.warning(f"data: skipped {report['bad_rows']} bad rows of "
+                    f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
+    for lost in report.get("unreadable", []):
+        log.warning(f"data: {lost}; the lines before it were used")
 
 
 def _quiet_deprecations() -> None:
@@ -423,7 +379,7 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Option
         shutdown_distributed(clean=summary is not None)
 
 
-def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
+def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary:
     summary = Trainer(cfg, run_dir, device).train()
     if dist.get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
@@ -448,14 +404,14 @@ class ScoreCheckpoint:
     split: str
     predictions: bool
 
-    def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
+    def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> ScoreSummary:
         data, loss, parallel = build(cfg, run_dir, device)
         step = checkpoint.load_weights(parallel.model, self.checkpoint)
         tick = time.perf_counter()
         result = evaluate(parallel.model, data, loss, rank_batches(cfg, data, self.split, device), device,
                           self.predictions)
         wall = time.perf_counter() - tick
-        out = {
+        out: ScoreSummary = {
             "checkpoint": {"path": os.path.abspath(self.checkpoint), "step": step},
             "split": self.split,
             "eval": result.metrics,  # the block training reports, same keys

@@ -104,7 +104,8 @@ def test_step_time_percentiles():
 
 
 def test_summary_shows_gpu_memory_beside_the_planners_estimate():
-    from hybridrec.metrics import format_summary, peak_device_mb
+    from hybridrec.metrics import peak_device_mb
+    from hybridrec.summary import format_summary
 
     assert peak_device_mb(torch.device("cpu")) == {}  # on CPU the host RSS is the measure
     train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0}

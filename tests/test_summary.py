@@ -1,0 +1,105 @@
+"""summary.json built from explicit inputs (hybridrec.summary.run_summary), without a process
+group: the headline numbers, the loss, a resumed run's throughput, memory per rank, and which
+keys appear, checked against the schema (RunSummary) and hand-computed values."""
+
+import json
+import re
+
+import pytest
+
+from hybridrec.summary import MemoryRow, RankMeasurement, RunSummary, TrainBlock, format_summary, run_summary
+
+pytestmark = pytest.mark.unit
+
+MB = 2**20
+EVAL = {"auc": 0.75, "ne": 0.9, "n": 512}
+PROVENANCE = {"resumed_from": None, "config_sha256": "0" * 64,
+              "versions": {"python": "3.11.7", "torch": "2", "torchrec": "1", "fbgemm_gpu": None, "hydra": "1.3",
+                           "hybridrec": None}}
+PLAN = {  # hybridrec.sharding.plan_report's shape, two ranks
+    "tables": {"t0": {"rows": 100, "dim": 8, "sharding_type": "table_wise", "compute_kernel": "fused",
+                      "ranks": [1], "est_device_bytes": 0, "est_host_bytes": 4 * MB}},
+    "ranks": [{"rank": 0, "est_device_bytes": 0, "est_host_bytes": MB // 2, "est_step_ms": 0.1},
+              {"rank": 1, "est_device_bytes": 3 * MB, "est_host_bytes": 4 * MB + MB // 10, "est_step_ms": 0.2}],
+}
+
+
+def summarize(**given):
+    """A 2-rank, 20-step run of 64 samples per step in 2 s, with ``given`` replacing any input."""
+    inputs = dict(losses=[1.0] * 20, start_step=0, step_times=[0.1] * 20, global_batch_size=64, wall_s=2.0,
+                  final={"eval": EVAL}, eval_history=[{"step": 20, "split": "eval", **EVAL}], world_size=2,
+                  device="cpu", dense_parallel="fsdp", dense_parameters=1234, provenance=PROVENANCE, plan=PLAN,
+                  ranks=[RankMeasurement(900.5, {}, None), RankMeasurement(1010.2, {}, None)], profiled=False)
+    return run_summary(**(inputs | given))
+
+
+def test_headline_numbers_are_the_train_blocks_own():
+    s = summarize(wall_s=2.0004, step_times=[0.01] * 19 + [0.1])
+    t = s["train"]
+    assert t["steps"] == s["steps"] == 20 and t["samples"] == 20 * 64
+    assert t["wall_time_s"] == s["wall_time_s"] == 2.0  # rounded to ms
+    assert t["samples_per_second"] == s["samples_per_second"] == pytest.approx(20 * 64 / 2.0004)
+    assert t["resumed_from_step"] == 0 and t["step_time_p50_ms"] == pytest.approx(10.0)
+    assert s["global_batch_size"] == 64 and s["dense_parameters"] == 1234 and s["world_size"] == 2
+    assert list(t) == list(TrainBlock.__annotations__)  # the schema's order
+
+
+def test_train_loss_is_the_mean_of_the_last_tenth_of_steps():
+    assert summarize(losses=[float(i) for i in range(1, 31)])["train_loss"] == pytest.approx((28 + 29 + 30) / 3)
+    assert summarize(losses=[float(i) for i in range(100)])["train_loss"] == pytest.approx(sum(range(90, 100)) / 10)
+    assert summarize(losses=[4.0, 3.0, 2.0, 1.0, 0.5])["train_loss"] == 0.5  # fewer than 10 steps: the last one
+
+
+def test_a_resumed_runs_speed_counts_only_its_own_steps():
+    resumed = {"path": "/ckpt/step_20", "step": 20}
+    s = summarize(losses=[1.0] * 30, start_step=20, step_times=[0.05] * 10, global_batch_size=8, wall_s=0.5,
+                  provenance=PROVENANCE | {"resumed_from": resumed})
+    t = s["train"]
+    assert t["steps"] == s["steps"] == 30 and t["samples"] == 30 * 8  # every step of the run
+    assert t["samples_per_second"] == s["samples_per_second"] == pytest.approx(10 * 8 / 0.5)  # not 30 * 8 / 0.5
+    assert t["resumed_from_step"] == 20 and s["provenance"]["resumed_from"] == resumed
+    # a run resumed at its last step timed none: no step-time percentiles, no division by zero
+    done = summarize(losses=[1.0] * 30, start_step=30, step_times=[], wall_s=0.0)
+    assert done["samples_per_second"] == 0.0 and "step_time_p50_ms" not in done["train"]
+
+
+def test_memory_per_rank_pairs_the_planners_estimate_with_the_measured_rss():
+    gpu = {"peak_device_allocated_mb": 1500.0, "peak_device_reserved_mb": 1800.0}
+    s = summarize(ranks=[RankMeasurement(900.5, {}, None), RankMeasurement(1010.2, gpu, None)])
+    assert s["peak_rss_mb"] == [900.5, 1010.2]
+    assert s["memory_per_rank"] == [
+        {"rank": 0, "est_device_mb": 0.0, "est_host_mb": 0.5, "peak_rss_mb": 900.5},
+        {"rank": 1, "est_device_mb": 3.0, "est_host_mb": 4.1, "peak_rss_mb": 1010.2, **gpu},
+    ]
+    assert list(s["memory_per_rank"][1]) == list(MemoryRow.__annotations__)
+    assert s["plan"] == PLAN["tables"]
+    # paired by the plan's rank, not by position
+    flipped = summarize(plan=PLAN | {"ranks": PLAN["ranks"][::-1]})
+    assert [(r["rank"], r["peak_rss_mb"], r["est_host_mb"]) for r in flipped["memory_per_rank"]] == [
+        (1, 1010.2, 4.1), (0, 900.5, 0.5)]
+    # ranks other than 0 have no plan report: every rank's RSS, no rows
+    other = summarize(plan=None)
+    assert other["plan"] == {} and other["memory_per_rank"] == [] and other["peak_rss_mb"] == [900.5, 1010.2]
+
+
+def test_optional_keys_appear_only_when_given():
+    plain = summarize()
+    assert list(plain) == [k for k in RunSummary.__annotations__ if k in RunSummary.__required_keys__]
+    valid = {"auc": 0.7, "ne": 0.95, "n": 256}
+    profile = {"rank": 0, "profiled_steps": 5, "profiled_ms": 100.0, "comm_ms": 25.0, "compute_ms": 75.0,
+               "comm_share": 0.25, "comm_ms_by_kind": {"embedding all-to-all": 25.0}, "breakdown_ms": {"other": 20.0}}
+    report = {"rows": 300, "bad_rows": 1, "unreadable": [], "files": {}, "dropped_tail_rows": {"train": 4},
+              "collisions": {}}
+    full = summarize(final={"valid": valid, "eval": EVAL}, profiled=True, data=report,
+                     ranks=[RankMeasurement(900.5, {}, profile), RankMeasurement(1010.2, {}, None)])
+    assert list(full) == list(RunSummary.__annotations__)  # every key, in the schema's order
+    assert full["valid"] == valid and full["eval"] == EVAL
+    assert full["profile"] == [profile, None] and full["data"] == report
+    # profiles measured but profiling off: no profile key
+    assert "profile" not in summarize(ranks=[RankMeasurement(1.0, {}, profile), RankMeasurement(1.0, {}, None)])
+    # what summary.json holds is plain JSON, read back equal
+    assert json.loads(json.dumps(full)) == full
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in format_summary(full).splitlines())
+    assert rows["samples/s"] == "640" and rows["steps / samples"] == "20 / 1,280"
+    assert rows["valid"].startswith("AUC 0.7000") and rows["eval (test)"].startswith("AUC 0.7500")
+    assert rows["comm share of step time per rank"] == "25%, not reached"
