@@ -9,6 +9,10 @@ PIP    := $(PY) -m pip
 # CPU install, and then skip (test-gpu) or refuse (bench-gpu) with the reason.
 GPU    ?= $(if $(filter test-gpu bench-gpu,$(MAKECMDGOALS)),$(if $(shell command -v nvidia-smi),1,0),0)
 ARGS   ?=
+# pytest-xdist workers for `make test` and `make test-fast` (0: one process). Each worker
+# takes a whole test file at a time (--dist loadfile), so a module's shared launches run once.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The CUDA variant of torch 2.13.0 for GPU=1, pinned by its local version: a local index
 # offering 2.13.0+cpu cannot satisfy it. It must match the CUDA that fbgemm-gpu 1.8.0 was built for.
@@ -55,10 +59,10 @@ train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hy
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
 
 test: install $(MOVIELENS) ## run the whole test suite, every tier (fetches MovieLens-100k first: the experiments are tested on it)
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute)
-	$(PY) -m pytest -q -m unit $(ARGS)
+	$(PYTEST) -m unit $(ARGS)
 
 test-gpu: install ## on a CUDA machine (not yet run on one): the gpu tier, then the 2-rank suites on NCCL; skipped with the reason elsewhere
 	$(PY) -m pytest -q -m gpu $(ARGS)

@@ -206,7 +206,7 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
     from hybridrec.plan import dry_plan
 
     batch = bench.PRESETS["gpu"].per_rank_batch
-    cfg = ref.experiment_config([f"data.batch_size={4 * batch}"])
+    cfg = cfg_factory(["+experiment=ctr", f"data.batch_size={4 * batch}"])  # ref.experiment_config's
     model = ref.build_model(cfg, SyntheticClickLog(seed=cfg.seed, **ref.kwargs(cfg.data)), torch.device("cpu"))
     planner = ref.build_planner(4, 4, "cuda", batch)
     plan = planner.plan(model, get_default_sharders())
