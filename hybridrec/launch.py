@@ -2,7 +2,8 @@
 
 ``launcher.nproc_per_node=N`` starts N workers on this machine with PyTorch's elastic agent,
 the machinery behind ``torchrun`` and ``elastic_launch`` (c10d rendezvous on a free local
-port, spawned workers, failures reported with tracebacks, restarts after a crash).
+port, workers forked from a server that imported torch and TorchRec once, failures reported
+with tracebacks, restarts after a crash).
 When the process is already one rank of a launched job (torchrun, srun), it just runs.
 
 Under Hydra's submitit launcher (``-m hydra/launcher=slurm``), each Slurm job runs one task
@@ -15,6 +16,7 @@ before anything is submitted.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import re
 import sys
@@ -142,7 +144,7 @@ def spawn(
 ) -> Any:
     """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
     local ranks, started by PyTorch's elastic agent: c10d rendezvous (on a free local port
-    for one node) and spawned workers. Tests and benchmarks use it too, so they start ranks
+    for one node) and workers from a preloaded fork server. Tests and benchmarks use it too, so they start ranks
     exactly as users do. ``max_restarts`` (default 0: a failed rank fails the call) lets the
     agent stop and restart every rank after a crash, up to that many times, but never after
     a user error. With ``nodes``, this call is one node of several, as torchrun --nnodes.
@@ -187,7 +189,13 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
     spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=fn, args=tuple(args),
                       rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
                       monitor_interval=0.1)
-    agent = _UserErrorsEndTheJob(spec, DefaultLogsSpecs(), start_method="spawn")
+    # Ranks are forked from one server process that has imported torch, TorchRec and the
+    # entry point's module once ("forkserver", preloaded): under "spawn" every rank, and every
+    # rank again after an elastic restart, imports them itself (about 5 s of CPU each). The
+    # server imports modules only: it initializes no CUDA context, which a forked rank could
+    # not use.
+    multiprocessing.set_forkserver_preload(["hybridrec.trainer", fn.__module__])
+    agent = _UserErrorsEndTheJob(spec, DefaultLogsSpecs(), start_method="forkserver")
     close_rendezvous = True
     try:
         result = agent.run()

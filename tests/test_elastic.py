@@ -25,8 +25,9 @@ RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=
 
 
 def _workers(launcher_pid: int) -> list[int]:
-    """The rank processes the launcher spawned (its children running multiprocessing's spawn)."""
-    pids = []
+    """The rank processes: the children of the launcher's fork server (ranks are forked from
+    one server process that imported torch once)."""
+    procs = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -35,10 +36,9 @@ def _workers(launcher_pid: int) -> list[int]:
             cmdline = open(f"/proc/{entry}/cmdline").read()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == launcher_pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
-            pids.append(int(entry))
-    return sorted(pids)
+        procs[int(entry)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+    servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher_pid and "forkserver" in cmd}
+    return sorted(pid for pid, (ppid, _) in procs.items() if ppid in servers)
 
 
 def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
