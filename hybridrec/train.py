@@ -51,6 +51,14 @@ def check_before_launch(cfg: DictConfig) -> None:
             f"train; raise train.steps (the total, e.g. train.steps={state.step + cfg.train.steps}), or "
             f"start a new run in another checkpoint.dir"
         )
+    prof = cfg.profile
+    if state and prof.enabled and state.step + prof.start_step + prof.steps > cfg.train.steps:
+        # the window counts from this process's first step (tracing and lazy init happen again)
+        raise ValueError(
+            f"profile.start_step={prof.start_step} + profile.steps={prof.steps} must fit in the "
+            f"{cfg.train.steps - state.step} steps left after resuming {path} at step {state.step}: "
+            f"lower them, or raise train.steps (the total) to at least {state.step + prof.start_step + prof.steps}"
+        )
     check_dir(cfg, path, state)
     if not already_launched():
         # Plan the tables here first: a constraint the planner cannot meet fails now, not

@@ -11,8 +11,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import compose_cfg
 
 from hybridrec.checkpoint import CheckpointError, latest
+from hybridrec.train import check_before_launch
+from hybridrec.trainer import user_message
 
 # A tiny run (the equivalence tests' sizes): seconds per training.
 TINY = ["data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]", "data.ids_per_feature=2",
@@ -32,6 +35,15 @@ def _one_line_error(proc) -> str:
     lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
     assert lines[-1].startswith("hybridrec: "), proc.stderr[-3000:]
     return lines[-1]
+
+
+def _refusal(*args) -> str:
+    """The line `python -m hybridrec.train <TINY> <args>` prints when it refuses to launch:
+    the same check (``check_before_launch``) and the same formatting, in this process. Each
+    kind of refusal is also run once through the CLI below (one line, no traceback, no rank)."""
+    with pytest.raises(ValueError) as refused:
+        check_before_launch(compose_cfg([*TINY, *args]))
+    return user_message(refused.value)
 
 
 def _mark(step_dir, run_id):
@@ -69,10 +81,10 @@ def test_pruning_keeps_another_runs_checkpoints(ckpt):
 
 
 @pytest.mark.slow
-def test_a_directory_of_another_run_is_refused_before_launch(ckpt, tmp_path):
+def test_a_directory_of_another_run_is_refused_before_launch(ckpt):
     _, d = ckpt
-    line = _one_line_error(_train("train.steps=20", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10",
-                                  "checkpoint.resume=never", "checkpoint.keep_last=1", f"hydra.run.dir={tmp_path}"))
+    line = _refusal("train.steps=20", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10",
+                    "checkpoint.resume=never", "checkpoint.keep_last=1")
     assert line.startswith(f"hybridrec: checkpoint.dir={d} holds checkpoints of another run (newest: step_00000040, "
                            f"step 40) and checkpoint.resume=never")
     assert "another checkpoint.dir" in line and "checkpoint.resume=auto" in line and "delete" in line
@@ -84,11 +96,23 @@ def test_a_directory_of_another_run_is_refused_before_launch(ckpt, tmp_path):
 def test_resume_with_nothing_left_to_train_is_refused(ckpt, tmp_path, resume):
     _, d = ckpt
     resume = resume if resume == "auto" else str(d / resume)
-    line = _one_line_error(_train("train.steps=30", f"checkpoint.dir={d}", f"checkpoint.resume={resume}",
-                                  f"hydra.run.dir={tmp_path}"))
+    args = ["train.steps=30", f"checkpoint.dir={d}", f"checkpoint.resume={resume}"]
+    # auto through the CLI, an explicit path in this process (the same check)
+    line = _one_line_error(_train(*args, f"hydra.run.dir={tmp_path}")) if resume == "auto" else _refusal(*args)
     assert line == (f"hybridrec: checkpoint {d / 'step_00000040'} is at step 40 and train.steps=30: nothing to "
                     f"train; raise train.steps (the total, e.g. train.steps=70), or start a new run in another "
                     f"checkpoint.dir")
+
+
+@pytest.mark.slow
+def test_a_profile_window_past_the_end_of_a_resumed_run_is_refused(ckpt):
+    """profile.start_step counts from the resumed process's first step: 40 + 5 + 5 > 45."""
+    _, d = ckpt
+    line = _refusal("train.steps=45", f"checkpoint.dir={d}", "profile.enabled=true")
+    assert line == (f"hybridrec: invalid config: profile.start_step=5 + profile.steps=5 must fit in the 5 steps "
+                    f"left after resuming {d / 'step_00000040'} at step 40: lower them, or raise train.steps "
+                    f"(the total) to at least 50")
+    check_before_launch(compose_cfg([*TINY, "train.steps=50", f"checkpoint.dir={d}", "profile.enabled=true"]))
 
 
 @pytest.mark.slow
@@ -116,12 +140,11 @@ def test_damaged_checkpoints_fail_before_launch_naming_the_file(ckpt, tmp_path):
     shutil.copytree(d, copy)
     os.remove(copy / "step_00000040" / "__0_0.distcp")
     # an explicit path: refused
-    line = _one_line_error(_train("train.steps=50", f"checkpoint.dir={tmp_path / 'new'}",
-                                  f"checkpoint.resume={copy / 'step_00000040'}", f"hydra.run.dir={tmp_path / 'a'}"))
+    line = _refusal("train.steps=50", f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.resume={copy / 'step_00000040'}")
     assert line == (f"hybridrec: {copy / 'step_00000040'} is damaged: {copy / 'step_00000040' / '__0_0.distcp'} "
                     f"is missing (its .metadata lists it)")
-    line = _one_line_error(_train("checkpoint.resume=/nonexistent", f"hydra.run.dir={tmp_path / 'b'}"))
-    assert line == "hybridrec: checkpoint.resume=/nonexistent: no such checkpoint directory"
+    # (checkpoint.resume=/nonexistent through the CLI: tests/test_config.py::test_cli_errors_are_one_line)
+    assert _refusal("checkpoint.resume=/nonexistent") == "hybridrec: checkpoint.resume=/nonexistent: no such checkpoint directory"
     # auto: the previous complete checkpoint, with a warning naming the missing file
     proc = _train("train.steps=50", f"checkpoint.dir={copy}", "checkpoint.every_n_steps=10",
                   f"hydra.run.dir={tmp_path / 'c'}")
@@ -134,9 +157,8 @@ def test_damaged_checkpoints_fail_before_launch_naming_the_file(ckpt, tmp_path):
 @pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_one_line(ckpt, tmp_path):
     _, d = ckpt
-    line = _one_line_error(_train("train.steps=50", "data.num_embeddings_per_feature=[300,200,100,60]",
-                                  f"checkpoint.resume={d / 'step_00000040'}", f"checkpoint.dir={tmp_path / 'new'}",
-                                  f"hydra.run.dir={tmp_path}"))
+    line = _refusal("train.steps=50", "data.num_embeddings_per_feature=[300,200,100,60]",
+                    f"checkpoint.resume={d / 'step_00000040'}", f"checkpoint.dir={tmp_path / 'new'}")
     assert line == (f"hybridrec: checkpoint {d / 'step_00000040'} does not fit this run (t_cat_3 rows: checkpoint 50, "
                     f"run 60): resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
                     f"(its config: {d / 'step_00000040' / 'config.yaml'})")
