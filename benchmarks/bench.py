@@ -117,7 +117,8 @@ PRESETS = {
                     world_n={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
                     profile=["fsdp"], dense_memory_steps=1, reference_worlds=(2,),
                     levers=["default", "every core on every rank"], levers_reps=1,
-                    input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16),
+                    input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16,
+                               train_overrides=tuple(TINY)),
                     overrides=TINY, dense_memory_model=TINY_DENSE),
     # hybridrec and the reference on every local GPU (worlds = (1, GPUs), set at start),
     # per-rank batch 8192: ctr's dense part is small, so a GPU needs large batches to have

@@ -23,7 +23,9 @@ Writes benchmarks/results/INPUT.md (and input.json); ``bench.py`` folds the same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import io
 import json
 import logging
 import os
@@ -66,6 +68,7 @@ def _compose(overrides: list[str]):
 def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
     """Source builders by name: global batch size -> source."""
     from hybridrec.data import build_source
+    from hybridrec.data.convert import main as convert_main
     from hybridrec.data.criteo import CriteoBinary, CriteoTSV
     from hybridrec.config import CRITEO_KAGGLE_CAPPED
 
@@ -77,8 +80,8 @@ def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
     npy = os.path.join(tmp, "npy")
     if not os.path.exists(npy):
         for src in (train, held):
-            subprocess.run([sys.executable, "-m", "hybridrec.data.convert", src, "--out", npy, "--workers", "1"],
-                           check=True, capture_output=True, cwd=ROOT)
+            with contextlib.redirect_stdout(io.StringIO()):  # set-up, not measured: in this process
+                convert_main([src, "--out", npy, "--workers", "1"])
     common = dict(num_embeddings_per_feature=CRITEO_KAGGLE_CAPPED, id_mapping="modulo", eval_batches=None, seed=0)
     # Steady-state parsing is what is measured: the one-time collision estimate (rank 0, over
     # shard 0's first 100k rows) is cut to one block, and its warning (random ids into
@@ -174,15 +177,16 @@ def input_rates(makers: dict[str, Callable[[int], Any]], reps: int, batch: int, 
     return out
 
 
-def training_rates(reps: int, steps: int) -> dict[str, float]:
+def training_rates(reps: int, steps: int, overrides: tuple[str, ...] = ()) -> dict[str, float]:
     """The ``ctr`` experiment's steady-state samples/s (1 rank): num_workers 0 and 2, and a
-    pre-built batch (benchmarks/fixed_batch.py: the input costs nothing)."""
+    pre-built batch (benchmarks/fixed_batch.py: the input costs nothing). ``overrides``: on
+    top of the experiment (the smoke preset's small tables)."""
     def run(*extra: str, fixed: bool = False) -> float:
         with tempfile.TemporaryDirectory() as d:
             entry = [os.path.join(HERE, "fixed_batch.py")] if fixed else ["-m", "hybridrec.train"]
-            subprocess.run([sys.executable, *entry, "+experiment=ctr", f"train.steps={steps}", "train.log_every=10",
-                            "train.eval_every=0", "data.eval_batches=1", "data.valid_batches=1", f"hydra.run.dir={d}",
-                            *extra], check=True, capture_output=True, cwd=ROOT)
+            subprocess.run([sys.executable, *entry, "+experiment=ctr", *overrides, f"train.steps={steps}",
+                            "train.log_every=10", "train.eval_every=0", "data.eval_batches=1", "data.valid_batches=1",
+                            f"hydra.run.dir={d}", *extra], check=True, capture_output=True, cwd=ROOT)
             rows = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
             rows = [r for r in rows if "elapsed_s" in r]
             first, last = rows[0], rows[-1]  # steady state: after the first log window
@@ -211,7 +215,7 @@ def converter_rates(tmp: str, reps: int) -> dict[str, float]:
             tick = time.perf_counter()
             subprocess.run([sys.executable, "-c", "import sys; from hybridrec.data.convert import main; "
                             "import time; t = time.perf_counter(); main(sys.argv[1:]); "
-                            f"print('SECONDS', time.perf_counter() - t)", parts, "--out", out, "--overwrite",
+                            "print('SECONDS', time.perf_counter() - t)", parts, "--out", out, "--overwrite",
                             "--workers", str(workers)], check=True, capture_output=True, cwd=ROOT, text=True)
             return time.perf_counter() - tick
 
@@ -220,9 +224,10 @@ def converter_rates(tmp: str, reps: int) -> dict[str, float]:
 
 
 def measure(reps: int, tsv_rows: int, steps: int, train_steps: int, quick: bool = False,
-            scale: int = 1) -> dict[str, Any]:
-    """Every section; ``quick`` leaves out the dcnv2 shape, ``scale`` divides the batches
-    (the smoke preset's check that the outputs are well-formed)."""
+            scale: int = 1, train_overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every section; ``quick`` leaves out the dcnv2 shape, ``scale`` divides the batches and
+    ``train_overrides`` change the trained model (the smoke preset's check that the outputs
+    are well-formed)."""
     with tempfile.TemporaryDirectory() as tmp:
         makers = sources(tmp, tsv_rows)
         sizes = {  # (per-rank batch for weak scaling, global batch for strong scaling)
@@ -237,9 +242,10 @@ def measure(reps: int, tsv_rows: int, steps: int, train_steps: int, quick: bool 
         res["rates"] = input_rates(makers, reps, 2048 // scale, steps)
         res["converter"] = converter_rates(tmp, reps)
         res["converter_rows"] = tsv_rows
-    res["training"] = training_rates(reps, train_steps)
+    res["training"] = training_rates(reps, train_steps, train_overrides)
     res["rate_batch"] = 2048 // scale
-    res["settings"] = {"reps": reps, "tsv_rows": tsv_rows, "steps": steps, "train_steps": train_steps}
+    res["settings"] = {"reps": reps, "tsv_rows": tsv_rows, "steps": steps, "train_steps": train_steps,
+                       "train_overrides": list(train_overrides)}
     return res
 
 
@@ -256,8 +262,10 @@ def table(res: dict[str, Any]) -> list[str]:
             L.append(f"| {name} | {kind} | {batch} | " + " | ".join(f"{ms[str(w)]:.1f}" for w in WORLDS)
                      + f" | {ms['8'] / ms['1']:.2f} |")
     train = res["training"]
+    overrides = res["settings"].get("train_overrides")  # absent from results written before it
+    trained = "`ctr` experiment" + (f" (with `{' '.join(overrides)}`)" if overrides else "")
     L += ["", f"Input rows/s into one rank's batches of {res['rate_batch']:,} (0 and 2 worker processes), beside the "
-          f"`ctr` experiment's training consumption: {train['num_workers=0']:,.0f} samples/s with `data.num_workers=0`, "
+          f"{trained}'s training consumption: {train['num_workers=0']:,.0f} samples/s with `data.num_workers=0`, "
           f"{train['num_workers=2']:,.0f} with 2 workers, {train['pre-built batch']:,.0f} with one pre-built batch "
           f"fed again and again (no input cost; ratio 2 workers / pre-built = "
           f"{train['num_workers=2'] / train['pre-built batch']:.2f}).", "",

@@ -54,7 +54,7 @@ def test_ratios_are_per_repetition_and_answers_follow():
 def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--preset", "smoke",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.load(open(out / "results.json"))
     p = bench.PRESETS["smoke"]
