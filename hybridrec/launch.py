@@ -36,6 +36,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from hybridrec.compat import decline_restarts
 from hybridrec.config import Device, validate
 from hybridrec.logs import JobLogging
+from hybridrec.parallel_dims import Cuda
 from hybridrec.trainer import USER_ERROR_EXIT, RankJob, run
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,16 @@ def spawn(
     return results[min(results)]
 
 
+def start_method(cuda: Cuda) -> str:
+    """How the ranks' processes start. Without a usable GPU: forked from one server process
+    that imported torch, TorchRec and the entry point's module once ("forkserver", preloaded),
+    so that N ranks, and the ranks an elastic restart starts again, do not each pay the
+    imports (about 5 s of CPU each). With one: "spawn", every rank a fresh interpreter:
+    importing fbgemm_gpu calls torch.cuda.is_available(), which initializes CUDA in the
+    importing process, and a process forked after that cannot use CUDA."""
+    return "spawn" if cuda.devices else "forkserver"
+
+
 class _UserErrorsEndTheJob(LocalElasticAgent):
     """torch's local elastic agent, except that a rank stopped by a user error (bad rows, a
     checkpoint that does not fit, a plan that cannot be met) ends the job at once: restarted
@@ -189,13 +200,10 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
     spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=fn, args=tuple(args),
                       rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
                       monitor_interval=0.1)
-    # Ranks are forked from one server process that has imported torch, TorchRec and the
-    # entry point's module once ("forkserver", preloaded): under "spawn" every rank, and every
-    # rank again after an elastic restart, imports them itself (about 5 s of CPU each). The
-    # server imports modules only: it initializes no CUDA context, which a forked rank could
-    # not use.
-    multiprocessing.set_forkserver_preload(["hybridrec.trainer", fn.__module__])
-    agent = _UserErrorsEndTheJob(spec, DefaultLogsSpecs(), start_method="forkserver")
+    method = start_method(Cuda.probe())
+    if method == "forkserver":
+        multiprocessing.set_forkserver_preload(["hybridrec.trainer", fn.__module__])
+    agent = _UserErrorsEndTheJob(spec, DefaultLogsSpecs(), start_method=method)
     close_rendezvous = True
     try:
         result = agent.run()

@@ -25,8 +25,8 @@ RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=
 
 
 def _workers(launcher_pid: int) -> list[int]:
-    """The rank processes: the children of the launcher's fork server (ranks are forked from
-    one server process that imported torch once)."""
+    """The rank processes: children of the launcher's fork server (no usable GPU), or the
+    launcher's own children running multiprocessing's spawn (hybridrec.launch.start_method)."""
     procs = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -38,7 +38,8 @@ def _workers(launcher_pid: int) -> list[int]:
             continue
         procs[int(entry)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
     servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher_pid and "forkserver" in cmd}
-    return sorted(pid for pid, (ppid, _) in procs.items() if ppid in servers)
+    return sorted(pid for pid, (ppid, cmd) in procs.items()
+                  if ppid in servers or (ppid == launcher_pid and "spawn_main" in cmd and "resource_tracker" not in cmd))
 
 
 def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import compose_cfg
 from shared import TWO_NODE_RUN
-from hybridrec.launch import check_submitit, job_nodes, world_size
+from hybridrec.launch import check_submitit, job_nodes, start_method, world_size
+from hybridrec.parallel_dims import Cuda
 
 # The ctr experiment's model on three small tables: seconds per job.
 TINY = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
@@ -190,3 +191,12 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path, one_node_losses):
     losses = lambda d: [r["loss"] for r in map(json.loads, open(tmp_path / d / "metrics.jsonl")) if "loss" in r]
     assert len(losses("slurm")) == 6
     assert losses("slurm") == pytest.approx(one_node_losses, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.unit
+def test_ranks_are_forked_from_a_preloaded_server_only_where_no_gpu_is_usable():
+    """Importing fbgemm_gpu calls torch.cuda.is_available(), which initializes CUDA in the
+    fork server, and a process forked after that cannot use CUDA: a GPU machine spawns."""
+    assert start_method(Cuda("12.8", 8)) == "spawn"
+    assert start_method(Cuda("12.8", 0)) == "forkserver"  # a CUDA build with no usable GPU: CPU ranks
+    assert start_method(Cuda(None, 0)) == "forkserver"
