@@ -142,6 +142,18 @@ def convert_file(path: str, prefix: str, block_size: int, fail: bool,
 _rows_done: Optional[Any] = None  # a worker's shared row counter (a multiprocessing Value)
 
 
+def _worker_context() -> Any:
+    """Where the workers come from: forked from a server process that imported this module
+    once ("forkserver", preloaded), so no worker imports torch again (seconds each). Not
+    forked from this process: it runs threads (tqdm's monitor; a test runner's or an
+    embedding application's), and a child forked while one of them holds a lock waits on
+    it forever."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    mp.set_forkserver_preload([__name__])  # no effect once this process's server runs
+    return mp.get_context("forkserver")
+
+
 def _init_worker(rows_done: Any) -> None:
     global _rows_done
     _rows_done = rows_done
@@ -230,9 +242,7 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
                 done[path] = convert_file(path, prefix, block_size, fail, bar.update)
                 bar.set_postfix_str(f"files {len(done)}/{len(jobs)}")
             return
-        # fork where there is one: the workers inherit the imported modules (importing
-        # torch in each worker would cost seconds).
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        ctx = _worker_context()
         rows_done = ctx.Value("q", 0)
         with ctx.Pool(workers, initializer=_init_worker, initargs=(rows_done,)) as pool:
             pending = {path: (prefix, pool.apply_async(_convert_in_worker, (path, prefix, block_size, fail)))
