@@ -145,8 +145,8 @@ def spawn(
 ) -> Any:
     """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
     local ranks, started by PyTorch's elastic agent: c10d rendezvous (on a free local port
-    for one node) and workers from a preloaded fork server. Tests and benchmarks use it too, so they start ranks
-    exactly as users do. ``max_restarts`` (default 0: a failed rank fails the call) lets the
+    for one node), workers started as ``start_method`` says. Tests and benchmarks use it
+    too, so they start ranks exactly as users do. ``max_restarts`` (default 0: a failed rank fails the call) lets the
     agent stop and restart every rank after a crash, up to that many times, but never after
     a user error. With ``nodes``, this call is one node of several, as torchrun --nnodes.
     A rank that exits with USER_ERROR_EXIT raises ``RankError`` with the message it recorded."""
