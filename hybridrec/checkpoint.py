@@ -7,17 +7,34 @@ step = data position, learning-rate schedules, RNG states, losses, feature list)
 ``config.yaml``. DCP stores every tensor by its global offsets, so a checkpoint loads under
 another world size or sharding plan (resharding).
 
-Loading hybridrec's files never runs code from the checkpoint: ``trainer_state.json`` is
-JSON, ``trainer_state.pt`` holds plain tensors and is read with ``torch.load(weights_only=True)``
-(a file with pickled objects is refused, not loaded), and ``config.yaml`` is read by
-OmegaConf with yaml's safe loader. DCP's own ``.metadata`` is a pickle that
-torch.distributed.checkpoint unpickles itself: like any DCP checkpoint, load one only from a
-trusted source.
+Opening a checkpoint never runs code from it:
 
-Atomic commit: a save writes ``step_<N>.partial`` and, once every rank has finished,
-rank 0 renames it to ``step_<N>``. A crash mid-save leaves only a ``.partial`` directory,
-which resume never picks and a save of the same step replaces; a save that fails (disk
-full) removes its own ``.partial`` and says why in one line.
+- ``trainer_state.json`` is JSON and ``trainer_state.pt`` holds plain tensors, read with
+  ``torch.load(weights_only=True)``;
+- ``config.yaml`` is read with yaml's safe loader (a Python tag is refused), and every
+  ``_target_`` in it must be a class hybridrec ships for that node, one of the loading
+  run's own, or one the user trusts explicitly (``checkpoint.trusted_targets``), before
+  anything is instantiated from it (``saved_config``);
+- DCP's ``.metadata`` is a pickle, which DCP itself unpickles without restriction: hybridrec
+  reads it with an unpickler that admits only the classes DCP's metadata is made of
+  (``SafeReader``), and the non-tensor values of the state with ``weights_only=True``
+  (``SafeLoadPlanner``). Anything else is refused in one line naming the file and the global.
+
+Integrity: at commit, ``trainer_state.json`` records the SHA-256 of every other file of the
+checkpoint (each rank hashes the files it wrote) and of its own fields; loading verifies
+them first, so a flipped byte is a damaged checkpoint, never a model that silently scores NaN.
+
+Atomic commit: a save writes ``step_<N>.partial`` and rank 0 renames it to ``step_<N>`` once
+every rank has written and the state is known sane: its weights finite, and the loss of the
+next step finite (the final checkpoint: the scores of the final evaluation). A diverged
+state is therefore never committed, and the newest committed checkpoint always resumes.
+A crash mid-save leaves only a ``.partial`` directory, which resume never picks and a save
+of the same step replaces; a save that fails (disk full, read-only, permissions) removes
+its own ``.partial`` and says why in one line.
+
+One run per directory: a run holds an OS lock on ``checkpoint.dir`` (``DirLock``) for its
+lifetime; a second run is refused before launch. The kernel drops the lock when the
+process dies, so ``kill -9`` leaves nothing stale.
 
 Ownership: every checkpoint records the runs it descends from (``TrainState.runs``, a
 random id per run, inherited on resume). ``keep_last`` prunes only checkpoints written by
@@ -29,29 +46,39 @@ from __future__ import annotations
 
 import copy
 import errno
+import fcntl
 import glob
+import hashlib
+import io
 import json
 import logging
 import os
 import pickle
 import re
 import shutil
+import socket
+import time
 import uuid
 import warnings
-from dataclasses import dataclass
-from typing import Any, NoReturn, Optional
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NoReturn, Optional
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from hybridrec.compat import ShardedTensor
+from hybridrec.compat import ShardedTensor, set_element
+from hybridrec.config import TARGET_GROUPS, shipped_targets, typed
 from hybridrec.data import SparseFeature
 from hybridrec.optim import TrainOptimizer
 
@@ -59,11 +86,125 @@ log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "trainer_state.pt"
 CONFIG_YAML = "config.yaml"  # the run's resolved config: what check_compatible compares
+METADATA = ".metadata"  # DCP's index of the checkpoint's tensors (a pickle)
+LOCK = ".lock"  # in checkpoint.dir: held by the run writing there
 
 
 class CheckpointError(ValueError):
     """A checkpoint hybridrec refuses to load: state files holding pickled objects, a format
     written by an older hybridrec, or files missing."""
+
+
+class UnsafeCheckpoint(CheckpointError):
+    """A checkpoint file that opening would make run code: refused before anything in it ran."""
+
+
+class Diverged(ValueError):
+    """Training state that must not be committed: a non-finite loss, weights or scores."""
+
+
+# What DCP's .metadata is made of (torch 2.13): its dataclasses, torch.Size, dtypes, layouts
+# and paths. pickle's own way to restrict an unpickler is find_class; torch's weights_only
+# unpickler admits tensors, not these classes, and DCP's reader offers no safe mode.
+_METADATA_GLOBALS = {
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, file: Any, path: str) -> None:
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                     torch.dtype)):
+            return super().find_class(module, name)
+        raise UnsafeCheckpoint(
+            f"{self.path} is not safe to open: it would call {module}.{name}, which is not part of DCP's "
+            f"metadata (a pickle planted in the checkpoint); refused, nothing in it was run. Use checkpoints "
+            f"only from a source you trust, or re-create this one by training"
+        )
+
+
+def read_metadata(path: str) -> dcp_metadata.Metadata:
+    """DCP's ``.metadata`` of the checkpoint at ``path``, unpickled with only the classes
+    metadata is made of (``UnsafeCheckpoint`` otherwise)."""
+    file = os.path.join(path, METADATA)
+    try:
+        with open(file, "rb") as f:
+            metadata = _MetadataUnpickler(f, file).load()
+    except UnsafeCheckpoint:
+        raise
+    except Exception as e:  # truncated, or not a pickle: pickle's own message names no file
+        raise CheckpointError(f"{file} is unreadable ({type(e).__name__}: {_one_line(e)})") from e
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise CheckpointError(f"{file} is not DCP metadata (a {type(metadata).__name__})")
+    return metadata
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, with ``read_metadata`` as above: every ``dcp.load`` in hybridrec
+    goes through it (tensors themselves DCP already reads with ``weights_only=True``)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        metadata = read_metadata(str(self.path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id  # what FileSystemReader.read_metadata sets
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, except that the state's non-tensor values (optimizer settings,
+    step counts) are read with ``torch.load(weights_only=True)``: DCP's own planner reads
+    them with a full unpickle, which would run a pickle planted in a ``.distcp`` file."""
+
+    def __init__(self, checkpoint_path: str) -> None:
+        super().__init__()
+        self.checkpoint_path = checkpoint_path
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise UnsafeCheckpoint(
+                f"{read_item.dest_index.fqn} in {self.checkpoint_path} is not safe to open (a pickled "
+                f"object: {_refused_global(e)}); refused, nothing in it was run. Use checkpoints only from "
+                f"a source you trust, or re-create this one by training"
+            ) from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def safe_load(state: dict[str, Any], path: str, no_dist: bool = False) -> None:
+    """``dcp.load`` of ``path`` into ``state`` through the safe reader and planner."""
+    dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(path), no_dist=no_dist)
+
+
+def unsafe(cause: BaseException, path: str) -> UnsafeCheckpoint:
+    """What DCP's load raised under its wrapper when it met a pickled object: refused by the
+    safe reader or planner, or by DCP's own ``weights_only=True`` read of a tensor."""
+    if isinstance(cause, UnsafeCheckpoint):
+        return cause
+    return UnsafeCheckpoint(f"{path} is not safe to open: a .distcp file holds a pickled object where a tensor "
+                            f"belongs ({_refused_global(cause)}); refused, nothing in it was run. Use checkpoints "
+                            f"only from a source you trust, or re-create this one by training")
+
+
+def _refused_global(e: BaseException) -> str:
+    # torch's message is a paragraph; the line naming the refused global is what matters
+    return next((line.strip().rstrip(".") for line in str(e).splitlines() if "nsupported" in line),
+                _one_line(e))
 
 
 @dataclass
@@ -91,11 +232,20 @@ class TrainState:
     """Ids of the runs whose training this checkpoint holds, oldest first: the last one wrote
     it. A run prunes only checkpoints written by a run in its own list (itself, or a run it
     resumed). Empty in checkpoints written before the field existed: never pruned."""
+    files: dict[str, str] = field(default_factory=dict)
+    """SHA-256 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
+    that wrote them), trainer_state.pt and config.yaml. Empty in checkpoints written before
+    the field existed: those load unverified, with a warning."""
 
     def to_files(self, directory: str) -> None:
+        """Write the state into ``directory``, where DCP's files (hashed in ``files``) and
+        ``config.yaml`` already are; ``trainer_state.pt`` and ``config.yaml`` are hashed here."""
         torch.save({"rng": self.rng, "losses": self.losses}, os.path.join(directory, STATE_TENSORS))
+        self.files.update(hash_files(directory, [STATE_TENSORS, CONFIG_YAML]))
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
-                  "num_dense_features": self.num_dense_features, "runs": self.runs}
+                  "num_dense_features": self.num_dense_features, "runs": self.runs,
+                  "files": dict(sorted(self.files.items()))}
+        fields["state_sha256"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
 
@@ -118,13 +268,67 @@ class TrainState:
                 fields = json.load(f)
         except ValueError as e:  # not JSON, or not text
             raise CheckpointError(f"{json_path} is not a valid checkpoint file: {e}") from e
+        if isinstance(fields, dict) and "state_sha256" in fields:
+            digest = fields.pop("state_sha256")
+            if digest != _fields_digest(fields):
+                raise CheckpointError(f"{directory} is damaged: {json_path} does not match the checksum of its "
+                                      f"fields recorded when it was saved")
         tensors = _load_tensors(tensors_path)
         if (not isinstance(fields, dict) or {"step", "schedulers", "features", "num_dense_features"} - fields.keys()
-                or not all(isinstance(tensors.get(k), torch.Tensor) for k in ("rng", "losses"))):
+                or not all(isinstance(tensors.get(k), torch.Tensor) for k in ("rng", "losses"))
+                or not isinstance(fields.get("files", {}), dict)):
             raise CheckpointError(f"{directory} is not a valid hybridrec checkpoint: its state lacks fields it needs")
         return cls(step=int(fields["step"]), schedulers=fields["schedulers"], features=fields["features"],
                    num_dense_features=int(fields["num_dense_features"]), rng=tensors["rng"], losses=tensors["losses"],
-                   runs=[str(r) for r in fields.get("runs", [])])
+                   runs=[str(r) for r in fields.get("runs", [])], files=dict(fields.get("files", {})))
+
+
+def _fields_digest(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+_HASH_CHUNK = 8 << 20
+
+
+def _sha256(file: str) -> str:
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)  # hashlib releases the GIL on large buffers: threads hash in parallel
+    return h.hexdigest()
+
+
+def hash_files(directory: str, names: list[str]) -> dict[str, str]:
+    """SHA-256 of each named file of ``directory``, hashed on a few threads."""
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1, len(names)))) as pool:
+        digests = pool.map(lambda name: _sha256(os.path.join(directory, name)), names)
+        return dict(zip(names, digests))
+
+
+def own_files(directory: str, rank: int) -> list[str]:
+    """The DCP files rank ``rank`` wrote (FileSystemWriter names them ``__<rank>_<i>.distcp``;
+    rank 0 also writes ``.metadata``). The commit checks that these cover every file."""
+    names = sorted(n for n in os.listdir(directory) if n.startswith(f"__{rank}_") and n.endswith(".distcp"))
+    return names + ([METADATA] if rank == 0 else [])
+
+
+def verify(path: str, state: TrainState, dcp_files: list[str]) -> None:
+    """Every file of the checkpoint matches the SHA-256 recorded at its commit (a
+    ``CheckpointError`` names the first that does not). ``dcp_files``: the files its
+    ``.metadata`` lists, each of which must have a recorded checksum."""
+    if not state.files:
+        log.warning(f"{path} records no checksums (written by an older hybridrec): loaded without verifying "
+                    f"its content")
+        return
+    names = sorted({*dcp_files, METADATA, STATE_TENSORS, CONFIG_YAML})
+    if unlisted := [n for n in names if n not in state.files]:
+        raise CheckpointError(f"{path} is damaged: no checksum recorded for {unlisted[0]}")
+    for name, digest in hash_files(path, names).items():
+        if digest != state.files[name]:
+            raise CheckpointError(
+                f"{path} is damaged: {os.path.join(path, name)} does not match the checksum recorded when it was "
+                f"saved (a changed byte, or a partial overwrite)"
+            )
 
 
 def _load_tensors(path: str) -> dict[str, Any]:
@@ -133,11 +337,9 @@ def _load_tensors(path: str) -> dict[str, Any]:
             warnings.simplefilter("ignore")  # torch warns about a pickle protocol before refusing it
             tensors = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's message is a paragraph; the line naming the refused global is what matters
-        reason = next((line.strip().rstrip(".") for line in str(e).splitlines() if "nsupported" in line), "")
-        raise CheckpointError(
-            f"{path} is not a safe checkpoint file (it holds pickled objects, which loading would execute)"
-            f"{': ' + reason if reason else ''}; refused, nothing in it was run"
+        raise UnsafeCheckpoint(
+            f"{path} is not a safe checkpoint file (it holds pickled objects, which loading would execute): "
+            f"{_refused_global(e)}; refused, nothing in it was run"
         ) from e
     if not isinstance(tensors, dict):
         raise CheckpointError(f"{path} is not a valid checkpoint file: a {type(tensors).__name__}, not tensors by name")
@@ -167,23 +369,21 @@ def committed(directory: str) -> list[tuple[int, str]]:
                   if (m := _STEP_DIR.search(path)) and os.path.isdir(path))
 
 
-def check_complete(path: str) -> TrainState:
+def check_complete(path: str, verify_content: bool = True) -> TrainState:
     """The checkpoint's state, once every file it needs is there: DCP's ``.metadata``, the
-    storage files it lists (at their full length), and hybridrec's state. Checked before
-    loading, so a damaged checkpoint is named (``CheckpointError``) instead of failing in DCP."""
-    metadata = os.path.join(path, ".metadata")
+    storage files it lists (at their full length), hybridrec's state and config, and, with
+    ``verify_content``, each file's content as recorded at commit (``verify``). Checked
+    before loading, so a damaged checkpoint is named (``CheckpointError``) instead of failing
+    in DCP or loading NaNs."""
+    metadata = os.path.join(path, METADATA)
     if not os.path.isfile(metadata):
         raise CheckpointError(f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
                               f"save, or not a checkpoint directory)")
     state = TrainState.from_files(path)
     if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
         raise CheckpointError(f"{path} is damaged: {os.path.join(path, CONFIG_YAML)} is missing")
-    try:
-        storage = dcp.FileSystemReader(path).read_metadata().storage_data
-    except Exception as e:  # a truncated or foreign file: its error names no file
-        raise CheckpointError(f"{metadata} is unreadable ({type(e).__name__}: {_one_line(e)})") from e
     ends: dict[str, int] = {}
-    for info in storage.values():
+    for info in read_metadata(path).storage_data.values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
     for name, end in sorted(ends.items()):
         file = os.path.join(path, name)
@@ -192,6 +392,8 @@ def check_complete(path: str) -> TrainState:
         if os.path.getsize(file) < end:
             raise CheckpointError(f"{path} is damaged: {file} is truncated ({os.path.getsize(file):,} of "
                                   f"{end:,} bytes)")
+    if verify_content:
+        verify(path, state, list(ends))
     return state
 
 
@@ -206,7 +408,7 @@ def check_checkpoint(path: str) -> TrainState:
             f"checkpoint={path} is not a committed checkpoint: a save that never finished (training "
             f"renames step_<N>.partial to step_<N> once every rank has written); give a step_<N> directory"
         )
-    if not os.path.isfile(os.path.join(path, ".metadata")) and committed(path):
+    if not os.path.isfile(os.path.join(path, METADATA)) and committed(path):
         try:
             newest = latest(path)
         except CheckpointError:  # every one damaged: no suggestion
@@ -248,6 +450,8 @@ def latest(directory: str, warn: bool = False) -> Optional[str]:
     for _, path in reversed(committed(directory)):
         try:
             check_complete(path)
+        except UnsafeCheckpoint:
+            raise  # never skipped quietly: someone planted it
         except CheckpointError as e:
             skipped.append(str(e))
             continue
@@ -274,18 +478,70 @@ def resume_path(cfg: DictConfig, warn: bool = False) -> Optional[str]:
     return resume
 
 
-def saved_config(path: str) -> DictConfig:
-    """The resolved config a checkpoint was saved with (``config.yaml``, read with yaml's safe loader)."""
+def saved_config(path: str, trusted: Iterable[str] = ()) -> DictConfig:
+    """The config a checkpoint was saved with (``config.yaml``), checked safe and typed again
+    by hybridrec's schemas (``config.typed``): the one way export, evaluate and resume read
+    it. Read with yaml's safe loader; every ``_target_`` must be at a node that takes one
+    (``TARGET_GROUPS``) and name a class hybridrec ships for it (``shipped_targets``) or one
+    of ``trusted`` (the loading run's own classes and ``trusted_targets``, never the
+    checkpoint's); no Hydra instantiation key and no interpolation. Raises
+    ``UnsafeCheckpoint`` before anything is instantiated."""
     file = os.path.join(path, CONFIG_YAML)
     try:
         cfg = OmegaConf.load(file)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is damaged: {file} is missing") from None
+    except yaml.constructor.ConstructorError as e:  # a tag such as !!python/object/apply: never constructed
+        raise UnsafeCheckpoint(f"{file} is not safe to open: it holds the YAML tag {e.problem.split()[-1]} "
+                               f"(a Python object); refused, nothing in it was run") from None
     except Exception as e:  # not YAML, or not a mapping
         raise CheckpointError(f"{file} is not a valid checkpoint file ({type(e).__name__}: {_one_line(e)})") from e
     if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
         raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")
-    return cfg
+    _check_safe(OmegaConf.to_container(cfg, resolve=False), file, shipped_targets(), frozenset(trusted))
+    try:
+        return typed(cfg)
+    except ValueError as e:
+        raise CheckpointError(f"{file} does not fit this hybridrec's config schema: {e}") from None
+
+
+# Keys Hydra's instantiate acts on besides _target_: none is ever saved by hybridrec.
+_INSTANTIATE_KEYS = ("_args_", "_partial_", "_recursive_", "_convert_")
+
+
+def _check_safe(node: Any, file: str, shipped: dict[str, frozenset[str]], trusted: frozenset[str],
+                path: str = "") -> None:
+    def refuse(what: str) -> NoReturn:
+        raise UnsafeCheckpoint(f"{file} is not safe to open: {what}; refused, nothing in it was run")
+
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "_target_":
+                if path not in TARGET_GROUPS:
+                    refuse(f"{where}={value} asks to instantiate a class where hybridrec's config has none")
+                if value not in shipped[path] and value not in trusted:
+                    refuse(f"{where}={value} is not a class hybridrec ships for {path} nor one this run trusts "
+                           f"(if it is your own, trust it explicitly: checkpoint.trusted_targets=[{value}] in "
+                           f"training, trusted_targets=[{value}] for evaluate and export)")
+            elif key in _INSTANTIATE_KEYS:
+                refuse(f"{where} is a Hydra instantiation key, which hybridrec never saves")
+            else:
+                _check_safe(value, file, shipped, trusted, where)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_safe(value, file, shipped, trusted, f"{path}[{i}]")
+    elif isinstance(node, str) and "${" in node:
+        # a saved config is resolved: an interpolation would call a resolver at load time
+        refuse(f"{path}={node!r} is an interpolation, which a saved (resolved) config never holds")
+
+
+def run_targets(cfg: DictConfig) -> set[str]:
+    """The classes a run's own config names (trusted: the user gave them) plus its
+    ``checkpoint.trusted_targets``: what a checkpoint it resumes may name too."""
+    own = {str(OmegaConf.select(cfg, f"{path}._target_")) for path in TARGET_GROUPS
+           if OmegaConf.select(cfg, f"{path}._target_") is not None}
+    return own | set(OmegaConf.select(cfg, "checkpoint.trusted_targets") or [])
 
 
 def _short(target: Any) -> str:
@@ -343,7 +599,7 @@ def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: li
     DCP would fail on the first missing key or shape, inside every rank (checked before
     launch by ``train.py`` and again by ``load``). Raises one ``CheckpointError`` naming
     every difference and the fix."""
-    diffs = layout_differences(saved_config(path), state.features, state.num_dense_features,
+    diffs = layout_differences(saved_config(path, run_targets(cfg)), state.features, state.num_dense_features,
                                cfg, [vars(f) for f in features], num_dense_features)
     if not diffs:
         return
@@ -394,13 +650,13 @@ def _one_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _root_cause(e: BaseException) -> BaseException:
+def root_cause(e: BaseException) -> BaseException:
     """What went wrong under DCP's wrapper: a ``CheckpointException`` holds each failed rank's
     exception (lowest rank first here), and an exception may be chained to its cause."""
     while True:
         if isinstance(e, CheckpointException) and e.failures:
             e = e.failures[min(e.failures)][0]
-        elif isinstance(e, OSError) or (e.__cause__ or e.__context__) is None:
+        elif isinstance(e, (OSError, UnsafeCheckpoint)) or (e.__cause__ or e.__context__) is None:
             return e
         else:
             e = e.__cause__ or e.__context__
@@ -441,111 +697,295 @@ class Resumable:
         )
 
 
+@dataclass
+class _Pending:
+    """A save written (or being written) to ``partial``, not yet committed."""
+
+    step: int
+    partial: str
+    final: str
+    state: TrainState
+    write: Future
+    """DCP's save, then this rank's checksums (``own_files``): done at once without async_save."""
+    confirmed: bool = False
+    """The loss of a later step (or the final evaluation) was finite: the state may be committed."""
+
+
 class Checkpointer:
-    """Saves the trainer's state every ``checkpoint.every_n_steps`` and at the end.
+    """Saves the trainer's state every ``checkpoint.every_n_steps`` and at the end, and
+    commits a save only once the state is known sane (the module docstring): ``save(N)``
+    writes ``step_<N>.partial``; the trainer calls ``confirm(M)`` once the losses up to a
+    step M > N are finite, or ``finish(ok)`` after the final evaluation; ``discard()`` drops
+    a save of a run that diverged.
 
     With ``checkpoint.async_save``, DCP first copies the state into CPU staging memory and
     writes it from a background thread while training goes on; the checkpoint is committed
-    (renamed from ``.partial``) once that write has finished, at the next save or at the
-    end. Its background collectives run on a gloo group of their own, so they never
-    interleave with the training's collectives.
+    once that write has finished and the save is confirmed, at the next save or at the end.
+    Its background collectives run on a gloo group of their own, so they never interleave
+    with the training's collectives.
     """
 
     def __init__(self, cfg: DictConfig, live: Resumable, device: torch.device,
                  resumed_from: Optional[str] = None) -> None:
-        self.run_cfg, self.cfg, self.live = cfg, cfg.checkpoint, live
+        self.run_cfg, self.cfg, self.live, self.device = cfg, cfg.checkpoint, live, device
         self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
-        self.writer = None
-        if self.cfg.async_save:
-            # A new thread starts on cuda:0: the writer is put on this rank's GPU before DCP
-            # touches any device state (its planning runs on the group's device).
-            self.writer = ThreadPoolExecutor(
-                max_workers=1, initializer=_use_device, initargs=(device,), thread_name_prefix="hybridrec-ckpt"
-            )
-        self.pending: Optional[tuple] = None
-        self.last: Optional[str] = resumed_from  # the newest checkpoint of this run's training
+        # A new thread starts on cuda:0: the writer is put on this rank's GPU before DCP
+        # touches any device state (its planning runs on the group's device).
+        self.writer = ThreadPoolExecutor(max_workers=1, initializer=_use_device, initargs=(device,),
+                                         thread_name_prefix="hybridrec-ckpt")
+        self.pending: Optional[_Pending] = None
+        self.last: Optional[str] = resumed_from  # the newest committed checkpoint of this run's training
+        # Checkpoints known loadable without hashing them again: those this process committed
+        # or verified (keep_last counts only loadable ones).
+        self.loadable: set[str] = {os.path.realpath(resumed_from)} if resumed_from else set()
 
     def save(self, step: int) -> None:
-        """Save the state after ``step`` (collective)."""
-        self.wait()  # one save in flight at a time
+        """Write the state after ``step`` (collective). Commits the previous save first, which
+        must have been confirmed: the trainer checks the losses before every save."""
+        self.commit()
+        if not _all_finite(self.live.model.state_dict(), self.device):
+            raise Diverged(f"non-finite weights after step {step}: the model diverged (a learning rate too high "
+                           f"is the usual cause); {self.resume_hint()}")
         final = os.path.join(self.cfg.dir, f"step_{step:08d}")
         partial = final + ".partial"
         if self.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            os.makedirs(partial)
+            try:
+                shutil.rmtree(partial, ignore_errors=True)
+                os.makedirs(partial)
+            except OSError as e:
+                self._abandon(step, partial, e)
         dist.barrier()
-        extra = self.live.train_state(step)  # captured now, written at commit
-        try:
-            if self.cfg.async_save:
-                # DCP's async_save cannot stage TorchRec's ShardedTensors (no data_ptr), so
-                # copy the state here and run DCP's save on the copy in a background thread:
-                # what async_save does, with a stager that knows ShardedTensors.
-                staged = _stage(self.live.dcp_state())
-                future = self.writer.submit(dcp.save, staged, checkpoint_id=partial, process_group=self.group)
-                self.pending = (future, step, partial, final, extra)
-                return
-            dcp.save(self.live.dcp_state(), checkpoint_id=partial)
-        # DCP wraps every rank's failure in a CheckpointException (a BaseException), on every rank
-        except (CheckpointException, OSError) as e:
-            self._abandon(step, partial, e)
-        self._commit(step, partial, final, extra)
+        state = self.live.train_state(step)  # captured now, written at commit
+        if self.cfg.async_save:
+            # DCP's async_save cannot stage TorchRec's ShardedTensors (no data_ptr), so
+            # copy the state here and run DCP's save on the copy in a background thread:
+            # what async_save does, with a stager that knows ShardedTensors.
+            write = self.writer.submit(_write, _stage(self.live.dcp_state()), partial, self.rank, self.group)
+        else:
+            write = Future()
+            try:
+                write.set_result(_write(self.live.dcp_state(), partial, self.rank, None))
+            # DCP wraps every rank's failure in a CheckpointException (a BaseException), on every rank
+            except (CheckpointException, OSError) as e:
+                self._abandon(step, partial, e)
+        self.pending = _Pending(step, partial, final, state, write)
 
-    def wait(self) -> None:
-        """Finish and commit an async save in flight, if any."""
+    def confirm(self, step: int) -> None:
+        """The losses up to ``step`` are finite: a save of an earlier step may be committed
+        (now without async_save; with it, at the next save or at the end)."""
+        if self.pending and self.pending.step < step:
+            self.pending.confirmed = True
+            if not self.cfg.async_save:
+                self.commit()
+
+    def finish(self, ok: bool) -> None:
+        """The end of training: commit the last save if ``ok`` (the final evaluation's scores
+        were finite), else drop it."""
+        if self.pending and ok:
+            self.pending.confirmed = True
+            self.commit()
+        self.discard()
+        self.writer.shutdown()
+
+    def discard(self) -> None:
+        """Drop a save that will not be committed (the training diverged after it)."""
         if self.pending is None:
             return
-        future, step, partial, final, extra = self.pending
-        self.pending = None
+        pending, self.pending = self.pending, None
+        pending.write.exception()  # wait for the write: its files are removed next
+        if self.rank == 0:
+            shutil.rmtree(pending.partial, ignore_errors=True)
+
+    def resume_hint(self) -> str:
+        """Where a diverged run can go on from, for its one-line error."""
+        if self.last:
+            return (f"the newest committed checkpoint, {self.last}, was followed by a finite loss: resume from it "
+                    f"with a lower learning rate (checkpoint.resume=auto)")
+        return "no checkpoint of this run was committed"
+
+    def commit(self) -> None:
+        """Commit the pending save, if any (collective): after its write and its confirmation."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        assert pending.confirmed, f"step {pending.step}'s save was not confirmed before the next save"
+        step, partial, final, state = pending.step, pending.partial, pending.final, pending.state
         try:
-            future.result()
+            hashes = pending.write.result()
         except (CheckpointException, OSError) as e:
             self._abandon(step, partial, e)
-        self._commit(step, partial, final, extra)
-
-    def _abandon(self, step: int, partial: str, error: BaseException) -> NoReturn:
-        """A save that failed: remove what it wrote and, when the cause is the storage (disk
-        full, permissions, I/O), say why in one line. Nothing else was touched, so the previous
-        checkpoint stays loadable. Any other cause is a bug: its traceback is kept."""
-        cause = _root_cause(error)
-        try:
-            free = shutil.disk_usage(self.cfg.dir).free
-        except OSError:
-            free = None
-        full = getattr(cause, "errno", None) == errno.ENOSPC or free == 0
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, hashes)  # every rank's files are written, and their checksums here
         if self.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-        # torch's zip writer reports a short write (a full disk) as "unexpected pos", not OSError
-        if not (isinstance(cause, OSError) or full or "unexpected pos" in str(cause)):
-            raise error
-        previous = self.last
-        raise CheckpointError(
-            f"checkpoint save at step {step} failed{': no space left on device' if full else ''} "
-            f"({type(cause).__name__}: {_one_line(cause)}; {'?' if free is None else f'{free:,}'} bytes free "
-            f"in checkpoint.dir={self.cfg.dir}); removed the partial save {partial}; "
-            + (f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint of this run")
-            + ". Free space there or point checkpoint.dir elsewhere"
-        ) from error
-
-    def _commit(self, step: int, partial: str, final: str, extra: TrainState) -> None:
-        runs = self.live.runs
-        dist.barrier()  # every rank's files are written
-        if self.rank == 0:
-            if os.path.isdir(final) and _writer(final) not in runs:
+            if os.path.isdir(final) and _writer(final) not in self.live.runs:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise CheckpointError(f"{final} was written by another run: not replaced (saving step {step}); "
                                       f"use another checkpoint.dir")
+            for part in every:
+                state.files.update(part)
             try:
-                extra.to_files(partial)
+                if unhashed := sorted(set(os.listdir(partial)) - set(state.files)):
+                    # DCP named a file otherwise than own_files expects: a torch upgrade, not a user error
+                    raise RuntimeError(f"{partial}: no rank hashed {unhashed[0]}: update checkpoint.own_files")
                 OmegaConf.save(self.run_cfg, os.path.join(partial, CONFIG_YAML), resolve=True)
+                state.to_files(partial)
+                _fsync_dir(partial)
+                shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step (this run's) replaces it
+                os.replace(partial, final)  # the commit: atomic on one filesystem
+                _fsync_dir(self.cfg.dir)
             except OSError as e:
                 self._abandon(step, partial, e)
-            shutil.rmtree(final, ignore_errors=True)  # a re-run of the same step (this run's) replaces it
-            os.replace(partial, final)  # the commit: atomic on one filesystem
-            _prune(self.cfg.dir, self.cfg.keep_last, runs)
+            self.loadable.add(os.path.realpath(final))
+            self._prune()
         self.last = final
         dist.barrier()
         log.info(f"checkpoint committed: {final}")
+
+    def _abandon(self, step: int, partial: str, error: BaseException) -> NoReturn:
+        """A save that failed: remove what it wrote and, when the cause is the storage (disk
+        full, read-only, permissions, I/O), say why in one line. Nothing else was touched, so
+        the previous checkpoint stays loadable. Any other cause is a bug: its traceback is kept."""
+        cause = root_cause(error)
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        # torch's zip writer reports a short write (a full disk) as "unexpected pos", not OSError
+        if not (isinstance(cause, OSError) or "unexpected pos" in str(cause)):
+            raise error
+        what, fix = _storage_problem(cause, self.cfg.dir)
+        previous = self.last
+        removed = (f"removed the partial save {partial}" if not os.path.exists(partial) else
+                   f"left the partial save {partial} (resume never picks a .partial)")
+        raise CheckpointError(
+            f"checkpoint save at step {step} failed{': ' + what if what else ''} ({type(cause).__name__}: "
+            f"{_one_line(cause)}; {_free(self.cfg.dir)} in checkpoint.dir={self.cfg.dir}); {removed}; "
+            + (f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint of this run")
+            + f". {fix}"
+        ) from error
+
+    def _prune(self) -> None:
+        """Delete all but the newest ``keep_last`` loadable checkpoints written by this run and
+        the runs it continues: never one another run wrote, nor one whose writer is unknown.
+        A damaged one is not counted and not deleted (resume skips it, with a warning), so the
+        checkpoint a run fell back to survives until ``keep_last`` newer loadable ones exist."""
+        ours = [path for _, path in committed(self.cfg.dir) if _writer(path) in self.live.runs]
+        kept = 0
+        for path in reversed(ours):
+            if not self._is_loadable(path):
+                continue
+            kept += 1
+            if kept > self.cfg.keep_last:
+                shutil.rmtree(path, ignore_errors=True)
+                self.loadable.discard(os.path.realpath(path))
+
+    def _is_loadable(self, path: str) -> bool:
+        if os.path.realpath(path) in self.loadable:
+            return True
+        try:
+            check_complete(path)
+        except CheckpointError as e:
+            log.warning(f"keep_last: {e}; not counted among the kept checkpoints, left in place")
+            return False
+        self.loadable.add(os.path.realpath(path))
+        return True
+
+
+def _write(state: dict[str, Any], partial: str, rank: int, group: Any) -> dict[str, str]:
+    """DCP's save of this rank's part into ``partial``, then the checksums of its files."""
+    dcp.save(state, checkpoint_id=partial, process_group=group)
+    return hash_files(partial, own_files(partial, rank))
+
+
+def _all_finite(state: dict[str, Any], device: torch.device) -> bool:
+    """Every floating-point value this rank holds of ``state`` is finite, on every rank
+    (collective): table shards, FSDP2 shards and replicated tensors alike."""
+    ok = True
+    for value in state.values():
+        if isinstance(value, ShardedTensor):
+            local = [shard.tensor for shard in value.local_shards()]
+        elif isinstance(value, DTensor):
+            local = [value.to_local()]
+        elif isinstance(value, torch.Tensor):
+            local = [value]
+        else:
+            continue
+        ok = ok and all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in local)
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _storage_problem(cause: BaseException, directory: str) -> tuple[str, str]:
+    """What the storage error ``cause`` means for a user, and the fix."""
+    code = getattr(cause, "errno", None)
+    try:
+        stat = os.statvfs(directory)
+        no_inodes, no_space = stat.f_files > 0 and stat.f_favail == 0, stat.f_bavail == 0
+    except OSError:
+        no_inodes = no_space = False
+    if no_inodes and code in (errno.ENOSPC, None):
+        return "no free inodes on the device", "Delete files there or point checkpoint.dir elsewhere"
+    if code == errno.ENOSPC or no_space or "unexpected pos" in str(cause):
+        return "no space left on device", "Free space there or point checkpoint.dir elsewhere"
+    if code == errno.EDQUOT:
+        return "disk quota exceeded", "Free space within the quota or point checkpoint.dir elsewhere"
+    if code == errno.EROFS:
+        return "read-only file system", "Remount it read-write or point checkpoint.dir elsewhere"
+    if code in (errno.EACCES, errno.EPERM):
+        return "permission denied", "Make checkpoint.dir writable by this user or point it elsewhere"
+    return "", "Check the storage, or point checkpoint.dir elsewhere"
+
+
+def _free(directory: str) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free:,} bytes free"
+    except OSError:
+        return "? bytes free"
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make a rename or a new file in ``directory`` durable (a crash after the commit must
+    not lose it)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DirLock:
+    """One run per ``checkpoint.dir``: an exclusive ``flock(2)`` on ``<dir>/.lock`` for the
+    run's lifetime, held by the process that launches the ranks. The kernel releases it when
+    that process exits, however it exits (``kill -9`` included), so it is never stale. The
+    file records who holds it, for the refusal message; it is never deleted (deleting a lock
+    file races with a run opening it)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, LOCK)
+        self.fd: Optional[int] = None
+
+    def acquire(self, about: str) -> None:
+        """Take the lock or raise ``CheckpointError`` naming the run holding it. ``about``:
+        where this run's outputs go, recorded for the next one."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "a run that recorded nothing"
+            os.close(fd)
+            raise CheckpointError(
+                f"checkpoint.dir={os.path.dirname(self.path)} is in use by another run ({holder}): wait for it to "
+                f"end, or give this run another checkpoint.dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}, outputs in {about}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the lock
+            self.fd = None
 
 
 def _use_device(device: torch.device) -> None:
@@ -588,14 +1028,6 @@ def _to_host(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def _prune(directory: str, keep: int, runs: list[str]) -> None:
-    """Delete all but the newest ``keep`` checkpoints written by ``runs`` (this run and the runs
-    it continues): never one another run wrote, nor one whose writer is unknown."""
-    ours = [path for _, path in committed(directory) if _writer(path) in runs]
-    for path in ours[: max(0, len(ours) - keep)]:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
     """Restore a checkpoint (of any world size or plan) into ``live``, the state of a run of
     ``cfg``: model, optimizer, LR schedulers, this rank's RNG, the loss history and the runs
@@ -635,11 +1067,15 @@ def load_weights(model: Any, path: str) -> int:
 
 def _dcp_load(state: dict[str, Any], path: str, fix: str) -> None:
     try:
-        dcp.load(state, checkpoint_id=path)
+        safe_load(state, path)
+    except UnsafeCheckpoint:
+        raise
     except CheckpointException as e:
         # A difference check_compatible does not know of (the files themselves and the model,
         # table and optimizer layout were checked before launch).
-        cause = _root_cause(e)
+        cause = root_cause(e)
+        if isinstance(cause, (UnsafeCheckpoint, pickle.UnpicklingError)):
+            raise unsafe(cause, path) from None
         raise CheckpointError(
             f"{path} does not fit this run's model ({type(cause).__name__}: {_one_line(cause)}): "
             + fix.format(path=path)

@@ -16,6 +16,9 @@ from torch import nn
 # ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
 from torch.distributed._shard.sharded_tensor import ShardedTensor  # noqa: F401  (re-exported)
+# DCP's planner puts a loaded non-tensor value back into the nested state dict with this
+# helper; a planner that loads those values safely (checkpoint.SafeLoadPlanner) needs it too.
+from torch.distributed.checkpoint._traverse import set_element  # noqa: F401  (re-exported)
 from torch.utils._pytree import tree_map_only  # noqa: F401  (re-exported: no public pytree map by type)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner

@@ -9,12 +9,15 @@ live in :func:`validate`, which the entry point runs before launching.
 from __future__ import annotations
 
 import difflib
+import glob
 import inspect
 import math
+import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any, ClassVar, NoReturn, Optional
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
@@ -631,6 +634,10 @@ class CheckpointConfig:
     """auto = newest complete checkpoint in dir if any; never; or a checkpoint path."""
     async_save: bool = False
     """Write checkpoints in the background (DCP async_save) while training continues."""
+    trusted_targets: list[str] = field(default_factory=list)
+    """Classes of your own that a checkpoint's config.yaml may name in a ``_target_`` (model,
+    loss, data, optimizers) besides the ones hybridrec ships and this run's own. Given here,
+    never read from a checkpoint: a saved config can only name what the loading run trusts."""
 
 
 class Logger(str, Enum):
@@ -682,6 +689,9 @@ class EvaluateConfig:
     predictions: bool = True
     """Write predictions.parquet (row, label, score of every scored row) beside metrics.json."""
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    trusted_targets: list[str] = field(default_factory=list)
+    """Classes of your own that the checkpoint's config.yaml may name in a ``_target_``,
+    besides the ones hybridrec ships (checkpoint.trusted_targets in training)."""
     data: Any = field(default_factory=dict)
     """Keys that change the checkpoint's data config (data.eval_path=..., data.eval_batches=null);
     data=<option> starts from that option's YAML instead of the checkpoint's data config."""
@@ -693,7 +703,17 @@ TARGET_GROUPS = {"model": "model", "loss": "loss", "data": "data", "optimizer.sp
                  "optimizer.dense": "optimizer/dense"}
 
 
+CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
+_registered = False
+
+
 def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore (once per process: a rank reading a
+    checkpoint's config calls it again)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
     # conf/hydra/launcher/slurm.yaml sizes a job's CPUs per rank: ${hybridrec.mul:a,b} = a*b.
     if not OmegaConf.has_resolver("hybridrec.mul"):
         OmegaConf.register_new_resolver("hybridrec.mul", lambda *xs: math.prod(int(x) for x in xs))
@@ -729,6 +749,29 @@ def register_configs() -> None:
     evaluate = OmegaConf.structured(EvaluateConfig)
     OmegaConf.set_struct(evaluate.data, False)
     cs.store(name="hybridrec_evaluate_schema", node=evaluate)
+
+
+def shipped_targets() -> dict[str, frozenset[str]]:
+    """For each ``_target_`` node of a config (``TARGET_GROUPS``), the classes hybridrec's
+    config groups offer there: every registered schema's ``_target_`` and every option
+    YAML's (a loss option has the generic schema and names its class in YAML). What a
+    checkpoint's ``config.yaml`` may instantiate without the user trusting more."""
+    register_configs()
+    cs = ConfigStore.instance()
+    shipped = {}
+    for path, group in TARGET_GROUPS.items():
+        names = set()
+        for name in cs.list(f"schema/{group}"):
+            node = cs.load(f"schema/{group}/{name}").node
+            if not OmegaConf.is_missing(node, "_target_"):
+                names.add(str(node._target_))
+        for file in glob.glob(os.path.join(CONF_DIR, *group.split("/"), "*.yaml")):
+            with open(file) as f:
+                option = yaml.safe_load(f) or {}
+            if isinstance(option.get("_target_"), str):
+                names.add(option["_target_"])
+        shipped[path] = frozenset(names)
+    return shipped
 
 
 def group_schema(group: str, target: Optional[str]) -> Optional[DictConfig]:

@@ -12,13 +12,12 @@ and ``predictions.parquet`` into the Hydra run directory.
 from __future__ import annotations
 
 import logging
-import os
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits
+from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, saved_config
 from hybridrec.config import check_device, evaluation_config, register_configs, validate
 from hybridrec.data import DataError, build_source
 from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
@@ -43,7 +42,7 @@ def main(ev: DictConfig) -> float:
         if ev.launcher.max_restarts:
             raise ValueError("launcher.max_restarts restarts training from its checkpoints; an evaluation "
                              "that fails is run again as a whole: leave it 0")
-        saved = OmegaConf.load(os.path.join(ev.checkpoint, "config.yaml"))
+        saved = saved_config(ev.checkpoint, ev.trusted_targets)  # refuses a config that would run code
         cfg = evaluation_config(saved, ev, data_option=HydraConfig.get().runtime.choices.get("data") is not None)
         world = world_size(cfg)
         validate(cfg, world)

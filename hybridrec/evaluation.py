@@ -38,6 +38,9 @@ class Evaluation:
     ordered by ``row``. None elsewhere."""
     batches: int
     """Global batches scored (each rank scored its share of each)."""
+    finite: bool = True
+    """Every score was finite: a model that diverged scores NaN or inf (training commits its
+    last checkpoint only when this holds)."""
 
 
 @torch.no_grad()
@@ -83,16 +86,17 @@ def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[Eva
     # Padding rows (the last batch of a split, short lists) are dropped before gathering.
     mine = {name: torch.cat(parts).to(device)[real.to(device)] for name, parts in columns.items()}
     gathered = {name: gather_to_first(t) for name, t in mine.items()}
-    metrics: list[Optional[dict[str, Any]]] = [None]
+    metrics: list[Any] = [None, None]
     if dist.get_rank() == 0:
         c = {name: t.cpu() for name, t in gathered.items()}
         metrics[0] = split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
+        metrics[1] = bool(torch.isfinite(c["score"]).all())
     dist.broadcast_object_list(metrics, src=0)  # a few numbers: every rank reports the same
     table = None
     if predictions and dist.get_rank() == 0:
         order = torch.argsort(c["row"])  # rank order -> row order: the same file for any world size
         table = {name: t[order] for name, t in c.items()}
-    return Evaluation(metrics[0], table, count)
+    return Evaluation(metrics[0], table, count, metrics[1])
 
 
 def split_metrics(scores: torch.Tensor, labels: torch.Tensor, loss: Loss, source: Source,

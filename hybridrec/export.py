@@ -34,29 +34,39 @@ import io
 import json
 import logging
 import os
+import pickle
 import sys
 import warnings
 import zipfile
-from typing import Any
+from typing import Any, Iterable
 
 import torch
-import torch.distributed.checkpoint as dcp
-from omegaconf import OmegaConf
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec import models
-from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint
+from hybridrec.checkpoint import (
+    CheckpointError,
+    TrainState,
+    UnsafeCheckpoint,
+    check_checkpoint,
+    root_cause,
+    safe_load,
+    saved_config,
+    unsafe,
+)
 from hybridrec.compat import size_oblivious_export
 from hybridrec.data import SparseFeature, build_source
 
 PROGRAM, SPEC = "model.pt2", "model.json"
 
 
-def load_model(checkpoint: str) -> nn.Module:
-    """The checkpoint's model, unsharded, on CPU, uninitialized."""
-    cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
+def load_model(checkpoint: str, trusted: Iterable[str] = ()) -> nn.Module:
+    """The checkpoint's model, unsharded, on CPU, uninitialized. Its config is read as
+    evaluate and resume read it (``checkpoint.saved_config``): nothing in it runs code."""
+    cfg = saved_config(checkpoint, trusted)
     state = TrainState.from_files(checkpoint)
     model = models.build_model(cfg, [SparseFeature(**f) for f in state.features], state.num_dense_features)
     model.sparse_module().to_empty(device="cpu")  # the tables were created on `meta`
@@ -98,19 +108,24 @@ def export_program(model: nn.Module, features: list[SparseFeature], num_dense_fe
                                    strict=False)
 
 
-def export(checkpoint: str, out: str) -> dict[str, Any]:
+def export(checkpoint: str, out: str, trusted: Iterable[str] = ()) -> dict[str, Any]:
     """Write ``out``'s files (see the module docstring); returns ``model.json``'s content."""
-    model = load_model(checkpoint)
+    model = load_model(checkpoint, trusted)
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # DCP notes that it loads in one process: what no_dist asks for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=checkpoint, no_dist=True)  # one process: loads full tensors
+        try:
+            safe_load(state, checkpoint, no_dist=True)  # one process: loads full tensors
+        except CheckpointException as e:  # DCP wraps what the safe reader or its own weights_only read refused
+            if isinstance(cause := root_cause(e), (UnsafeCheckpoint, pickle.UnpicklingError)):
+                raise unsafe(cause, checkpoint) from None
+            raise
     model.load_state_dict(state["model"])
     model.eval()
     train_state = TrainState.from_files(checkpoint)
     features = [SparseFeature(**f) for f in train_state.features]
     os.makedirs(out, exist_ok=True)
-    cfg = OmegaConf.load(os.path.join(checkpoint, "config.yaml"))
+    cfg = saved_config(checkpoint, trusted)
     spec = write_program(model, features, train_state.num_dense_features, out,
                          {"model": cfg.model._target_, "loss": cfg.loss._target_,
                           "checkpoint": os.path.abspath(checkpoint), "step": train_state.step})
@@ -209,10 +224,13 @@ def _write(path: str, write: Any) -> None:
 
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(args) - {"checkpoint", "out"} or [a for a in argv if "=" not in a]
+    unknown = set(args) - {"checkpoint", "out", "trusted_targets"} or [a for a in argv if "=" not in a]
     if "checkpoint" not in args or unknown:
-        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir>] (unknown: {sorted(unknown)})")
+        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir>] [trusted_targets=<class>,...] "
+                 f"(unknown: {sorted(unknown)})")
     ckpt = args["checkpoint"]
+    # Classes of the user's own that the checkpoint's config may name (never read from it).
+    trusted = [t for t in args.get("trusted_targets", "").strip("[]").split(",") if t]
     out = args.get("out", os.path.join(ckpt, "export"))
     # Checked before anything is loaded: each failure is one line naming the file.
     try:
@@ -224,7 +242,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"hybridrec.export: out={out}: {folder} is not a writable directory")
     _quiet_tracing()
     try:
-        spec = export(ckpt, out)
+        spec = export(ckpt, out, trusted)
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
     except OSError as e:  # disk full, a file named like the directory

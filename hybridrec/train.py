@@ -8,13 +8,22 @@ the device, the checkpoint to resume and the plan, and only then are ranks start
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
+import os
+from typing import NoReturn, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, check_dir, probe_writable, resume_path
+from hybridrec.checkpoint import (
+    CheckpointError,
+    DirLock,
+    TrainState,
+    check_compatible,
+    check_dir,
+    probe_writable,
+    resume_path,
+)
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.data import build_source
 from hybridrec.launch import RankError, already_launched, in_sweep, launch, quiet_secondary_ranks, world_size
@@ -28,9 +37,11 @@ register_configs()
 log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
 
 
-def check_before_launch(cfg: DictConfig) -> None:
+def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir: str = "") -> None:
     """Everything that can be checked before a rank starts; raises ``CheckpointError``,
-    ``LaunchError`` or ``ValueError`` (a config the ranks would refuse) with the one line."""
+    ``LaunchError`` or ``ValueError`` (a config the ranks would refuse) with the one line.
+    ``lock``: taken on ``checkpoint.dir`` once it is known writable (``run_dir`` is recorded
+    in it), so a second run on the directory is refused here."""
     world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
     validate(cfg, world)
     dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
@@ -38,6 +49,8 @@ def check_before_launch(cfg: DictConfig) -> None:
     check_device(cfg, dims.device_type)
     if cfg.checkpoint.dir:
         probe_writable(cfg.checkpoint.dir)
+        if lock:
+            lock.acquire(run_dir)
     # A checkpoint the ranks would refuse, find damaged or of another model fails here,
     # before launch (and before any elastic restart could retry it).
     path = resume_path(cfg)
@@ -70,14 +83,23 @@ def check_before_launch(cfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> float:
     quiet_libraries(hydra_verbose())  # TorchRec's planner INFO lines, unless hydra.verbose asks for them
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
+    run_dir = HydraConfig.get().runtime.output_dir
+    # The process that launches the job holds checkpoint.dir for its lifetime (under torchrun:
+    # global rank 0, whose saves commit).
+    owner = not already_launched() or os.environ["RANK"] == "0"
+    lock = DirLock(cfg.checkpoint.dir) if cfg.checkpoint.dir and owner else None
     try:
-        check_before_launch(cfg)
-    except ValueError as e:  # CheckpointError and LaunchError are ValueErrors too
-        _exit(e, user_message(e))
-    try:
-        summary = launch(cfg, HydraConfig.get().runtime.output_dir)
-    except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
-        _exit(e, f"hybridrec: {e}")
+        try:
+            check_before_launch(cfg, lock, run_dir)
+        except ValueError as e:  # CheckpointError and LaunchError are ValueErrors too
+            _exit(e, user_message(e))
+        try:
+            summary = launch(cfg, run_dir)
+        except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
+            _exit(e, f"hybridrec: {e}")
+    finally:
+        if lock:
+            lock.release()
     return summary["train_loss"]  # what a Hydra sweeper would minimize
 
 

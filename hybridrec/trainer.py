@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybridrec import checkpoint
@@ -100,6 +100,7 @@ class Trainer:
         tensorboard = os.path.join(run_dir, "tensorboard") if cfg.logger == Logger.tensorboard else None
         self.metrics = MetricsLog(os.path.join(run_dir, "metrics.jsonl") if self.rank == 0 else None, tensorboard)
         self.losses: list[float] = []  # global mean loss of every step
+        self.logged = 0  # steps of self.losses already reported (metrics.jsonl's loss_mean window)
         self.step_times: list[float] = []  # host wall time of every step, seconds
         self.eval_history: list[EvalRecord] = []
         self.eval_seconds = 0.0  # excluded from the training throughput
@@ -111,9 +112,13 @@ class Trainer:
         live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
                                     self.losses, self.runs)
         self.resumed_from: Optional[ResumedFrom] = None
-        # Rank 0 warns when a damaged newer checkpoint is skipped (again after each restart).
-        if path := checkpoint.resume_path(cfg, warn=self.rank == 0):
+        # Rank 0 picks the checkpoint (verifying its checksums, warning when a damaged newer
+        # one is skipped, again after each restart) and every rank loads that one.
+        chosen = [checkpoint.resume_path(cfg, warn=True) if self.rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0)
+        if path := chosen[0]:
             self.start_step = checkpoint.load(cfg, path, live).step
+            self.logged = len(self.losses)
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
         self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
@@ -143,14 +148,18 @@ class Trainer:
                     if profiler:
                         profiler.step()
                     save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
+                    # A save is committed once a later step's loss is finite: check it the step after.
+                    confirm = self.checkpointer and self.checkpointer.pending
                     if step % cfg.log_every == 0 or step == cfg.steps or save:
-                        self._log(step, progress)  # also checks the losses are finite: no bad checkpoint
+                        self._log(step, progress)  # also checks the losses are finite
+                    elif confirm:
+                        self._check_losses(step)
+                    if self.checkpointer:
+                        self.checkpointer.confirm(step)
                     if save:
                         self.checkpointer.save(step)
                     if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                         self._evaluate_and_log(self.select_split, step)
-                if self.checkpointer:
-                    self.checkpointer.wait()  # an async save still in flight is committed here
         finally:
             progress.close()  # the bar's last state first, then whatever reports an error
         wall = time.perf_counter() - self.start - self.eval_seconds
@@ -158,19 +167,43 @@ class Trainer:
             profiler.stop()
         # Validation (when the source has it) drives the history; the test split is scored
         # once, at the end, and never used to choose anything.
-        final = {split: self._evaluate_and_log(split, cfg.steps) for split in ("valid", "eval")
-                 if split in self.data.splits}
+        scored = {split: self._evaluate_and_log(split, cfg.steps) for split in ("valid", "eval")
+                  if split in self.data.splits}
+        final = {split: evaluation.metrics for split, evaluation in scored.items()}
+        if self.checkpointer:
+            # The last save has no next step: it is committed if the final scores are finite.
+            finite = all(evaluation.finite for evaluation in scored.values())
+            self.checkpointer.finish(finite)
+            if not finite:
+                raise checkpoint.Diverged(
+                    f"non-finite scores in the final evaluation after step {cfg.steps}: the model diverged "
+                    f"(a learning rate too high is the usual cause); its last save was not committed; "
+                    f"{self.checkpointer.resume_hint()}"
+                )
         return self._finish(wall, final)
 
-    def _log(self, step: int, progress: Progress) -> None:
+    def _check_losses(self, step: int) -> None:
+        """All-reduce the losses of the steps not yet checked, up to ``step``, and stop on a
+        non-finite one (one line: the step, the likely cause, where to resume)."""
         # One all-reduce per window, not per step: the reduction is a sync point.
         window = self._global_mean(self.local_losses[len(self.losses) : step])
         if bad := [i for i, x in enumerate(window) if not math.isfinite(x)]:
-            raise FloatingPointError(
-                f"non-finite loss {window[bad[0]]} at step {len(self.losses) + bad[0] + 1}: stopping "
-                f"before any further checkpoint (the last one is intact)"
+            hint = "no checkpoints are saved (checkpoint.dir is not set)"
+            if self.checkpointer:
+                self.checkpointer.discard()  # a save before this step: its next loss is not finite
+                hint = self.checkpointer.resume_hint()
+            lrs = ", ".join(f"optimizer.{name}.lr={OmegaConf.select(self.cfg, f'optimizer.{name}.lr')}"
+                            for name in ("sparse", "dense"))
+            raise checkpoint.Diverged(
+                f"non-finite loss {window[bad[0]]} at step {len(self.losses) + bad[0] + 1}: the model diverged "
+                f"(a learning rate too high is the usual cause: {lrs}); {hint}"
             )
         self.losses += window
+
+    def _log(self, step: int, progress: Progress) -> None:
+        self._check_losses(step)
+        window = self.losses[self.logged :]  # the steps since the last report
+        self.logged = len(self.losses)
         elapsed = time.perf_counter() - self.start - self.eval_seconds
         rate = (step - self.start_step) * self.cfg.data.batch_size / elapsed
         progress.report(step, self.losses[-1], rate, elapsed)
@@ -190,16 +223,17 @@ class Trainer:
         """The split that evaluations during training report on: validation if there is one."""
         return "valid" if "valid" in self.data.splits else "eval"
 
-    def _evaluate_and_log(self, split: str, step: int) -> dict[str, float]:
+    def _evaluate_and_log(self, split: str, step: int) -> Evaluation:
         tick = time.perf_counter()
-        result = self.evaluate(split).metrics
+        evaluation = self.evaluate(split)
+        result = evaluation.metrics
         self.eval_seconds += time.perf_counter() - tick
         if split == self.select_split:
             self.eval_history.append({"step": step, "split": split, **result})
         self.metrics.log(step=step, split=split, eval=result)
         if self.rank == 0:
             log.info(f"{split} @ step {step}: {format_eval(result)}")
-        return result
+        return evaluation
 
     def evaluate(self, split: str = "eval", predictions: bool = False) -> Evaluation:
         """The metrics of the whole ``split`` (``eval`` = test, ``valid``) over every rank
@@ -302,7 +336,7 @@ def _quiet_deprecations() -> None:
 # a plan the planner cannot meet: under torchrun the ranks plan before anything else has,
 # a launcher environment without the local layout): reported as one line naming the
 # file or key, without a traceback, and never restarted.
-USER_ERRORS = (DataError, checkpoint.CheckpointError, PlanError, LaunchError)
+USER_ERRORS = (DataError, checkpoint.CheckpointError, checkpoint.Diverged, PlanError, LaunchError)
 USER_ERROR_EXIT = 3
 """Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
 
@@ -314,7 +348,7 @@ def full_errors() -> bool:
 
 def user_message(error: BaseException) -> str:
     """The one line a user error found before launch is reported with."""
-    if isinstance(error, (checkpoint.CheckpointError, LaunchError)):
+    if isinstance(error, (checkpoint.CheckpointError, checkpoint.Diverged, LaunchError)):
         return f"hybridrec: {error}"
     return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
 
