@@ -62,7 +62,7 @@ def ckpt(tmp_path_factory):
     first = _train("train.steps=20", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10",
                    f"hydra.run.dir={tmp / 'run1'}")
     assert first.returncode == 0, first.stderr[-3000:]
-    assert sorted(os.listdir(d)) == ["step_00000010", "step_00000020"]
+    assert sorted(os.listdir(d)) == [".lock", "step_00000010", "step_00000020"]
     shutil.copytree(d / "step_00000010", d / "step_00000005")
     _mark(d / "step_00000005", "another-run")
     second = _train("train.steps=40", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10",
@@ -75,7 +75,7 @@ def ckpt(tmp_path_factory):
 def test_pruning_keeps_another_runs_checkpoints(ckpt):
     _, d = ckpt
     # keep_last=2 pruned the first run's 10 and 20 (the resumed run continues it), never step 5
-    assert sorted(os.listdir(d)) == ["step_00000005", "step_00000030", "step_00000040"]
+    assert sorted(os.listdir(d)) == [".lock", "step_00000005", "step_00000030", "step_00000040"]
     runs = json.load(open(d / "step_00000040" / "trainer_state.json"))["runs"]
     assert len(runs) == 2 and runs[0] == json.load(open(d / "step_00000030" / "trainer_state.json"))["runs"][0]
 
@@ -88,7 +88,7 @@ def test_a_directory_of_another_run_is_refused_before_launch(ckpt):
     assert line.startswith(f"hybridrec: checkpoint.dir={d} holds checkpoints of another run (newest: step_00000040, "
                            f"step 40) and checkpoint.resume=never")
     assert "another checkpoint.dir" in line and "checkpoint.resume=auto" in line and "delete" in line
-    assert sorted(os.listdir(d)) == ["step_00000005", "step_00000030", "step_00000040"]  # nothing touched
+    assert sorted(os.listdir(d)) == [".lock", "step_00000005", "step_00000030", "step_00000040"]  # nothing touched
 
 
 @pytest.mark.slow
@@ -230,7 +230,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tm
                                "[Errno 28] No space left on device;")
         assert f"removed the partial save {d / 'step_00000020.partial'}" in line
         assert f"the previous checkpoint {d / 'step_00000010'} is intact" in line
-        assert os.listdir(d) == ["step_00000010"]
+        assert sorted(os.listdir(d)) == [".lock", "step_00000010"]
         assert latest(str(d)) == str(d / "step_00000010")  # loadable: every file it lists is there
     finally:
         if mounted:
