@@ -771,13 +771,26 @@ class Checkpointer:
                 self._abandon(step, partial, e)
         self.pending = _Pending(step, partial, final, state, write)
 
-    def confirm(self, step: int) -> None:
-        """The losses up to ``step`` are finite: a save of an earlier step may be committed
-        (now without async_save; with it, at the next save or at the end)."""
-        if self.pending and self.pending.step < step:
-            self.pending.confirmed = True
-            if not self.cfg.async_save:
-                self.commit()
+    def confirm(self, step: int, losses: list[float]) -> None:
+        """``losses`` (the global loss of every step so far) are checked finite up to ``step``:
+        a save of an earlier step is committed (now without async_save; with it, at the next
+        save or at the end) if the loss of the step after it did not explode
+        (``checkpoint.max_loss_ratio``), else dropped with a warning."""
+        if not self.pending or self.pending.step >= step:
+            return
+        after, before = losses[self.pending.step], sorted(losses[: self.pending.step])
+        median = before[len(before) // 2]
+        ratio = self.cfg.max_loss_ratio
+        if ratio and median > 0 and after > ratio * median:  # (a loss that can be negative is not compared)
+            if self.rank == 0:
+                log.warning(f"checkpoint {self.pending.final} not committed: the loss of the step after it, "
+                            f"{after:.4g}, is over checkpoint.max_loss_ratio={ratio:g} x the run's median loss "
+                            f"{median:.4g} (the model is diverging)")
+            self.discard()
+            return
+        self.pending.confirmed = True
+        if not self.cfg.async_save:
+            self.commit()
 
     def finish(self, ok: bool) -> None:
         """The end of training: commit the last save if ``ok`` (the final evaluation's scores
@@ -847,18 +860,19 @@ class Checkpointer:
         full, read-only, permissions, I/O), say why in one line. Nothing else was touched, so
         the previous checkpoint stays loadable. Any other cause is a bug: its traceback is kept."""
         cause = root_cause(error)
+        what, fix = _storage_problem(cause, self.cfg.dir)  # before the removal frees space and inodes
+        free = _free(self.cfg.dir)
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         # torch's zip writer reports a short write (a full disk) as "unexpected pos", not OSError
         if not (isinstance(cause, OSError) or "unexpected pos" in str(cause)):
             raise error
-        what, fix = _storage_problem(cause, self.cfg.dir)
         previous = self.last
         removed = (f"removed the partial save {partial}" if not os.path.exists(partial) else
                    f"left the partial save {partial} (resume never picks a .partial)")
         raise CheckpointError(
             f"checkpoint save at step {step} failed{': ' + what if what else ''} ({type(cause).__name__}: "
-            f"{_one_line(cause)}; {_free(self.cfg.dir)} in checkpoint.dir={self.cfg.dir}); {removed}; "
+            f"{_one_line(cause)}; {free} in checkpoint.dir={self.cfg.dir}); {removed}; "
             + (f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint of this run")
             + f". {fix}"
         ) from error

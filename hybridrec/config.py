@@ -634,6 +634,10 @@ class CheckpointConfig:
     """auto = newest complete checkpoint in dir if any; never; or a checkpoint path."""
     async_save: bool = False
     """Write checkpoints in the background (DCP async_save) while training continues."""
+    max_loss_ratio: float = 5.0
+    """A save is committed only if the loss of the step after it is finite and at most this many
+    times the median loss of the run so far: a model whose loss exploded resumes no better than
+    one whose loss is NaN (0 = finite is enough)."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that a checkpoint's config.yaml may name in a ``_target_`` (model,
     loss, data, optimizers) besides the ones hybridrec ships and this run's own. Given here,
@@ -1016,6 +1020,9 @@ def _validate_run(cfg: DictConfig) -> None:
                          f"got {ck.every_n_steps} and {ck.keep_last}")
     if ck.every_n_steps and not ck.dir:
         raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
+    if not (math.isfinite(ck.max_loss_ratio) and (ck.max_loss_ratio == 0 or ck.max_loss_ratio >= 1)):
+        raise ValueError(f"checkpoint.max_loss_ratio must be 0 (finite is enough) or a finite number >= 1, got "
+                         f"{ck.max_loss_ratio}")
     prof = cfg.profile
     if prof.enabled and (prof.steps < 1 or prof.start_step < 1 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(

@@ -155,7 +155,7 @@ class Trainer:
                     elif confirm:
                         self._check_losses(step)
                     if self.checkpointer:
-                        self.checkpointer.confirm(step)
+                        self.checkpointer.confirm(step, self.losses)
                     if save:
                         self.checkpointer.save(step)
                     if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:

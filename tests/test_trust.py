@@ -1,0 +1,399 @@
+"""Checkpoints that are safe to open and verified: nothing in a checkpoint runs code, a
+changed byte is a damaged checkpoint, one run per directory, no diverged state committed,
+pruning keeps what loads, and storage faults are one line. Each planted payload is what an
+attacker who knows the format would write: the checksums are fixed up after planting, so
+the safety checks themselves are what refuses it."""
+
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import compose_cfg
+
+from hybridrec import export
+from hybridrec.checkpoint import (
+    STATE_JSON,
+    CheckpointError,
+    DirLock,
+    UnsafeCheckpoint,
+    check_complete,
+    latest,
+    read_metadata,
+    saved_config,
+)
+from hybridrec.train import check_before_launch
+from hybridrec.trainer import user_message
+
+TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
+        "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
+        "model.over_arch_layer_sizes=[16,1]", "train.log_every=4"]
+
+
+def _train(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "hybridrec.train", *TINY, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _last_line(proc, prefix="hybridrec: ") -> str:
+    """The one error line of a failed command, after checking it printed no traceback."""
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-5000:]
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines[-1].startswith(prefix), proc.stderr[-3000:]
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run's checkpoints at steps 2 and 4."""
+    tmp = tmp_path_factory.mktemp("trust")
+    proc = _train("train.steps=4", f"checkpoint.dir={tmp / 'ckpt'}", "checkpoint.every_n_steps=2",
+                  f"hydra.run.dir={tmp / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "ckpt"
+
+
+# ------------------------------------------------------------------ planted payloads
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _rehash(step_dir):
+    """Fix the checksums up, as an attacker who knows the format would."""
+    fields = json.load(open(step_dir / STATE_JSON))
+    fields.pop("state_sha256")
+    for name in fields["files"]:
+        fields["files"][name] = hashlib.sha256((step_dir / name).read_bytes()).hexdigest()
+    fields["state_sha256"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    json.dump(fields, open(step_dir / STATE_JSON, "w"))
+
+
+def _plant(kind, step_dir, marker):
+    config = step_dir / "config.yaml"
+    if kind == "nested_target":  # the eval-in-a-layer-list payload
+        text = config.read_text().replace(
+            "dense_arch_layer_sizes:", "dense_arch_layer_sizes: {_target_: builtins.eval, _args_: "
+            f"[\"__import__('os').system('touch {marker}') or [16, 8]\"]}}\n  unused:", 1)
+        config.write_text(text)
+    elif kind == "loss_target":
+        config.write_text(config.read_text().replace(
+            "loss:\n", f"loss:\n  hook: {{_target_: os.system, command: touch {marker}}}\n", 1))
+    elif kind == "data_target":  # a top-level target naming another class
+        config.write_text(config.read_text().replace("_target_: hybridrec.data.synthetic.SyntheticClickLog",
+                                                     "_target_: os.system", 1))
+    elif kind == "yaml_tag":
+        config.write_text(f"x: !!python/object/apply:os.system ['touch {marker}']\n" + config.read_text())
+    elif kind == "metadata_pickle":  # a pickle that calls os.system, then DCP's real metadata
+        metadata = step_dir / ".metadata"
+        metadata.write_bytes(pickle.dumps(_Payload(marker), protocol=2)[:-1] + b"0" + metadata.read_bytes())
+    elif kind == "distcp_pickle":  # a pickled object where a tensor's bytes belong
+        info = next(iter(read_metadata(str(step_dir)).storage_data.values()))
+        buf = io.BytesIO()
+        torch.save(_Payload(marker), buf, _use_new_zipfile_serialization=False)
+        with open(step_dir / info.relative_path, "r+b") as f:
+            f.seek(info.offset)
+            f.write(buf.getvalue())
+    _rehash(step_dir)
+
+
+PAYLOADS = ["nested_target", "loss_target", "data_target", "yaml_tag", "metadata_pickle", "distcp_pickle"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", PAYLOADS)
+def test_a_planted_payload_is_refused_by_export_evaluate_and_resume(trained, tmp_path, kind):
+    ckpt, marker = tmp_path / "step_00000004", tmp_path / "ran"
+    shutil.copytree(trained / "step_00000004", ckpt)
+    _plant(kind, ckpt, marker)
+    unsafe = "is not safe to open" if kind != "distcp_pickle" else "a .distcp file holds a pickled object"
+    # export and evaluate in a process of their own, as a user runs them
+    for cmd, prefix in (([sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}"], "hybridrec.export: "),
+                        ([sys.executable, "-m", "hybridrec.evaluate", f"checkpoint={ckpt}",
+                          f"hydra.run.dir={tmp_path / 'eval'}"], "hybridrec: ")):
+        line = _last_line(subprocess.run(cmd, capture_output=True, text=True, timeout=120), prefix)
+        assert unsafe in line and "refused, nothing in it was run" in line, line
+        assert "does not fit" not in line and "weights_only" not in line
+        assert not marker.exists()
+    # resume: the checks before launch refuse it, except a .distcp pickle, which only DCP's
+    # load reaches: that one through a real (single-rank) resume
+    if kind == "distcp_pickle":
+        line = _last_line(_train("train.steps=6", f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.resume={ckpt}",
+                                 f"hydra.run.dir={tmp_path / 'run'}"))
+    else:
+        with pytest.raises(UnsafeCheckpoint) as refused:
+            check_before_launch(compose_cfg([*TINY, "train.steps=6", f"checkpoint.dir={tmp_path / 'new'}",
+                                             f"checkpoint.resume={ckpt}"]))
+        line = user_message(refused.value)
+    assert line.startswith("hybridrec: ") and unsafe in line, line
+    assert not marker.exists() and not (ckpt / "export").exists()
+
+
+@pytest.mark.slow
+def test_resume_auto_never_skips_a_planted_checkpoint_quietly(trained, tmp_path):
+    d = tmp_path / "ckpt"
+    shutil.copytree(trained, d)
+    _plant("metadata_pickle", d / "step_00000004", tmp_path / "ran")
+    with pytest.raises(UnsafeCheckpoint, match="step_00000004/.metadata is not safe to open: it would call "
+                                               "posix.system"):
+        latest(str(d))
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.unit
+def test_a_saved_config_may_name_only_shipped_or_trusted_classes(tmp_path):
+    cfg = compose_cfg(TINY)
+    from omegaconf import OmegaConf
+
+    step = tmp_path / "step_00000001"
+    step.mkdir()
+    OmegaConf.save(cfg, step / "config.yaml", resolve=True)
+    assert saved_config(str(step)).model._target_ == "hybridrec.models.dlrm.DLRMRanker"
+    text = (step / "config.yaml").read_text()
+    (step / "config.yaml").write_text(text.replace("hybridrec.models.dlrm.DLRMRanker", "mylib.MyRanker"))
+    with pytest.raises(UnsafeCheckpoint, match=r"model._target_=mylib.MyRanker is not a class hybridrec ships for "
+                                               r"model nor one this run trusts .*trusted_targets=\[mylib.MyRanker\]"):
+        saved_config(str(step))
+    # trusted explicitly (by the loading run, never by the checkpoint), the class passes the
+    # safety check; typing it again then needs a schema registered for it
+    with pytest.raises(CheckpointError, match="does not fit this hybridrec's config schema") as typed:
+        saved_config(str(step), trusted=["mylib.MyRanker"])
+    assert not isinstance(typed.value, UnsafeCheckpoint)
+    (step / "config.yaml").write_text(text.replace("seed: 0", "seed: ${oc.env:HOME}"))
+    with pytest.raises(UnsafeCheckpoint, match="seed='\\${oc.env:HOME}' is an interpolation"):
+        saved_config(str(step))
+    (step / "config.yaml").write_text(text.replace("_target_: hybridrec.losses.BCE",
+                                                   "_target_: hybridrec.losses.BCE\n  _partial_: true"))
+    with pytest.raises(UnsafeCheckpoint, match="loss._partial_ is a Hydra instantiation key"):
+        saved_config(str(step))
+
+
+@pytest.mark.unit
+def test_the_metadata_reader_admits_only_what_dcp_metadata_is_made_of(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(3), "n": 7}, checkpoint_id=str(tmp_path / "ok"), no_dist=True)
+    assert set(read_metadata(str(tmp_path / "ok")).state_dict_metadata) == {"w", "n"}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(_Payload(tmp_path / "ran")))
+    with pytest.raises(UnsafeCheckpoint, match=f"{bad}/.metadata is not safe to open: it would call posix.system"):
+        read_metadata(str(bad))
+    assert not (tmp_path / "ran").exists()
+
+
+# ------------------------------------------------------------------ integrity
+@pytest.mark.slow
+def test_every_file_is_checksummed_and_a_changed_byte_is_damage(trained, tmp_path):
+    d = tmp_path / "ckpt"
+    shutil.copytree(trained, d)
+    newest = d / "step_00000004"
+    recorded = json.load(open(newest / STATE_JSON))["files"]
+    assert set(recorded) == set(os.listdir(newest)) - {STATE_JSON}
+    check_complete(str(newest))
+    distcp = next(name for name in recorded if name.endswith(".distcp"))
+    with open(newest / distcp, "r+b") as f:  # one bit of one weight, length kept
+        f.seek(os.path.getsize(newest / distcp) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    damaged = f"{newest} is damaged: {newest / distcp} does not match the checksum recorded when it was saved"
+    with pytest.raises(CheckpointError, match=damaged):
+        check_complete(str(newest))
+    assert latest(str(d)) == str(d / "step_00000002")  # resume=auto falls back
+    with pytest.raises(ValueError) as refused:  # an explicit path is refused
+        check_before_launch(compose_cfg([*TINY, "train.steps=6", f"checkpoint.resume={newest}"]))
+    assert user_message(refused.value).startswith(f"hybridrec: {damaged}")
+    with pytest.raises(SystemExit, match=f"hybridrec.export: {damaged}"):
+        export.main([f"checkpoint={newest}"])
+    (d / "step_00000002" / STATE_JSON).write_text(
+        (d / "step_00000002" / STATE_JSON).read_text().replace('"step": 2', '"step": 3'))
+    with pytest.raises(CheckpointError, match="trainer_state.json does not match the checksum of its fields"):
+        check_complete(str(d / "step_00000002"))
+
+
+# ------------------------------------------------------------------ one run per directory
+@pytest.mark.slow
+def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
+    d = tmp_path / "ckpt"
+    first = subprocess.Popen([sys.executable, "-m", "hybridrec.train", *TINY, "train.steps=100000",
+                              "checkpoint.every_n_steps=20", f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'a'}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((d / ".lock").exists() and (d / ".lock").read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        line = _last_line(_train("seed=7", "train.steps=100000", "checkpoint.every_n_steps=20", f"checkpoint.dir={d}",
+                                 f"hydra.run.dir={tmp_path / 'b'}"))
+        assert line.startswith(f"hybridrec: checkpoint.dir={d} is in use by another run (pid {first.pid} on ")
+        assert f"outputs in {tmp_path / 'a'}" in line and "another checkpoint.dir" in line
+        while len(_committed(d)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        first.kill()
+        first.wait()
+    steps = _committed(d)
+    assert len(steps) >= 2 and all("seed: 0" in (p / "config.yaml").read_text() for p in steps)  # the first run's only
+    assert len({json.load(open(p / STATE_JSON))["runs"][-1] for p in steps}) == 1
+
+
+def _committed(d):
+    return sorted(p for p in d.iterdir() if p.name.startswith("step_") and not p.name.endswith(".partial"))
+
+
+@pytest.mark.unit
+def test_a_killed_runs_lock_is_not_stale(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(tmp_path / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid 1 elsewhere')\n"
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(CheckpointError, match=r"is in use by another run \(pid 1 elsewhere\)"):
+        DirLock(str(tmp_path)).acquire("here")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    lock = DirLock(str(tmp_path))
+    lock.acquire("here")  # the kernel dropped the killed process's lock
+    assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
+    lock.release()
+
+
+# ------------------------------------------------------------------ diverged state
+@pytest.mark.slow
+def test_a_diverging_run_leaves_only_checkpoints_that_resume(tmp_path):
+    """The losses of this run: 0.74 0.72 0.96 7.25 5703 1.6e12 inf. Step 3's save is followed
+    by a loss over 5 x the run's median (checkpoint.max_loss_ratio), step 4's, 5's and 6's by
+    worse: none of them is committed."""
+    d, sgd = tmp_path / "ckpt", ["optimizer=sgd", "optimizer.sparse.lr=1e3", "optimizer.dense.lr=0.1"]
+    proc = _train("train.steps=12", *sgd, f"checkpoint.dir={d}", "checkpoint.every_n_steps=1", "train.log_every=1",
+                  f"hydra.run.dir={tmp_path / 'run'}")
+    line = _last_line(proc)
+    assert line.startswith("hybridrec: non-finite loss inf at step 7: the model diverged (a learning rate too high "
+                           "is the usual cause: optimizer.sparse.lr=1000.0, optimizer.dense.lr=0.1); the newest "
+                           f"committed checkpoint, {d / 'step_00000002'}, was followed by a finite loss"), line
+    for step, after in ((3, "7.253"), (4, "5703"), (5, "1.56e+12")):
+        assert f"checkpoint {d / f'step_{step:08d}'} not committed: the loss of the step after it, {after}," \
+            in proc.stdout + proc.stderr
+    assert sorted(os.listdir(d)) == [".lock", "step_00000001", "step_00000002"]  # no .partial left
+    losses = [r["loss"] for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "loss" in r]
+    # the newest committed checkpoint resumes: its next step is the run's own, finite
+    again = _train("train.steps=3", *sgd, f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'again'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = [r["loss"] for r in map(json.loads, open(tmp_path / "again" / "metrics.jsonl")) if "loss" in r]
+    assert resumed == [losses[2]] and losses[2] < 1
+
+
+@pytest.mark.slow
+def test_a_run_diverging_at_its_first_step_commits_nothing(tmp_path):
+    d = tmp_path / "ckpt"
+    line = _last_line(_train("train.steps=8", "optimizer.sparse.lr=1e18", "optimizer.dense.lr=1e18",
+                             f"checkpoint.dir={d}", "checkpoint.every_n_steps=1", "checkpoint.max_loss_ratio=0",
+                             f"hydra.run.dir={tmp_path / 'run'}"))
+    # step 1's loss was finite (it is computed before the update): its save is not committed
+    assert line.startswith("hybridrec: non-finite loss nan at step 2: the model diverged") and \
+        line.endswith("no checkpoint of this run was committed"), line
+    assert os.listdir(d) == [".lock"]
+
+
+# ------------------------------------------------------------------ pruning after a fallback
+@pytest.mark.slow
+def test_pruning_after_a_fallback_keeps_the_checkpoint_resumed_from(tmp_path):
+    d = tmp_path / "ckpt"
+    first = _train("train.steps=15", "checkpoint.every_n_steps=5", f"checkpoint.dir={d}",
+                   f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    distcp = next(p for p in (d / "step_00000015").iterdir() if p.suffix == ".distcp")
+    os.truncate(distcp, os.path.getsize(distcp) // 2)  # step 15 damaged, step 10 good
+    second = _train("train.steps=12", "checkpoint.every_n_steps=0", f"checkpoint.dir={d}",
+                    f"hydra.run.dir={tmp_path / 'b'}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming from " + str(d / "step_00000010") in second.stdout + second.stderr
+    # keep_last=2 counts the loadable ones: 12 and the 10 it resumed from; the damaged 15 is left
+    assert sorted(os.listdir(d)) == [".lock", "step_00000010", "step_00000012", "step_00000015"]
+    assert latest(str(d)) == str(d / "step_00000012")
+
+
+# ------------------------------------------------------------------ storage faults
+_FAULT = """
+import errno, os, shutil, sys
+kind, where = sys.argv[1], sys.argv[2]
+code = getattr(errno, kind)
+def fail(path):
+    if "step_00000020" in str(path):
+        raise OSError(code, os.strerror(code), str(path))
+if where == "write":
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    original_write = FileSystemWriter.write_data
+    def write_data(self, plan, planner):
+        fail(self.path)
+        return original_write(self, plan, planner)
+    FileSystemWriter.write_data = write_data
+elif where == "mkdir":
+    original_makedirs = os.makedirs
+    def makedirs(path, *args, **kwargs):
+        fail(path)
+        return original_makedirs(path, *args, **kwargs)
+    os.makedirs = makedirs
+elif where == "commit":
+    original_replace = os.replace
+    def replace(src, dst, *args, **kwargs):
+        fail(dst)
+        return original_replace(src, dst, *args, **kwargs)
+    os.replace = replace
+import runpy
+sys.argv = ["hybridrec.train", *sys.argv[3:]]
+runpy.run_module("hybridrec.train", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, where, what", [
+    ("EROFS", "write", "read-only file system"),
+    ("EACCES", "mkdir", "permission denied"),
+    ("EROFS", "commit", "read-only file system"),
+])
+def test_a_save_that_fails_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, kind, where, what):
+    d = tmp_path / "ckpt"
+    args = [*TINY, "train.steps=20", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10", "checkpoint.keep_last=1",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run([sys.executable, "-c", _FAULT, kind, where, *args], capture_output=True, text=True,
+                          timeout=180)
+    line = _last_line(proc)
+    assert line.startswith(f"hybridrec: checkpoint save at step 20 failed: {what} ("), line
+    assert f"Error: [Errno {getattr(errno, kind)}]" in line
+    assert f"the previous checkpoint {d / 'step_00000010'} is intact" in line
+    assert ("Remount it read-write" if kind == "EROFS" else "Make checkpoint.dir writable") in line
+    assert sorted(os.listdir(d)) == [".lock", "step_00000010"]
+    assert latest(str(d)) == str(d / "step_00000010")
+
+
+@pytest.mark.slow
+def test_no_free_inodes_while_saving_is_one_line(tmp_path):
+    d = tmp_path / "few_inodes"
+    d.mkdir()
+    # root, the lock and one checkpoint (a directory and five files) fit; a second does not
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=11", "tmpfs", str(d)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        proc = _train("train.steps=20", f"checkpoint.dir={d}", "checkpoint.every_n_steps=10",
+                      "checkpoint.keep_last=1", f"hydra.run.dir={tmp_path / 'run'}")
+        line = _last_line(proc)
+        assert line.startswith("hybridrec: checkpoint save at step 20 failed: no free inodes on the device"), line
+        assert f"the previous checkpoint {d / 'step_00000010'} is intact" in line
+        assert latest(str(d)) == str(d / "step_00000010")
+    finally:
+        subprocess.run(["umount", str(d)], check=False)
