@@ -20,7 +20,7 @@ Opening a checkpoint never runs code from it:
   (``SafeReader``), and the non-tensor values of the state with ``weights_only=True``
   (``SafeLoadPlanner``). Anything else is refused in one line naming the file and the global.
 
-Integrity: at commit, ``trainer_state.json`` records the SHA-256 of every other file of the
+Integrity: at commit, ``trainer_state.json`` records the BLAKE3 hash of every other file of the
 checkpoint (each rank hashes the files it wrote) and of its own fields; loading verifies
 them first, so a flipped byte is a damaged checkpoint, never a model that silently scores NaN.
 
@@ -48,7 +48,6 @@ import copy
 import errno
 import fcntl
 import glob
-import hashlib
 import io
 import json
 import logging
@@ -65,6 +64,7 @@ from typing import Any, Iterable, NoReturn, Optional
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import blake3
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -233,7 +233,7 @@ class TrainState:
     it. A run prunes only checkpoints written by a run in its own list (itself, or a run it
     resumed). Empty in checkpoints written before the field existed: never pruned."""
     files: dict[str, str] = field(default_factory=dict)
-    """SHA-256 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
+    """BLAKE3 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
     that wrote them), trainer_state.pt and config.yaml. Empty in checkpoints written before
     the field existed: those load unverified, with a warning."""
 
@@ -245,7 +245,7 @@ class TrainState:
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
                   "num_dense_features": self.num_dense_features, "runs": self.runs,
                   "files": dict(sorted(self.files.items()))}
-        fields["state_sha256"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
+        fields["state_blake3"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
 
@@ -268,8 +268,8 @@ class TrainState:
                 fields = json.load(f)
         except ValueError as e:  # not JSON, or not text
             raise CheckpointError(f"{json_path} is not a valid checkpoint file: {e}") from e
-        if isinstance(fields, dict) and "state_sha256" in fields:
-            digest = fields.pop("state_sha256")
+        if isinstance(fields, dict) and "state_blake3" in fields:
+            digest = fields.pop("state_blake3")
             if digest != _fields_digest(fields):
                 raise CheckpointError(f"{directory} is damaged: {json_path} does not match the checksum of its "
                                       f"fields recorded when it was saved")
@@ -284,25 +284,16 @@ class TrainState:
 
 
 def _fields_digest(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-
-_HASH_CHUNK = 8 << 20
-
-
-def _sha256(file: str) -> str:
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)  # hashlib releases the GIL on large buffers: threads hash in parallel
-    return h.hexdigest()
+    return blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def hash_files(directory: str, names: list[str]) -> dict[str, str]:
-    """SHA-256 of each named file of ``directory``, hashed on a few threads."""
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1, len(names)))) as pool:
-        digests = pool.map(lambda name: _sha256(os.path.join(directory, name)), names)
-        return dict(zip(names, digests))
+    """BLAKE3 of each named file of ``directory``. BLAKE3, not SHA-256: the same 256-bit
+    strength at 4-5x the speed on one core, and it hashes one large file on several threads
+    (here the rank's own share of the cores), so checking costs a fraction of writing."""
+    threads = max(1, torch.get_num_threads())
+    return {name: blake3.blake3(max_threads=threads).update_mmap(os.path.join(directory, name)).hexdigest()
+            for name in names}
 
 
 def own_files(directory: str, rank: int) -> list[str]:
@@ -313,7 +304,7 @@ def own_files(directory: str, rank: int) -> list[str]:
 
 
 def verify(path: str, state: TrainState, dcp_files: list[str]) -> None:
-    """Every file of the checkpoint matches the SHA-256 recorded at its commit (a
+    """Every file of the checkpoint matches the BLAKE3 hash recorded at its commit (a
     ``CheckpointError`` names the first that does not). ``dcp_files``: the files its
     ``.metadata`` lists, each of which must have a recorded checksum."""
     if not state.files:

@@ -5,7 +5,6 @@ attacker who knows the format would write: the checksums are fixed up after plan
 the safety checks themselves are what refuses it."""
 
 import errno
-import hashlib
 import io
 import json
 import os
@@ -16,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import blake3
 import pytest
 import torch
 from conftest import compose_cfg
@@ -75,10 +75,10 @@ class _Payload:
 def _rehash(step_dir):
     """Fix the checksums up, as an attacker who knows the format would."""
     fields = json.load(open(step_dir / STATE_JSON))
-    fields.pop("state_sha256")
+    fields.pop("state_blake3")
     for name in fields["files"]:
-        fields["files"][name] = hashlib.sha256((step_dir / name).read_bytes()).hexdigest()
-    fields["state_sha256"] = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+        fields["files"][name] = blake3.blake3((step_dir / name).read_bytes()).hexdigest()
+    fields["state_blake3"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     json.dump(fields, open(step_dir / STATE_JSON, "w"))
 
 
