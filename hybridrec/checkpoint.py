@@ -433,14 +433,15 @@ def check_fits(state: TrainState, features: list[Any], num_dense_features: int, 
                               f"{state.num_dense_features}")
 
 
-def latest(directory: str, warn: bool = False) -> Optional[str]:
+def latest(directory: str, warn: bool = False, verify_content: bool = True) -> Optional[str]:
     """The newest loadable checkpoint in ``directory``, or None if there is none. Damaged newer
     ones are skipped (with a warning naming what is wrong when ``warn``); a directory whose
-    every checkpoint is damaged is refused, rather than trained over from scratch."""
+    every checkpoint is damaged is refused, rather than trained over from scratch.
+    ``verify_content``: check the files' hashes too (``check_complete``)."""
     skipped = []
     for _, path in reversed(committed(directory)):
         try:
-            check_complete(path)
+            check_complete(path, verify_content)
         except UnsafeCheckpoint:
             raise  # never skipped quietly: someone planted it
         except CheckpointError as e:
@@ -456,16 +457,17 @@ def latest(directory: str, warn: bool = False) -> Optional[str]:
     return None
 
 
-def resume_path(cfg: DictConfig, warn: bool = False) -> Optional[str]:
-    """checkpoint.resume: auto (newest loadable, if any), never, or a checkpoint path, checked."""
+def resume_path(cfg: DictConfig, warn: bool = False, verify_content: bool = True) -> Optional[str]:
+    """checkpoint.resume: auto (newest loadable, if any), never, or a checkpoint path, checked
+    (with ``verify_content``, down to the files' hashes)."""
     resume = cfg.checkpoint.resume
     if resume == "never" or not cfg.checkpoint.dir and resume == "auto":
         return None
     if resume == "auto":
-        return latest(cfg.checkpoint.dir, warn)
+        return latest(cfg.checkpoint.dir, warn, verify_content)
     if not os.path.isdir(resume):
         raise CheckpointError(f"checkpoint.resume={resume}: no such checkpoint directory")
-    check_complete(resume)
+    check_complete(resume, verify_content)
     return resume
 
 
