@@ -80,6 +80,7 @@ from torch import nn
 from hybridrec.compat import ShardedTensor, set_element
 from hybridrec.config import TARGET_GROUPS, shipped_targets, typed
 from hybridrec.data import SparseFeature
+from hybridrec.objective import Selection
 from hybridrec.optim import TrainOptimizer
 
 log = logging.getLogger(__name__)
@@ -232,6 +233,9 @@ class TrainState:
     """Ids of the runs whose training this checkpoint holds, oldest first: the last one wrote
     it. A run prunes only checkpoints written by a run in its own list (itself, or a run it
     resumed). Empty in checkpoints written before the field existed: never pruned."""
+    selection: dict[str, Any] = field(default_factory=dict)
+    """``objective.Selection``: the best validation evaluation so far and the evaluations
+    since (keep_best, early stopping). Empty in checkpoints written before the field existed."""
     files: dict[str, str] = field(default_factory=dict)
     """BLAKE3 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
     that wrote them), trainer_state.pt and config.yaml. Empty in checkpoints written before
@@ -243,7 +247,7 @@ class TrainState:
         torch.save({"rng": self.rng, "losses": self.losses}, os.path.join(directory, STATE_TENSORS))
         self.files.update(hash_files(directory, [STATE_TENSORS, CONFIG_YAML]))
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
-                  "num_dense_features": self.num_dense_features, "runs": self.runs,
+                  "num_dense_features": self.num_dense_features, "runs": self.runs, "selection": self.selection,
                   "files": dict(sorted(self.files.items()))}
         fields["state_blake3"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
@@ -280,7 +284,8 @@ class TrainState:
             raise CheckpointError(f"{directory} is not a valid hybridrec checkpoint: its state lacks fields it needs")
         return cls(step=int(fields["step"]), schedulers=fields["schedulers"], features=fields["features"],
                    num_dense_features=int(fields["num_dense_features"]), rng=tensors["rng"], losses=tensors["losses"],
-                   runs=[str(r) for r in fields.get("runs", [])], files=dict(fields.get("files", {})))
+                   runs=[str(r) for r in fields.get("runs", [])], selection=dict(fields.get("selection") or {}),
+                   files=dict(fields.get("files", {})))
 
 
 def _fields_digest(fields: dict[str, Any]) -> str:
@@ -670,6 +675,8 @@ class Resumable:
     """The global mean loss of every step so far (the trainer appends; a resume refills it)."""
     runs: list[str]
     """This run's id after the ids of the runs it continues: what keep_last may delete."""
+    selection: Selection
+    """The best validation evaluation so far (keep_best, early stopping)."""
 
     def dcp_state(self) -> dict[str, Any]:
         """What DCP saves and loads in place: the sharded model and optimizer state."""
@@ -687,6 +694,7 @@ class Resumable:
             rng=torch.stack(rng),
             losses=torch.tensor(self.losses, dtype=torch.float64),
             runs=list(self.runs),
+            selection=self.selection.to_dict(),
         )
 
 
@@ -733,6 +741,10 @@ class Checkpointer:
         # or verified (keep_last counts only loadable ones).
         self.loadable: set[str] = {os.path.realpath(resumed_from)} if resumed_from else set()
 
+    def path(self, step: int) -> str:
+        """Where the checkpoint of ``step`` is committed."""
+        return os.path.join(self.cfg.dir, f"step_{step:08d}")
+
     def save(self, step: int) -> None:
         """Write the state after ``step`` (collective). Commits the previous save first, which
         must have been confirmed: the trainer checks the losses before every save."""
@@ -740,7 +752,7 @@ class Checkpointer:
         if not _all_finite(self.live.model.state_dict(), self.device):
             raise Diverged(f"non-finite weights after step {step}: the model diverged (a learning rate too high "
                            f"is the usual cause); {self.resume_hint()}")
-        final = os.path.join(self.cfg.dir, f"step_{step:08d}")
+        final = self.path(step)
         partial = final + ".partial"
         if self.rank == 0:
             try:
@@ -802,6 +814,11 @@ class Checkpointer:
         pending.write.exception()  # wait for the write: its files are removed next
         if self.rank == 0:
             shutil.rmtree(pending.partial, ignore_errors=True)
+        if self.live.selection.best_checkpoint == pending.final:
+            self.live.selection.best_checkpoint = None  # the best model's save was dropped
+            if self.rank == 0:
+                log.warning(f"the best validation evaluation (step {pending.step}) has no checkpoint: its save was "
+                            f"not committed")
 
     def resume_hint(self) -> str:
         """Where a diverged run can go on from, for its one-line error."""
@@ -876,12 +893,14 @@ class Checkpointer:
         A damaged one is not counted and not deleted (resume skips it, with a warning), so the
         checkpoint a run fell back to survives until ``keep_last`` newer loadable ones exist."""
         ours = [path for _, path in committed(self.cfg.dir) if _writer(path) in self.live.runs]
+        best = self.live.selection.best_checkpoint
         kept = 0
         for path in reversed(ours):
             if not self._is_loadable(path):
                 continue
             kept += 1
-            if kept > self.cfg.keep_last:
+            # checkpoint.keep_best: the best one is kept besides the keep_last newest
+            if kept > self.cfg.keep_last and not (best and os.path.realpath(path) == os.path.realpath(best)):
                 shutil.rmtree(path, ignore_errors=True)
                 self.loadable.discard(os.path.realpath(path))
 
@@ -1057,6 +1076,7 @@ def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
     torch.set_rng_state((rng[rank] if len(rng) == dist.get_world_size() else rng[0]).clone())
     live.losses[:] = extra.losses.tolist()
     live.runs[:] = extra.runs + live.runs[-1:]  # this run continues those: their checkpoints are its own
+    vars(live.selection).update(vars(Selection.from_dict(extra.selection)))
     return extra
 
 

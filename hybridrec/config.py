@@ -620,6 +620,15 @@ class TrainConfig:
     """Evaluate on the whole eval set every N steps (0 = only at the end, which always runs)."""
     pipeline: Pipeline = Pipeline.sparse_dist
     """TorchRec train pipeline that runs each step: sparse_dist (overlapped) or base."""
+    objective: str = "auto"
+    """The validation metric the run is judged by: what a sweep job returns (to any Hydra
+    sweeper), what checkpoint.keep_best and early stopping follow, how the sweep table is
+    sorted. valid.<metric> (valid.logloss, valid.ne, valid.auc, valid.ndcg@10, ...), or auto:
+    valid.logloss for a calibrated loss, valid.ndcg@k for a ranking source, else valid.auc.
+    Without a validation split, auto returns the train loss and anything else is refused."""
+    early_stop_patience: int = 0
+    """Stop after this many evaluations (every train.eval_every steps) without the objective
+    improving; 0 = train every step."""
 
 
 @dataclass
@@ -634,6 +643,9 @@ class CheckpointConfig:
     """auto = newest complete checkpoint in dir if any; never; or a checkpoint path."""
     async_save: bool = False
     """Write checkpoints in the background (DCP async_save) while training continues."""
+    keep_best: bool = False
+    """Also keep the checkpoint with the best objective seen at train.eval_every (beside the
+    keep_last newest), and score the test split with its weights at the end."""
     max_loss_ratio: float = 5.0
     """A save is committed only if the loss of the step after it is finite and at most this many
     times the median loss of the run so far: a model whose loss exploded resumes no better than
@@ -721,6 +733,9 @@ def register_configs() -> None:
     # conf/hydra/launcher/slurm.yaml sizes a job's CPUs per rank: ${hybridrec.mul:a,b} = a*b.
     if not OmegaConf.has_resolver("hybridrec.mul"):
         OmegaConf.register_new_resolver("hybridrec.mul", lambda *xs: math.prod(int(x) for x in xs))
+    # conf/hydra/sweeper/objective.yaml: the study's direction is train.objective's.
+    if not OmegaConf.has_resolver("hybridrec.direction"):
+        OmegaConf.register_new_resolver("hybridrec.direction", _direction)
     cs = ConfigStore.instance()
     cs.store(name="hybridrec_schema", node=HybridrecConfig)
     # Schemas live under schema/<group>/ so that a group's listed choices (in Hydra's
@@ -753,6 +768,12 @@ def register_configs() -> None:
     evaluate = OmegaConf.structured(EvaluateConfig)
     OmegaConf.set_struct(evaluate.data, False)
     cs.store(name="hybridrec_evaluate_schema", node=evaluate)
+
+
+def _direction(objective: str, loss_target: str, ranking_k: Optional[int]) -> str:
+    from hybridrec.objective import resolve
+
+    return resolve(objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k).direction
 
 
 def shipped_targets() -> dict[str, frozenset[str]]:
@@ -1020,6 +1041,12 @@ def _validate_run(cfg: DictConfig) -> None:
                          f"got {ck.every_n_steps} and {ck.keep_last}")
     if ck.every_n_steps and not ck.dir:
         raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
+    if ck.keep_best and not (ck.dir and cfg.train.eval_every):
+        raise ValueError("checkpoint.keep_best=true keeps the checkpoint of the best validation evaluation: it needs "
+                         "checkpoint.dir and train.eval_every > 0")
+    if cfg.train.early_stop_patience < 0 or cfg.train.early_stop_patience and not cfg.train.eval_every:
+        raise ValueError(f"train.early_stop_patience={cfg.train.early_stop_patience} counts evaluations: it must be "
+                         f">= 0, and > 0 needs train.eval_every > 0")
     if not (math.isfinite(ck.max_loss_ratio) and (ck.max_loss_ratio == 0 or ck.max_loss_ratio >= 1)):
         raise ValueError(f"checkpoint.max_loss_ratio must be 0 (finite is enough) or a finite number >= 1, got "
                          f"{ck.max_loss_ratio}")

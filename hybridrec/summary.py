@@ -129,6 +129,27 @@ class Profile(TypedDict):
     """Milliseconds per step in each phase of ``hybridrec.metrics.BREAKDOWN_PHASES``."""
 
 
+class ObjectiveBlock(TypedDict):
+    """The run judged by its objective (``train.objective``): what a sweep job returns."""
+
+    name: str
+    """``valid.<metric>``, or ``train_loss`` when the source has no validation split."""
+    direction: str
+    """minimize or maximize."""
+    value: float
+    """The returned value: the best validation value with ``checkpoint.keep_best`` (the model
+    the test split was scored with), else the final model's."""
+    best_step: Optional[int]
+    """The step of the best validation evaluation (None: no validation)."""
+    best_value: Optional[float]
+    """Its value."""
+    best_checkpoint: Optional[str]
+    """With ``checkpoint.keep_best``: the checkpoint kept for it, whose weights the final
+    evaluation scored."""
+    stopped_early_at: Optional[int]
+    """The step early stopping ended the run at (``train.early_stop_patience``), else None."""
+
+
 class RunSummary(TypedDict):
     """``summary.json``, in the order its keys are written; the same on every rank except
     ``plan`` and ``memory_per_rank``, which only rank 0 (holding the plan report) fills."""
@@ -149,14 +170,16 @@ class RunSummary(TypedDict):
     """Samples per step over all ranks (data.batch_size)."""
     train_loss: float
     """Mean global training loss over the last 10% of steps (at least the last one)."""
+    objective: ObjectiveBlock
+    """The validation objective and where its best was found."""
     dense_parameters: int
     """Parameters outside the embedding tables, the whole model's on any world size."""
     train: TrainBlock
     """The training's throughput, resume point and step times."""
     eval: Metrics
-    """The test split, scored once, at the end."""
+    """The test split, scored once, at the end (with checkpoint.keep_best: the best checkpoint's weights)."""
     valid: NotRequired[Metrics]
-    """The validation split at the end, when the source has one."""
+    """The validation split at the end, when the source has one (of the same weights)."""
     eval_history: list[EvalRecord]
     """Every evaluation during training and at the end, on validation when the source has it."""
     provenance: Provenance
@@ -261,6 +284,7 @@ def run_summary(
     plan: Optional[dict[str, Any]],
     ranks: Sequence[RankMeasurement],
     profiled: bool,
+    objective: Optional[ObjectiveBlock] = None,
     data: Optional[dict[str, Any]] = None,
 ) -> RunSummary:
     """summary.json from what a run measured.
@@ -271,10 +295,14 @@ def run_summary(
     training time, evaluation excluded; ``final``: the metrics of the splits scored at the
     end (``eval``, and ``valid`` when the source has it); ``plan``: the plan report (rank
     0's; None on the other ranks); ``ranks``: every rank's measurement, in rank order;
-    ``profiled``: profiling was on (the summary then has every rank's profile); ``data``:
+    ``profiled``: profiling was on (the summary then has every rank's profile);
+    ``objective``: the run's objective block (None: the train loss, minimized); ``data``:
     the source's read report (file sources), or None."""
     steps = len(losses)
     tail = losses[-max(1, steps // 10) :]
+    train_loss = sum(tail) / len(tail)  # mean of the last 10% of steps
+    objective = objective or {"name": "train_loss", "direction": "minimize", "value": train_loss, "best_step": None,
+                              "best_value": None, "best_checkpoint": None, "stopped_early_at": None}
     run_samples = (steps - start_step) * global_batch_size  # timed by this process
     train: TrainBlock = {**throughput(steps, steps * global_batch_size, wall_s, run_samples),
                          "resumed_from_step": start_step, **percentiles_ms(list(step_times))}
@@ -289,7 +317,8 @@ def run_summary(
         "wall_time_s": train["wall_time_s"],
         "samples_per_second": train["samples_per_second"],
         "global_batch_size": global_batch_size,
-        "train_loss": sum(tail) / len(tail),  # mean of the last 10% of steps
+        "train_loss": train_loss,
+        "objective": objective,
         "dense_parameters": dense_parameters,
         "train": train,
         "eval": final["eval"],  # the test split: scored once, at the end
@@ -327,6 +356,7 @@ def format_summary(s: RunSummary) -> str:
         ("samples/s", f"{t['samples_per_second']:,.0f}"),
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
+        ("objective", _format_objective(s["objective"])),
         *([("valid", format_eval(s["valid"]))] if "valid" in s else []),
         ("eval (test)" if "valid" in s else "eval", format_eval(e)),
         ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
@@ -341,3 +371,14 @@ def format_summary(s: RunSummary) -> str:
         rows.append(("comm share of step time per rank", shares))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _format_objective(o: ObjectiveBlock) -> str:
+    line = f"{o['name']} {o['value']:.4f} ({o['direction']})"
+    if o["best_step"] is not None:
+        line += f", best {o['best_value']:.4f} at step {o['best_step']}"
+    if o["best_checkpoint"]:
+        line += f", kept in {o['best_checkpoint']} (the final evaluation's weights)"
+    if o["stopped_early_at"] is not None:
+        line += f", stopped early at step {o['stopped_early_at']}"
+    return line

@@ -4,8 +4,9 @@ sweep directory, and the table on the terminal.
 ``SweepSummary`` is a Hydra callback (``hydra.callbacks`` in conf/config.yaml), so it works
 with every launcher: the basic one, joblib, submitit (local or Slurm). A row comes from the
 job's own directory: its overrides (``.hydra/overrides.yaml``, written by Hydra for every
-job it starts) and the trainer's ``summary.json`` (test metrics, samples/s, peak memory,
-dense parameters). A job that failed is a row too, with its status and error: Hydra's
+job it starts) and the trainer's ``summary.json`` (the validation objective and metrics,
+samples/s, peak memory, dense parameters, and the test metrics, which are reported but never
+chosen on). A job that failed is a row too, with its status and error: Hydra's
 sweepers stop at a failed job's exception before ``on_multirun_end``, so the files are also
 rewritten as each job ends, and the failure is recorded then.
 """
@@ -15,13 +16,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.utils import JobStatus
-from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -31,7 +32,7 @@ from hybridrec.compat import failed_job_error
 FAILED_FILE = "failed.json"
 """Written into a job's directory when its job function raised: the one-line error."""
 
-# Columns after the swept keys and the test metrics; (csv name, markdown heading).
+# Columns after the swept keys, the objective and the validation metrics; (csv name, markdown heading).
 RUN_COLUMNS = [
     ("samples_per_second", "samples/s"),
     ("peak_rss_mb", "peak RSS MB (max rank)"),
@@ -43,10 +44,11 @@ CSV_ONLY = ["train_loss", "steps", "global_batch_size", "world_size", "wall_time
 _NOT_METRICS = ("n", "ctr", "queries", "queries_with_relevant")
 
 
-class JobFailed(CompactHydraException):
-    """A job of a multirun stopped by a user error (a bad config, bad input, a checkpoint it
-    refuses): Hydra records the job as failed and runs the others, and reports the message in
-    one line, without a traceback (a CompactHydraException)."""
+def record_failure(job_dir: str, message: str) -> None:
+    """A job that stopped on a user error and returned the worst objective value: its row
+    in the summary says failed, with the one line."""
+    with open(os.path.join(job_dir, FAILED_FILE), "w") as f:
+        json.dump({"error": message}, f)
 
 
 @dataclass
@@ -102,31 +104,68 @@ def swept_keys(jobs: list[Job]) -> list[str]:
     return [k for k in keys if len({d.get(k) for d in per_job}) > 1]
 
 
-def metric_names(jobs: list[Job]) -> list[str]:
-    """The test-split metrics any job reports (AUC, NE, log loss, ranking metrics...), in the
-    order the trainer writes them."""
-    names = [k for j in jobs for k, v in j.summary.get("eval", {}).items()
+def metric_names(jobs: list[Job], split: str = "valid") -> list[str]:
+    """The metrics of ``split`` (``valid``, or ``eval``: the test split) any job reports (AUC,
+    NE, log loss, ranking metrics...), in the order the trainer writes them."""
+    names = [k for j in jobs for k, v in j.summary.get(split, {}).items()
              if isinstance(v, (int, float)) and k not in _NOT_METRICS]
     return list(dict.fromkeys(names))
 
 
+def objective_of(job: Job) -> tuple[str, str, Optional[float]]:
+    """(name, direction, value) of a job's objective (``summary.json``'s ``objective``; the
+    train loss, minimized, for a summary without one); value None unless the job is ok."""
+    o = job.summary.get("objective") or {"name": "train_loss", "direction": "minimize",
+                                         "value": job.summary.get("train_loss")}
+    return o["name"], o["direction"], o["value"] if job.status == "ok" else None
+
+
+def chosen(jobs: list[Job]) -> Optional[Job]:
+    """The job whose validation objective is best, the one a sweeper reports (None: no job
+    finished). Ties go to the lower job number, as Optuna's best trial."""
+    done = [j for j in jobs if objective_of(j)[2] is not None and not math.isnan(objective_of(j)[2])]
+    if not done:
+        return None
+    sign = -1.0 if objective_of(done[0])[1] == "maximize" else 1.0
+    return min(done, key=lambda j: (sign * objective_of(j)[2], j.num or 0))
+
+
+def ranked(jobs: list[Job]) -> list[Job]:
+    """Finished jobs best first by the objective, then the failed and unfinished ones, in
+    job order."""
+    done = [j for j in jobs if objective_of(j)[2] is not None and not math.isnan(objective_of(j)[2])]
+    rest = [j for j in jobs if j not in done]
+    if done:
+        sign = -1.0 if objective_of(done[0])[1] == "maximize" else 1.0
+        done.sort(key=lambda j: (sign * objective_of(j)[2], j.num or 0))
+    return done + rest
+
+
 def rows(jobs: list[Job]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The swept keys and one dict per job: job, status, each swept key, the metrics, the
-    run columns, the CSV-only columns, the overrides, the directory and the error."""
-    swept, metrics = swept_keys(jobs), metric_names(jobs)
+    """The swept keys and one dict per job, best first: job, status, each swept key, the
+    objective and whether it is the chosen job, the validation metrics, the run columns, the
+    test metrics (``test_`` columns: for reading, never for choosing), the CSV-only columns,
+    the overrides, the directory and the error."""
+    swept, valid, test = swept_keys(jobs), metric_names(jobs, "valid"), metric_names(jobs, "eval")
+    best = chosen(jobs)
     out = []
-    for j in jobs:
+    for j in ranked(jobs):
         s = j.summary
         values = dict(o.split("=", 1) if "=" in o else (o, "") for o in j.overrides)
+        name, direction, value = objective_of(j)
         row: dict[str, Any] = {"job": j.num, "status": j.status}
         row |= {_key(k): values.get(k, "") for k in swept}
-        row |= {m: s.get("eval", {}).get(m) for m in metrics}
+        row |= {"objective": value, "chosen": "yes" if j is best else "", "objective_name": name,
+                "direction": direction}
+        row |= {f"valid_{m}": s.get("valid", {}).get(m) for m in valid}
         row |= {
             "samples_per_second": s.get("samples_per_second"),
             "peak_rss_mb": max(s["peak_rss_mb"]) if s.get("peak_rss_mb") else None,
             "dense_parameters": s.get("dense_parameters"),
         }
+        row |= {f"test_{m}": s.get("eval", {}).get(m) for m in test}
         row |= {k: s.get(k) for k in CSV_ONLY}
+        row |= {"best_step": (s.get("objective") or {}).get("best_step")}
         row |= {"overrides": " ".join(j.overrides), "dir": j.dir, "error": j.error}
         out.append(row)
     return [_key(k) for k in swept], out
@@ -143,23 +182,42 @@ def to_csv(jobs: list[Job]) -> str:
 
 
 def to_markdown(jobs: list[Job]) -> str:
-    """A markdown table (written by hand: tabulate is not a dependency, and the format is
-    ten lines), preceded by the overrides every job shares."""
+    """A markdown table for choosing (written by hand: tabulate is not a dependency, and the
+    format is ten lines), preceded by the overrides every job shares: the jobs best first by
+    the validation objective, the chosen one marked, then the validation metrics. The test
+    metrics are shown for the chosen job only, under the table (all of them are in the CSV,
+    as test_ columns)."""
     swept, table = rows(jobs)
     if not table:
         return "No job directories (with .hydra/overrides.yaml) in this sweep.\n"
     common = [o for o in jobs[0].overrides if all(o in j.overrides for j in jobs) and _key(o) not in swept]
-    metrics = metric_names(jobs)
-    heads = ["job", "status", *swept, *metrics, *(h for _, h in RUN_COLUMNS), "dir"]
-    keys = ["job", "status", *swept, *metrics, *(k for k, _ in RUN_COLUMNS), "dir"]
+    valid = [f"valid_{m}" for m in metric_names(jobs, "valid")]
+    name, direction = table[0]["objective_name"], table[0]["direction"]
+    objective = f"{name} ({'higher' if direction == 'maximize' else 'lower'} is better)"
+    heads = ["job", "status", *swept, objective, *(k.replace("_", " ", 1) for k in valid),
+             *(h for _, h in RUN_COLUMNS), "dir"]
+    keys = ["job", "status", *swept, "objective", *valid, *(k for k, _ in RUN_COLUMNS), "dir"]
     if any(r["error"] for r in table):
         heads.append("error")
         keys.append("error")
+    numeric = {"objective", *valid, *dict(RUN_COLUMNS)}
     lines = [f"Every job: `{' '.join(common)}`" if common else "Every job: the config's defaults", ""]
     lines.append("| " + " | ".join(heads) + " |")
-    lines.append("|" + "|".join("---:" if k in metrics or k in dict(RUN_COLUMNS) else "---" for k in keys) + "|")
+    lines.append("|" + "|".join("---:" if k in numeric else "---" for k in keys) + "|")
     for r in table:
-        lines.append("| " + " | ".join(_cell(k, r[k]) for k in keys) + " |")
+        cells = [_cell(k, r[k]) for k in keys]
+        if r["chosen"]:
+            cells[keys.index("objective")] = f"**{cells[keys.index('objective')]}** (chosen)"
+        lines.append("| " + " | ".join(cells) + " |")
+    best = chosen(jobs)
+    if best is not None:
+        o = best.summary.get("objective") or {}
+        where = f" at step {o['best_step']}" if o.get("best_step") is not None else ""
+        kept = f", checkpoint {o['best_checkpoint']}" if o.get("best_checkpoint") else ""
+        test = best.summary.get("eval", {})
+        scored = "  ".join(f"{m} {test[m]:.4f}" for m in metric_names([best], "eval") if m in test)
+        lines += ["", f"Chosen on validation: job {best.num} ({name} {objective_of(best)[2]:.4f}{where}{kept}). "
+                      f"Its test metrics, scored once at the end: {scored}"]
     return "\n".join(lines) + "\n"
 
 
@@ -189,10 +247,10 @@ def write_summary(sweep_dir: str) -> str:
 
 def one_line(error: BaseException) -> str:
     """The first non-empty line of an error's message (torch elastic's ChildFailedError
-    spreads its report over many), after the exception's class name for anything but a
-    JobFailed, whose message is already the user's line."""
+    spreads its report over many), after the exception's class name. A user error never gets
+    here: the job records its own line (``record_failure``) and returns the worst value."""
     text = next((line.strip() for line in str(error).splitlines() if line.strip("=- ")), "")
-    return text if isinstance(error, JobFailed) else f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__}: {text}"
 
 
 def _sweep_dir(config: DictConfig) -> str:

@@ -8,8 +8,10 @@ the device, the checkpoint to resume and the plan, and only then are ranks start
 from __future__ import annotations
 
 import logging
+import math
 import os
-from typing import NoReturn, Optional
+import sys
+from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -30,7 +32,8 @@ from hybridrec.launch import RankError, already_launched, in_sweep, launch, quie
 from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan
-from hybridrec.sweep import JobFailed
+from hybridrec import objective
+from hybridrec.sweep import record_failure
 from hybridrec.trainer import USER_ERRORS, exit_user_error, full_errors, user_message
 
 register_configs()
@@ -75,6 +78,9 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
             f"lower them, or raise train.steps (the total) to at least {state.step + prof.start_step + prof.steps}"
         )
     check_dir(cfg, path, state)
+    asked = (in_sweep() or cfg.checkpoint.keep_best or cfg.train.early_stop_patience > 0
+             or cfg.train.objective != "auto")
+    objective.check(cfg, data.splits if data else ["valid"], asked)  # under torchrun the ranks check the splits
     if not already_launched():
         # Plan the tables here first: a constraint the planner cannot meet fails now, not
         # after N ranks have started. The ranks plan again (identically) over their group.
@@ -86,6 +92,7 @@ def main(cfg: DictConfig) -> float:
     quiet_libraries(hydra_verbose())  # TorchRec's planner INFO lines, unless hydra.verbose asks for them
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     run_dir = HydraConfig.get().runtime.output_dir
+    failed = _Failure(cfg, run_dir)
     # The process that launches the job holds checkpoint.dir for its lifetime (under torchrun:
     # global rank 0, whose saves commit).
     owner = not already_launched() or os.environ["RANK"] == "0"
@@ -94,24 +101,35 @@ def main(cfg: DictConfig) -> float:
         try:
             check_before_launch(cfg, lock, run_dir)
         except ValueError as e:  # CheckpointError and LaunchError are ValueErrors too
-            _exit(e, user_message(e))
+            return failed(e, user_message(e))
         try:
             summary = launch(cfg, run_dir)
         except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
-            _exit(e, f"hybridrec: {e}")
+            return failed(e, f"hybridrec: {e}")
     finally:
         if lock:
             lock.release()
-    return summary["train_loss"]  # what a Hydra sweeper would minimize
+    return summary["objective"]["value"]  # what a Hydra sweeper optimizes (train.objective)
 
 
-def _exit(error: BaseException, message: str) -> NoReturn:
-    if in_sweep() and not full_errors():
-        # An exit would end the whole multirun, jobs not yet run included, and skip Hydra's
-        # record of this one: raised, the job is marked failed (a row of the sweep summary),
-        # the other jobs run, and Hydra ends the sweep with this one line.
-        raise JobFailed(message) from None
-    exit_user_error(error, message)
+class _Failure:
+    """How a job stops on a user error: one line and a non-zero exit; in a sweep, the line,
+    a failed row in the sweep's summary, and the objective's worst value returned, so that
+    every sweeper (the basic one, Optuna, ...) ranks the job last and goes on with the others."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str) -> None:
+        self.cfg, self.run_dir = cfg, run_dir
+
+    def __call__(self, error: BaseException, message: str) -> float:
+        if not in_sweep() or full_errors():
+            exit_user_error(error, message)
+        try:
+            worst = objective.declared(self.cfg).worst
+        except ValueError:  # the objective itself is the error: the sweeper's direction failed too
+            worst = math.inf
+        record_failure(self.run_dir, message)
+        print(f"{message} (job returns {worst}, the worst value)", file=sys.stderr, flush=True)
+        return worst
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ from hybridrec.distributed import LaunchError, health_check, init_distributed, l
 from hybridrec.logs import JobLogging, Progress, configure_rank
 from hybridrec.losses import Loss
 from hybridrec.models import build_model
+from hybridrec.objective import Selection
+from hybridrec.objective import resolve as resolve_objective
 from hybridrec.optim import TrainOptimizer
 from hybridrec.parallel_dims import pick_device, rank_dims
 from hybridrec.parallelize import Parallelized, parallelize
@@ -47,6 +49,7 @@ from hybridrec.sharding import PlanError, format_report
 from hybridrec.summary import (
     EvalRecord,
     Metrics,
+    ObjectiveBlock,
     Profile,
     RankMeasurement,
     ResumedFrom,
@@ -109,8 +112,17 @@ class Trainer:
         # This run's id, after the ids of the runs it continues (rank 0's is the one saved):
         # what decides which checkpoints keep_last may delete.
         self.runs = [checkpoint.new_run_id()]
+        # The objective follows the validation split; without one the run reports its train loss.
+        try:
+            self.objective = (resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k)
+                              if "valid" in self.data.splits else None)
+        except ValueError as e:  # checked before launch; under torchrun each rank checks here
+            raise DataError(str(e)) from None
+        self.selection = Selection()
+        self.stopped_early_at: Optional[int] = None
+        self.last_evaluation: tuple[int, Optional[Evaluation]] = (-1, None)  # step, validation result
         live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
-                                    self.losses, self.runs)
+                                    self.losses, self.runs, self.selection)
         self.resumed_from: Optional[ResumedFrom] = None
         # Rank 0 picks the checkpoint (verifying its checksums, warning when a damaged newer
         # one is skipped, again after each restart) and every rank loads that one.
@@ -138,9 +150,12 @@ class Trainer:
         progress = Progress(cfg.steps, self.start_step, enabled=self.rank == 0, logger=log)
         profiler = self._profiler()
         self.start = time.perf_counter()
+        last = cfg.steps
+        if self._patience_spent():  # an early-stopped run, resumed: nothing more to train
+            self.stopped_early_at = last = self.start_step
         try:
             with progress.logging():
-                for step in range(self.start_step + 1, cfg.steps + 1):
+                for step in range(self.start_step + 1, last + 1):
                     tick = time.perf_counter()
                     self.local_losses[step - 1] = self.step(batches, step)
                     self.step_times.append(time.perf_counter() - tick)
@@ -148,39 +163,97 @@ class Trainer:
                     if profiler:
                         profiler.step()
                     save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
-                    # A save is committed once a later step's loss is finite: check it the step after.
-                    confirm = self.checkpointer and self.checkpointer.pending
+                    # at the last step too: the evaluation is then part of the last save's state
+                    evaluate = cfg.eval_every and step % cfg.eval_every == 0
                     if step % cfg.log_every == 0 or step == cfg.steps or save:
                         self._log(step, progress)  # also checks the losses are finite
-                    elif confirm:
+                    elif evaluate or (self.checkpointer and self.checkpointer.pending):
+                        # a save is committed once a later step's loss is finite; one may follow an evaluation
                         self._check_losses(step)
                     if self.checkpointer:
                         self.checkpointer.confirm(step, self.losses)
+                    if evaluate:
+                        improved = self._evaluate_and_select(step)
+                        save = save or (improved and self.cfg.checkpoint.keep_best)
+                        if self._patience_spent():
+                            self.stopped_early_at = last = step
+                            save = bool(self.checkpointer)
+                            if self.rank == 0:
+                                log.info(f"early stop at step {step}: {self.objective.name} has not improved on "
+                                         f"{self.selection.best_value:.4f} (step {self.selection.best_step}) for "
+                                         f"{cfg.early_stop_patience} evaluations")
                     if save:
                         self.checkpointer.save(step)
-                    if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                        self._evaluate_and_log(self.select_split, step)
+                    if self.stopped_early_at:
+                        break
         finally:
             progress.close()  # the bar's last state first, then whatever reports an error
         wall = time.perf_counter() - self.start - self.eval_seconds
         if profiler:
             profiler.stop()
-        # Validation (when the source has it) drives the history; the test split is scored
-        # once, at the end, and never used to choose anything.
-        scored = {split: self._evaluate_and_log(split, cfg.steps) for split in ("valid", "eval")
-                  if split in self.data.splits}
-        final = {split: evaluation.metrics for split, evaluation in scored.items()}
+        return self._finish(wall, self._final_evaluation(last))
+
+    def _patience_spent(self) -> bool:
+        patience = self.cfg.train.early_stop_patience
+        return bool(patience and self.objective and self.selection.evals_since_best >= patience)
+
+    def _evaluate_and_select(self, step: int) -> bool:
+        """Evaluate the validation split (the history's) at ``step`` and record it against the
+        objective; True when it is the best so far (keep_best then saves this step)."""
+        evaluation = self._evaluate_and_log(self.select_split, step)
+        self.last_evaluation = (step, evaluation)
+        result = evaluation.metrics
+        if not self.objective:
+            return False
+        improved = self.selection.update(self.objective, self.objective.value(result), step)
+        if improved and self.cfg.checkpoint.keep_best:
+            self.selection.best_checkpoint = self.checkpointer.path(step)  # saved now, committed if sane
+        return improved
+
+    def _final_evaluation(self, last: int) -> dict[str, Metrics]:
+        """Score the splits at the end: validation (also judging the last save: committed only
+        if the scores are finite) and the test split, once. With checkpoint.keep_best, both are
+        scored with the best checkpoint's weights, loaded into the model."""
+        has_valid = "valid" in self.data.splits
+        if self.last_evaluation[0] == last:  # the last step was an evaluation step
+            judged = self.last_evaluation[1]
+        else:
+            judged = self._evaluate_and_log("valid" if has_valid else "eval", last)
+        if self.objective and self.last_evaluation[0] != last:
+            self.selection.update(self.objective, self.objective.value(judged.metrics), last)
+            if self.selection.best_step == last and self.cfg.checkpoint.keep_best:
+                self.selection.best_checkpoint = self.checkpointer.path(last)
         if self.checkpointer:
             # The last save has no next step: it is committed if the final scores are finite.
-            finite = all(evaluation.finite for evaluation in scored.values())
-            self.checkpointer.finish(finite)
-            if not finite:
+            self.checkpointer.finish(judged.finite)
+            if not judged.finite:
                 raise checkpoint.Diverged(
-                    f"non-finite scores in the final evaluation after step {cfg.steps}: the model diverged "
-                    f"(a learning rate too high is the usual cause); its last save was not committed; "
+                    f"non-finite scores in the final evaluation after step {last}: the model diverged (a learning "
+                    f"rate too high is the usual cause); its last save was not committed; "
                     f"{self.checkpointer.resume_hint()}"
                 )
-        return self._finish(wall, final)
+        if not has_valid:
+            return {"eval": judged.metrics}
+        final = {"valid": judged.metrics}
+        best = self.selection.best_checkpoint
+        if self.cfg.checkpoint.keep_best and best and self.selection.best_step != last:
+            checkpoint.load_weights(self.pipeline.detach(), best)
+            if self.rank == 0:
+                log.info(f"final evaluation with the best checkpoint {best} ({self.objective.name} "
+                         f"{self.selection.best_value:.4f} at step {self.selection.best_step}), not step {last}'s weights")
+            final["valid"] = self.evaluate("valid").metrics
+        final["eval"] = self._evaluate_and_log("eval", last).metrics
+        return final
+
+    def objective_block(self, final: dict[str, Metrics]) -> Optional[ObjectiveBlock]:
+        """summary.json's ``objective``; None without a validation split (the train loss)."""
+        if not self.objective:
+            return None
+        best = self.selection.best_checkpoint if self.cfg.checkpoint.keep_best else None
+        return {"name": self.objective.name, "direction": self.objective.direction,
+                "value": self.objective.value(final["valid"]), "best_step": self.selection.best_step,
+                "best_value": self.selection.best_value, "best_checkpoint": best and os.path.abspath(best),
+                "stopped_early_at": self.stopped_early_at}
 
     def _check_losses(self, step: int) -> None:
         """All-reduce the losses of the steps not yet checked, up to ``step``, and stop on a
@@ -278,7 +351,8 @@ class Trainer:
             global_batch_size=cfg.data.batch_size, wall_s=wall, final=final, eval_history=self.eval_history,
             world_size=self.world_size, device=str(self.device), dense_parallel=cfg.mesh.dense.value,
             dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
-            plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, data=read,
+            plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, objective=self.objective_block(final),
+            data=read,
         )
         if self.rank == 0:
             warn_read_problems(read)

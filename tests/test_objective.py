@@ -1,0 +1,124 @@
+"""The validation objective: declared once, returned to every Hydra sweeper, followed by
+keep_best and early stopping, across a resume; a failed trial does not end a study."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import compose_cfg
+from omegaconf import OmegaConf
+
+from hybridrec.objective import Selection, resolve
+from hybridrec.train import check_before_launch
+from hybridrec.trainer import user_message
+
+TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
+        "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
+        "model.over_arch_layer_sizes=[16,1]", "train.log_every=20"]
+
+
+@pytest.mark.unit
+def test_auto_follows_what_the_loss_and_the_data_declare():
+    assert (resolve("auto", True, None).name, resolve("auto", True, None).direction) == ("valid.logloss", "minimize")
+    assert (resolve("auto", False, None).name, resolve("auto", False, None).direction) == ("valid.auc", "maximize")
+    assert resolve("auto", True, 10).name == "valid.ndcg@10" and resolve("auto", True, 10).maximize
+    assert resolve("valid.ne", True, None).direction == "minimize"
+    with pytest.raises(ValueError, match="train.objective=eval.auc: the test split .* never chosen on"):
+        resolve("eval.auc", True, None)
+    with pytest.raises(ValueError, match=r"train.objective=valid.ndcg@10: it must be auto or one of valid.logloss"):
+        resolve("valid.ndcg@10", True, None)
+    with pytest.raises(ValueError, match="valid.logloss"):  # an uncalibrated score has no log loss
+        resolve("valid.logloss", False, None)
+
+
+@pytest.mark.unit
+def test_the_best_so_far_and_the_evaluations_since():
+    objective, selection = resolve("valid.auc", False, None), Selection()
+    assert [selection.update(objective, v, step) for step, v in ((10, 0.6), (20, 0.7), (30, math.nan), (40, 0.65))] \
+        == [True, True, False, False]
+    assert (selection.best_step, selection.best_value, selection.evals_since_best) == (20, 0.7, 2)
+    assert Selection.from_dict(json.loads(json.dumps(selection.to_dict()))) == selection  # saved as JSON
+    assert objective.worst == -math.inf and resolve("auto", True, None).worst == math.inf
+
+
+@pytest.mark.unit
+def test_the_shipped_optuna_sweeper_takes_the_objectives_direction():
+    cfg = compose_cfg([*TINY, "hydra/sweeper=objective"], hydra_keys=True)
+    assert cfg.hydra.sweeper.direction == "minimize" and cfg.hydra.sweeper._target_.endswith("OptunaSweeper")
+    cfg = compose_cfg([*TINY, "hydra/sweeper=objective", "train.objective=valid.auc"], hydra_keys=True)
+    assert cfg.hydra.sweeper.direction == "maximize"
+
+
+@pytest.mark.unit
+def test_an_objective_without_a_validation_split_is_refused_before_launch(tmp_path):
+    for asked in (["train.objective=valid.auc"], ["train.early_stop_patience=2", "train.eval_every=10"],
+                  ["checkpoint.keep_best=true", "train.eval_every=10", f"checkpoint.dir={tmp_path}"]):
+        with pytest.raises(ValueError) as refused:
+            check_before_launch(compose_cfg([*TINY, "data.valid_batches=0", *asked]))
+        assert user_message(refused.value).startswith("hybridrec: invalid config: train.objective=") and \
+            "needs a validation split, and this data has none: give it one with data.valid_batches" in \
+            user_message(refused.value)
+    check_before_launch(compose_cfg([*TINY, "data.valid_batches=0"]))  # a single run: the train loss
+    with pytest.raises(ValueError, match="checkpoint.keep_best=true .* needs checkpoint.dir and train.eval_every"):
+        check_before_launch(compose_cfg([*TINY, "checkpoint.keep_best=true"]))
+
+
+def _train(tmp_path, name, *args):
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *TINY, *args, f"hydra.run.dir={tmp_path / name}"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.load(open(tmp_path / name / "summary.json"))
+
+
+# A run that overfits: validation log loss is best at step 140, then rises; patience 3 stops it at 200.
+OVERFIT = ["train.eval_every=20", "checkpoint.keep_best=true", "train.early_stop_patience=3",
+           "optimizer.sparse.lr=0.5", "optimizer.dense.lr=0.3"]
+
+
+@pytest.mark.slow
+def test_keep_best_and_early_stopping_across_a_resume(tmp_path):
+    whole = _train(tmp_path, "whole", *OVERFIT, "train.steps=600", f"checkpoint.dir={tmp_path / 'a'}")
+    o = whole["objective"]
+    assert (o["name"], o["best_step"], o["stopped_early_at"]) == ("valid.logloss", 140, 200) and whole["steps"] == 200
+    # the final evaluation scored the best checkpoint's weights: its validation metrics are the
+    # ones logged at step 140, and the returned value is the best
+    at_best = next(r for r in whole["eval_history"] if r["step"] == 140)
+    assert whole["valid"] == {k: v for k, v in at_best.items() if k not in ("step", "split")}
+    assert o["value"] == o["best_value"] == whole["valid"]["logloss"]
+    assert o["best_checkpoint"] == str(tmp_path / "a" / "step_00000140")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".lock", "step_00000140", "step_00000200"]
+    # interrupted at step 160 (an evaluation without improvement: one of the three), then resumed
+    _train(tmp_path, "first", *OVERFIT, "train.steps=160", f"checkpoint.dir={tmp_path / 'b'}")
+    resumed = _train(tmp_path, "resumed", *OVERFIT, "train.steps=600", f"checkpoint.dir={tmp_path / 'b'}")
+    assert resumed["provenance"]["resumed_from"]["step"] == 160
+    assert {k: v for k, v in resumed["objective"].items() if k != "best_checkpoint"} == \
+        {k: v for k, v in o.items() if k != "best_checkpoint"}
+    assert resumed["eval"] == whole["eval"]  # the same best weights, scored on the test split
+    # resuming the early-stopped run trains nothing more
+    again = _train(tmp_path, "again", *OVERFIT, "train.steps=600", f"checkpoint.dir={tmp_path / 'b'}")
+    assert again["objective"]["stopped_early_at"] == 200 and again["eval"] == whole["eval"]
+
+
+@pytest.mark.slow
+def test_an_optuna_study_chooses_on_validation_and_survives_a_failed_trial(tmp_path):
+    """Three trials on a grid: fused Adam (refused on CPU: the worst value), SGD and Adagrad.
+    Optuna's best trial, the summary's chosen job and the best validation value agree."""
+    sweep = tmp_path / "study"
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", *TINY, "train.steps=20", "train.eval_every=10",
+                           "hydra/sweeper=objective", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3",
+                           "optimizer=choice(adam,sgd,adagrad)", f"hydra.sweep.dir={sweep}",
+                           "hydra.sweep.subdir=${hydra.job.num}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    study = OmegaConf.load(sweep / "optimization_results.yaml")
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert sorted(r["optimizer"] for r in rows) == ["adagrad", "adam", "sgd"]
+    failed = next(r for r in rows if r["optimizer"] == "adam")
+    assert failed["status"] == "failed" and "no fused CPU kernel" in failed["error"]
+    chosen = rows[0]
+    assert chosen["chosen"] == "yes" and study.best_params["optimizer"] == chosen["optimizer"]
+    assert study.best_value == float(chosen["objective"]) == min(float(r["objective"]) for r in rows if r["objective"])
+    summary = json.load(open(sweep / chosen["dir"] / "summary.json"))
+    assert summary["objective"]["value"] == summary["valid"]["logloss"] == study.best_value
