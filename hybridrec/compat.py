@@ -101,3 +101,9 @@ def decline_restarts(agent: Any) -> None:
     public way to refuse a restart for one kind of failure (``_monitor_workers``, where the
     failure is seen, is the documented method to extend: "Elastic Agent: Extending the Agent")."""
     agent._remaining_restarts = 0
+
+
+def restarts_left(agent: Any) -> int:
+    """How many more times torch's elastic agent will restart its workers after a failure
+    (its private ``_remaining_restarts``; no public getter)."""
+    return agent._remaining_restarts

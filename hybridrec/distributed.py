@@ -1,13 +1,17 @@
-"""Process groups: where a rank finds its place on the node, and how the default group is
-set up, checked and torn down. Every entry (the trainer's ``run``, the evaluator, the test
-and benchmark helpers) goes through these functions, so there is one way to start a rank.
+"""Process groups: where a rank finds its place on the node, how the default group is set
+up, checked and torn down, and how a launched rank's process ends. Every entry (the
+trainer's ``run``, the evaluator, the test and benchmark helpers) goes through these
+functions, so there is one way to start a rank.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import gc
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -53,6 +57,46 @@ def local_layout(env: Mapping[str, str] = os.environ) -> LocalLayout:
             "SLURM_TASKS_PER_NODE): launch with torchrun or srun, or export LOCAL_RANK and LOCAL_WORLD_SIZE"
         )
     return LocalLayout(int(rank or 0), int(size or 1))
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+_forks_tied = False
+
+
+def _kill_me_when_parent_ends(libc: ctypes.CDLL) -> None:
+    # SIGKILL: neither a DataLoader worker nor a rank whose launcher is gone has anything
+    # left to save.
+    libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL))
+
+
+def as_launched_rank(parent_ends_it: bool = False) -> None:
+    """Process settings of a rank that a launcher started and stops (hybridrec's launcher,
+    torchrun). Call from the rank's main thread, before it forks.
+
+    SIGTERM and SIGINT end the rank at once, without a word: the launcher stops its ranks
+    with the signal it received, a terminal's Ctrl-C reaches every rank directly, and the
+    launcher reports. A Python handler (KeyboardInterrupt) would wait until the collective
+    the rank is in returns, up to launcher.collective_timeout_s, and print a traceback.
+
+    Every process the rank forks (DataLoader workers) is killed when the rank ends, however
+    it ends: torch's workers otherwise poll for their parent only every 5 s. The kernel sends
+    the signal when the forking thread ends: the DataLoader forks from the main thread.
+
+    ``parent_ends_it``: the rank is killed when its parent ends, for a parent that is the
+    launcher itself (torchrun's agent), so a launcher killed with SIGKILL leaves no rank
+    training on.
+    """
+    global _forks_tied
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: not in a child just forked
+    if not _forks_tied:  # hooks cannot be removed: one is enough
+        os.register_at_fork(after_in_child=lambda: _kill_me_when_parent_ends(libc))
+        _forks_tied = True
+    if parent_ends_it:
+        _kill_me_when_parent_ends(libc)
 
 
 def backend(device: torch.device, cpu_offload: bool = False) -> str:

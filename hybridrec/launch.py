@@ -6,6 +6,15 @@ port, workers forked from a server that imported torch and TorchRec once, failur
 with tracebacks, restarts after a crash).
 When the process is already one rank of a launched job (torchrun, srun), it just runs.
 
+Ending: SIGTERM or SIGINT (Ctrl-C) to the launcher ends every rank and each rank's DataLoader
+workers at once, and the command with one line and exit status 128 + the signal's number.
+A rank that stops answering (stopped with SIGSTOP, frozen, stuck holding Python's GIL) is
+killed and named, with its pid, well within launcher.collective_timeout_s; the healthy ranks
+would otherwise fail at that timeout, with errors that name themselves. A launcher killed
+with SIGKILL leaves no rank behind. Under torchrun, its agent stops the ranks: there, ranks
+and their workers still end at once and silently and die with the agent, but no rank is
+watched for silence (the collective timeout ends a hung job).
+
 Under Hydra's submitit launcher (``-m hydra/launcher=slurm``), each Slurm job runs one task
 per node, and each task does what ``torchrun --nnodes N`` would: it starts the node's ranks
 with the same elastic launcher, the nodes meeting at a c10d rendezvous on the first node of
@@ -19,9 +28,13 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import sys
+import threading
+import time
 import uuid
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from typing import Any, Callable, Optional
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
@@ -32,9 +45,11 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.utils.process_state import read_proc_state
 
-from hybridrec.compat import decline_restarts
+from hybridrec.compat import decline_restarts, restarts_left
 from hybridrec.config import Device, validate
+from hybridrec.distributed import as_launched_rank
 from hybridrec.logs import JobLogging
 from hybridrec.parallel_dims import Cuda
 from hybridrec.trainer import USER_ERROR_EXIT, RankJob, run
@@ -43,16 +58,37 @@ log = logging.getLogger(__name__)
 
 
 class RankError(Exception):
-    """A user error (``trainer.USER_ERRORS``) that stopped a rank, as its one-line message."""
+    """What ended the ranks, as one line: a user error (``trainer.USER_ERRORS``) that stopped
+    a rank, with the message the rank recorded, or one of the launcher's own reports below."""
 
 
-class _QuietUserErrors(logging.Filter):
-    """The elastic agent logs every failed rank with a traceback; a rank stopped by a user
-    error has none worth showing (``spawn`` prints its one line instead)."""
+class Stopped(RankError):
+    """The launcher received SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT, and ended its ranks."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class Unresponsive(RankError):
+    """A rank sent no heartbeat for too long; the launcher killed it, and the job ended."""
+
+
+_HANDLED_FAILURE_PIDS: set[int] = set()
+"""The ranks of this attempt that the launcher killed for a silent rank: that is the report."""
+
+
+class _QuietReportedFailures(logging.Filter):
+    """Drops what the elastic agent's loggers say about failures that hybridrec reports in one
+    line itself (torch logs each, with a traceback of its own code): a rank stopped by a user
+    error (its message is the report), ranks killed for a silent rank, the signal that stops
+    the job and the ranks stopped with it. Any other failure is logged as torch logs it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (str(record.msg).startswith("failed (exitcode") and record.args
-                    and record.args[0] == USER_ERROR_EXIT)
+        msg, args = str(record.msg), record.args or ()
+        if msg.startswith("failed (exitcode") and len(args) > 2:
+            return not (args[0] == USER_ERROR_EXIT or args[2] in _HANDLED_FAILURE_PIDS)
+        return not msg.startswith(("Received %s death signal", "Closing process %s via signal"))
 
 
 def already_launched() -> bool:
@@ -115,10 +151,13 @@ def world_size(cfg: DictConfig) -> int:
 
 def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict[str, Any]:
     """Run ``job`` (default: training) on ``world_size(cfg)`` ranks and return rank 0's
-    summary."""
+    summary. A signal that stops the launched ranks ends this process (see ``Stopped``)."""
     if already_launched():
         if cfg.launcher.nproc_per_node != 1:
             log.info("already launched (torchrun/srun): launcher.nproc_per_node is ignored")
+        # torch's elastic agent (torchrun) is this rank's parent; srun's is Slurm's step daemon,
+        # which ends its tasks itself.
+        as_launched_rank(parent_ends_it="TORCHELASTIC_RUN_ID" in os.environ)
         return run(cfg, run_dir, job=job)
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
     if nproc == 1 and nodes.count == 1 and not in_sweep():
@@ -126,8 +165,17 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
     # The ranks are new processes: they get the Hydra job's logging (console, train.log).
-    return spawn(run, nproc, cfg, run_dir, True, job, JobLogging.of_this_job(),
-                 max_restarts=cfg.launcher.max_restarts, nodes=nodes)
+    # A rank may be silent for half the collective timeout (at most 30 s): then it is named
+    # before the collective timeout fails its peers.
+    try:
+        return spawn(run, nproc, cfg, run_dir, True, job, JobLogging.of_this_job(),
+                     max_restarts=cfg.launcher.max_restarts, nodes=nodes,
+                     silence_s=min(30.0, cfg.launcher.collective_timeout_s / 2))
+    except Stopped as e:
+        # The user asked the whole command to end, a sweep's jobs still to run included: one
+        # line, and the shell's exit status of a process ended by that signal.
+        print(f"hybridrec: {e}; outputs so far in {os.path.abspath(run_dir)}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.signum) from None
 
 
 def quiet_secondary_ranks() -> None:
@@ -141,7 +189,8 @@ def quiet_secondary_ranks() -> None:
 
 
 def spawn(
-    fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0, nodes: Optional[Nodes] = None
+    fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0, nodes: Optional[Nodes] = None,
+    silence_s: float = 30.0,
 ) -> Any:
     """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
     local ranks, started by PyTorch's elastic agent: c10d rendezvous (on a free local port
@@ -149,18 +198,26 @@ def spawn(
     too, so they start ranks exactly as users do. ``max_restarts`` (default 0: a failed rank fails the call) lets the
     agent stop and restart every rank after a crash, up to that many times, but never after
     a user error. With ``nodes``, this call is one node of several, as torchrun --nnodes.
-    A rank that exits with USER_ERROR_EXIT raises ``RankError`` with the message it recorded."""
+    A rank that exits with USER_ERROR_EXIT raises ``RankError`` with the message it recorded.
+    A rank silent for ``silence_s`` seconds is killed, and ``Unresponsive`` raised (unless a
+    restart is left); a signal that stops the launcher raises ``Stopped``, its ranks ended."""
     nodes = nodes or Nodes(1, "localhost:0", f"hybridrec-{uuid.uuid4().hex[:8]}")
     # The elastic agent logs every state change at INFO; keep the user's console for training.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    if not any(isinstance(f, _QuietUserErrors) for f in agent_log.filters):
-        agent_log.addFilter(_QuietUserErrors())
+    for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
+        agent_log = logging.getLogger(name)
+        if not any(isinstance(f, _QuietReportedFailures) for f in agent_log.filters):
+            agent_log.addFilter(_QuietReportedFailures())
     # When one rank fails, the others are stopped with SIGTERM, each logged: the failure
     # itself is what the user needs, and it is reported.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
-        results = _run_agent(fn, args, nproc, nodes, max_restarts)  # keyed by global rank, this node's ranks only
+        # keyed by global rank, this node's ranks only
+        results = _run_agent(fn, args, nproc, nodes, max_restarts, silence_s)
+    except SignalException as e:  # raised by the agent's handler, once it has ended the ranks
+        raise Stopped(e.sigval) from None
+    except KeyboardInterrupt:  # Ctrl-C before the agent's handler was set: no rank started yet
+        raise Stopped(signal.SIGINT) from None
     except ChildFailedError as e:
         stopped = sorted((rank, f) for rank, f in e.failures.items() if f.exitcode == USER_ERROR_EXIT)
         if stopped:
@@ -179,31 +236,125 @@ def start_method(cuda: Cuda) -> str:
     return "spawn" if cuda.devices else "forkserver"
 
 
-class _UserErrorsEndTheJob(LocalElasticAgent):
-    """torch's local elastic agent, except that a rank stopped by a user error (bad rows, a
-    checkpoint that does not fit, a plan that cannot be met) ends the job at once: restarted
-    ranks would read the same config and files and fail the same way, max_restarts times."""
+class _Rank:
+    """What the elastic agent runs in each rank: ``fn``, in a process that ends with the
+    launcher and tells it, once a second, that it still runs."""
+
+    def __init__(self, fn: Callable[..., Any], beats: Any) -> None:
+        self.fn, self.beats = fn, beats
+        self.__qualname__ = fn.__qualname__  # the agent names its entrypoint in its logs
+
+    def __call__(self, *args: Any) -> Any:
+        as_launched_rank()
+        threading.Thread(target=_heartbeat, args=(self.beats, int(os.environ["LOCAL_RANK"])),
+                         name="hybridrec-heartbeat", daemon=True).start()
+        return self.fn(*args)
+
+
+def _heartbeat(beats: Any, slot: int) -> None:
+    """Each second, the time (``time.monotonic``: one clock for every process of the machine)
+    into the rank's slot of the agent's shared array, until the launcher ends: then the rank
+    ends too. The fork server the rank came from outlives the launcher while its ranks run,
+    so a launcher killed with SIGKILL would otherwise leave them training."""
+    launcher = multiprocessing.parent_process()  # the launcher, not the fork server
+    while True:
+        beats[slot] = time.monotonic()
+        if wait([launcher.sentinel], timeout=1.0):
+            os._exit(1)
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "T": "stopped",
+           "t": "stopped by a debugger", "Z": "exited"}
+
+
+class _Agent(LocalElasticAgent):
+    """torch's local elastic agent, with two rules of hybridrec's.
+
+    A rank stopped by a user error (bad rows, a checkpoint that does not fit, a plan that
+    cannot be met) ends the job at once: restarted ranks would read the same config and files
+    and fail the same way, max_restarts times.
+
+    A rank whose heartbeat is older than ``silence_s`` is killed, with the other ranks (which
+    then cannot print errors about the silent one), and reported by rank and pid. Its peers
+    would otherwise wait in their collectives until the collective timeout. The heartbeat
+    comes from a thread: a rank stopped (SIGSTOP), frozen or stuck holding the GIL is caught;
+    a rank deadlocked with the GIL released still beats, and the collective timeout ends it.
+    """
+
+    def __init__(self, *args: Any, beats: Any, silence_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.beats, self.silence_s = beats, silence_s
+        self.unresponsive: Optional[str] = None  # the report, once this attempt's ranks were killed
+        self.last_look = self.awake_since = time.monotonic()
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        self.beats[:] = [0.0] * len(self.beats)  # 0: no heartbeat yet (a spawned rank imports first)
+        self.unresponsive = None
+        _HANDLED_FAILURE_PIDS.clear()  # the killed ranks' failures are logged before a restart
+        return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: Any) -> RunResult:
+        self._end_silent_ranks(worker_group)
         result = super()._monitor_workers(worker_group)
         if result.is_failed() and any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
             decline_restarts(self)
         return result
 
+    def _end_silent_ranks(self, worker_group: Any) -> None:
+        now = time.monotonic()
+        if now - self.last_look > 2.0:
+            # The agent itself did not run (Ctrl-Z stops every process of the job, fg continues
+            # them all): the ranks get their time again from now.
+            self.awake_since = now
+        self.last_look = now
+        if self.unresponsive:
+            return
+        silent = [w for w in worker_group.workers if self.beats[w.local_rank]
+                  and now - max(self.beats[w.local_rank], self.awake_since) > self.silence_s]
+        if not silent:
+            return
+        first = min(silent, key=lambda w: w.global_rank)
+        state = read_proc_state(first.id)
+        self.unresponsive = (f"rank {first.global_rank} (pid {first.id}) stopped responding: no heartbeat for "
+                             f"{now - self.beats[first.local_rank]:.0f} s (process state: "
+                             f"{_STATES.get(state or '', state or 'gone')}); every rank was killed")
+        if restarts_left(self) > 0:
+            log.warning(f"{self.unresponsive}; restarting them")
+        # The silent ranks last: their peers must not see their connections close and fail.
+        for w in sorted(worker_group.workers, key=lambda w: w in silent):
+            _HANDLED_FAILURE_PIDS.add(w.id)
+            try:
+                os.kill(w.id, signal.SIGKILL)  # a stopped process ignores SIGTERM until continued
+            except ProcessLookupError:
+                pass
 
-def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, max_restarts: int) -> dict[int, Any]:
+
+# The signals torch's agent turns into SignalException (TORCHELASTIC_SIGNALS_TO_HANDLE).
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, max_restarts: int,
+               silence_s: float) -> dict[int, Any]:
     """What ``elastic_launch`` does (torch's launch_agent, the part a CPU or GPU job here
     uses), with the agent above: elastic_launch builds its LocalElasticAgent itself, and has
     no say in which failures it restarts."""
     params = RendezvousParameters(backend="c10d", endpoint=nodes.endpoint, run_id=nodes.run_id,
                                   min_nodes=nodes.count, max_nodes=nodes.count, timeout=900)  # elastic_launch's join timeout
-    spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=fn, args=tuple(args),
+    beats = multiprocessing.RawArray("d", nproc)  # shared memory, one slot per local rank
+    spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=_Rank(fn, beats), args=tuple(args),
                       rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
                       monitor_interval=0.1)
     method = start_method(Cuda.probe())
     if method == "forkserver":
-        multiprocessing.set_forkserver_preload(["hybridrec.trainer", fn.__module__])
-    agent = _UserErrorsEndTheJob(spec, DefaultLogsSpecs(), start_method=method)
+        multiprocessing.set_forkserver_preload(["hybridrec.trainer", fn.__module__, __name__])
+    # Ranks end at once on the agent's SIGTERM; one that does not (stopped, or in the kernel)
+    # is killed after 5 s rather than torch's 30.
+    agent = _Agent(spec, DefaultLogsSpecs(), start_method=method, shutdown_timeout=5, beats=beats,
+                   silence_s=silence_s)
+    # The agent sets handlers for these and leaves them: after it, a signal would raise its
+    # exception anywhere in this process (the next job of a sweep).
+    handlers = ({s: signal.getsignal(s) for s in _AGENT_SIGNALS}
+                if threading.current_thread() is threading.main_thread() else {})
     close_rendezvous = True
     try:
         result = agent.run()
@@ -211,9 +362,14 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
         close_rendezvous = False  # as torch's launcher: an agent stopped by a signal may be replaced
         raise
     finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
         if close_rendezvous:
             spec.rdzv_handler.shutdown()
     if result.is_failed():
+        if agent.unresponsive:
+            raise Unresponsive(agent.unresponsive)
         raise ChildFailedError(name=getattr(fn, "__name__", str(fn)), failures=result.failures)
     return result.return_values
 
