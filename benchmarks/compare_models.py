@@ -55,7 +55,7 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
            *overrides, f"hydra.sweep.dir={sweep_dir}"]
     _run(cmd, os.path.join(runs, f"{experiment}.log"))
     with open(os.path.join(sweep_dir, "summary.csv")) as f:
-        rows = list(csv.DictReader(f))
+        rows = sorted(csv.DictReader(f), key=lambda r: int(r["job"]))  # the CSV ranks them by the objective
     if [(r["model"], r["status"]) for r in rows] != [(m, "ok") for m in MODELS]:
         raise RuntimeError(f"{sweep_dir}/summary.csv: expected one finished job per model, got "
                            f"{[(r.get('model'), r['status'], r['error']) for r in rows]}")
@@ -68,7 +68,7 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
 def table(rows: list[dict[str, str]]) -> str:
     lines = ["| model | test AUC | NE | samples/s | dense parameters |", "|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {MODELS[r['model']]} (`model={r['model']}`) | {float(r['auc']):.4f} | {float(r['ne']):.4f} "
+        lines.append(f"| {MODELS[r['model']]} (`model={r['model']}`) | {float(r['test_auc']):.4f} | {float(r['test_ne']):.4f} "
                      f"| {float(r['samples_per_second']):,.0f} | {int(r['dense_parameters']):,} |")
     return "\n".join(lines)
 

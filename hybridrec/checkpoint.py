@@ -569,7 +569,7 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
             if key == "_target_" or key in free:
                 continue
             a, b = model.get(key), run_model[key]
-            a, b = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (a, b))
+            a, b = (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v for v in (a, b))
             if a != b:
                 diffs.append(f"model.{key}: checkpoint {a}, run {b}")
     rows = {f"t_{f['name']}": f["num_embeddings"] for f in saved_features}

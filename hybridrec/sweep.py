@@ -191,8 +191,8 @@ def to_markdown(jobs: list[Job]) -> str:
     if not table:
         return "No job directories (with .hydra/overrides.yaml) in this sweep.\n"
     common = [o for o in jobs[0].overrides if all(o in j.overrides for j in jobs) and _key(o) not in swept]
-    valid = [f"valid_{m}" for m in metric_names(jobs, "valid")]
     name, direction = table[0]["objective_name"], table[0]["direction"]
+    valid = [f"valid_{m}" for m in metric_names(jobs, "valid") if f"valid.{m}" != name]  # not twice
     objective = f"{name} ({'higher' if direction == 'maximize' else 'lower'} is better)"
     heads = ["job", "status", *swept, objective, *(k.replace("_", " ", 1) for k in valid),
              *(h for _, h in RUN_COLUMNS), "dir"]
@@ -205,7 +205,7 @@ def to_markdown(jobs: list[Job]) -> str:
     lines.append("| " + " | ".join(heads) + " |")
     lines.append("|" + "|".join("---:" if k in numeric else "---" for k in keys) + "|")
     for r in table:
-        cells = [_cell(k, r[k]) for k in keys]
+        cells = [_swept(r[k]) if k in swept else _cell(k, r[k]) for k in keys]
         if r["chosen"]:
             cells[keys.index("objective")] = f"**{cells[keys.index('objective')]}** (chosen)"
         lines.append("| " + " | ".join(cells) + " |")
@@ -219,6 +219,15 @@ def to_markdown(jobs: list[Job]) -> str:
         lines += ["", f"Chosen on validation: job {best.num} ({name} {objective_of(best)[2]:.4f}{where}{kept}). "
                       f"Its test metrics, scored once at the end: {scored}"]
     return "\n".join(lines) + "\n"
+
+
+def _swept(value: str) -> str:
+    """A swept value as the table shows it: a search sweeper's float to 4 significant
+    digits (the CSV keeps every digit)."""
+    try:
+        return f"{float(value):.4g}" if any(c in value for c in ".e") else _cell("", value)
+    except ValueError:
+        return _cell("", value)
 
 
 def _cell(key: str, value: Any) -> str:

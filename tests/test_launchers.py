@@ -44,7 +44,7 @@ def test_submitit_local_sweep_runs_each_job(tmp_path):
         assert {r for p in s["plan"].values() for r in p["ranks"]} == {0, 1}
         assert 0 < s["train_loss"] < 0.7 and s["eval"]["n"] == 128
     # the sweep summary, from the submitting process once submitit's jobs are done
-    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    rows = sorted(csv.DictReader(open(sweep / "summary.csv")), key=lambda r: int(r["job"]))  # CSV: best first
     assert [(r["status"], r["sharding"], r["dir"]) for r in rows] == [("ok", "table_wise", jobs[0]), ("ok", "row_wise", jobs[1])]
     assert f"hybridrec: sweep summary in {sweep}/summary.md" in proc.stdout
     # ran by submitit: one folder of logs and pickles per job, the job's own id in Hydra's record

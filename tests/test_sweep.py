@@ -87,12 +87,12 @@ def test_markdown_table_is_for_choosing(sweep):
     assert lines[0] == "Every job: `+experiment=ctr train.steps=5`"  # shared overrides, once
     table = [line for line in lines if line.startswith("|")]
     assert table[0] == ("| job | status | model | optimizer | valid.logloss (lower is better) | valid auc "
-                        "| valid logloss | samples/s | peak RSS MB (max rank) | dense params | dir | error |")
+                        "| samples/s | peak RSS MB (max rank) | dense params | dir | error |")
     assert len(table) == 2 + 4  # heading, alignment, one row per job
-    assert table[2] == ("| 1 | ok | dcn |  | **0.4800** (chosen) | 0.7501 | 0.4800 | 9,000 | 1,200 | 1,342,849 "
+    assert table[2] == ("| 1 | ok | dcn |  | **0.4800** (chosen) | 0.7501 | 9,000 | 1,200 | 1,342,849 "
                         "| 1_+experiment=ctr,train.steps=5,model=dcn |  |")
     assert table[3].startswith("| 0 | ok | dlrm |  | 0.5200 | ")
-    assert table[4].startswith("| 2 | failed | dcn | sgd |  |  |  |  |  |  | 2_") and "world_size=3 ranks |" in table[4]
+    assert table[4].startswith("| 2 | failed | dcn | sgd |  |  |  |  |  | 2_") and "world_size=3 ranks |" in table[4]
     assert table[5].startswith("| 10 | unfinished | deepfm |")
     # the test split: for the chosen job only, below the table, never a column to sort on
     assert "test" not in table[0] and lines[-1] == (
@@ -104,9 +104,12 @@ def test_a_maximized_objective_sorts_the_other_way(tmp_path):
     for num, auc in ((0, 0.71), (1, 0.74), (2, 0.69)):
         summary = _summary(0.7, 0.9, 1.0, [1.0], 1)
         summary["objective"] |= {"name": "valid.auc", "direction": "maximize", "value": auc}
-        _job(tmp_path, num, [f"seed={num}"], summary)
-    rows = list(csv.DictReader(io.StringIO(to_csv(read_jobs(str(tmp_path))))))
+        _job(tmp_path, num, [f"optimizer.dense.lr={0.0123456789 * (num + 1)}"], summary)
+    jobs = read_jobs(str(tmp_path))
+    rows = list(csv.DictReader(io.StringIO(to_csv(jobs))))
     assert [(r["job"], r["chosen"]) for r in rows] == [("1", "yes"), ("0", ""), ("2", "")]
+    assert rows[0]["optimizer.dense.lr"] == "0.0246913578"  # every digit in the CSV, 4 in the table
+    assert "| 1 | ok | 0.02469 | **0.7400** (chosen) |" in to_markdown(jobs)
 
 
 def test_ranking_metrics_as_present(tmp_path):
