@@ -11,6 +11,7 @@ import shlex
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep
 from hydra.errors import HydraException
 from omegaconf import open_dict
 
@@ -46,7 +47,10 @@ def _jobs(args: list[str]) -> list[list[str]]:
     """The overrides of each job a command runs (a -m sweep runs one per combination)."""
     overrides = [a for a in args if a not in ("-m", "--multirun") and not a.startswith("--")]
     parsed = OverridesParser.create().parse_overrides(overrides)
+    # a search sweeper's interval has no values to list: its two ends stand for it
     choices = [[o.input_line] if not o.is_sweep_override() else
+               [f"{o.get_key_element()}={v}" for v in (o.value().start, o.value().end)]
+               if isinstance(o.value(), IntervalSweep) else
                [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in parsed]
     return [list(job) for job in itertools.product(*choices)]
 
