@@ -109,7 +109,12 @@ def main(cfg: DictConfig) -> float:
     finally:
         if lock:
             lock.release()
-    return summary["objective"]["value"]  # what a Hydra sweeper optimizes (train.objective)
+    value = summary["objective"]["value"]  # what a Hydra sweeper optimizes (train.objective)
+    if math.isnan(value):  # e.g. AUC of a validation split with one class: no sweeper can rank NaN
+        value = objective.declared(cfg).worst
+        print(f"hybridrec: {summary['objective']['name']} is NaN: the job returns {value}, the worst value",
+              file=sys.stderr, flush=True)
+    return value
 
 
 class _Failure:
