@@ -143,6 +143,15 @@ def in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def in_search() -> bool:
+    """True inside a job of a sweeper that reads the jobs' return values to choose the next
+    ones (Optuna, Nevergrad, Ax, ...): every sweeper but Hydra's basic one, which runs a fixed
+    list of jobs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return in_sweep() and not str(HydraConfig.get().sweeper.get("_target_", "")).endswith(".BasicSweeper")
+
+
 def world_size(cfg: DictConfig) -> int:
     if already_launched():
         return int(os.environ["WORLD_SIZE"])

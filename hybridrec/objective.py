@@ -121,7 +121,7 @@ def declared(cfg: Any) -> Objective:
 
 def check(cfg: Any, splits: Sequence[str], asked: bool) -> None:
     """Refuse, before launch, an objective that cannot be computed: a bad train.objective, or
-    one that is ``asked`` for (a sweep job, keep_best, early stopping, an explicit
+    one that is ``asked`` for (a search sweeper's job, keep_best, early stopping, an explicit
     train.objective) by a run whose data has no validation split (naming the keys that
     give it one)."""
     objective = declared(cfg)
@@ -129,6 +129,6 @@ def check(cfg: Any, splits: Sequence[str], asked: bool) -> None:
         keys = [f"data.{k}" for k in ("valid_fraction", "valid_path", "valid_batches") if k in cfg.data]
         raise ValueError(
             f"train.objective={cfg.train.objective} ({objective.name}) needs a validation split, and this data "
-            f"has none: give it one with {' or '.join(keys) or 'a source that has one'} (a sweep job, "
+            f"has none: give it one with {' or '.join(keys) or 'a source that has one'} (a search sweeper, "
             f"checkpoint.keep_best and train.early_stop_patience choose on validation, never on the test split)"
         )

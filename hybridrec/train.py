@@ -28,7 +28,7 @@ from hybridrec.checkpoint import (
 )
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.data import build_source
-from hybridrec.launch import RankError, already_launched, in_sweep, launch, quiet_secondary_ranks, world_size
+from hybridrec.launch import RankError, already_launched, in_search, in_sweep, launch, quiet_secondary_ranks, world_size
 from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan
@@ -78,7 +78,10 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
             f"lower them, or raise train.steps (the total) to at least {state.step + prof.start_step + prof.steps}"
         )
     check_dir(cfg, path, state)
-    asked = (in_sweep() or cfg.checkpoint.keep_best or cfg.train.early_stop_patience > 0
+    # A search sweeper optimizes the returned value: without validation it would optimize the
+    # train loss, in the direction of the validation objective. The basic sweeper's fixed list
+    # of jobs may compare them on the train loss (the table says which it sorts by).
+    asked = (in_search() or cfg.checkpoint.keep_best or cfg.train.early_stop_patience > 0
              or cfg.train.objective != "auto")
     objective.check(cfg, data.splits if data else ["valid"], asked)  # under torchrun the ranks check the splits
     if not already_launched():
