@@ -4,8 +4,11 @@ per experiment, as a user runs them:
     python -m hybridrec.train -m +experiment=ctr model=dlrm,dcn,deepfm
     python -m hybridrec.train -m +experiment=movielens model=dlrm,dcn,deepfm
 
-Each experiment keeps its own settings (steps, batch, learning rates, one rank) and each
-model its sizes for the experiment (conf/experiment_model/). The numbers are read from each
+Each experiment keeps its own settings (steps, batch, learning rates, validation every
+train.eval_every steps, early stopping where it has it, one rank) and each model its sizes
+for the experiment (conf/experiment_model/). Every job keeps its best checkpoint by the
+validation objective (checkpoint.keep_best, in the job's directory) and scores the test split
+with those weights: the best-checkpoint rule a sweep chooses by. The numbers are read from each
 sweep's summary.csv (written by hybridrec/sweep.py, the sweep-summary callback), and
 benchmarks/results/MODELS.md gets one table per experiment and the settings, which README's
 "Model comparison" section quotes (benchmarks/readme_numbers.py).
@@ -36,6 +39,8 @@ sys.path.insert(0, HERE)
 
 from bench import _run, machine  # noqa: E402  (the suite's runner and machine description)
 
+# The best-checkpoint rule: each job's checkpoints in its own directory, the best one kept.
+BEST = ["checkpoint.keep_best=true", "checkpoint.keep_last=1", "checkpoint.dir=${hydra:runtime.output_dir}/checkpoints"]
 MODELS = {"dlrm": "DLRM", "dcn": "DLRM-DCNv2", "deepfm": "DeepFM"}
 EXPERIMENTS = {
     "ctr": "synthetic click log shaped like Criteo Kaggle (13 dense features, 26 tables of up to 1 M rows, "
@@ -52,7 +57,7 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
         shutil.rmtree(sweep_dir)
     os.makedirs(runs, exist_ok=True)
     cmd = [sys.executable, "-m", "hybridrec.train", "-m", f"+experiment={experiment}", f"model={','.join(MODELS)}",
-           *overrides, f"hydra.sweep.dir={sweep_dir}"]
+           *BEST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
     _run(cmd, os.path.join(runs, f"{experiment}.log"))
     with open(os.path.join(sweep_dir, "summary.csv")) as f:
         rows = sorted(csv.DictReader(f), key=lambda r: int(r["job"]))  # the CSV ranks them by the objective
@@ -61,15 +66,25 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
                            f"{[(r.get('model'), r['status'], r['error']) for r in rows]}")
     for row in rows:
         with open(os.path.join(sweep_dir, row["dir"], "summary.json")) as f:
-            row["torch"] = json.load(f)["provenance"]["versions"]["torch"]
+            summary = json.load(f)
+        row["torch"] = summary["provenance"]["versions"]["torch"]
+        row["objective"] = summary["objective"]
+        row["stopped"] = summary["objective"]["stopped_early_at"]
+        # the checkpoints served the final evaluation; the table keeps what they showed
+        shutil.rmtree(os.path.join(sweep_dir, row["dir"], "checkpoints"), ignore_errors=True)
     return rows
 
 
 def table(rows: list[dict[str, str]]) -> str:
-    lines = ["| model | test AUC | NE | samples/s | dense parameters |", "|---|---:|---:|---:|---:|"]
+    o = rows[0]["objective"]
+    lines = [f"| model | test AUC | NE | {o['name']} (best) | at step | samples/s | dense parameters |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        o = r["objective"]
+        at = f"{o['best_step']}" + (f" (stopped at {r['stopped']})" if r["stopped"] else "")
         lines.append(f"| {MODELS[r['model']]} (`model={r['model']}`) | {float(r['test_auc']):.4f} | {float(r['test_ne']):.4f} "
-                     f"| {float(r['samples_per_second']):,.0f} | {int(r['dense_parameters']):,} |")
+                     f"| {o['best_value']:.4f} | {at} | {float(r['samples_per_second']):,.0f} "
+                     f"| {int(r['dense_parameters']):,} |")
     return "\n".join(lines)
 
 
@@ -113,15 +128,19 @@ def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_
     for experiment, rows in results.items():
         out += [f"## {experiment}", "", f"`+experiment={experiment}`: {EXPERIMENTS[experiment]}.", "", table(rows), ""]
     ranks = lambda n: f"{n} rank" + ("" if n == "1" else "s")
-    run = "; ".join(f"`{e}`: {setting(e, rows, 'steps')} steps of global batch {setting(e, rows, 'global_batch_size')}"
-                    f" on {ranks(setting(e, rows, 'world_size'))}" for e, rows in results.items())
+    run = "; ".join(f"`{e}`: up to {max(int(r['steps']) for r in rows)} steps of global batch "
+                    f"{setting(e, rows, 'global_batch_size')} on {ranks(setting(e, rows, 'world_size'))}"
+                    for e, rows in results.items())
     out += [
         "## Settings", "",
         f"- {run}; one seed, one run per model.",
         "- Each experiment's learning rates are its own, chosen for DLRM; each model's sizes for the "
         "experiment are in `conf/experiment_model/<experiment>/<model>.yaml`. DCN and DeepFM are not tuned "
         "further.",
-        "- Test AUC and NE: the test split, scored once at the end. samples/s: the whole training run, "
+        f"- Every job ran with `{' '.join(BEST)}`: the best validation evaluation's checkpoint is kept, and the "
+        "test split is scored once, at the end, with its weights (the step in the table; early stopping, where "
+        "the experiment has it, ended the run at the step in brackets).",
+        "- Test AUC and NE: the test split, scored once at the end. samples/s: the whole training run (its keep_best checkpoint saves included), "
         "evaluation excluded, from a single run on a shared machine (not the benchmark suite's method: "
         "see Performance). Dense parameters: every parameter outside the embedding tables.",
         f"- CPU: {m['cpu']} ({m['cores']} cores); torch {', '.join(sorted(torch_version))}, "

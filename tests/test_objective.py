@@ -88,6 +88,8 @@ def test_keep_best_and_early_stopping_across_a_resume(tmp_path):
     at_best = next(r for r in whole["eval_history"] if r["step"] == 140)
     assert whole["valid"] == {k: v for k, v in at_best.items() if k not in ("step", "split")}
     assert o["value"] == o["best_value"] == whole["valid"]["logloss"]
+    records = [json.loads(line) for line in open(tmp_path / "whole" / "metrics.jsonl")]
+    assert [r["step"] for r in records if r.get("split") == "eval"] == [140]  # the step whose weights were scored
     assert o["best_checkpoint"] == str(tmp_path / "a" / "step_00000140")
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".lock", "step_00000140", "step_00000200"]
     # interrupted at step 160 (an evaluation without improvement: one of the three), then resumed
@@ -110,6 +112,8 @@ def test_an_optuna_study_chooses_on_validation_and_survives_a_failed_trial(tmp_p
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", *TINY, "train.steps=20", "train.eval_every=10",
                            "hydra/sweeper=objective", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3",
                            "optimizer=choice(adam,sgd,adagrad)", f"hydra.sweep.dir={sweep}",
+                           # each job's checkpoints in its own directory: resolved before its rank starts
+                           "checkpoint.keep_best=true", "checkpoint.dir=${hydra:runtime.output_dir}/ckpt",
                            "hydra.sweep.subdir=${hydra.job.num}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     study = OmegaConf.load(sweep / "optimization_results.yaml")
@@ -122,3 +126,4 @@ def test_an_optuna_study_chooses_on_validation_and_survives_a_failed_trial(tmp_p
     assert study.best_value == float(chosen["objective"]) == min(float(r["objective"]) for r in rows if r["objective"])
     summary = json.load(open(sweep / chosen["dir"] / "summary.json"))
     assert summary["objective"]["value"] == summary["valid"]["logloss"] == study.best_value
+    assert summary["objective"]["best_checkpoint"].startswith(str(sweep / chosen["dir"] / "ckpt" / "step_"))
