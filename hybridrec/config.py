@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any, ClassVar, NoReturn, Optional
+from typing import Any, Callable, ClassVar, NoReturn, Optional
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -968,6 +968,20 @@ def _check_keys(node: Any, path: str = "") -> None:
                     _check_keys(child, f"{path}.{key}" if path else str(key))
 
 
+def _check_finite(node: Any, path: str = "") -> None:
+    """No NaN or infinity in any number of the config. Checked once for every key, because a
+    NaN passes every range comparison (``lr > 0`` is False for NaN and so is ``lr <= 0``) and
+    then changes what a run computes without an error (a NaN Zipf exponent, a NaN rate)."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            if key == "hydra" or OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+                continue
+            _check_finite(node[key], f"{path}.{key}" if path else str(key))
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ValueError(f"{path}={node} is not a finite number: give a finite value")
+
+
 def _paths(node: DictConfig, prefix: str = "") -> list[str]:
     """Every dotted key of a config, depth first, in order."""
     out = []
@@ -1024,6 +1038,7 @@ def _validate_structure(cfg: DictConfig) -> None:
             f"{' '.join(f'{k}=...' for k in missing)} on the command line or in an experiment"
         )
     _check_keys(cfg)
+    _check_finite(cfg)
     _check_positive(cfg)
 
 
@@ -1153,6 +1168,11 @@ def _validate_schedules(cfg: DictConfig) -> None:
         raise ValueError(f"optimizer.clip_grad_norm must be > 0, got {cfg.optimizer.clip_grad_norm}")
 
 
+# Counts of the data sources (each key where its source has it): smallest valid value. A
+# negative count would otherwise train every step and fail at the first evaluation.
+_DATA_COUNTS = {"eval_batches": 1, "valid_batches": 0, "list_size": 1, "negatives": 0, "eval_negatives": 0}
+
+
 def _validate_data(cfg: DictConfig, world_size: int) -> None:
     if cfg.data.batch_size % world_size != 0:
         raise ValueError(
@@ -1162,6 +1182,10 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
     if cfg.data.num_workers < 0 or cfg.data.prefetch < 1:
         raise ValueError(f"data.num_workers must be >= 0 and data.prefetch >= 1, got "
                          f"{cfg.data.num_workers} and {cfg.data.prefetch}")
+    for key, least in _DATA_COUNTS.items():
+        value = cfg.data.get(key)
+        if value is not None and value < least:
+            raise ValueError(f"data.{key} must be >= {least}, got {value}")
     if "shards" in cfg.data:
         shards = cfg.data.shards
         if shards < 1 or shards % world_size or cfg.data.batch_size % shards:
@@ -1216,3 +1240,23 @@ def _validate_optimizers(cfg: DictConfig) -> None:
             inspect.signature(get_class(node._target_)).bind([], **_kwargs(node))
         except (TypeError, ImportError, ValueError) as e:
             raise ValueError(f"optimizer.{part} ({node._target_}): {e}") from e
+        for key, value in _kwargs(node).items():
+            if key in _OPTIMIZER_RANGES:
+                ok, valid = _OPTIMIZER_RANGES[key]
+                if not all(ok(v) for v in (value if isinstance(value, (list, tuple, ListConfig)) else [value])):
+                    raise ValueError(f"optimizer.{part}.{key}={value} is out of range: it must be {valid} "
+                                     f"({node._target_.rsplit('.', 1)[-1]})")
+
+
+# The ranges of the optimizers' hyperparameters, checked before launch: torch checks some only
+# when a rank builds the optimizer, and fbgemm's fused kernels none (a negative rate trains).
+_OPTIMIZER_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "lr": (lambda v: v > 0, "> 0"),
+    "eps": (lambda v: v > 0, "> 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "dampening": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "betas": (lambda v: 0 <= v < 1, "two values in [0, 1)"),
+    "lr_decay": (lambda v: v >= 0, ">= 0"),
+    "initial_accumulator_value": (lambda v: v >= 0, ">= 0"),
+}

@@ -24,6 +24,7 @@ before anything is submitted.
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing
 import os
@@ -39,7 +40,7 @@ from typing import Any, Callable, Optional
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -177,7 +178,7 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
     # A rank may be silent for half the collective timeout (at most 30 s): then it is named
     # before the collective timeout fails its peers.
     try:
-        return spawn(run, nproc, cfg, run_dir, True, job, JobLogging.of_this_job(),
+        return spawn(run, nproc, resolved(cfg), run_dir, True, job, JobLogging.of_this_job(),
                      max_restarts=cfg.launcher.max_restarts, nodes=nodes,
                      silence_s=min(30.0, cfg.launcher.collective_timeout_s / 2))
     except Stopped as e:
@@ -185,6 +186,31 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
         # line, and the shell's exit status of a process ended by that signal.
         print(f"hybridrec: {e}; outputs so far in {os.path.abspath(run_dir)}", file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
+
+
+def oversubscribed(cfg: DictConfig, env: Optional[dict[str, str]] = None) -> Optional[str]:
+    """A warning when this node's ranks would run more threads than it has cores: it works,
+    slower than fewer ranks or threads would, so it is said once, with the numbers."""
+    env = os.environ if env is None else env
+    cores = len(os.sched_getaffinity(0))
+    nproc = cfg.launcher.nproc_per_node
+    threads = cfg.launcher.threads_per_rank or int(env.get("OMP_NUM_THREADS", 0)) or max(1, cores // nproc)
+    if nproc * threads <= cores:
+        return None
+    return (f"launcher.nproc_per_node={nproc} ranks x {threads} thread(s) each = {nproc * threads} threads on "
+            f"{cores} cores: they share cores and run slower than fewer would; lower launcher.nproc_per_node or "
+            f"launcher.threads_per_rank (unset, the cores are split between the ranks)")
+
+
+def resolved(cfg: DictConfig) -> DictConfig:
+    """A copy of hybridrec's keys with every interpolation resolved. The ranks are other
+    processes, where Hydra's own resolver (``${hydra:runtime.output_dir}``, say in
+    checkpoint.dir to give each sweep job its own directory) does not exist: they get values."""
+    out = copy.deepcopy(cfg)
+    for key in out:
+        if key != "hydra" and isinstance(out[key], DictConfig):  # Hydra's node, when present, stays Hydra's
+            OmegaConf.resolve(out[key])
+    return out
 
 
 def quiet_secondary_ranks() -> None:

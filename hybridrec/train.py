@@ -28,7 +28,8 @@ from hybridrec.checkpoint import (
 )
 from hybridrec.config import check_device, register_configs, validate
 from hybridrec.data import build_source
-from hybridrec.launch import RankError, already_launched, in_search, in_sweep, launch, quiet_secondary_ranks, world_size
+from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
+                              quiet_secondary_ranks, world_size)
 from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.parallel_dims import device_choice, job_dims
 from hybridrec.plan import dry_plan
@@ -49,6 +50,8 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     validate(cfg, world)
     dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
     log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
+    if not already_launched() and (note := oversubscribed(cfg)):
+        log.warning(note)
     check_device(cfg, dims.device_type)
     if cfg.checkpoint.dir:
         probe_writable(cfg.checkpoint.dir)

@@ -146,7 +146,9 @@ class Trainer:
     def train(self) -> RunSummary:
         cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
         batches = self._batches("train", cfg.steps, start=self.start_step)
-        self.local_losses = torch.zeros(cfg.steps, device=self.device)
+        # Grown as steps run (doubling), not sized by train.steps: an absurd step count must
+        # not allocate memory for steps that never run.
+        self.local_losses = torch.zeros(min(cfg.steps, 4096), device=self.device)
         progress = Progress(cfg.steps, self.start_step, enabled=self.rank == 0, logger=log)
         profiler = self._profiler()
         self.start = time.perf_counter()
@@ -157,6 +159,8 @@ class Trainer:
             with progress.logging():
                 for step in range(self.start_step + 1, last + 1):
                     tick = time.perf_counter()
+                    while step > len(self.local_losses):
+                        self.local_losses = torch.cat([self.local_losses, torch.zeros_like(self.local_losses)])
                     self.local_losses[step - 1] = self.step(batches, step)
                     self.step_times.append(time.perf_counter() - tick)
                     progress.advance(step)
@@ -235,14 +239,16 @@ class Trainer:
         if not has_valid:
             return {"eval": judged.metrics}
         final = {"valid": judged.metrics}
-        best = self.selection.best_checkpoint
+        best, weights_step = self.selection.best_checkpoint, last
         if self.cfg.checkpoint.keep_best and best and self.selection.best_step != last:
             checkpoint.load_weights(self.pipeline.detach(), best)
+            weights_step = self.selection.best_step
             if self.rank == 0:
                 log.info(f"final evaluation with the best checkpoint {best} ({self.objective.name} "
-                         f"{self.selection.best_value:.4f} at step {self.selection.best_step}), not step {last}'s weights")
+                         f"{self.selection.best_value:.4f} at step {weights_step}), not step {last}'s weights")
             final["valid"] = self.evaluate("valid").metrics
-        final["eval"] = self._evaluate_and_log("eval", last).metrics
+        # Logged (and recorded in metrics.jsonl) at the step whose weights were scored.
+        final["eval"] = self._evaluate_and_log("eval", weights_step).metrics
         return final
 
     def objective_block(self, final: dict[str, Metrics]) -> Optional[ObjectiveBlock]:

@@ -166,6 +166,8 @@ class CriteoTSV(Source):
         for split, paths in self.files.items():
             if all(os.path.getsize(p) == 0 for p in paths):
                 raise DataError(f"data.{split}_path: every file is empty: {', '.join(paths)}")
+            for path in paths:
+                _check_gzip(path)
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.num_dense_features = INT_FEATURES
         self.id_mapping = IdMapping(id_mapping)
@@ -586,6 +588,19 @@ class _Unreadable(Exception):
         self.kind, self.cause, self.partial = kind, cause, partial
 
 
+def _check_gzip(path: str) -> None:
+    """A file named .gz that is not gzip (a plain TSV renamed, another format) is named as
+    such now: read as gzip, it would lose every row and look like a file too short."""
+    if not path.endswith(".gz") or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head != b"\x1f\x8b":
+        text = all(32 <= c < 127 or c in b"\t\r\n" for c in head)
+        plain = "plain text: drop the .gz from its name" if text else "not gzip"
+        raise DataError(f"{path}: named .gz but it is not gzip (it starts with {head!r}: {plain})")
+
+
 def _line_blocks(path: str, size: int) -> Iterator[bytes]:
     """The file's text, decompressed, in blocks of whole lines of about ``size`` bytes (a
     longer line is one block). When the stream breaks (truncated or corrupt gzip, an I/O
@@ -635,6 +650,11 @@ def _blank_undecodable(text: bytes) -> tuple[bytes, dict[int, str]]:
             bad[i + 1] = f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})"
             lines[i] = b"-"  # one field: the parser skips it as a row of the wrong shape
     return b"\n".join(lines), bad
+
+
+# The dtypes each file of the .npy layout may have (kinds: f float, i/u integer, b bool): ids
+# stored as floats lose integers above 2**24 and are refused, not truncated.
+_NPY_KINDS = {"dense": ("f", "floating point"), "sparse": ("iu", "integer ids"), "labels": ("iufb", "numbers 0 or 1")}
 
 
 class CriteoBinary(Source):
@@ -698,10 +718,16 @@ class CriteoBinary(Source):
                 path = f"{prefix}_{part}.npy"
                 if not os.path.isfile(path):
                     raise DataError(f"{key}: {path} is missing (day {os.path.basename(prefix)})")
-                shape = BinaryCriteoUtils.get_shape_from_npy(path)
-                if len(shape) != 2 or shape[1] != width:
-                    raise DataError(f"{path}: shape {shape}, expected (rows, {width})")
-                shapes[part] = shape[0]
+                try:
+                    array = np.load(path, mmap_mode="r")  # the header only: no row is read
+                except (ValueError, OSError, EOFError) as e:
+                    raise DataError(f"{path}: not a readable .npy file ({e}); {key} names the "
+                                    f"converted days (python -m hybridrec.data.convert)") from None
+                if array.ndim != 2 or array.shape[1] != width:
+                    raise DataError(f"{path}: shape {array.shape}, expected (rows, {width})")
+                if array.dtype.kind not in _NPY_KINDS[part][0]:
+                    raise DataError(f"{path}: dtype {array.dtype}, expected {_NPY_KINDS[part][1]}")
+                shapes[part] = array.shape[0]
             if len(set(shapes.values())) != 1:
                 raise DataError(f"{prefix}: dense, sparse and labels disagree on rows: {shapes}")
             days.append((prefix, shapes["dense"]))
@@ -728,8 +754,42 @@ class CriteoBinary(Source):
         count = min(index * self.batch_size + hi, total) - first
         dense, sparse, labels = (self._rows(self.days[split], self.segments[split], part, first, count)
                                  for part in ("dense", "sparse", "labels"))
+        self._check_values(split, first, dense.reshape(-1, INT_FEATURES), sparse.reshape(-1, CAT_FEATURES),
+                           labels.reshape(-1))
         ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping)
         return Rows.of(dense.reshape(-1, INT_FEATURES), one_hot(ids), labels.reshape(-1))
+
+    def _check_values(self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
+        """Values the dtypes allow but the model cannot use: a label other than 0 or 1, a
+        NaN or infinite dense value, a negative id. The layout's rows are taken by position
+        (every global batch, at every world size), so a bad row cannot be skipped as the TSV
+        reader skips it: the run stops, naming the file and row (0-based, as NumPy indexes)."""
+        checks = (("labels", (labels != 0) & (labels != 1)),
+                  ("dense", ~np.isfinite(dense).all(axis=1)),
+                  ("sparse", (sparse < 0).any(axis=1) if sparse.dtype.kind == "i" else np.zeros(len(sparse), bool)))
+        for part, bad in checks:
+            if bad.any():
+                i = int(np.argmax(bad))
+                prefix, row = self._locate(split, first + i)
+                value = {"labels": lambda: f"label {labels[i]:g} is not 0 or 1",
+                         "dense": lambda: f"dense value {dense[i][~np.isfinite(dense[i])][0]} is not finite",
+                         "sparse": lambda: f"id {sparse[i][sparse[i] < 0][0]} is negative"}[part]()
+                raise DataError(f"{prefix}_{part}.npy row {row}: {value}. The .npy layout's rows are read by "
+                                f"position, so a bad row cannot be skipped: fix the file (or convert the TSV again)")
+
+    def _locate(self, split: str, index: int) -> tuple[str, int]:
+        """The day (prefix) and row in it of row ``index`` of ``split``."""
+        offset = 0
+        for first, n in self.segments[split]:
+            if index < offset + n:
+                row = first + index - offset
+                break
+            offset += n
+        for prefix, rows in self.days[split]:
+            if row < rows:
+                return prefix, row
+            row -= rows
+        raise IndexError(index)
 
     @classmethod
     def _rows(cls, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,

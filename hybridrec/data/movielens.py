@@ -27,6 +27,11 @@ from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, short
 from hybridrec.data.source import RANKING_FIELDS, Rows, Source
 
 GENRES = 19
+RATING_SCALE = (1, 5)  # MovieLens' stars
+# Ids start at 1: row 0 of the user and item tables is the "no such user/item" input of the
+# catalogue and user exports. At most int32's largest: the tables are indexed with int32.
+_IDS = (1, 2**31 - 1)
+COLUMN_NAMES = {0: "user id", 1: "item id", 2: "rating"}
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
 
 
@@ -52,7 +57,8 @@ class MovieLens(Source):
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
         self.fail = BadRows(bad_rows) == BadRows.fail
         self._report = ReadReport()
-        user, item, rating, ts = self._read_table(ratings_path, "\t", 4, numeric=range(4))
+        user, item, rating, ts = self._read_table(ratings_path, "\t", 4, numeric=range(4),
+                                                  ranges={0: _IDS, 1: _IDS, 2: RATING_SCALE})
         if len(user) == 0:
             raise DataError(f"{ratings_path}: no valid rating")
         self.user, self.item, self.rating, self.threshold = user, item, rating.astype(np.float32), label_threshold
@@ -83,9 +89,11 @@ class MovieLens(Source):
         return self._report.to_dict()
 
     # -- reading -----------------------------------------------------------------------
-    def _read_table(self, path: str, sep: str, columns: int, numeric) -> list[np.ndarray]:
+    def _read_table(self, path: str, sep: str, columns: int, numeric,
+                    ranges: Optional[dict[int, tuple[int, int]]] = None) -> list[np.ndarray]:
         """A MovieLens file's columns (int64 where ``numeric``, else str), bad rows counted or
-        failing: a wrong number of fields, or a non-integer where an integer belongs."""
+        failing: a wrong number of fields, a non-integer where an integer belongs, or an
+        integer outside its column's ``ranges`` (inclusive)."""
         if not os.path.isfile(path):
             raise DataError(f"{path} is missing (side files need u.user and u.item; or data.side_features=false)")
 
@@ -114,11 +122,18 @@ class MovieLens(Source):
         ok = np.ones(table.num_rows, dtype=bool)
         for j in numeric:
             ok &= np.asarray(pc.match_substring_regex(table.column(j), r"^\d+$").combine_chunks())
-        for i in np.flatnonzero(~ok):
-            reason = "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
+        reasons = {int(i): "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
+                   for i in np.flatnonzero(~ok)}
+        for j, (lo, hi) in (ranges or {}).items():
+            value = np.asarray(pc.cast(pc.if_else(pa.array(ok), table.column(j), "0"), pa.int64()))
+            outside = ok & ((value < lo) | (value > hi))
+            for i in np.flatnonzero(outside):
+                reasons[int(i)] = f"{COLUMN_NAMES.get(j, f'field {j + 1}')} {value[i]} is outside {lo}..{hi}"
+            ok &= ~outside
+        for i in sorted(reasons):
             if self.fail:
-                raise DataError(f"{path}:{int(i) + 1}: {reason}")
-            self._report.bad(path, int(i) + 1, reason)  # (line numbers assume no skipped rows)
+                raise DataError(f"{path}:{i + 1}: {reasons[i]}")
+            self._report.bad(path, i + 1, reasons[i])  # (line numbers assume no skipped rows)
         self._report.good(path, int(ok.sum()))
         table = table.filter(pa.array(ok))
         return [
