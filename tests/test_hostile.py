@@ -167,6 +167,10 @@ DATA_CASES = [
      "a.tsv.gz: named .gz but it is not gzip (it starts with b'1\\t': plain text: drop the .gz"),
     ("criteo random bytes named .gz", lambda d: _tsv(d, bytes(range(256)) * 8, name="a.tsv.gz"),
      "a.tsv.gz: named .gz but it is not gzip (it starts with b'\\x00\\x01': not gzip)"),
+    ("criteo one huge bad line", lambda d: _tsv(d, [row()] * 4, bad_rows="skip", shards=4, train_path=write(
+        os.path.join(d, "train.tsv"), [row(cats=["a" * 300_000] + ["a"] * 25)] + [row()] * 3)),
+     "0 usable rows in shard 0 of data.shards=4, fewer than its 1 rows of one global batch (data.batch_size=4): "
+     "its 1 block(s) of lines held 0 valid rows"),
     ("npy label 2", lambda d: _npy(d, labels=_with(np.ones((8, 1), np.int32), 5, 2)),
      "day_0_labels.npy row 5: label 2 is not 0 or 1"),
     ("npy NaN dense", lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (6, 3), np.nan)),

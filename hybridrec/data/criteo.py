@@ -419,11 +419,12 @@ class _ShardReader:
     def _rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         src, cycle = self.source, 0
         while True:
-            rows = 0
+            rows = blocks = 0
             # the training files are counted by the training pass, not again by validation
             count = self.count and cycle == 0 and src._file_split(self.split) == self.split
             scratch = ReadReport()  # (self.report is handed out and replaced between blocks)
             for path, offset, line, text, broken in src.shard_blocks(self.split, self.shard):
+                blocks += 1
                 if broken is not None:
                     reason = f"{broken.kind}: {broken.cause}; {broken.partial:,} bytes of that line read, nothing after it"
                     if src.fail:
@@ -444,9 +445,14 @@ class _ShardReader:
                 return
             m = src.batch_size // src.shards
             if rows < m:  # a global batch would hold one of the shard's rows twice
+                # Say what the shard was dealt: no block at all means too few blocks for the
+                # shards (a line longer than a block is one block), not too few rows.
+                got = (f"it was dealt none of the training files' blocks (whole lines of about "
+                       f"{src.block_bytes(self.split):,} bytes; a longer line is one block)" if not blocks else
+                       f"its {blocks} block(s) of lines held {rows} valid rows")
                 raise DataError(
                     f"data.train_path has {rows} usable rows in shard {self.shard} of data.shards={src.shards}, "
-                    f"fewer than its {m} rows of one global batch (data.batch_size={src.batch_size}): "
+                    f"fewer than its {m} rows of one global batch (data.batch_size={src.batch_size}): {got}; "
                     f"use more training rows, a smaller data.batch_size or fewer data.shards"
                 )
             cycle += 1
