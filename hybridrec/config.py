@@ -109,7 +109,14 @@ class DataConfig:
     """Worker processes that build each rank's batches (torch DataLoader workers, forked);
     0 = on the training thread. Batches are the same for any number of workers."""
     prefetch: int = 2
-    """Batches each worker builds ahead (DataLoader's prefetch_factor)."""
+    """Batches each worker builds ahead (DataLoader's prefetch_factor); with input_thread, the
+    batches the thread builds ahead."""
+    input_thread: Optional[bool] = None
+    """With num_workers=0: build the next batches on a background thread of the training
+    process while the current step computes (the same batches, in the same order); false =
+    on the training thread, when it asks for them; unset = on a thread when training on a GPU
+    (the GPU waits for every batch built on the training thread), not on CPU ranks (whose
+    compute uses every core: measured slower, benchmarks/results/INPUT_THREAD.md)."""
 
 
 class DenseDistribution(str, Enum):

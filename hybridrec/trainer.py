@@ -89,7 +89,8 @@ def rank_batches(cfg: DictConfig, data: Source, split: str, device: torch.device
     worker processes (pinned memory on CUDA)."""
     d = cfg.data
     return loader.batches(data, split, dist.get_rank(), dist.get_world_size(), num_batches, start,
-                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda")
+                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda",
+                          thread=d.input_thread if d.input_thread is not None else device.type == "cuda")
 
 
 class Trainer:

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -28,10 +29,11 @@ def _columns(batch) -> dict[str, torch.Tensor]:
     return cols
 
 
-def global_batches(source, split: str, world_size: int, workers: int, n: int = None, start: int = 0):
+def global_batches(source, split: str, world_size: int, workers: int, n: int = None, start: int = 0,
+                   thread: bool = False):
     """The global batches the ranks of a world size see together: per batch, each column
     concatenated over ranks (ranks that ran out contribute padding), padding rows removed."""
-    per_rank = [list(loader.batches(source, split, r, world_size, n, start, num_workers=workers))
+    per_rank = [list(loader.batches(source, split, r, world_size, n, start, num_workers=workers, thread=thread))
                 for r in range(world_size)]
     out = []
     for i in range(max(len(p) for p in per_rank)):
@@ -108,11 +110,13 @@ def test_batches_are_the_same_for_any_world_size_and_worker_count(tmp_path, name
     make = SOURCES.get(name) or (lambda p: (_movielens if name == "movielens" else _movielens_rank)(p, layout))
     reference = {split: global_batches(make(tmp_path), split, 1, 0, 25 if split == "train" else None)
                  for split in ("train", "eval")}
-    for world_size, workers in ((2, 0), (4, 0), (1, 2), (2, 2)):
+    for world_size, workers, thread in ((2, 0, False), (4, 0, False), (1, 2, False), (2, 2, False), (1, 0, True),
+                                        (2, 0, True)):
         if name == "movielens_rank" and world_size == 4:
             continue  # 4 lists per global batch: whole lists per rank need a world size dividing 4
         for split in ("train", "eval"):
-            got = global_batches(make(tmp_path), split, world_size, workers, 25 if split == "train" else None)
+            got = global_batches(make(tmp_path), split, world_size, workers, 25 if split == "train" else None,
+                                 thread=thread)
             assert_same(got, reference[split])
 
 
@@ -216,6 +220,29 @@ def test_workers_stop_at_the_end_on_error_and_when_abandoned(tmp_path):
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.unit
+def test_the_input_thread_stops_when_abandoned_and_raises_at_the_bad_batch(tmp_path):
+    baseline = threading.active_count()
+    it = loader.batches(_synthetic(tmp_path), "train", 0, 1, None, thread=True)
+    next(it)
+    assert [t.name for t in threading.enumerate()].count("hybridrec-input") == 1
+    it.close()  # a run that stops early, or an error in the step
+    assert threading.active_count() == baseline
+    write(tmp_path / "bad.tsv", [row()] * 400 + ["1\tbroken"])  # several blocks: batches come before the error
+    write(tmp_path / "eval.tsv", [row()] * 4)
+    got = {}
+    for thread in (False, True):
+        bad = CriteoTSV(batch_size=4, train_path=str(tmp_path / "bad.tsv"), eval_path=str(tmp_path / "eval.tsv"),
+                        num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="fail", block_size_mb=1,
+                        eval_batches=None, seed=0, shards=1)
+        got[thread] = []
+        with pytest.raises(DataError, match=r"bad.tsv:401: 2 fields, expected 40$"):
+            for batch in loader.batches(bad, "train", 0, 1, 200, thread=thread):
+                got[thread].append(batch)
+    # the same good batches first, then the same one-line error, and no thread left
+    assert 0 < len(got[True]) == len(got[False]) and threading.active_count() == baseline
+
+
 def _train(tmp_path, name, *overrides, ranks=1):
     run = tmp_path / name
     proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", f"launcher.nproc_per_node={ranks}",
@@ -239,6 +266,20 @@ def test_a_small_eval_set_is_scored_whole_on_1_and_2_ranks(tmp_path):
         assert s["data"]["files"][eval_]["rows"] == 30 and s["data"]["files"][eval_]["bad_rows"] == 1
     for key in ("auc", "ne", "logloss"):
         assert abs(one["eval"][key] - two["eval"][key]) < 1e-6, key
+
+
+@pytest.mark.dist
+def test_the_input_thread_trains_the_same_run(tmp_path):
+    """2 ranks, batches built on a background thread or on the training thread: the same
+    losses at every step, the same scores and the same counts of rows and bad rows."""
+    train = write(tmp_path / "train.tsv", rand_rows(400, seed=1) + ["1\tbroken"] * 3)
+    eval_ = write(tmp_path / "eval.tsv", rand_rows(30, seed=2) + ["x"])
+    common = [f"data.train_path={train}", f"data.eval_path={eval_}", "train.eval_every=2", "train.log_every=1"]
+    runs = {t: _train(tmp_path, f"thread-{t}", *common, f"data.input_thread={t}", ranks=2) for t in ("true", "false")}
+    losses = {t: [json.loads(line).get("loss") for line in open(tmp_path / f"thread-{t}" / "metrics.jsonl")]
+              for t in runs}
+    assert losses["true"] == losses["false"] and len([x for x in losses["true"] if x is not None]) == 6
+    assert runs["true"]["eval"] == runs["false"]["eval"] and runs["true"]["data"] == runs["false"]["data"]
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ class DataError(ValueError):
     the first bad row, with file:line and the reason."""
 
 
-LOADER_KEYS = ("num_workers", "prefetch")
+LOADER_KEYS = ("num_workers", "prefetch", "input_thread")
 
 
 def build_source(cfg: Any, seed: int) -> Any:

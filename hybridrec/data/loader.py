@@ -22,6 +22,8 @@ DataError, not as DataLoader's wrapped traceback.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
@@ -122,10 +124,72 @@ def _empty(source: Source, split: str) -> DataError:
 
 def batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
             start: int = 0, num_workers: int = 0, prefetch: int = 2, pin_memory: bool = False,
-            ) -> Iterator[Union[Batch, EvalBatch]]:
+            thread: bool = False) -> Iterator[Union[Batch, EvalBatch]]:
     """This rank's batches of ``split``: global batches ``start`` .. ``num_batches - 1``
     (training: endless when None; an evaluated split: one pass, capped by ``num_batches`` or
-    ``source.eval_batches``). Training yields ``Batch``; an evaluated split ``EvalBatch``."""
+    ``source.eval_batches``). Training yields ``Batch``; an evaluated split ``EvalBatch``.
+    ``thread`` (with no workers): built ``prefetch`` ahead on a background thread."""
+    inline = _batches(source, split, rank, world_size, num_batches, start, num_workers, prefetch, pin_memory)
+    return ahead(inline, prefetch) if thread and not num_workers else inline
+
+
+# One batch is built at a time in a process: a training stream's thread and an evaluation's
+# never read a source at once (sources keep read reports and sequential readers).
+_BUILDING = threading.Lock()
+_END = object()
+
+
+def ahead(items: Iterator, depth: int) -> Iterator:
+    """``items``, produced by a background thread up to ``depth`` ahead of the consumer.
+
+    torch.utils.data has no thread-based loader (DataLoader's workers are processes), and a
+    process per rank costs memory and a copy of every batch; the heavy parts of building a
+    batch (PyArrow parsing, NumPy, torch ops) release the GIL, so a thread overlaps them with
+    the step. The order is the producer's, so the batches are those of the inline loop. An
+    error while building is raised here, at the batch it replaced; closing this iterator (a
+    run that stops early, an exception in the step) stops the thread at its next batch."""
+    queue_: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                queue_.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            while not stop.is_set():
+                with _BUILDING:  # held while building only: never while waiting for the consumer
+                    item = next(items, _END)
+                if not put((item, None)) or item is _END:
+                    return
+        except BaseException as e:  # handed to the consumer, raised there with its own traceback
+            put((_END, e))
+        finally:
+            with _BUILDING:
+                items.close()
+
+    producer = threading.Thread(target=produce, name="hybridrec-input", daemon=True)
+    producer.start()
+    try:
+        while True:
+            item, error = queue_.get()
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        producer.join()
+
+
+def _batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int], start: int,
+             num_workers: int, prefetch: int, pin_memory: bool) -> Iterator[Union[Batch, EvalBatch]]:
     train = split == "train"
     if split not in source.splits:
         raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
