@@ -40,16 +40,17 @@ def _spin() -> None:
         pass
 
 
-def measure(base: list[str], reps: int, busy: bool) -> dict[str, list[dict]]:
-    """Alternating repetitions (thread, no thread, thread, ...): drift hits both alike."""
+def measure(base: list[str], reps: int, busy: bool, settings: dict[str, str] = SETTINGS) -> dict[str, list[dict]]:
+    """Each setting's summary.json ``train`` block per repetition, the settings alternating
+    (a, b, a, b, ...): drift hits them alike. ``busy``: one other process spins meanwhile."""
     hog = multiprocessing.Process(target=_spin, daemon=True) if busy else None
     if hog:
         hog.start()
-    results: dict[str, list[dict]] = {k: [] for k in SETTINGS}
+    results: dict[str, list[dict]] = {k: [] for k in settings}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for rep in range(reps):
-                for name, override in SETTINGS.items():
+                for name, override in settings.items():
                     results[name].append(run([*base, override], os.path.join(tmp, f"{name}-{rep}".replace(" ", "_"))))
     finally:
         if hog:

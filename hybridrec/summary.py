@@ -56,6 +56,13 @@ class TrainBlock(Throughput):
     """Median host wall time of this process's steps; absent when it ran none."""
     step_time_p95_ms: NotRequired[float]
     """95th percentile of the same; absent when it ran none."""
+    first_steps_s: NotRequired[float]
+    """Host wall time of this process's first ``WARMUP_STEPS`` steps (tracing, lazy
+    initialization, first all-gathers and pipeline fill); absent when it ran no more."""
+    steady_samples_per_second: NotRequired[float]
+    """Global batch over the mean host time of the steps after those: the rate the run
+    settles at. ``samples_per_second`` is the whole run's (first steps, logging and saves
+    included): what a short run or a sweep job sees."""
 
 
 class ResumedFrom(TypedDict):
@@ -267,6 +274,10 @@ def provenance(cfg: DictConfig, resumed_from: Optional[ResumedFrom]) -> Provenan
     }
 
 
+WARMUP_STEPS = 10
+"""Steps a process takes before its rate settles (``steady_samples_per_second``)."""
+
+
 def run_summary(
     *,
     losses: Sequence[float],
@@ -306,6 +317,10 @@ def run_summary(
     run_samples = (steps - start_step) * global_batch_size  # timed by this process
     train: TrainBlock = {**throughput(steps, steps * global_batch_size, wall_s, run_samples),
                          "resumed_from_step": start_step, **percentiles_ms(list(step_times))}
+    if len(step_times) > WARMUP_STEPS:
+        rest = step_times[WARMUP_STEPS:]
+        train["first_steps_s"] = float(sum(step_times[:WARMUP_STEPS]))
+        train["steady_samples_per_second"] = global_batch_size * len(rest) / sum(rest)
     rss = [m.peak_rss_mb for m in ranks]
     plan = plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
     summary: RunSummary = {
@@ -353,7 +368,9 @@ def format_summary(s: RunSummary) -> str:
         ("world size / device", f"{s['world_size']} / {s['device']}, dense {s['dense_parallel']}"),
         ("steps / samples", f"{t['steps']:,} / {t['samples']:,}"),
         ("wall time", f"{t['wall_time_s']:.1f} s"),
-        ("samples/s", f"{t['samples_per_second']:,.0f}"),
+        ("samples/s", f"{t['samples_per_second']:,.0f}" + (
+            f" (after the first {WARMUP_STEPS} steps: {t['steady_samples_per_second']:,.0f})"
+            if "steady_samples_per_second" in t else "")),
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
         ("objective", _format_objective(s["objective"])),

@@ -100,6 +100,7 @@ def test_optional_keys_appear_only_when_given():
     # what summary.json holds is plain JSON, read back equal
     assert json.loads(json.dumps(full)) == full
     rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in format_summary(full).splitlines())
-    assert rows["samples/s"] == "640" and rows["steps / samples"] == "20 / 1,280"
+    assert rows["samples/s"] == "640 (after the first 10 steps: 640)" and rows["steps / samples"] == "20 / 1,280"
+    assert full["train"]["steady_samples_per_second"] == pytest.approx(640) and full["train"]["first_steps_s"] == pytest.approx(1.0)
     assert rows["valid"].startswith("AUC 0.7000") and rows["eval (test)"].startswith("AUC 0.7500")
     assert rows["comm share of step time per rank"] == "25%, not reached"
