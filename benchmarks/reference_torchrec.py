@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from torchrec.datasets.random import RandomRecDataset
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -112,7 +113,7 @@ def build_planner(world_size: int, local_world_size: int, device_type: str, loca
     )
 
 
-def train(cfg, steps: int, warmup: int, device_choice: str = "auto") -> dict | None:
+def train(cfg, steps: int, warmup: int, device_choice: str = "auto", input_: str = "hybridrec") -> dict | None:
     device = pick_device(device_choice)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -142,7 +143,17 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto") -> dict | N
     optimizer = CombinedOptimizer([model.fused_optimizer, dense])
     pipeline = TrainPipelineSparseDist(model, optimizer, device)
 
-    batches = data.batches("train", rank, world_size, steps)
+    if input_ == "pregenerated":
+        # TorchRec's own examples' input: a few random batches generated up front and cycled
+        # (torchrec.datasets.random.RandomRecDataset), the same shapes (rows per rank, dense
+        # features, ids per feature, table sizes) and no input cost on the training thread.
+        sizes = [int(f.pooling_factor) for f in data.features]  # the synthetic log: ids per sample, fixed
+        batches = iter(RandomRecDataset(
+            keys=data.keys, batch_size=local_batch, hash_sizes=[f.num_embeddings for f in data.features],
+            ids_per_features=sizes, min_ids_per_features=sizes, num_dense=data.num_dense_features,
+            manual_seed=cfg.seed + rank, num_generated_batches=10))
+    else:  # hybridrec's synthetic click log, each rank its rows of every global batch
+        batches = data.batches("train", rank, world_size, steps)
     step_times, losses = [], []
     for step in range(1, steps + 1):
         tick = time.perf_counter()
@@ -168,6 +179,7 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto") -> dict | N
     out = {
         "world_size": world_size,
         "device": str(device),
+        "input": input_,
         "steps": steps,
         "warmup_steps": warmup,
         "global_batch_size": cfg.data.batch_size,
@@ -197,6 +209,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: the GPU of LOCAL_RANK when torch sees one, else CPU")
+    parser.add_argument("--input", choices=["hybridrec", "pregenerated"], default="hybridrec",
+                        help="hybridrec: the synthetic click log built each step (hybridrec's input); "
+                             "pregenerated: TorchRec's RandomRecDataset, 10 batches generated up front and cycled")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of +experiment=ctr (model/data/optimizer)")
     args = parser.parse_args()
     if not 1 <= args.warmup < args.steps:
@@ -206,7 +221,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     cfg = experiment_config(args.overrides)
-    result = train(cfg, args.steps, args.warmup, args.device)
+    result = train(cfg, args.steps, args.warmup, args.device, args.input)
     if result is not None:
         result["config"] = OmegaConf.to_container(cfg, resolve=True)
         with open(args.out, "w") as f:
