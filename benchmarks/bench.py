@@ -277,6 +277,14 @@ def reference(p: Preset, world: int, rep: int, out: str, tag: str = "") -> dict:
 
 
 # ------------------------------------------------------------------------------ machine
+def write_markdown(path: str, lines: list[str], label: str) -> None:
+    """A results file from its lines, echoed to the console with where it went."""
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"{label}: {path}")
+
+
 def machine() -> dict[str, Any]:
     import fbgemm_gpu
     import hydra

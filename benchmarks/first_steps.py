@@ -18,7 +18,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench import machine  # noqa: E402  (the suite's machine description)
+from bench import machine, write_markdown  # noqa: E402  (the suite's machine description)
 from input_thread import measure  # noqa: E402  (alternating repetitions of two settings)
 
 SETTINGS = {"fsdp": "mesh=fsdp", "ddp": "mesh=ddp"}
@@ -53,10 +53,7 @@ def main() -> None:
     lines.append(f"| fsdp / ddp | {f['samples_per_second'] / d['samples_per_second']:.3f} "
                  f"| {f['steady_samples_per_second'] / d['steady_samples_per_second']:.3f} "
                  f"| {f['first_steps_s'] / d['first_steps_s']:.2f} | {f['step_time_p50_ms'] / d['step_time_p50_ms']:.3f} |")
-    with open(args.out, "w") as out:
-        out.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"first_steps: {args.out}")
+    write_markdown(args.out, lines, "first_steps")
 
 
 if __name__ == "__main__":

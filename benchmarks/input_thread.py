@@ -23,7 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench import machine  # noqa: E402  (the suite's machine description)
+from bench import machine, write_markdown  # noqa: E402  (the suite's machine description)
 
 SETTINGS = {"thread": "data.input_thread=true", "no thread": "data.input_thread=false"}
 
@@ -86,9 +86,7 @@ def main() -> None:
             ratio = f"{rate['thread'] / rate['no thread']:.3f}" if name == "thread" else ""
             lines.append(f"| {'busy' if busy else 'quiet'} | {ranks} | `{SETTINGS[name]}` | {rate[name]:,.0f} | {p50[name]:.1f} | {ratio} |")
         print("\n".join(lines[-2:]), flush=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"input_thread: {args.out}")
+    write_markdown(args.out, lines, "input_thread")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench import machine, steady_rate  # noqa: E402  (the suite's machine line and its steady-state rate)
+from bench import machine, steady_rate, write_markdown  # noqa: E402  (the suite's machine line and its steady-state rate)
 
 ROOT = os.path.dirname(HERE)
 
@@ -84,10 +84,7 @@ def main() -> None:
              "| loop | samples/s (median) | min - max | hybridrec / this |", "|---|---:|---:|---:|"]
     for name, r in rates.items():
         lines.append(f"| {name} | {med[name]:,.0f} | {min(r):,.0f} - {max(r):,.0f} | {ours / med[name]:.3f} |")
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"references: {args.out}")
+    write_markdown(args.out, lines, "references")
 
 
 if __name__ == "__main__":
