@@ -194,7 +194,8 @@ def oversubscribed(cfg: DictConfig, env: Optional[dict[str, str]] = None) -> Opt
     env = os.environ if env is None else env
     cores = len(os.sched_getaffinity(0))
     nproc = cfg.launcher.nproc_per_node
-    threads = cfg.launcher.threads_per_rank or int(env.get("OMP_NUM_THREADS", 0)) or max(1, cores // nproc)
+    omp = env.get("OMP_NUM_THREADS", "")
+    threads = cfg.launcher.threads_per_rank or (int(omp) if omp.isdigit() else 0) or max(1, cores // nproc)
     if nproc * threads <= cores:
         return None
     return (f"launcher.nproc_per_node={nproc} ranks x {threads} thread(s) each = {nproc * threads} threads on "

@@ -108,6 +108,7 @@ def test_more_ranks_or_threads_than_cores_warns_with_the_numbers():
     cfg = compose_cfg([*CTR, "launcher.threads_per_rank=1000"])
     assert f"= 1000 threads on {cores} cores" in oversubscribed(cfg, env={})
     assert oversubscribed(compose_cfg(CTR), env={}) is None  # the default splits the cores
+    assert oversubscribed(compose_cfg(CTR), env={"OMP_NUM_THREADS": "abc"}) is None  # not a count: torch's own default
 
 
 # ----------------------------------------------------------------------------------- data
