@@ -90,7 +90,7 @@ def test_a_bad_config_value_is_named_before_launch(overrides, fragment):
 @pytest.mark.unit
 def test_the_suite_covers_every_optimizer_range_and_count_key():
     """Every range the checks know has a row above: a rule added without a case fails here."""
-    from hybridrec.config import _DATA_COUNTS, _OPTIMIZER_RANGES
+    from hybridrec.config.validation import _DATA_COUNTS, _OPTIMIZER_RANGES
 
     text = " ".join(" ".join(overrides) for overrides, _ in CONFIG_CASES)
     untested = [k for k in ("lr", "eps", "betas", "weight_decay", "momentum") if f".{k}=" not in text]

@@ -1,0 +1,396 @@
+"""The rules a type cannot express, checked before any rank starts (``validate``) and
+once the device is known (``check_device``). Each raises ValueError naming the keys and the
+fix; the first problem found is the one reported."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import fields, is_dataclass
+from typing import Any, Callable
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from hybridrec.config.retype import refuse_key
+from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule
+
+
+# Fused optimizers fbgemm's CPU kernels implement (its TBE asserts the same list).
+CPU_SPARSE_OPTIMIZERS = ("torchrec.optim.RowWiseAdagrad", "torch.optim.Adagrad", "torch.optim.SGD")
+
+
+def check_device(cfg: DictConfig, device_type: str) -> None:
+    """Rules that depend on the device the run uses; raises ValueError before launch."""
+    planned_for = cfg.topology.compute_device
+    if planned_for != Device.auto and planned_for.value != device_type:
+        raise ValueError(
+            f"topology.compute_device={planned_for.value} but this run would use {device_type} "
+            f"(launcher.device={cfg.launcher.device.value})"
+        )
+    if device_type == "cpu" and cfg.mesh.embedding_replicas > 1:
+        raise ValueError(
+            f"mesh.embedding_replicas={cfg.mesh.embedding_replicas} needs CUDA: TorchRec 1.8's "
+            f"DMPCollection (2D parallelism) asserts a CUDA or MTIA device, and this run would use "
+            f"cpu (launcher.device={cfg.launcher.device.value}). Plan it here with "
+            f"`python -m hybridrec.plan`, train it on GPUs, or set mesh.embedding_replicas=1"
+        )
+    if device_type == "cpu" and cfg.optimizer.sparse._target_ not in CPU_SPARSE_OPTIMIZERS:
+        raise ValueError(
+            f"optimizer.sparse={cfg.optimizer.sparse._target_} has no fused CPU kernel in fbgemm "
+            f"(GPU only); on CPU use optimizer/sparse=rowwise_adagrad, adagrad or sgd"
+        )
+
+
+def _kwargs(node: DictConfig) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if not str(k).startswith("_")}
+
+
+def _validate_loss(cfg: DictConfig, world_size: int) -> None:
+    """The loss, the model and the data must fit together: each class declares what it needs
+    or provides (hybridrec.losses.Loss, hybridrec.models.Ranker, hybridrec.data.source.Source)."""
+    loss, model, source = (get_class(cfg[g]._target_) for g in ("loss", "model", "data"))
+    name = lambda c: c.__name__
+    if loss.needs_lists and not source.lists:
+        raise ValueError(f"loss={name(loss)} ranks lists: it needs a list source "
+                         f"(data=movielens_rank, or +experiment=movielens_rank); data={name(source)} has none")
+    if loss.needs_relevance and "relevance" not in source.extra_fields:
+        raise ValueError(f"loss={name(loss)} needs graded relevance (ratings): data=movielens or data=movielens_rank; "
+                         f"data={name(source)} has labels only")
+    if loss.in_batch_negatives and not model.in_batch_negatives:
+        raise ValueError(f"loss={name(loss)} scores users against in-batch items: it needs a model with user and "
+                         f"item towers (model=two_tower), not model={name(model)}")
+    if model.needs_user_item_features and not source.user_item_features:
+        raise ValueError(f"model={name(model)} needs user and item features: data={name(source)} has none; "
+                         f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)")
+    if source.lists:
+        d = cfg.data
+        if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
+            raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")
+        rows = d.list_size + d.negatives
+        if d.batch_size % (rows * world_size):
+            raise ValueError(
+                f"data.batch_size={d.batch_size} must be a whole number of lists of "
+                f"data.list_size + data.negatives = {rows} rows on each of the {world_size} rank(s) "
+                f"(a multiple of {rows * world_size})"
+            )
+
+
+# Keys whose children are free-form: an optimizer's keyword arguments, checked against its
+# signature instead; Hydra's own config (present when a launcher callback validates).
+_FREE_FORM = ("optimizer.sparse", "optimizer.dense", "hydra")
+
+
+def _check_keys(node: Any, path: str = "") -> None:
+    """Every key is a field of its schema. Hydra's ``+key=value`` adds a key even to a typed
+    config, so a misspelled ``+train.stepz=30`` would otherwise be silently ignored."""
+    if path in _FREE_FORM:
+        return
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if is_dataclass(schema):
+        names = [f.name for f in fields(schema)]
+        for key in node:
+            if key not in names and f"{path}.{key}".lstrip(".") not in _FREE_FORM:
+                refuse_key(str(key), names, path)
+    if isinstance(node, (DictConfig, ListConfig)):
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key):
+                child = node[key]
+                if isinstance(child, (DictConfig, ListConfig)):
+                    _check_keys(child, f"{path}.{key}" if path else str(key))
+
+
+def _check_finite(node: Any, path: str = "") -> None:
+    """No NaN or infinity in any number of the config. Checked once for every key, because a
+    NaN passes every range comparison (``lr > 0`` is False for NaN and so is ``lr <= 0``) and
+    then changes what a run computes without an error (a NaN Zipf exponent, a NaN rate)."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            if key == "hydra" or OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+                continue
+            _check_finite(node[key], f"{path}.{key}" if path else str(key))
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ValueError(f"{path}={node} is not a finite number: give a finite value")
+
+
+def _paths(node: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of a config, depth first, in order."""
+    out = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        out.append(path)
+        if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key) \
+                and isinstance(node[key], DictConfig):
+            out += _paths(node[key], path + ".")
+    return out
+
+
+def _check_positive(cfg: DictConfig) -> None:
+    """Sizes and degrees that must be positive. Checked explicitly: 0 would otherwise read as
+    "unset" (``x or default``) or fail deep inside a library."""
+    if cfg.data.batch_size < 1:
+        raise ValueError(f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
+    if cfg.model.embedding_dim < 1:
+        raise ValueError(f"model.embedding_dim must be >= 1, got {cfg.model.embedding_dim}")
+    for group, key in (("mesh", "replicate"), ("mesh", "shard"), ("topology", "world_size"),
+                       ("topology", "local_world_size")):
+        if cfg[group][key] is not None and cfg[group][key] < 1:
+            raise ValueError(f"{group}.{key} must be >= 1 (or unset), got {cfg[group][key]}")
+    topo = cfg.topology
+    for key in ("device_memory_gb", "host_memory_gb", "intra_host_bandwidth_gbs", "inter_host_bandwidth_gbs"):
+        if topo[key] is not None and topo[key] <= 0:
+            raise ValueError(f"topology.{key} must be > 0 (or unset to detect it), got {topo[key]}")
+
+
+def validate(cfg: DictConfig, world_size: int) -> None:
+    """Every check that can run before any rank starts, one function per config group, in
+    this order (the first problem found is the one reported). Raises ValueError naming the
+    keys and the fix."""
+    _validate_structure(cfg)
+    _validate_run(cfg)
+    _validate_launcher(cfg, world_size)
+    _validate_mesh(cfg, world_size)
+    _validate_schedules(cfg)
+    _validate_data(cfg, world_size)
+    _validate_model(cfg)
+    _validate_loss(cfg, world_size)
+    _validate_optimizers(cfg)
+
+
+def _validate_structure(cfg: DictConfig) -> None:
+    """Every required key set, no unknown key, sizes and degrees positive."""
+    # hybridrec's keys only: Hydra's own (present under a launcher callback) resolve later
+    ours = [k for k in cfg.keys() if k != "hydra"]
+    unset = {m for k in ours if isinstance(cfg[k], DictConfig) for m in OmegaConf.missing_keys(cfg[k])}  # full keys
+    missing = [p for k in ours if isinstance(cfg[k], DictConfig) for p in _paths(cfg[k], f"{k}.") if p in unset]
+    if missing:
+        raise ValueError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: give "
+            f"{' '.join(f'{k}=...' for k in missing)} on the command line or in an experiment"
+        )
+    _check_keys(cfg)
+    _check_finite(cfg)
+    _check_positive(cfg)
+
+
+def _validate_run(cfg: DictConfig) -> None:
+    """train, checkpoint, profile and logger."""
+    if cfg.train.steps < 1:
+        raise ValueError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    if cfg.train.log_every < 1:
+        raise ValueError(f"train.log_every must be >= 1, got {cfg.train.log_every}")
+    if cfg.train.eval_every < 0:
+        raise ValueError(f"train.eval_every must be >= 0, got {cfg.train.eval_every}")
+    ck = cfg.checkpoint
+    if ck.every_n_steps < 0 or ck.keep_last < 1:
+        raise ValueError(f"checkpoint.every_n_steps must be >= 0 and checkpoint.keep_last >= 1, "
+                         f"got {ck.every_n_steps} and {ck.keep_last}")
+    if ck.every_n_steps and not ck.dir:
+        raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
+    if ck.keep_best and not (ck.dir and cfg.train.eval_every):
+        raise ValueError("checkpoint.keep_best=true keeps the checkpoint of the best validation evaluation: it needs "
+                         "checkpoint.dir and train.eval_every > 0")
+    if cfg.train.early_stop_patience < 0 or cfg.train.early_stop_patience and not cfg.train.eval_every:
+        raise ValueError(f"train.early_stop_patience={cfg.train.early_stop_patience} counts evaluations: it must be "
+                         f">= 0, and > 0 needs train.eval_every > 0")
+    if not (math.isfinite(ck.max_loss_ratio) and (ck.max_loss_ratio == 0 or ck.max_loss_ratio >= 1)):
+        raise ValueError(f"checkpoint.max_loss_ratio must be 0 (finite is enough) or a finite number >= 1, got "
+                         f"{ck.max_loss_ratio}")
+    prof = cfg.profile
+    if prof.enabled and (prof.steps < 1 or prof.start_step < 1 or prof.start_step + prof.steps > cfg.train.steps):
+        raise ValueError(
+            f"profile.start_step={prof.start_step} + profile.steps={prof.steps} must fit in "
+            f"train.steps={cfg.train.steps} (and both be >= 1)"
+        )
+    if cfg.logger == Logger.tensorboard:
+        try:
+            import tensorboard  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "logger=tensorboard needs the optional tensorboard package: "
+                "pip install -c constraints.txt -e '.[tensorboard]'"
+            ) from None
+
+
+def _validate_launcher(cfg: DictConfig, world_size: int) -> None:
+    if world_size < 1:
+        raise ValueError(f"launcher.nproc_per_node must be >= 1, got {world_size}")
+    la = cfg.launcher
+    if la.threads_per_rank is not None and la.threads_per_rank < 1:
+        raise ValueError(f"launcher.threads_per_rank must be >= 1 (or unset: split the cores), got {la.threads_per_rank}")
+    if la.max_restarts < 0 or la.health_check_timeout_s <= 0 or la.collective_timeout_s <= 0:
+        raise ValueError("launcher.max_restarts must be >= 0 and the launcher timeouts > 0")
+    if la.max_restarts and not (cfg.checkpoint.dir and cfg.checkpoint.resume == "auto"):
+        raise ValueError(
+            "launcher.max_restarts restarts ranks from the newest checkpoint: set checkpoint.dir "
+            "(and keep checkpoint.resume=auto), or restarted ranks would start over"
+        )
+
+
+def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
+    """Dense parallelism, embedding replicas and the planner's hardware keys."""
+    mesh, topo = cfg.mesh, cfg.topology
+    if topo.world_size is not None and topo.world_size != world_size:
+        raise ValueError(
+            f"topology.world_size={topo.world_size} but this run has {world_size} rank(s) "
+            f"(launcher.nproc_per_node or torchrun); topology.world_size is for planning with "
+            f"`python -m hybridrec.plan`: leave it unset for training"
+        )
+    if topo.local_world_size is not None and topo.local_world_size > (topo.world_size or world_size):
+        raise ValueError(
+            f"topology.local_world_size={topo.local_world_size} exceeds the world size "
+            f"{topo.world_size or world_size}"
+        )
+    if not 0 <= topo.reservation_percentage < 1:
+        raise ValueError(f"topology.reservation_percentage must be in [0, 1), got {topo.reservation_percentage}")
+    launched = cfg.launcher.device
+    if topo.compute_device != Device.auto and launched != Device.auto and topo.compute_device != launched:
+        raise ValueError(
+            f"topology.compute_device={topo.compute_device.value} but launcher.device={launched.value}: "
+            f"a plan is for the device the run uses"
+        )
+    from hybridrec.parallel_dims import ParallelDims  # (it imports this module's enums)
+
+    # Raises if the degrees do not fit: hsdp's replicate x shard, the embedding replicas.
+    ParallelDims.build(mesh, world_size, topo.local_world_size or world_size, "cpu")
+    if mesh.dense == DenseParallel.single and world_size != 1:
+        raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
+    if (mesh.param_dtype or mesh.reduce_dtype) and mesh.dense not in (DenseParallel.fsdp, DenseParallel.hsdp):
+        raise ValueError(
+            f"mesh.param_dtype / mesh.reduce_dtype are FSDP2's mixed-precision policy, and mesh={mesh.dense.value} "
+            f"does not use FSDP2 (its dense parameters and gradients stay fp32): use mesh=fsdp or mesh=hsdp "
+            f"for bf16 dense compute, or unset them"
+        )
+    if mesh.param_dtype == DType.float16:
+        # fp16 gradients underflow without loss scaling, which hybridrec does not apply.
+        raise ValueError(
+            "mesh.param_dtype=float16 needs loss scaling (gradients underflow in fp16), which hybridrec "
+            "does not apply: use mesh.param_dtype=bfloat16 (same exponent range as fp32)"
+        )
+    raf = mesh.reshard_after_forward
+    if not isinstance(raf, bool) and not (isinstance(raf, int) and raf >= 1):
+        raise ValueError(f"mesh.reshard_after_forward must be true, false or an int >= 1, got {raf!r}")
+    if mesh.forward_prefetch < 0 or mesh.backward_prefetch < 0:
+        raise ValueError("mesh.forward_prefetch and mesh.backward_prefetch must be >= 0")
+    if mesh.embedding_sync_every < 1:
+        raise ValueError(f"mesh.embedding_sync_every must be >= 1, got {mesh.embedding_sync_every}")
+    if mesh.embedding_replicas > 1 and cfg.checkpoint.dir:
+        # TorchRec saves 2D tables as DTensors replicated over the replica groups; hybridrec's
+        # checkpoints are tested with 1-D sharding only, and 2D has not yet run (it needs GPUs).
+        raise ValueError(
+            "mesh.embedding_replicas > 1 with checkpoint.dir: checkpoints of 2D-sharded tables "
+            "are not supported yet (untested); unset checkpoint.dir or set mesh.embedding_replicas=1"
+        )
+
+
+def _validate_schedules(cfg: DictConfig) -> None:
+    for part in ("sparse_schedule", "dense_schedule"):
+        sch = cfg.optimizer[part]
+        if min(sch.warmup_steps, sch.decay_start, sch.decay_steps) < 0:
+            raise ValueError(f"optimizer.{part}: steps must be >= 0")
+        if sch.name != Schedule.constant and sch.decay_steps < 1:
+            raise ValueError(f"optimizer.{part}.name={sch.name.value} needs decay_steps >= 1")
+        if sch.name != Schedule.constant and sch.decay_start < sch.warmup_steps:
+            raise ValueError(
+                f"optimizer.{part}.decay_start={sch.decay_start} is inside the warmup "
+                f"(warmup_steps={sch.warmup_steps})"
+            )
+    if cfg.optimizer.clip_grad_norm is not None and cfg.optimizer.clip_grad_norm <= 0:
+        raise ValueError(f"optimizer.clip_grad_norm must be > 0, got {cfg.optimizer.clip_grad_norm}")
+
+
+# Counts of the data sources (each key where its source has it): smallest valid value. A
+# negative count would otherwise train every step and fail at the first evaluation.
+_DATA_COUNTS = {"eval_batches": 1, "valid_batches": 0, "list_size": 1, "negatives": 0, "eval_negatives": 0}
+
+
+def _validate_data(cfg: DictConfig, world_size: int) -> None:
+    if cfg.data.batch_size % world_size != 0:
+        raise ValueError(
+            f"data.batch_size={cfg.data.batch_size} is the global batch and must divide "
+            f"evenly over world_size={world_size} ranks"
+        )
+    if cfg.data.num_workers < 0 or cfg.data.prefetch < 1:
+        raise ValueError(f"data.num_workers must be >= 0 and data.prefetch >= 1, got "
+                         f"{cfg.data.num_workers} and {cfg.data.prefetch}")
+    for key, least in _DATA_COUNTS.items():
+        value = cfg.data.get(key)
+        if value is not None and value < least:
+            raise ValueError(f"data.{key} must be >= {least}, got {value}")
+    if "shards" in cfg.data:
+        shards = cfg.data.shards
+        if shards < 1 or shards % world_size or cfg.data.batch_size % shards:
+            raise ValueError(
+                f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
+                f"data.batch_size={cfg.data.batch_size}: each rank reads whole shards. Set data.shards to "
+                f"a multiple of {world_size} (it changes the order of rows), or convert the logs with "
+                f"`python -m hybridrec.data.convert` and use data=criteo_binary"
+            )
+    if "num_embeddings_per_feature" in cfg.data:
+        sizes = list(cfg.data.num_embeddings_per_feature)
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"data.num_embeddings_per_feature must be non-empty and >= 1: {sizes}")
+
+
+def _validate_model(cfg: DictConfig) -> None:
+    if "dense_arch_layer_sizes" in cfg.model:
+        dense = list(cfg.model.dense_arch_layer_sizes)
+        if not dense or dense[-1] != cfg.model.embedding_dim:
+            raise ValueError(
+                f"model.dense_arch_layer_sizes must end with model.embedding_dim="
+                f"{cfg.model.embedding_dim} (the dense features meet the embeddings), got {dense}"
+            )
+    if "over_arch_layer_sizes" in cfg.model:
+        over = list(cfg.model.over_arch_layer_sizes)
+        if not over or over[-1] != 1:
+            raise ValueError(f"model.over_arch_layer_sizes must end with 1 (one logit), got {over}")
+    for key in ("deep_layer_sizes", "tower_layer_sizes"):
+        if key in cfg.model and (not cfg.model[key] or min(cfg.model[key]) < 1):
+            raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg.model[key])}")
+
+
+def _validate_optimizers(cfg: DictConfig) -> None:
+    """Only what TorchRec can fuse, and keyword arguments the optimizers accept."""
+    if cfg.optimizer.sparse.get("weight_decay", 0.0):
+        # Measured: 0 and 0.1 train identically, even with fbgemm's weight_decay_mode set.
+        raise ValueError(
+            "optimizer.sparse.weight_decay is not applied by TorchRec 1.8's fused embedding "
+            "optimizers (fbgemm keeps weight_decay_mode=NONE; training is identical with 0 and "
+            "0.1), so hybridrec refuses it rather than ignore it: leave it 0"
+        )
+    sparse = cfg.optimizer.sparse._target_
+    if sparse not in SPARSE_OPTIMIZERS:
+        raise ValueError(
+            f"optimizer.sparse._target_={sparse} cannot be fused by TorchRec; "
+            f"valid choices: {', '.join(SPARSE_OPTIMIZERS)}"
+        )
+    # Bind the keyword arguments now, so a wrong one fails here and not inside every rank.
+    for part in ("sparse", "dense"):
+        node = cfg.optimizer[part]
+        try:
+            inspect.signature(get_class(node._target_)).bind([], **_kwargs(node))
+        except (TypeError, ImportError, ValueError) as e:
+            raise ValueError(f"optimizer.{part} ({node._target_}): {e}") from e
+        for key, value in _kwargs(node).items():
+            if key in _OPTIMIZER_RANGES:
+                ok, valid = _OPTIMIZER_RANGES[key]
+                if not all(ok(v) for v in (value if isinstance(value, (list, tuple, ListConfig)) else [value])):
+                    raise ValueError(f"optimizer.{part}.{key}={value} is out of range: it must be {valid} "
+                                     f"({node._target_.rsplit('.', 1)[-1]})")
+
+
+# The ranges of the optimizers' hyperparameters, checked before launch: torch checks some only
+# when a rank builds the optimizer, and fbgemm's fused kernels none (a negative rate trains).
+_OPTIMIZER_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "lr": (lambda v: v > 0, "> 0"),
+    "eps": (lambda v: v > 0, "> 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "dampening": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "betas": (lambda v: 0 <= v < 1, "two values in [0, 1)"),
+    "lr_decay": (lambda v: v >= 0, ">= 0"),
+    "initial_accumulator_value": (lambda v: v >= 0, ">= 0"),
+}
+
