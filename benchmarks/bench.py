@@ -38,21 +38,18 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from bench_report import answers, charts, report, scaling, summarize
+from common import ROOT, SHARDINGS, config_key, config_name, machine, run_logged, steady_rate
+from levers import LEVERS
+from roofline import dense_flops_per_sample, sgemm_gflops
 
-from levers import LEVERS  # noqa: E402
-from roofline import dense_flops_per_sample, sgemm_gflops  # noqa: E402
-from bench_report import SHARDINGS, _key, _name, answers, charts, report, scaling, summarize  # noqa: E402,F401
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 TINY = ["data.num_embeddings_per_feature=[500,200,100]", "model.embedding_dim=16",
         "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]"]
@@ -154,30 +151,10 @@ def on_local_gpus(p: Preset, gpus: int) -> Preset:
 
 
 # ------------------------------------------------------------------------------ running
-def _run(cmd: list[str], log: str) -> None:
-    """Run a command, its output to ``log``; a failure raises with the log's tail."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    if proc.returncode:
-        tail = open(log).read()[-4000:]
-        raise RuntimeError(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- {log}\n{tail}")
-
-
 def _load_yaml(path: str) -> Any:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-
-
-def steady_rate(run_dir: str, global_batch: int, warmup: int) -> float:
-    """samples/s from the end of step ``warmup`` to the last step (metrics.jsonl)."""
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    rows = [r for r in rows if "elapsed_s" in r]  # step records (eval records have none)
-    first, last = rows[0], rows[-1]
-    if first["step"] != warmup:
-        raise RuntimeError(f"{run_dir}: first log record at step {first['step']}, expected {warmup}")
-    return (last["step"] - first["step"]) * global_batch / (last["elapsed_s"] - first["elapsed_s"])
 
 
 def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), sweep_values=None) -> list[dict]:
@@ -195,7 +172,7 @@ def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), swee
            f"train.steps={p.steps}", f"train.log_every={p.warmup}", "data.eval_batches=1", *_device(p),
            *p.overrides, *extra, f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"]
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
-    _run(cmd, os.path.join(out, "raw", f"{tag}.log"))
+    run_logged(cmd, os.path.join(out, "raw", f"{tag}.log"))
     records = []
     for job in sorted(os.listdir(sweep_dir), key=lambda d: int(d) if d.isdigit() else -1):
         job_dir = os.path.join(sweep_dir, job)
@@ -220,7 +197,7 @@ def single(p: Preset, world: int, rep: int, out: str, tag: str, overrides: list[
            f"train.log_every={p.warmup}", "data.eval_batches=1", *_device(p), *p.overrides, *overrides,
            f"hydra.run.dir={run_dir}"]
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
-    _run(cmd, f"{run_dir}.log")
+    run_logged(cmd, f"{run_dir}.log")
     return _record(run_dir, rep, out, p.warmup)
 
 
@@ -270,56 +247,10 @@ def reference(p: Preset, world: int, rep: int, out: str, tag: str = "") -> dict:
            os.path.join(HERE, "reference_torchrec.py"), f"--steps={p.steps}", f"--warmup={p.warmup}",
            f"--out={path}", f"--device={p.device or 'auto'}", f"data.batch_size={p.per_rank_batch * world}",
            *p.overrides]
-    _run(cmd, path.replace(".json", ".log"))
+    run_logged(cmd, path.replace(".json", ".log"))
     r = json.load(open(path))
     return {"kind": "reference", "rep": rep, "sharding": "torchrec planner", "dense": "ddp",
             "pipeline": "sparse_dist", **r, "run_dir": os.path.relpath(path, out)}
-
-
-# ------------------------------------------------------------------------------ machine
-def write_markdown(path: str, lines: list[str], label: str) -> None:
-    """A results file from its lines, echoed to the console with where it went."""
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"{label}: {path}")
-
-
-def machine() -> dict[str, Any]:
-    import fbgemm_gpu
-    import hydra
-    import torch
-    import torchrec
-
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
-    except OSError:
-        pass  # not Linux: platform.processor() stays
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "cuda": torch.version.cuda,
-        "hostname": platform.node(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchrec": getattr(torchrec, "__version__", None) or _dist_version("torchrec"),
-        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", None) or _dist_version("fbgemm-gpu-cpu"),
-        "hydra": hydra.__version__,
-    }
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def main() -> None:
@@ -359,8 +290,8 @@ def main() -> None:
             for step in steps[:: -1 if rep % 2 else 1]:
                 for r in step():
                     runs.append(r)
-                    print(f"rep {rep + 1}/{p.reps}  {_name(_key(r)):60s} {r['samples_per_second']:>9,.0f} samples/s",
-                          flush=True)
+                    name = config_name(config_key(r))
+                    print(f"rep {rep + 1}/{p.reps}  {name:60s} {r['samples_per_second']:>9,.0f} samples/s", flush=True)
     profile = []
     if p.profile:  # separate runs, not timed: the profiler slows the steps it records
         window = ["profile.enabled=true", f"profile.start_step={p.warmup}", f"profile.steps={min(10, p.steps - p.warmup)}"]

@@ -12,7 +12,8 @@ import statistics
 import sys
 from typing import Any
 
-SHARDINGS = ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise"]
+from common import SHARDINGS, config_key, config_name, ranks_label
+
 REPORT_SECTIONS = ["## Machine and method", "## Answers", "## Throughput and ratio vs reference",
                    "## Memory per rank", "## Weak scaling", "## Where the time goes (profiled)",
                    "## Communication share (profiled)", "## Levers", "## Dense-heavy case: DDP vs FSDP2",
@@ -21,21 +22,6 @@ CHARTS = ["throughput_by_strategy.png", "memory_per_rank.png", "reference_ratio.
 
 
 # ------------------------------------------------------------------------------ summarizing
-def _key(r: dict) -> tuple:
-    return (r["kind"], r["world_size"], r["sharding"], r["dense"], r["pipeline"])
-
-
-def _ranks(world: int) -> str:
-    return f"{world} rank{'s' if world > 1 else ''}"
-
-
-def _name(key: tuple) -> str:
-    kind, world, sharding, dense, pipeline = key
-    if kind == "reference":
-        return f"{_ranks(world)} · TorchRec reference (planner, DDP, sparse_dist)"
-    return f"{_ranks(world)} · {sharding} · {dense} · {pipeline}"
-
-
 def top_world(configs: list[dict]) -> int:
     """The suite's multi-rank world (bench.py's ``Preset.worlds[-1]``, 1 when a run had one
     world only), read from the data: the sweeps, the answers, the profile and the levers run
@@ -50,14 +36,14 @@ def summarize(runs: list[dict], roofline: dict | None = None) -> list[dict]:
     by_key: dict[tuple, list[dict]] = {}
     for r in runs:
         if not r.get("profiled"):
-            by_key.setdefault(_key(r), []).append(r)
+            by_key.setdefault(config_key(r), []).append(r)
     refs = {k[1]: {r["rep"]: r["samples_per_second"] for r in v} for k, v in by_key.items() if k[0] == "reference"}
     configs = []
     for key, rs in by_key.items():
         rates = [r["samples_per_second"] for r in rs]
         ranks = len(rs[0]["peak_rss_mb"])
         c = {
-            "name": _name(key),
+            "name": config_name(key),
             "kind": key[0], "world_size": key[1], "sharding": key[2], "dense": key[3], "pipeline": key[4],
             "reps": len(rs),
             "rates": rates,
@@ -206,7 +192,7 @@ def report(res: dict[str, Any]) -> str:
     a = res["answers"]
     L += ["", "## Answers", ""]
     if a:
-        L.append(f"- Fastest at {_ranks(n)}: **{a['fastest']}** ({a['fastest_samples_per_second']:,.0f} samples/s).")
+        L.append(f"- Fastest at {ranks_label(n)}: **{a['fastest']}** ({a['fastest_samples_per_second']:,.0f} samples/s).")
         if "default" in a:
             verdict = "meets" if a["target_default_within_5pct"] else "misses"
             L.append(f"- Default (`{a['default']}`) is {a['default_behind_fastest_pct']:.1f}% behind the fastest: "
@@ -219,11 +205,11 @@ def report(res: dict[str, Any]) -> str:
         if "default_vs_reference" in a:
             d = a["default_vs_reference"]
             verdict = "meets" if a["target_default_at_least_reference"] else "misses"
-            L.append(f"- Default vs the hand-written TorchRec loop at {_ranks(n)}: {d['median']:.3f}x "
+            L.append(f"- Default vs the hand-written TorchRec loop at {ranks_label(n)}: {d['median']:.3f}x "
                      f"({d['min']:.3f} - {d['max']:.3f}): {verdict} the target (>= 1.0x).")
         for world, d in a.get("fastest_vs_reference", {}).items():
             verdict = "meets" if d["target_met"] else "misses"
-            L.append(f"- Fastest at {_ranks(int(world))} vs the reference: `{d['config']}` "
+            L.append(f"- Fastest at {ranks_label(int(world))} vs the reference: `{d['config']}` "
                      f"{d['median']:.3f}x ({d['min']:.3f} - {d['max']:.3f}, {d['reps']} repetitions): {verdict} "
                      "the target (>= 1.05x).")
     if "memory" in a:
@@ -318,7 +304,7 @@ def report(res: dict[str, Any]) -> str:
 
         lw = res["levers"].get("world_size", n)  # (recorded since the world size is a preset field)
         where = f"{gpu}" if "cuda" in devices else f"{m['cpu']}, {m['cores']} cores"
-        L += [f"Each lever on top of the default (`ctr`, {_ranks(lw)}, auto · fsdp · sparse_dist), measured beside "
+        L += [f"Each lever on top of the default (`ctr`, {ranks_label(lw)}, auto · fsdp · sparse_dist), measured beside "
               "the default and the reference in every repetition (`benchmarks/levers.py`).", "",
               *levers.table(res["levers"], where, lw)]
     else:
@@ -330,7 +316,7 @@ def report(res: dict[str, Any]) -> str:
 
         L += [f"`benchmarks/dense_memory.py` ({dm['steps']} steps per window, {dm['reps']} alternating windows): "
               f"{dm['numel'] / 1e6:.1f} M dense parameters, {dm['flops_per_sample'] / 1e6:.1f} MFLOP per sample, "
-              f"dense Adagrad, {_ranks(len(dm['ranks']['ddp']))}; bytes each rank holds after a step.", "",
+              f"dense Adagrad, {ranks_label(len(dm['ranks']['ddp']))}; bytes each rank holds after a step.", "",
               *dense_memory.table(dm["ranks"], dm["flops_per_sample"], rf["sgemm_gflops_median"] if rf else None)]
     else:
         L.append("Not run in this preset.")
@@ -386,7 +372,7 @@ def charts(res: dict[str, Any], out: str) -> None:
     if ref:
         ax.axhline(ref["median_samples_per_second"], color="black", ls="--", label="TorchRec reference")
     ax.set_xticks(range(len(shardings)), shardings)
-    ax.set(title=f"{_ranks(n)}: throughput by strategy (median, min-max)", ylabel="samples/s")
+    ax.set(title=f"{ranks_label(n)}: throughput by strategy (median, min-max)", ylabel="samples/s")
     _save(fig, ax, out, CHARTS[0])
 
     # Memory per rank: peak RSS per rank, planner estimate as markers.
@@ -400,7 +386,7 @@ def charts(res: dict[str, Any], out: str) -> None:
         if est:
             ax.plot(*zip(*est), "k_", ms=28 / max(n, 2), mew=2, label="planner estimate (tables)" if rank == 0 else None)
     ax.set_xticks(range(len(mem)), [c["name"].split(" · ", 1)[1].replace(" · ", "\n") for c in mem], fontsize=7)
-    ax.set(title=f"{_ranks(n)}: memory per rank", ylabel="MB")
+    ax.set(title=f"{ranks_label(n)}: memory per rank", ylabel="MB")
     _save(fig, ax, out, CHARTS[1])
 
     # Ratio to the reference, per configuration, with its spread over repetitions.
@@ -423,7 +409,7 @@ def charts(res: dict[str, Any], out: str) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(sc) + 1), 4))
     xs = range(len(sc))
     ax.bar([x - 0.2 for x in xs], [s["samples_per_second_1"] for s in sc], 0.4, label="1 rank")
-    ax.bar([x + 0.2 for x in xs], [s["samples_per_second_n"] for s in sc], 0.4, label=_ranks(n))
+    ax.bar([x + 0.2 for x in xs], [s["samples_per_second_n"] for s in sc], 0.4, label=ranks_label(n))
     ax.set_xticks(list(xs), [s["name"].replace(" · ", "\n") for s in sc], fontsize=7)
     ax.set(title=f"weak scaling (per-rank batch {res['suite']['per_rank_batch']})", ylabel="samples/s")
     _save(fig, ax, out, CHARTS[3])

@@ -26,12 +26,11 @@ import time
 import torch
 import torch.distributed.checkpoint as dcp
 
+from hybridrec.checkpoint import hash_files, own_files, read_metadata, safe_load, verify, TrainState
+
+from common import machine
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench import machine  # noqa: E402  (the same machine line as the suite's report)
-
-from hybridrec.checkpoint import hash_files, own_files, read_metadata, safe_load, verify, TrainState  # noqa: E402
 
 
 def trained_checkpoint(experiment: str, tmp: str) -> str:

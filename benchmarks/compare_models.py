@@ -33,11 +33,9 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from common import ROOT, machine, run_logged
 
-from bench import _run, machine  # noqa: E402  (the suite's runner and machine description)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The best-checkpoint rule: each job's checkpoints in its own directory, the best one kept.
 BEST = ["checkpoint.keep_best=true", "checkpoint.keep_last=1", "checkpoint.dir=${hydra:runtime.output_dir}/checkpoints"]
@@ -58,7 +56,7 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
     os.makedirs(runs, exist_ok=True)
     cmd = [sys.executable, "-m", "hybridrec.train", "-m", f"+experiment={experiment}", f"model={','.join(MODELS)}",
            *BEST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
-    _run(cmd, os.path.join(runs, f"{experiment}.log"))
+    run_logged(cmd, os.path.join(runs, f"{experiment}.log"))
     with open(os.path.join(sweep_dir, "summary.csv")) as f:
         rows = sorted(csv.DictReader(f), key=lambda r: int(r["job"]))  # the CSV ranks them by the objective
     if [(r["model"], r["status"]) for r in rows] != [(m, "ok") for m in MODELS]:

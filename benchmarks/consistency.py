@@ -21,10 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from common import machine
 
-from bench import machine  # noqa: E402  (the same machine line as the suite's report)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 BEGIN, END = "<!-- consistency:begin -->", "<!-- consistency:end -->"
 

@@ -13,13 +13,10 @@ import argparse
 import datetime
 import os
 import statistics
-import sys
+
+from common import machine, measure_alternating, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench import machine, write_markdown  # noqa: E402  (the suite's machine description)
-from input_thread import measure  # noqa: E402  (alternating repetitions of two settings)
 
 SETTINGS = {"fsdp": "mesh=fsdp", "ddp": "mesh=ddp"}
 
@@ -33,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     base = ["+experiment=ctr", "launcher.nproc_per_node=2", f"train.steps={args.steps}", "train.eval_every=0",
             *args.overrides]
-    results = measure(base, args.reps, busy=False, settings=SETTINGS)
+    results = measure_alternating(base, args.reps, busy=False, settings=SETTINGS)
     med = {name: {key: statistics.median(r[key] for r in runs)
                   for key in ("samples_per_second", "steady_samples_per_second", "first_steps_s", "step_time_p50_ms")}
            for name, runs in results.items()}

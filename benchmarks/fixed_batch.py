@@ -6,12 +6,8 @@ The input benchmark (input_scaling.py) compares real input against it. 1 rank on
 """
 
 import itertools
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from hybridrec.data import loader  # noqa: E402
+from hybridrec.data import loader
 
 _batches = loader.batches
 

@@ -38,10 +38,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from common import ROOT, compose_config, machine
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 WORLDS = (1, 2, 4, 8)
 
@@ -57,12 +56,6 @@ def write_tsv(path: str, rows: int, seed: int = 0) -> None:
             ints[rng.random((n, 13)) < 0.1] = ""
             cats = np.char.mod("%08x", rng.integers(0, 2**32, (n, 26)))
             f.write("\n".join("\t".join([str(l), *i, *c]) for l, i, c in zip(labels, ints, cats)) + "\n")
-
-
-def _compose(overrides: list[str]):
-    from conftest import compose_cfg
-
-    return compose_cfg(overrides)
 
 
 def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
@@ -90,8 +83,8 @@ def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
 
     criteo._COLLISION_SAMPLE = 1
     logging.getLogger("hybridrec.data.criteo").setLevel(logging.ERROR)
-    ctr = _compose(["+experiment=ctr"]).data
-    dcn = _compose(["+experiment=dcnv2_criteo1tb"]).data
+    ctr = compose_config(["+experiment=ctr"]).data
+    dcn = compose_config(["+experiment=dcnv2_criteo1tb"]).data
 
     def synthetic(cfg):
         return lambda b: build_source(_with(cfg, batch_size=b), 0)
@@ -286,8 +279,6 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=60)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
-    from bench import machine
-
     res = measure(args.reps, args.tsv_rows, args.steps, args.train_steps)
     res["machine"] = machine()
     os.makedirs(args.out, exist_ok=True)

@@ -12,50 +12,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import multiprocessing
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
+
+from common import machine, measure_alternating, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench import machine, write_markdown  # noqa: E402  (the suite's machine description)
-
 SETTINGS = {"thread": "data.input_thread=true", "no thread": "data.input_thread=false"}
-
-
-def run(overrides: list[str], out: str) -> dict:
-    subprocess.run([sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={out}"],
-                   check=True, capture_output=True, cwd=os.path.dirname(HERE))
-    with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)["train"]
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
-def measure(base: list[str], reps: int, busy: bool, settings: dict[str, str] = SETTINGS) -> dict[str, list[dict]]:
-    """Each setting's summary.json ``train`` block per repetition, the settings alternating
-    (a, b, a, b, ...): drift hits them alike. ``busy``: one other process spins meanwhile."""
-    hog = multiprocessing.Process(target=_spin, daemon=True) if busy else None
-    if hog:
-        hog.start()
-    results: dict[str, list[dict]] = {k: [] for k in settings}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for rep in range(reps):
-                for name, override in settings.items():
-                    results[name].append(run([*base, override], os.path.join(tmp, f"{name}-{rep}".replace(" ", "_"))))
-    finally:
-        if hog:
-            hog.terminate()
-    return results
 
 
 def main() -> None:
@@ -79,7 +42,7 @@ def main() -> None:
              "| machine | ranks | setting | samples/s | step p50 ms | samples/s ratio thread / no thread |",
              "|---|---:|---|---:|---:|---:|"]
     for busy, ranks in ((b, r) for b in (False, True) for r in args.ranks):
-        results = measure([*base, f"launcher.nproc_per_node={ranks}"], args.reps, busy)
+        results = measure_alternating([*base, f"launcher.nproc_per_node={ranks}"], args.reps, busy, SETTINGS)
         rate = {k: statistics.median(r["samples_per_second"] for r in v) for k, v in results.items()}
         p50 = {k: statistics.median(r["step_time_p50_ms"] for r in v) for k, v in results.items()}
         for name in SETTINGS:

@@ -30,12 +30,11 @@ import numpy as np
 import torch
 import yaml
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+from hybridrec.data import build_source
+from hybridrec.data.movielens import MovieLens
+from hybridrec.metrics import binary_metrics
 
-from hybridrec.data import build_source  # noqa: E402
-from hybridrec.data.movielens import MovieLens  # noqa: E402
-from hybridrec.metrics import binary_metrics  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def experiment_config(path: str):

@@ -26,12 +26,9 @@ import subprocess
 import sys
 import tempfile
 
+from common import ROOT, machine, steady_rate, write_markdown
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench import machine, steady_rate, write_markdown  # noqa: E402  (the suite's machine line and its steady-state rate)
-
-ROOT = os.path.dirname(HERE)
 
 
 def hybridrec(ranks: int, steps: int, warmup: int, tmp: str) -> float:

@@ -19,12 +19,11 @@ import tempfile
 
 from omegaconf import OmegaConf
 
+from hybridrec.sweep import chosen, read_jobs, to_markdown
+
+from common import machine
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from bench import machine  # noqa: E402  (the same machine line as the suite's report)
-
-from hybridrec.sweep import chosen, read_jobs, to_markdown  # noqa: E402
 
 COMMAND = ["+experiment=ctr", "hydra/sweeper=objective", "hydra.sweeper.n_trials=6", "hydra.sweeper.sampler.seed=0",
            "train.steps=200", "optimizer.sparse.lr=tag(log,interval(0.01,0.3))",

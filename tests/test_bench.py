@@ -1,6 +1,7 @@
 """The benchmark suite (benchmarks/bench.py): a tiny run checks that it runs end to end and
 that its outputs are well-formed. Benchmarks are not timed tests: no timing is asserted."""
 
+import importlib.util
 import json
 import os
 import re
@@ -11,11 +12,25 @@ import pytest
 from PIL import Image
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import bench  # noqa: E402
-import bench_report  # noqa: E402
-import levers  # noqa: E402
+
+def _script(name):
+    """benchmarks/<name>.py as the module ``name``: the name the scripts import it by (their
+    own directory comes first on their import path; it is not on the tests')."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+# Each before the scripts that import it: bench imports the other four.
+common, levers, roofline, bench_report, bench = map(_script, ("common", "levers", "roofline", "bench_report", "bench"))
 
 
 def _run(rep, world, kind, rate, dense="fsdp", sharding="auto", **extra):
@@ -175,7 +190,7 @@ def test_gpu_preset_runs_every_gpu_on_cuda(monkeypatch, tmp_path):
         commands.append(cmd)
         raise StopIteration
 
-    monkeypatch.setattr(bench, "_run", record)
+    monkeypatch.setattr(bench, "run_logged", record)
     for runner in (lambda: bench.sweep(p, 4, 0, str(tmp_path)), lambda: bench.reference(p, 4, 0, str(tmp_path)),
                    lambda: bench.single(p, 4, 0, str(tmp_path), "x", [])):
         with pytest.raises(StopIteration):
@@ -197,7 +212,6 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
     """What the gpu preset runs, planned for 4 GPUs without any GPU: the reference's planner
     (its own Topology) and hybridrec's put every ctr table in device memory with FBGEMM's
     fused kernel, not a UVM or host-memory kernel."""
-    import reference_torchrec as ref
     import torch
     from torchrec.distributed.sharding_plan import get_default_sharders
 
@@ -205,6 +219,7 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
     from hybridrec.parallel_dims import planning_dims
     from hybridrec.plan import dry_plan
 
+    ref = _script("reference_torchrec")
     batch = bench.PRESETS["gpu"].per_rank_batch
     cfg = cfg_factory(["+experiment=ctr", f"data.batch_size={4 * batch}"])  # ref.experiment_config's
     model = ref.build_model(cfg, SyntheticClickLog(seed=cfg.seed, **ref.kwargs(cfg.data)), torch.device("cpu"))
