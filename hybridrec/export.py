@@ -43,7 +43,6 @@ from typing import Any, Iterable
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
-from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec import models
@@ -58,7 +57,7 @@ from hybridrec.checkpoint import (
     unsafe,
 )
 from hybridrec.compat import size_oblivious_export
-from hybridrec.data import SparseFeature, build_source
+from hybridrec.data import RecBatch, SparseFeature, build_source
 
 PROGRAM, SPEC = "model.pt2", "model.json"
 
@@ -90,8 +89,8 @@ class Scorer(nn.Module):
 
     def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         sparse = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths)
-        logits = self.model.score(Batch(dense_features=dense, sparse_features=sparse,
-                                        labels=dense.new_zeros(dense.shape[0])))
+        logits = self.model.score(RecBatch(dense_features=dense, sparse_features=sparse,
+                                           labels=dense.new_zeros(dense.shape[0])))
         return torch.sigmoid(logits) if self.calibrated else logits
 
 

@@ -21,7 +21,8 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
-from torchrec.datasets.utils import Batch
+
+from hybridrec.data import RecBatch
 
 
 class Loss(nn.Module):
@@ -48,9 +49,8 @@ class Loss(nn.Module):
         return [t.view(-1, self.list_size) for t in tensors]
 
 
-def _weights(batch: Batch, like: torch.Tensor) -> torch.Tensor:
-    w = getattr(batch, "weights", None)
-    return torch.ones_like(like) if w is None else w
+def _weights(batch: RecBatch, like: torch.Tensor) -> torch.Tensor:
+    return torch.ones_like(like) if batch.weights is None else batch.weights
 
 
 def _mean_per_list(values: torch.Tensor, weights: torch.Tensor, list_size: Optional[int]) -> torch.Tensor:
@@ -68,8 +68,8 @@ class BCE(Loss):
 
     calibrated = True
 
-    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        if getattr(batch, "weights", None) is None and self.list_size is None:
+    def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
+        if batch.weights is None and self.list_size is None:
             return F.binary_cross_entropy_with_logits(logits, batch.labels)  # as TorchRec's DLRMTrain
         per_row = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none")
         return _mean_per_list(per_row, _weights(batch, logits), self.list_size)
@@ -80,8 +80,8 @@ class MSE(Loss):
 
     needs_relevance = True
 
-    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        if getattr(batch, "relevance", None) is None:
+    def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
+        if batch.relevance is None:
             raise ValueError("loss=mse needs graded relevance (a MovieLens source), this batch has only labels")
         return _mean_per_list((logits - batch.relevance) ** 2, _weights(batch, logits), self.list_size)
 
@@ -95,7 +95,7 @@ class Pairwise(Loss):
     needs_lists = True
     needs_relevance = True
 
-    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
         real = (w[:, :, None] > 0) & (w[:, None, :] > 0)
         pairs = (rel[:, :, None] > rel[:, None, :]) & real
@@ -111,7 +111,7 @@ class ListwiseSoftmax(Loss):
     needs_lists = True
     needs_relevance = True
 
-    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
         log_p = torch.log_softmax(s.masked_fill(w == 0, float("-inf")), dim=1)
         target = rel * w / (rel * w).sum(1, keepdim=True).clamp(min=1e-12)
@@ -130,7 +130,7 @@ class ApproxNDCG(Loss):
         super().__init__(list_size)
         self.temperature = temperature
 
-    def forward(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
         real = (w[:, None, :] > 0) & (w[:, :, None] > 0)
         beats = torch.sigmoid((s[:, None, :] - s[:, :, None]) / self.temperature) * real  # [i, j]: j above i
@@ -162,7 +162,7 @@ class InBatchSoftmax(Loss):
         super().__init__(list_size)
         self.logq_correction = logq_correction
 
-    def forward(self, user: torch.Tensor, item: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def forward(self, user: torch.Tensor, item: torch.Tensor, batch: RecBatch) -> torch.Tensor:
         item_ids = batch.sparse_features["item"].values()
         log_q = batch.log_q
         offset = 0

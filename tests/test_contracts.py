@@ -5,10 +5,12 @@ import glob
 import os
 
 import pytest
+import torch
 from conftest import CONF_DIR, compose_cfg
 from hydra.utils import get_class
 
 from hybridrec.config import validate
+from hybridrec.data import RecBatch, loader
 from hybridrec.data.source import Source
 from hybridrec.losses import Loss
 from hybridrec.models import Ranker
@@ -54,3 +56,14 @@ def test_declarations_of_the_shipped_classes():
     assert MovieLensRank.lists and not MovieLens.lists and not Synthetic.lists
     assert MovieLens.user_item_features and not Synthetic.user_item_features
     assert Synthetic.ranking_k is None
+
+
+def test_every_source_yields_recbatch_and_a_click_log_carries_no_ranking_tensor():
+    from hybridrec.data.synthetic import SyntheticClickLog
+
+    data = SyntheticClickLog(batch_size=8, num_dense_features=2, num_embeddings_per_feature=[10, 20], ids_per_feature=1,
+                             multi_hot_sizes=[], zipf_exponent=1.05, eval_batches=1, seed=0)
+    train, scored = next(loader.batches(data, "train", 0, 1, 1)), next(loader.batches(data, "eval", 0, 1)).batch
+    for batch in (train, scored, train.to(torch.device("cpu"))):
+        assert type(batch) is RecBatch
+        assert (batch.relevance, batch.weights, batch.query, batch.log_q) == (None, None, None, None)

@@ -11,10 +11,9 @@ import zipfile
 import pytest
 import torch
 from conftest import compose_cfg
-from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from hybridrec.data import build_source
+from hybridrec.data import RecBatch, build_source
 from hybridrec.export import PROGRAM, SPEC, _check_archive, write_program
 from hybridrec.models import build_model
 
@@ -115,9 +114,9 @@ def test_the_readme_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     printed, imported = proc.stdout.strip().splitlines()
     assert imported == "[]"
     ids = torch.tensor([f.num_embeddings // 2 for f in data.features])
-    row = Batch(torch.zeros(1, data.num_dense_features),
-                KeyedJaggedTensor(keys=data.keys, values=ids, lengths=torch.ones(len(ids), dtype=torch.int32)),
-                torch.zeros(1))
+    row = RecBatch(torch.zeros(1, data.num_dense_features),
+                   KeyedJaggedTensor(keys=data.keys, values=ids, lengths=torch.ones(len(ids), dtype=torch.int32)),
+                   torch.zeros(1))
     with torch.no_grad():
         expected = torch.sigmoid(model.score(row))
     assert printed.startswith("probability tensor([") and f"{expected.item():.4f}" in printed

@@ -24,7 +24,7 @@ def _columns(batch) -> dict[str, torch.Tensor]:
     for key in batch.sparse_features.keys():
         jt = batch.sparse_features[key]
         cols[f"{key}.values"], cols[f"{key}.lengths"] = jt.values(), jt.lengths()
-    if hasattr(batch, "weights"):
+    if batch.weights is not None:
         cols["weights"], cols["query"] = batch.weights, batch.query
     return cols
 

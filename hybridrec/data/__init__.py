@@ -1,4 +1,5 @@
-"""Data sources (one module each) and what they share: errors, read reports, RecBatch.
+"""Data sources (one module each) and what they share: errors, read reports, RecBatch (the
+batch type of every source).
 
 The contract a source implements is ``hybridrec.data.source.Source`` ("rows [a, b) of global
 batch k", and the number of global batches); the input loop every source shares, with
@@ -82,33 +83,38 @@ def holdout(seed: int, stream: int, rows: np.ndarray, fraction: float) -> np.nda
 
 @dataclass
 class RecBatch(Batch):
-    """A Batch with what ranking objectives and metrics need beside the binary label.
+    """The batch every source yields: torchrec's Batch and the fields ranking objectives and
+    metrics need beside the binary label, None where the source has none (click logs), so
+    that a one-hot batch carries no tensor beyond the Batch ones.
 
     Rows of a list source come in lists of a fixed size (the loss reshapes by it), so every
     rank's slice of a global batch holds whole lists. ``to``/``record_stream``/``pin_memory``
-    move every field, which is what TorchRec's train pipelines call on a batch.
+    move every field that is set, which is what TorchRec's train pipelines call on a batch.
     """
 
-    relevance: torch.Tensor
+    relevance: Optional[torch.Tensor] = None
     """Graded relevance (the rating); 0 for sampled unrated items and for padding."""
-    weights: torch.Tensor
-    """1 for a real row, 0 for padding (lists shorter than the list size, the eval tail)."""
-    query: torch.Tensor
+    weights: Optional[torch.Tensor] = None
+    """1 for a real row, 0 for padding (lists shorter than the list size, the eval tail);
+    None = every row counts fully."""
+    query: Optional[torch.Tensor] = None
     """The list a row belongs to (the user): ranking metrics group by it."""
-    log_q: torch.Tensor
+    log_q: Optional[torch.Tensor] = None
     """log of the row's item frequency among training rows: the log-q correction of
     in-batch sampled softmax."""
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "RecBatch":
-        return RecBatch(**{f.name: getattr(self, f.name).to(device=device, non_blocking=non_blocking)
-                           for f in fields(self)})
+        return RecBatch(**{f.name: v if (v := getattr(self, f.name)) is None
+                           else v.to(device=device, non_blocking=non_blocking) for f in fields(self)})
 
     def record_stream(self, stream: torch.Stream) -> None:
         for f in fields(self):
-            getattr(self, f.name).record_stream(stream)
+            if (v := getattr(self, f.name)) is not None:
+                v.record_stream(stream)
 
     def pin_memory(self) -> "RecBatch":
-        return RecBatch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return RecBatch(**{f.name: v if (v := getattr(self, f.name)) is None else v.pin_memory()
+                           for f in fields(self)})
 
 
 def _clip(reason: str, limit: int = 300) -> str:

@@ -1,7 +1,7 @@
 """The input loop every source shares: epochs, resume position, end of split, padding of the
 last evaluated batch, worker processes and read-report merging.
 
-``batches(source, split, rank, world_size, ...)`` yields this rank's ``Batch`` of global
+``batches(source, split, rank, world_size, ...)`` yields this rank's ``RecBatch`` of global
 batches ``start`` .. ``num_batches - 1`` of ``split``. Training passes over the split again
 and again (epochs); a partial last global batch is dropped by the source and counted.
 An evaluated split (``valid``, ``eval``) is one pass that scores every row: its last batch
@@ -29,9 +29,7 @@ from typing import Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from torchrec.datasets.utils import Batch
-
-from hybridrec.data import DataError
+from hybridrec.data import DataError, RecBatch
 from hybridrec.data.source import Rows, Source
 
 
@@ -39,7 +37,7 @@ from hybridrec.data.source import Rows, Source
 class EvalBatch:
     """A batch of an evaluated split and which of its rows are real (not padding)."""
 
-    batch: Batch
+    batch: RecBatch
     real: torch.Tensor
     rows: torch.Tensor
     """int64: each row's index in the split, ``global batch * batch_size + position in the
@@ -124,10 +122,10 @@ def _empty(source: Source, split: str) -> DataError:
 
 def batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
             start: int = 0, num_workers: int = 0, prefetch: int = 2, pin_memory: bool = False,
-            thread: bool = False) -> Iterator[Union[Batch, EvalBatch]]:
+            thread: bool = False) -> Iterator[Union[RecBatch, EvalBatch]]:
     """This rank's batches of ``split``: global batches ``start`` .. ``num_batches - 1``
     (training: endless when None; an evaluated split: one pass, capped by ``num_batches`` or
-    ``source.eval_batches``). Training yields ``Batch``; an evaluated split ``EvalBatch``.
+    ``source.eval_batches``). Training yields ``RecBatch``; an evaluated split ``EvalBatch``.
     ``thread`` (with no workers): built ``prefetch`` ahead on a background thread."""
     inline = _batches(source, split, rank, world_size, num_batches, start, num_workers, prefetch, pin_memory)
     return ahead(inline, prefetch) if thread and not num_workers else inline
@@ -189,7 +187,7 @@ def ahead(items: Iterator, depth: int) -> Iterator:
 
 
 def _batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int], start: int,
-             num_workers: int, prefetch: int, pin_memory: bool) -> Iterator[Union[Batch, EvalBatch]]:
+             num_workers: int, prefetch: int, pin_memory: bool) -> Iterator[Union[RecBatch, EvalBatch]]:
     train = split == "train"
     if split not in source.splits:
         raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
@@ -237,7 +235,7 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
 
 
 def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, train: bool,
-              pin_memory: bool, index: int, first: int) -> Union[Batch, EvalBatch]:
+              pin_memory: bool, index: int, first: int) -> Union[RecBatch, EvalBatch]:
     """One batch (global batch ``index``, of which this rank's pieces start at row ``first``)
     from its pieces; an evaluated split's missing or short pieces are padded."""
     if not train:  # a piece whose reader ran out early (a shard of a sharded source) is padding

@@ -24,7 +24,6 @@ from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 import torch
-from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import ReadReport, RecBatch, SparseFeature
@@ -116,16 +115,16 @@ class Rows:
         return dataclasses.replace(self, ids=list(self.ids[0].split(self.packed)),
                                    lengths=list(self.lengths[0].unbind(0)), packed=None)
 
-    def batch(self, keys: list[str]) -> Batch:
-        """The torchrec Batch (RecBatch for list sources) the model and pipeline take."""
+    def batch(self, keys: list[str]) -> RecBatch:
+        """The batch the model and pipeline take, its ranking fields those of ``extra``
+        (None for a source without them)."""
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=keys, values=torch.cat(self.ids), lengths=torch.cat(self.lengths)
         )
-        if self.extra:
-            weights = self.extra["weights"] if self.real is None else self.extra["weights"] * self.real
-            fields = {**self.extra, "weights": weights}
-            return RecBatch(self.dense, kjt, self.labels, *(fields[k] for k in RANKING_FIELDS))
-        return Batch(dense_features=self.dense, sparse_features=kjt, labels=self.labels)
+        extra = dict(self.extra)
+        if "weights" in extra and self.real is not None:
+            extra["weights"] = extra["weights"] * self.real
+        return RecBatch(dense_features=self.dense, sparse_features=kjt, labels=self.labels, **extra)
 
 
 class Source(ABC):
@@ -144,7 +143,8 @@ class Source(ABC):
     """``read`` of one piece must be called in batch order by one process (a stream reader);
     False = any batch can be read anywhere (random access)."""
     extra_fields: tuple[str, ...] = ()
-    """RANKING_FIELDS when the source yields RecBatch (MovieLens), else nothing."""
+    """The RecBatch ranking fields its batches set (RANKING_FIELDS: MovieLens); the others
+    are None."""
     lists: ClassVar[bool] = False
     """Rows come as whole lists of ``list_size`` rows (one user's items), never split
     between ranks: what list losses (``Loss.needs_lists``) need."""
@@ -192,7 +192,7 @@ class Source(ABC):
 
     def batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0):
         """This rank's batches, built inline: ``hybridrec.data.loader.batches`` (training
-        yields Batch, an evaluated split EvalBatch, padding marked)."""
+        yields RecBatch, an evaluated split EvalBatch, padding marked)."""
         from hybridrec.data import loader  # (loader imports this module)
 
         return loader.batches(self, split, rank, world_size, num_batches, start)

@@ -16,11 +16,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
-from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from hybridrec.data import SparseFeature
+from hybridrec.data import RecBatch, SparseFeature
 
 
 def embedding_collection(features: list[SparseFeature], embedding_dim: int) -> EmbeddingBagCollection:
@@ -55,7 +54,7 @@ class Ranker(nn.Module, ABC):
         self.loss = loss
 
     @abstractmethod
-    def score(self, batch: Batch) -> torch.Tensor:
+    def score(self, batch: RecBatch) -> torch.Tensor:
         """One logit per row of ``batch``."""
 
     @abstractmethod
@@ -73,7 +72,7 @@ class Ranker(nn.Module, ABC):
         sparse = {id(p) for p in self.sparse_module().parameters()}
         return sum(p.numel() for p in self.parameters() if id(p) not in sparse)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def forward(self, batch: RecBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         logits = self.score(batch)
         loss = self.loss(logits, batch)
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DenseArch, SparseArch
 from torchrec.modules.mlp import MLP
 
-from hybridrec.data import SparseFeature
+from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.models import Ranker, embedding_collection
 
 _FIRST_ORDER_COLS = 4
@@ -44,7 +43,7 @@ class DeepFMRanker(Ranker):
         self.deep_arch = nn.Sequential(MLP(deep_in, list(deep_layer_sizes)), nn.Linear(deep_layer_sizes[-1], 1))
         self.linear = nn.Linear(num_dense_features, 1)  # w0 and the dense first-order weights
 
-    def score(self, batch: Batch) -> torch.Tensor:
+    def score(self, batch: RecBatch) -> torch.Tensor:
         emb = self.sparse_arch(batch.sparse_features)  # (B, F, D + 4)
         vectors, first_order = emb[:, :, :-_FIRST_ORDER_COLS], emb[:, :, -_FIRST_ORDER_COLS:].sum(2)
         fields = torch.cat([self.dense_arch(batch.dense_features).unsqueeze(1), vectors], dim=1)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM
 
-from hybridrec.data import SparseFeature
+from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.models import Ranker, embedding_collection
 
 
@@ -17,7 +16,7 @@ class TorchRecDLRM(Ranker):
 
     model: DLRM
 
-    def score(self, batch: Batch) -> torch.Tensor:
+    def score(self, batch: RecBatch) -> torch.Tensor:
         return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
 
     def sparse_module(self) -> nn.Module:

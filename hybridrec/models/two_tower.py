@@ -13,10 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.datasets.utils import Batch
 from torchrec.modules.mlp import MLP
 
-from hybridrec.data import SparseFeature
+from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
 from hybridrec.models import Ranker, embedding_collection
 
@@ -60,7 +59,7 @@ class TwoTower(Ranker):
         hidden = [MLP(in_size, sizes[:-1])] if len(sizes) > 1 else []
         return nn.Sequential(*hidden, nn.Linear(sizes[-2] if len(sizes) > 1 else in_size, sizes[-1]))
 
-    def towers(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def towers(self, batch: RecBatch) -> tuple[torch.Tensor, torch.Tensor]:
         pooled = self.embedding_bag_collection(batch.sparse_features)
         user = self.user_tower(torch.cat([pooled[n] for n in self.user_features], dim=1))
         item = self.item_tower(torch.cat([pooled[n] for n in self.item_features], dim=1))
@@ -68,24 +67,24 @@ class TwoTower(Ranker):
             user, item = F.normalize(user, dim=1), F.normalize(item, dim=1)
         return user, item
 
-    def score(self, batch: Batch) -> torch.Tensor:
+    def score(self, batch: RecBatch) -> torch.Tensor:
         return self._logits(*self.towers(batch))
 
     def _logits(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
         return (user * item).sum(1) / self.temperature
 
-    def forward(self, batch: Batch):
+    def forward(self, batch: RecBatch):
         user, item = self.towers(batch)  # once: the in-batch loss needs the vectors themselves
         logits = self._logits(user, item)
         loss = self.loss(user / self.temperature, item, batch) if self.in_batch else self.loss(logits, batch)
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
     @torch.no_grad()
-    def item_vectors(self, batch: Batch) -> torch.Tensor:
+    def item_vectors(self, batch: RecBatch) -> torch.Tensor:
         return self.towers(batch)[1]
 
     @torch.no_grad()
-    def user_vectors(self, batch: Batch) -> torch.Tensor:
+    def user_vectors(self, batch: RecBatch) -> torch.Tensor:
         return self.towers(batch)[0]
 
     def sparse_module(self) -> nn.Module:
