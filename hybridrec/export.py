@@ -45,7 +45,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from hybridrec import models
 from hybridrec.checkpoint import (
     CheckpointError,
     TrainState,
@@ -58,16 +57,19 @@ from hybridrec.checkpoint import (
 )
 from hybridrec.compat import size_oblivious_export
 from hybridrec.data import RecBatch, SparseFeature, build_source
+from hybridrec.data.source import UserItemSource
+from hybridrec.models import Ranker, build_model
+from hybridrec.models.two_tower import TwoTower
 
 PROGRAM, SPEC = "model.pt2", "model.json"
 
 
-def load_model(checkpoint: str, trusted: Iterable[str] = ()) -> nn.Module:
+def load_model(checkpoint: str, trusted: Iterable[str] = ()) -> Ranker:
     """The checkpoint's model, unsharded, on CPU, uninitialized. Its config is read as
     evaluate and resume read it (``checkpoint.saved_config``): nothing in it runs code."""
     cfg = saved_config(checkpoint, trusted)
     state = TrainState.from_files(checkpoint)
-    model = models.build_model(cfg, [SparseFeature(**f) for f in state.features], state.num_dense_features)
+    model = build_model(cfg, [SparseFeature(**f) for f in state.features], state.num_dense_features)
     model.sparse_module().to_empty(device="cpu")  # the tables were created on `meta`
     return model
 
@@ -83,7 +85,7 @@ class Scorer(nn.Module):
     (``Loss.calibrated``: loss=pointwise); the raw score otherwise (a ranking objective's
     score orders rows and is not a probability)."""
 
-    def __init__(self, model: nn.Module, keys: list[str], calibrated: bool) -> None:
+    def __init__(self, model: Ranker, keys: list[str], calibrated: bool) -> None:
         super().__init__()
         self.model, self.keys, self.calibrated = model, list(keys), calibrated
 
@@ -94,7 +96,7 @@ class Scorer(nn.Module):
         return torch.sigmoid(logits) if self.calibrated else logits
 
 
-def export_program(model: nn.Module, features: list[SparseFeature], num_dense_features: int) -> torch.export.ExportedProgram:
+def export_program(model: Ranker, features: list[SparseFeature], num_dense_features: int) -> torch.export.ExportedProgram:
     """``Scorer(model)`` traced by ``torch.export`` for any batch size and number of ids."""
     scorer = Scorer(model, [f.name for f in features], model.loss.calibrated).eval()
     rows = 2  # any example works: the batch dimension is exported as dynamic
@@ -128,8 +130,11 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = ()) -> dict[str, 
     spec = write_program(model, features, train_state.num_dense_features, out,
                          {"model": cfg.model._target_, "loss": cfg.loss._target_,
                           "checkpoint": os.path.abspath(checkpoint), "step": train_state.step})
-    if model.in_batch_negatives:  # the model declares separate user and item vectors: two towers
+    if isinstance(model, TwoTower):
         data = build_source(cfg.data, cfg.seed)
+        if not isinstance(data, UserItemSource):  # training refused it (TwoTower.needs_user_item_features)
+            raise CheckpointError(f"{checkpoint}: data={type(data).__name__} has no users and items to export "
+                                  f"vectors of")
         for side, (ids, batch), vectors_of in (("item", data.catalogue_batch(), model.item_vectors),
                                                ("user", data.user_batch(), model.user_vectors)):
             vectors = vectors_of(batch)
@@ -139,7 +144,7 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = ()) -> dict[str, 
     return spec
 
 
-def write_program(model: nn.Module, features: list[SparseFeature], num_dense_features: int, out: str,
+def write_program(model: Ranker, features: list[SparseFeature], num_dense_features: int, out: str,
                   about: dict[str, Any]) -> dict[str, Any]:
     """``model.pt2`` and ``model.json`` (with ``about``: where the model comes from) in the
     directory ``out``; returns ``model.json``'s content."""

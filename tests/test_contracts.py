@@ -11,7 +11,7 @@ from hydra.utils import get_class
 
 from hybridrec.config import validate
 from hybridrec.data import RecBatch, loader
-from hybridrec.data.source import Source
+from hybridrec.data.source import Source, UserItemSource
 from hybridrec.losses import Loss
 from hybridrec.models import Ranker
 
@@ -56,6 +56,17 @@ def test_declarations_of_the_shipped_classes():
     assert MovieLensRank.lists and not MovieLens.lists and not Synthetic.lists
     assert MovieLens.user_item_features and not Synthetic.user_item_features
     assert Synthetic.ranking_k is None
+
+
+def _options(group):
+    return sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(CONF_DIR, group, "*.yaml")))
+
+
+def test_user_and_item_sources_are_exactly_the_user_item_sources():
+    for option in _options("data"):
+        cls = get_class(compose_cfg([f"data={option}"]).data._target_)
+        assert cls.user_item_features == issubclass(cls, UserItemSource), option
+    assert not Source.per_rank_report and get_class("hybridrec.data.criteo.CriteoTSV").per_rank_report
 
 
 def test_every_source_yields_recbatch_and_a_click_log_carries_no_ranking_tensor():

@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 
 from hybridrec.config import BadRows, EvalItems, NegativeSampling, SplitKind
 from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, shorten
-from hybridrec.data.source import RANKING_FIELDS, Rows, Source
+from hybridrec.data.source import RANKING_FIELDS, Rows, UserItemSource
 
 GENRES = 19
 RATING_SCALE = (1, 5)  # MovieLens' stars
@@ -35,9 +35,9 @@ COLUMN_NAMES = {0: "user id", 1: "item id", 2: "rating"}
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
 
 
-class MovieLens(Source):
+class MovieLens(UserItemSource):
     extra_fields = RANKING_FIELDS
-    user_item_features = True
+
     def __init__(
         self,
         batch_size: int,
@@ -57,6 +57,8 @@ class MovieLens(Source):
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
         self.fail = BadRows(bad_rows) == BadRows.fail
         self._report = ReadReport()
+        self._epoch: Optional[int] = None  # _order is drawn once per epoch, when first read
+        self._order = np.zeros(0, dtype=np.int64)
         user, item, rating, ts = self._read_table(ratings_path, "\t", 4, numeric=range(4),
                                                   ranges={0: _IDS, 1: _IDS, 2: RATING_SCALE})
         if len(user) == 0:
@@ -237,7 +239,7 @@ class MovieLens(Source):
 
     def _permutation(self, epoch: int) -> np.ndarray:
         """The train rows in epoch ``epoch``'s order (kept for the epoch: not redrawn per batch)."""
-        if getattr(self, "_epoch", None) != epoch:
+        if self._epoch != epoch:
             self._epoch, self._order = epoch, np.random.default_rng([self.seed, 11, epoch]).permutation(self.split_rows["train"])
         return self._order
 
@@ -266,6 +268,9 @@ class MovieLensRank(MovieLens):
     def __init__(self, list_size: int, negatives: int, negative_sampling: NegativeSampling, eval_items: EvalItems,
                  eval_negatives: int, ranking_k: int, **kwargs) -> None:
         self.list_items, self.negatives = list_size, negatives
+        self._lists_epoch: Optional[int] = None  # the lists are drawn once per epoch, when first read
+        self._epoch_lists_cache: list[tuple[int, np.ndarray]] = []
+        self._dropped = 0  # rows of the lists that do not fill the epoch's last global batch
         self.negative_sampling = NegativeSampling(negative_sampling)
         self.eval_items = EvalItems(eval_items)
         self.eval_negatives, self.ranking_k = eval_negatives, ranking_k
@@ -383,7 +388,7 @@ class MovieLensRank(MovieLens):
 
     def _lists(self, epoch: int) -> list[tuple[int, np.ndarray]]:
         """Epoch ``epoch``'s training lists, kept for the epoch."""
-        if getattr(self, "_lists_epoch", None) != epoch:
+        if self._lists_epoch != epoch:
             self._lists_epoch, self._epoch_lists_cache = epoch, self._epoch_lists(epoch)
             dropped = self._epoch_lists_cache[self.num_batches("train") * (self.batch_size // self.list_size) :]
             self._dropped = int(sum(len(r) for _, r in dropped))

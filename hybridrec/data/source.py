@@ -10,6 +10,10 @@ processes and the merging of read reports. A source implements:
   pass, as ``Rows``. An evaluated split may return fewer rows at its end (the loader pads
   them, weight 0); training batches are always whole.
 
+What a source offers beyond rows is declared on its class (``lists``,
+``user_item_features``, ``per_rank_report``; a source of users and items is a
+``UserItemSource``).
+
 Rank r of N reads rows [r * B/N, (r + 1) * B/N) of every global batch of B rows, so global
 batches are the same for every world size; a source whose rank slice is made of several
 independent sequential readers (sharded TSV) says so with ``pieces``.
@@ -152,9 +156,12 @@ class Source(ABC):
     """Rows per list when ``lists``."""
     user_item_features: ClassVar[bool] = False
     """The features are a user side and an item side (an ``item`` feature among them), and
-    batches carry each item's sampling frequency (``log_q``): what two towers need. Such a
-    source also gives ``catalogue_batch()`` and ``user_batch()`` (ids, a batch of every item
-    or user), from which ``hybridrec.export`` writes a two-tower model's vectors."""
+    batches carry each item's sampling frequency (``log_q``): what two towers need. True
+    exactly for a ``UserItemSource``, which also gives the batches of every item and user."""
+    per_rank_report: ClassVar[bool] = False
+    """Each rank reads, and so counts, rows no other rank reads (its own shards): the run's
+    read report is the sum of the ranks' reports. False = every rank reads the same files
+    and rank 0's report is the run's."""
     ranking_k: Optional[int] = None
     """Set: evaluation scores each query's list with NDCG, MAP and recall at this cut-off."""
     threshold: Optional[float] = None
@@ -200,3 +207,21 @@ class Source(ABC):
     @property
     def keys(self) -> list[str]:
         return [f.name for f in self.features]
+
+
+class UserItemSource(Source):
+    """A source whose features are a user side and an item side (``user_item_features``):
+    beside its rows it gives every item and every user as one batch each, from which
+    ``hybridrec.export`` writes a two-tower model's item and user vectors."""
+
+    user_item_features = True
+
+    @abstractmethod
+    def catalogue_batch(self) -> tuple[np.ndarray, RecBatch]:
+        """The ids of every item of the data and a batch of one row per item (no user):
+        the input of the item tower."""
+
+    @abstractmethod
+    def user_batch(self) -> tuple[np.ndarray, RecBatch]:
+        """The ids of every user of the data and a batch of one row per user (no item):
+        the input of the user tower."""

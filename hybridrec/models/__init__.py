@@ -20,6 +20,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from hybridrec.data import RecBatch, SparseFeature
+from hybridrec.losses import Loss
 
 
 def embedding_collection(features: list[SparseFeature], embedding_dim: int) -> EmbeddingBagCollection:
@@ -49,7 +50,7 @@ class Ranker(nn.Module, ABC):
     """The model splits the features into a user side and an item side: the source must
     declare ``Source.user_item_features``."""
 
-    def __init__(self, loss: nn.Module) -> None:
+    def __init__(self, loss: Loss) -> None:
         super().__init__()
         self.loss = loss
 
@@ -79,7 +80,7 @@ class Ranker(nn.Module, ABC):
 
 
 def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_features: int,
-                list_size: Optional[int] = None) -> nn.Module:
+                list_size: Optional[int] = None) -> Ranker:
     """The model of ``cfg.model`` with the loss of ``cfg.loss``."""
     return instantiate(cfg.model, features=features, num_dense_features=num_dense_features,
                        loss=instantiate(cfg.loss, list_size=list_size))

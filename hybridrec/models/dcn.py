@@ -7,6 +7,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
 from hybridrec.data import SparseFeature
+from hybridrec.losses import Loss
 from hybridrec.models import embedding_collection
 from hybridrec.models.dlrm import TorchRecDLRM
 
@@ -23,7 +24,7 @@ class DCNRanker(TorchRecDLRM):
         over_arch_layer_sizes: list[int],
         dcn_num_layers: int,
         dcn_low_rank_dim: int,
-        loss: nn.Module,
+        loss: Loss,
     ) -> None:
         super().__init__(loss)
         self.model = DLRM_DCN(

@@ -21,6 +21,7 @@ from torchrec.models.dlrm import DenseArch, SparseArch
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
+from hybridrec.losses import Loss
 from hybridrec.models import Ranker, embedding_collection
 
 _FIRST_ORDER_COLS = 4
@@ -34,7 +35,7 @@ class DeepFMRanker(Ranker):
         embedding_dim: int,
         dense_arch_layer_sizes: list[int],
         deep_layer_sizes: list[int],
-        loss: nn.Module,
+        loss: Loss,
     ) -> None:
         super().__init__(loss)
         self.sparse_arch = SparseArch(embedding_collection(features, embedding_dim + _FIRST_ORDER_COLS))

@@ -7,6 +7,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM
 
 from hybridrec.data import RecBatch, SparseFeature
+from hybridrec.losses import Loss
 from hybridrec.models import Ranker, embedding_collection
 
 
@@ -38,7 +39,7 @@ class DLRMRanker(TorchRecDLRM):
         embedding_dim: int,
         dense_arch_layer_sizes: list[int],
         over_arch_layer_sizes: list[int],
-        loss: nn.Module,
+        loss: Loss,
     ) -> None:
         super().__init__(loss)
         self.model = DLRM(

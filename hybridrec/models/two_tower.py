@@ -33,7 +33,7 @@ class TwoTower(Ranker):
         tower_layer_sizes: list[int],
         normalize: bool,
         temperature: float,
-        loss: nn.Module,
+        loss: Loss,
     ) -> None:
         super().__init__(loss)
         names = [f.name for f in features]
@@ -50,7 +50,7 @@ class TwoTower(Ranker):
         self.item_tower = self._tower(len(self.item_features) * embedding_dim, tower_layer_sizes)
         self.normalize, self.temperature = normalize, temperature
         # num_dense_features is part of the model contract; the towers take ids only.
-        self.in_batch = isinstance(loss, Loss) and loss.in_batch_negatives
+        self.in_batch = loss.in_batch_negatives
 
     @staticmethod
     def _tower(in_size: int, sizes: list[int]) -> nn.Module:
