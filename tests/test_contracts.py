@@ -3,11 +3,13 @@ base, and validation reads their declarations (not class names) to refuse misfit
 
 import glob
 import os
+import re
 
 import pytest
 import torch
 from conftest import CONF_DIR, compose_cfg
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 
 from hybridrec.config import validate
 from hybridrec.data import RecBatch, loader
@@ -60,6 +62,77 @@ def test_declarations_of_the_shipped_classes():
 
 def _options(group):
     return sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(CONF_DIR, group, "*.yaml")))
+
+
+@pytest.mark.parametrize("group", ["model", "data"])
+def test_the_shipped_configs_pass_their_class_checks(group):
+    for option in _options(group):
+        cfg = compose_cfg([f"{group}={option}"])
+        cls = get_class(cfg[group]._target_)
+        cls.check_config(cfg) if group == "model" else cls.check_config(cfg, 1)
+
+
+DLRM = {"embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1]}
+
+
+@pytest.mark.parametrize(
+    "target,model,message",
+    [
+        ("dlrm.DLRMRanker", {**DLRM, "dense_arch_layer_sizes": [16, 4]},
+         "model.dense_arch_layer_sizes must end with model.embedding_dim=8 (the dense features meet the embeddings), "
+         "got [16, 4]"),
+        ("dlrm.DLRMRanker", {**DLRM, "over_arch_layer_sizes": [16, 2]},
+         "model.over_arch_layer_sizes must end with 1 (one logit), got [16, 2]"),
+        ("dcn.DCNRanker", {**DLRM, "over_arch_layer_sizes": []}, "model.over_arch_layer_sizes must end with 1 (one logit), got []"),
+        ("dcn.DCNRanker", {**DLRM, "dense_arch_layer_sizes": []}, "model.dense_arch_layer_sizes must end with model.embedding_dim=8"),
+        ("deepfm.DeepFMRanker", {"embedding_dim": 8, "dense_arch_layer_sizes": [9], "deep_layer_sizes": [8]},
+         "model.dense_arch_layer_sizes must end with model.embedding_dim=8"),
+        ("deepfm.DeepFMRanker", {"embedding_dim": 8, "dense_arch_layer_sizes": [8], "deep_layer_sizes": [8, 0]},
+         "model.deep_layer_sizes must be non-empty sizes >= 1, got [8, 0]"),
+        ("two_tower.TwoTower", {"embedding_dim": 8, "tower_layer_sizes": []}, "model.tower_layer_sizes must be non-empty sizes >= 1, got []"),
+    ],
+)
+def test_a_model_refuses_its_own_bad_fields(target, model, message):
+    cls = get_class(f"hybridrec.models.{target}")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cls.check_config(OmegaConf.create({"model": model}))
+
+
+def test_the_base_classes_check_nothing():
+    Ranker.check_config(OmegaConf.create({"model": {}}))
+    Source.check_config(OmegaConf.create({"data": {}}), 3)
+
+
+SIZES = {"num_embeddings_per_feature": [10] * 26}
+RANK = {"batch_size": 80, "list_size": 10, "negatives": 10, "eval_negatives": 50, "ranking_k": 10}
+
+
+@pytest.mark.parametrize(
+    "target,data,world_size,message",
+    [
+        ("criteo.CriteoTSV", {**SIZES, "batch_size": 12, "shards": 3}, 2,
+         "data.shards=3 must be a multiple of the world size (2) and divide data.batch_size=12: each rank reads whole "
+         "shards. Set data.shards to a multiple of 2 (it changes the order of rows), or convert the logs with "
+         "`python -m hybridrec.data.convert` and use data=criteo_binary"),
+        ("criteo.CriteoTSV", {**SIZES, "batch_size": 12, "shards": 0}, 1, "data.shards=0 must be a multiple of the world size (1)"),
+        ("criteo.CriteoTSV", {**SIZES, "batch_size": 12, "shards": 8}, 1, "and divide data.batch_size=12"),
+        ("criteo.CriteoTSV", {"num_embeddings_per_feature": [10, 0], "batch_size": 12, "shards": 2}, 2,
+         "data.num_embeddings_per_feature must be non-empty and >= 1: [10, 0]"),
+        ("criteo.CriteoBinary", {"num_embeddings_per_feature": []}, 1, "data.num_embeddings_per_feature must be non-empty and >= 1: []"),
+        ("synthetic.SyntheticClickLog", {"num_embeddings_per_feature": [0]}, 1,
+         "data.num_embeddings_per_feature must be non-empty and >= 1: [0]"),
+        ("movielens.MovieLensRank", {**RANK, "ranking_k": 0}, 1,
+         "data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0"),
+        ("movielens.MovieLensRank", {**RANK, "eval_negatives": -1}, 1, "data.list_size and data.ranking_k must be >= 1"),
+        ("movielens.MovieLensRank", RANK, 3,
+         "data.batch_size=80 must be a whole number of lists of data.list_size + data.negatives = 20 rows on each of "
+         "the 3 rank(s) (a multiple of 60)"),
+    ],
+)
+def test_a_source_refuses_its_own_bad_fields(target, data, world_size, message):
+    cls = get_class(f"hybridrec.data.{target}")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cls.check_config(OmegaConf.create({"data": data}), world_size)
 
 
 def test_user_and_item_sources_are_exactly_the_user_item_sources():

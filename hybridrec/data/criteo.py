@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+from omegaconf import DictConfig
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.config import BadRows, IdMapping
-from hybridrec.data.source import Rows, Source
+from hybridrec.data.source import Rows, Source, check_table_sizes
 from hybridrec.data import (
     DataError,
     ReadReport,
@@ -135,6 +136,21 @@ def validation_fraction(valid_path: Optional[str], valid_fraction: float) -> flo
 class CriteoTSV(Source):
     per_rank_report = True  # each rank reads (and counts) its own shards
     sequential = True  # a shard is a stream of blocks
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, world_size: int) -> None:
+        # The only check of data.shards: the source is built without the world size, and
+        # only from a config that validation passed (train, evaluate and plan validate first).
+        shards = cfg.data.shards
+        if shards < 1 or shards % world_size or cfg.data.batch_size % shards:
+            raise ValueError(
+                f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
+                f"data.batch_size={cfg.data.batch_size}: each rank reads whole shards. Set data.shards to "
+                f"a multiple of {world_size} (it changes the order of rows), or convert the logs with "
+                f"`python -m hybridrec.data.convert` and use data=criteo_binary"
+            )
+        check_table_sizes(cfg)
+
     def __init__(
         self,
         batch_size: int,
@@ -152,8 +168,6 @@ class CriteoTSV(Source):
     ) -> None:
         self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
         self.batch_size = batch_size
-        if shards < 1 or batch_size % shards:
-            raise DataError(f"data.shards={shards} must be >= 1 and divide data.batch_size={batch_size}")
         self.shards = shards
         self.files = {
             "train": resolve_paths(train_path, "data.train_path"),
@@ -668,6 +682,10 @@ class CriteoBinary(Source):
     log-transformed, ``X_sparse.npy`` (n, 26) raw ids, ``X_labels.npy`` (n, 1), as written by
     ``torchrec.datasets.criteo.BinaryCriteoUtils.tsv_to_npys``. Each rank reads only its own
     rows of each global batch (``BinaryCriteoUtils.load_npy_range``, memory-mapped)."""
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, world_size: int) -> None:
+        check_table_sizes(cfg)
 
     def __init__(
         self,

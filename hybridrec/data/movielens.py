@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+from omegaconf import DictConfig
 
 from hybridrec.config import BadRows, EvalItems, NegativeSampling, SplitKind
 from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, shorten
@@ -264,6 +265,19 @@ class MovieLensRank(MovieLens):
     """
 
     lists = True
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, world_size: int) -> None:
+        d = cfg.data
+        if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
+            raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")
+        rows = d.list_size + d.negatives
+        if d.batch_size % (rows * world_size):
+            raise ValueError(
+                f"data.batch_size={d.batch_size} must be a whole number of lists of "
+                f"data.list_size + data.negatives = {rows} rows on each of the {world_size} rank(s) "
+                f"(a multiple of {rows * world_size})"
+            )
 
     def __init__(self, list_size: int, negatives: int, negative_sampling: NegativeSampling, eval_items: EvalItems,
                  eval_negatives: int, ranking_k: int, **kwargs) -> None:

@@ -12,7 +12,8 @@ processes and the merging of read reports. A source implements:
 
 What a source offers beyond rows is declared on its class (``lists``,
 ``user_item_features``, ``per_rank_report``; a source of users and items is a
-``UserItemSource``).
+``UserItemSource``), and the rules of its config fields are its ``check_config``, which
+validation runs before any rank starts.
 
 Rank r of N reads rows [r * B/N, (r + 1) * B/N) of every global batch of B rows, so global
 batches are the same for every world size; a source whose rank slice is made of several
@@ -28,6 +29,7 @@ from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import ReadReport, RecBatch, SparseFeature
@@ -167,6 +169,12 @@ class Source(ABC):
     threshold: Optional[float] = None
     """With ``ranking_k``: the relevance at or above which an item counts as relevant."""
 
+    @classmethod
+    def check_config(cls, cfg: DictConfig, world_size: int) -> None:
+        """Refuse, with a ValueError naming the key, a ``cfg.data`` (``cfg``: the run's
+        config) that this source cannot serve on ``world_size`` ranks: checked before any
+        rank starts, so the source itself does not repeat it. Nothing by default."""
+
     @abstractmethod
     def num_batches(self, split: str) -> Optional[int]:
         """Global batches in one pass of ``split`` (an epoch of ``train``); None = unknown
@@ -225,3 +233,10 @@ class UserItemSource(Source):
     def user_batch(self) -> tuple[np.ndarray, RecBatch]:
         """The ids of every user of the data and a batch of one row per user (no item):
         the input of the user tower."""
+
+
+def check_table_sizes(cfg: DictConfig) -> None:
+    """``data.num_embeddings_per_feature``, for the sources whose config sets the table sizes."""
+    sizes = list(cfg.data.num_embeddings_per_feature)
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"data.num_embeddings_per_feature must be non-empty and >= 1: {sizes}")

@@ -19,10 +19,11 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from omegaconf import DictConfig
 
 from hybridrec.config import DenseDistribution
 from hybridrec.data import DataError, SparseFeature
-from hybridrec.data.source import Rows, Source
+from hybridrec.data.source import Rows, Source, check_table_sizes
 
 # Each split draws from its own random streams: validation and test rows are new samples of
 # the same planted model, never training rows.
@@ -44,6 +45,10 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 
 
 class SyntheticClickLog(Source):
+    @classmethod
+    def check_config(cls, cfg: DictConfig, world_size: int) -> None:
+        check_table_sizes(cfg)
+
     def __init__(
         self,
         batch_size: int,

@@ -4,8 +4,9 @@ The contract is ``Ranker``: a constructor that takes the data's ``features``,
 ``num_dense_features`` and the ``loss`` (from the loss group) plus its own config fields;
 ``sparse_module()`` (what TorchRec shards), ``dense_units()`` (what FSDP2 wraps) and
 ``score(batch)`` (one logit per row). What a model needs from the data and the loss is
-declared on the class (``in_batch_negatives``, ``needs_user_item_features``), and
-validation reads it before launch."""
+declared on the class (``in_batch_negatives``, ``needs_user_item_features``), as are the
+rules its own config fields obey (``check_config``), and validation reads them before
+launch."""
 
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ class Ranker(nn.Module, ABC):
         super().__init__()
         self.loss = loss
 
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        """Refuse, with a ValueError naming the key, a ``cfg.model`` (``cfg``: the run's
+        config) this class cannot be built from, before any rank starts. Nothing by default."""
+
     @abstractmethod
     def score(self, batch: RecBatch) -> torch.Tensor:
         """One logit per row of ``batch``."""
@@ -84,3 +90,19 @@ def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_featur
     """The model of ``cfg.model`` with the loss of ``cfg.loss``."""
     return instantiate(cfg.model, features=features, num_dense_features=num_dense_features,
                        loss=instantiate(cfg.loss, list_size=list_size))
+
+
+def check_dense_arch(cfg: DictConfig) -> None:
+    """A bottom MLP over the dense features whose output meets the embeddings."""
+    dense = list(cfg.model.dense_arch_layer_sizes)
+    if not dense or dense[-1] != cfg.model.embedding_dim:
+        raise ValueError(
+            f"model.dense_arch_layer_sizes must end with model.embedding_dim="
+            f"{cfg.model.embedding_dim} (the dense features meet the embeddings), got {dense}"
+        )
+
+
+def check_layer_sizes(cfg: DictConfig, key: str) -> None:
+    """``model.<key>``: the sizes of an MLP's layers."""
+    if not cfg.model[key] or min(cfg.model[key]) < 1:
+        raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg.model[key])}")

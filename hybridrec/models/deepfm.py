@@ -16,18 +16,24 @@ the per-field inner product of the paper), so the FM term is written out here.
 from __future__ import annotations
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torchrec.models.dlrm import DenseArch, SparseArch
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, embedding_collection
+from hybridrec.models import Ranker, check_dense_arch, check_layer_sizes, embedding_collection
 
 _FIRST_ORDER_COLS = 4
 
 
 class DeepFMRanker(Ranker):
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        check_dense_arch(cfg)
+        check_layer_sizes(cfg, "deep_layer_sizes")
+
     def __init__(
         self,
         features: list[SparseFeature],

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torchrec.models.dlrm import DLRM
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, embedding_collection
+from hybridrec.models import Ranker, check_dense_arch, embedding_collection
 
 
 class TorchRecDLRM(Ranker):
@@ -16,6 +17,13 @@ class TorchRecDLRM(Ranker):
     share the sparse, dense and over archs); subclasses build the model."""
 
     model: DLRM
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        check_dense_arch(cfg)
+        over = list(cfg.model.over_arch_layer_sizes)
+        if not over or over[-1] != 1:
+            raise ValueError(f"model.over_arch_layer_sizes must end with 1 (one logit), got {over}")
 
     def score(self, batch: RecBatch) -> torch.Tensor:
         return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)

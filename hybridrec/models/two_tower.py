@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, embedding_collection
+from hybridrec.models import Ranker, check_layer_sizes, embedding_collection
 
 
 class TwoTower(Ranker):
     in_batch_negatives = True
     needs_user_item_features = True
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        check_layer_sizes(cfg, "tower_layer_sizes")
 
     def __init__(
         self,
