@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
 from hybridrec.compat import ShardedTensor
+from hybridrec.data import loader
 from hybridrec.launch import spawn  # noqa: F401  (re-exported: the tests start ranks with it)
 from hybridrec.distributed import init_distributed, shutdown_distributed
 from hybridrec.parallel_dims import pick_device
@@ -92,7 +93,7 @@ def _eval_logits(trainer: Trainer) -> torch.Tensor:
     """The trained model's logits on the first global eval batch (gathered from all ranks)."""
     model = trainer.pipeline.detach()
     model.eval()
-    batch = next(trainer.data.batches("eval", trainer.rank, trainer.world_size, 1)).batch
+    batch = next(loader.batches(trainer.data, "eval", trainer.rank, trainer.world_size, 1)).batch
     _, (_, logits, _) = model(batch.to(trainer.device))
     return all_gather_cat(logits).cpu()
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from hybridrec.data import build_source
+from hybridrec.data import build_source, loader
 
 from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, latest, probe_writable
 from shared import BASE, TOL, assert_same_training
@@ -87,7 +87,7 @@ def test_export_predicts_like_the_distributed_model(runs, tmp_path):
     assert json.load(open(out / "model.json"))["output"] == "probability"
     program = torch.export.load(out / "model.pt2").module()
     cfg = _cfg()
-    batch = next(build_source(cfg.data, cfg.seed).batches("eval", 0, 1, 1)).batch
+    batch = next(loader.batches(build_source(cfg.data, cfg.seed), "eval", 0, 1, 1)).batch
     with torch.no_grad():
         scores = program(batch.dense_features, batch.sparse_features.values(), batch.sparse_features.lengths())
     torch.testing.assert_close(scores, torch.sigmoid(two[0]["eval_logits"]), **TOL)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridrec.data import loader
 from hybridrec.data.convert import main as convert
 from hybridrec.data.criteo import CriteoBinary, map_ids
 from shared import SIZES, reader, rand_rows, row, write
@@ -38,7 +39,7 @@ def test_converted_rows_and_bad_rows_are_the_tsv_readers(tmp_path):
     assert dense.shape == (296, 13) and sparse.shape == (296, 26) and labels.shape == (296, 1)
     # what CriteoTSV yields for the file: one global batch of all its rows
     source = reader(path, batch=296)
-    (batch,) = [b.batch for b in source.batches("eval", 0, 1)]
+    (batch,) = [b.batch for b in loader.batches(source, "eval", 0, 1)]
     assert torch.equal(torch.from_numpy(dense), batch.dense_features)
     assert torch.equal(torch.from_numpy(labels[:, 0].astype(np.float32)), batch.labels)
     ids = map_ids(sparse, np.array(SIZES), "modulo")
@@ -54,7 +55,7 @@ def test_converted_rows_and_bad_rows_are_the_tsv_readers(tmp_path):
     other = write(tmp_path / "x.tsv", rand_rows(148))  # the training split CriteoBinary needs
     convert([other, "--out", str(tmp_path / "other_npy")])
     binary = CriteoBinary(148, str(tmp_path / "other_npy"), str(tmp_path / "npy"), SIZES, "modulo", None, 0)
-    parts = [b.batch for b in binary.batches("eval", 0, 1)]
+    parts = [b.batch for b in loader.batches(binary, "eval", 0, 1)]
     assert torch.equal(torch.cat([b.dense_features for b in parts]), batch.dense_features)
     assert torch.equal(torch.cat([b.labels for b in parts]), batch.labels)
     assert not glob.glob(str(tmp_path / "npy" / "*.partial"))
@@ -76,7 +77,7 @@ def test_gz_input_converts_to_the_same_bytes_and_a_truncated_one_is_reported(tmp
     open(cut, "wb").write(whole[: len(whole) // 2])
     convert([cut, "--out", str(tmp_path / "c"), "--block-size-mb", "1"])
     source = reader(cut, batch=1, block_size_mb=1)
-    kept = sum(int(b.real.sum()) for b in source.batches("eval", 0, 1))
+    kept = sum(int(b.real.sum()) for b in loader.batches(source, "eval", 0, 1))
     report = json.load(open(tmp_path / "c" / "convert_report.json"))
     expected = source.report()["files"][cut]
     assert {k: report["files"][cut][k] for k in expected} == expected

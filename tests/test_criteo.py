@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
-from hybridrec.data import DataError, ReadReport
+from hybridrec.data import DataError, ReadReport, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids, read_tsv_file
 from shared import SIZES, rand_rows, reader, row, write
 
@@ -21,7 +21,7 @@ from shared import SIZES, rand_rows, reader, row, write
 def test_values_are_parsed_exactly(tmp_path):
     cats = ["68fd1e64", "80E26C9B", ""] + ["fffffff0"] * 23
     write(tmp_path / "a.tsv", [row(1, [5, -3, ""] + [0] * 10, cats)] * 4)
-    b = next(reader(tmp_path / "a.tsv", split="train").batches("train", 0, 1, 1))
+    b = next(loader.batches(reader(tmp_path / "a.tsv", split="train"), "train", 0, 1, 1))
     expected = np.log1p([5, 0, 0] + [0] * 10).astype(np.float32)  # negatives clamp, missing = 0
     torch.testing.assert_close(b.dense_features[0], torch.from_numpy(expected))
     kjt = b.sparse_features
@@ -52,7 +52,7 @@ def test_bad_rows_are_skipped_counted_and_located(tmp_path):
     truncated = open(tmp_path / "d.tsv.gz", "rb").read()
     open(tmp_path / "d.tsv.gz", "wb").write(truncated[: len(truncated) // 2])
     data = reader(tmp_path, batch=2)
-    batches = list(data.batches("eval", 0, 1))
+    batches = list(loader.batches(data, "eval", 0, 1))
     report = data.report()
     a = report["files"][str(tmp_path / "a.tsv")]
     assert a["rows"] == 2 and a["bad_rows"] == 5
@@ -77,10 +77,10 @@ def test_bad_rows_are_skipped_counted_and_located(tmp_path):
 def test_fail_mode_stops_at_the_first_bad_row(tmp_path):
     write(tmp_path / "a.tsv", [row(), row(), row(ints=["1.5"] + [1] * 12)])
     with pytest.raises(DataError, match=r"a.tsv:3: int_0 '1.5' is not an integer"):
-        list(reader(tmp_path / "a.tsv", batch=1, bad_rows="fail").batches("eval", 0, 1))
+        list(loader.batches(reader(tmp_path / "a.tsv", batch=1, bad_rows="fail"), "eval", 0, 1))
     write(tmp_path / "b.tsv", [row(), "1\t2"])
     with pytest.raises(DataError, match=r"b.tsv:2: 2 fields, expected 40"):
-        list(reader(tmp_path / "b.tsv", batch=1, bad_rows="fail").batches("eval", 0, 1))
+        list(loader.batches(reader(tmp_path / "b.tsv", batch=1, bad_rows="fail"), "eval", 0, 1))
 
 
 @pytest.mark.unit
@@ -98,8 +98,8 @@ def test_missing_path_and_empty_dataset_fail_at_construction(tmp_path):
 def test_ranks_partition_each_global_batch(tmp_path, world_size):
     """Each rank reads only its shards, and together they make the 1-rank global batches."""
     write(tmp_path / "a.tsv", rand_rows(400))
-    whole = [b for b in reader(tmp_path / "a.tsv", batch=12, shards=6).batches("eval", 0, 1)]
-    parts = [list(reader(tmp_path / "a.tsv", batch=12, shards=6).batches("eval", r, world_size))
+    whole = [b for b in loader.batches(reader(tmp_path / "a.tsv", batch=12, shards=6), "eval", 0, 1)]
+    parts = [list(loader.batches(reader(tmp_path / "a.tsv", batch=12, shards=6), "eval", r, world_size))
              for r in range(world_size)]
     assert sum(int(b.real.sum()) for b in whole) == 400  # every row, the tails padded
     for i, w in enumerate(whole):
@@ -116,7 +116,7 @@ def test_ranks_partition_each_global_batch(tmp_path, world_size):
 def test_table_collisions_are_estimated(tmp_path):
     write(tmp_path / "a.tsv", rand_rows(64))
     data = reader(tmp_path / "a.tsv", split="train", num_embeddings_per_feature=[7] * 26)
-    list(data.batches("train", 0, 1, 17))  # estimated once the file (64 rows < the sample's size) is read
+    list(loader.batches(data, "train", 0, 1, 17))  # estimated once the file (64 rows < the sample's size) is read
     c = data.report()["collisions"]["cat_0"]
     assert c["distinct_ids"] > c["distinct_rows"] and c["distinct_rows"] <= 7
 
@@ -130,9 +130,9 @@ def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
     BinaryCriteoUtils.tsv_to_npys(train, *(str(tmp_path / "train" / f"day_1_{p}.npy") for p in ("dense", "sparse", "labels")))
     binary = CriteoBinary(batch_size=6, train_path=str(tmp_path / "train"), eval_path=str(tmp_path),
                           num_embeddings_per_feature=SIZES, id_mapping="modulo", eval_batches=None, seed=0)
-    text = [b.batch for b in reader(tsv, batch=6).batches("eval", 0, 1)]
+    text = [b.batch for b in loader.batches(reader(tsv, batch=6), "eval", 0, 1)]
     for world_size in (1, 2, 3):
-        parts = [[b.batch for b in binary.batches("eval", r, world_size)] for r in range(world_size)]
+        parts = [[b.batch for b in loader.batches(binary, "eval", r, world_size)] for r in range(world_size)]
         assert all(len(p) == 5 for p in parts)
         for i, t in enumerate(text):
             assert torch.equal(torch.cat([p[i].labels for p in parts]), t.labels)
@@ -192,12 +192,12 @@ def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
     at = data.index(b"\n", sum(len(l) + 1 for l in lines[:10]) + 5)  # inside line 11
     open(tmp_path / "a.tsv", "wb").write(data[:at - 3] + b"\xff" + data[at - 2:])
     source = reader(tmp_path / "a.tsv", batch=8)
-    list(source.batches("eval", 0, 1))
+    list(loader.batches(source, "eval", 0, 1))
     f = source.report()["files"][str(tmp_path / "a.tsv")]
     assert f["rows"] == 999 and f["bad_rows"] == 1 and f["rows"] + f["bad_rows"] == 1000
     assert f["errors"] == [f"{tmp_path / 'a.tsv'}:11: not UTF-8 text (byte 0xff at column {len(lines[10]) - 2})"]
     with pytest.raises(DataError, match=r"a.tsv:11: not UTF-8 text \(byte 0xff"):
-        list(reader(tmp_path / "a.tsv", batch=8, bad_rows="fail").batches("eval", 0, 1))
+        list(loader.batches(reader(tmp_path / "a.tsv", batch=8, bad_rows="fail"), "eval", 0, 1))
 
 
 @pytest.mark.slow
@@ -209,13 +209,13 @@ def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path, b
     complete = _complete_lines(compressed[: len(compressed) // 2])
     assert complete > 9_000
     source = reader(path, batch=1, block_size_mb=block_size_mb)
-    kept = sum(int(b.real.sum()) for b in source.batches("eval", 0, 1))
+    kept = sum(int(b.real.sum()) for b in loader.batches(source, "eval", 0, 1))
     f = source.report()["files"][path]
     assert kept == f["rows"] == complete and f["bad_rows"] == 0  # rows + bad_rows = the complete lines read
     assert f["unreadable"].startswith(f"unreadable from {path}:{complete + 1} (truncated gzip: ")
     assert "bytes of that line read, nothing after it" in f["unreadable"]
     with pytest.raises(DataError, match=rf"a.tsv.gz:{complete + 1}: unreadable from here \(truncated gzip"):
-        list(reader(path, batch=1, bad_rows="fail", block_size_mb=block_size_mb).batches("eval", 0, 1))
+        list(loader.batches(reader(path, batch=1, bad_rows="fail", block_size_mb=block_size_mb), "eval", 0, 1))
 
 
 @pytest.mark.unit
@@ -247,7 +247,7 @@ def test_a_19_digit_integer_gets_the_same_verdict_whatever_its_neighbours(tmp_pa
     for neighbour in (row(), row(ints=["x"] + [1] * 12)):  # fast path (all cast), slow path (cell by cell)
         path = write(tmp_path / "a.tsv", [probe, neighbour, row()])
         source = reader(path, batch=1)
-        list(source.batches("eval", 0, 1))
+        list(loader.batches(source, "eval", 0, 1))
         errors = source.report()["files"][path]["errors"]
         verdicts.append(not any(e.startswith(f"{path}:1:") for e in errors))
     assert verdicts == [accepted, accepted]
@@ -257,7 +257,7 @@ def test_a_19_digit_integer_gets_the_same_verdict_whatever_its_neighbours(tmp_pa
 def test_a_huge_bad_field_is_quoted_short(tmp_path):
     path = write(tmp_path / "a.tsv", [row(cats=["z" * 3_000_000] + ["a"] * 25), row()])
     source = reader(path, batch=1)
-    list(source.batches("eval", 0, 1))
+    list(loader.batches(source, "eval", 0, 1))
     report = source.report()
     error = report["files"][path]["errors"][0]
     assert error == f"{path}:1: cat_0 {'z' * 40!r}…(3000000 bytes) is not a hex id of at most 8 digits"
@@ -289,7 +289,7 @@ def test_most_ids_colliding_in_a_table_warns_once_naming_it(tmp_path, caplog):
     write(tmp_path / "a.tsv", rand_rows(64))
     data = reader(tmp_path / "a.tsv", split="train", num_embeddings_per_feature=[7] + [1000] * 25)
     with caplog.at_level("WARNING", logger="hybridrec.data.criteo"):
-        list(data.batches("train", 0, 1, 20))  # 20 batches of 4: the file once (16), then again
+        list(loader.batches(data, "train", 0, 1, 20))  # 20 batches of 4: the file once (16), then again
     warnings = [r.getMessage() for r in caplog.records if "collide" in r.getMessage()]
     assert len(warnings) == 1 and "t_cat_0: 7 rows" in warnings[0] and "index 0" in warnings[0]
     assert "t_cat_1" not in warnings[0]  # 64 ids in 1000 rows: few collide
@@ -303,13 +303,13 @@ def test_valid_fraction_holds_out_disjoint_seeded_rows(tmp_path):
     write(tmp_path / "a.tsv", rows)
     data = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
     assert data.splits == ("train", "valid", "eval")
-    real = lambda b: (b.batch, b.real) if hasattr(b, "real") else (b, torch.ones(len(b.labels), dtype=torch.bool))
+    real = lambda b: (b.batch, b.real) if isinstance(b, loader.EvalBatch) else (b, torch.ones(len(b.labels), dtype=torch.bool))
     ident = lambda batches: sorted(int(round(float(torch.expm1(x))))
                                    for b, r in map(real, batches) for x in b.dense_features[r, 0])
-    train, valid = ident(data.batches("train", 0, 1, 200 // 5 * 3 // 4)), ident(data.batches("valid", 0, 1))
+    train, valid = ident(loader.batches(data, "train", 0, 1, 200 // 5 * 3 // 4)), ident(loader.batches(data, "valid", 0, 1))
     assert not set(train) & set(valid) and 30 <= len(valid) <= 70
     assert len(set(train) | set(valid)) >= 195  # every row but the few training did not reach
     again = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
-    assert ident(again.batches("valid", 0, 1)) == valid  # fixed by the seed
+    assert ident(loader.batches(again, "valid", 0, 1)) == valid  # fixed by the seed
     other_seed = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25, seed=1)
-    assert ident(other_seed.batches("valid", 0, 1)) != valid
+    assert ident(loader.batches(other_seed, "valid", 0, 1)) != valid

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import compose_cfg
-from hybridrec.data import build_source
+from hybridrec.data import build_source, loader
 
 from hybridrec.data.synthetic import SyntheticClickLog
 from shared import global_batch
@@ -37,7 +37,7 @@ def test_same_seed_same_batches_other_seed_differs():
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_rank_slices_reassemble_the_global_batch(world_size):
     data = _log()
-    parts = [next(data.batches("train", r, world_size, 1)) for r in range(world_size)]
+    parts = [next(loader.batches(data, "train", r, world_size, 1)) for r in range(world_size)]
     whole = global_batch(data, "train", 0)
     torch.testing.assert_close(torch.cat([p.labels for p in parts]), whole.labels)
     torch.testing.assert_close(torch.cat([p.dense_features for p in parts]), whole.dense_features)
@@ -71,7 +71,7 @@ def test_labels_follow_the_planted_model():
 
 def test_eval_split_has_configured_length():
     data = build_source(compose_cfg(["data.eval_batches=3"]).data, 0)
-    assert len(list(data.batches("eval", 0, 2))) == 3
+    assert len(list(loader.batches(data, "eval", 0, 2))) == 3
 
 
 @pytest.mark.parametrize("dist", ["normal", "lognormal", "uniform"])

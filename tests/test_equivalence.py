@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_collect, train_and_gather
-from hybridrec.data import build_source
+from hybridrec.data import build_source, loader
 from shared import BASE, TOL, assert_same_training
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -43,7 +43,7 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     schedules = [LambdaLR(sparse, lr_multiplier(cfg.optimizer.sparse_schedule)),
                  LambdaLR(dense, lr_multiplier(cfg.optimizer.dense_schedule))]
     losses, norms = [], []
-    for batch in data.batches("train", 0, 1, cfg.train.steps):
+    for batch in loader.batches(data, "train", 0, 1, cfg.train.steps):
         loss, _ = model(batch)
         sparse.zero_grad(), dense.zero_grad()
         loss.backward()

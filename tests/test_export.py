@@ -13,7 +13,7 @@ import torch
 from conftest import compose_cfg
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from hybridrec.data import RecBatch, build_source
+from hybridrec.data import RecBatch, build_source, loader
 from hybridrec.export import PROGRAM, SPEC, _check_archive, write_program
 from hybridrec.models import build_model
 
@@ -61,7 +61,7 @@ def test_every_model_exports_to_a_program_that_scores_as_it_does(name, ml400, tm
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
     assert all(str(t).startswith("aten.") or getattr(t, "__module__", None) == "_operator" for t in calls), calls
     run = program.module()
-    batch = next(data.batches("eval", 0, 1, 1)).batch
+    batch = next(loader.batches(data, "eval", 0, 1, 1)).batch
     with torch.no_grad():
         logits = model.score(batch)
         expected = torch.sigmoid(logits) if model.loss.calibrated else logits

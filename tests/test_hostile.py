@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_cfg
 from hybridrec.config import validate
-from hybridrec.data import DataError
+from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.movielens import MovieLens
@@ -195,7 +195,7 @@ DATA_CASES = [
 def _read_all(source) -> None:
     """Every batch of the evaluated splits; a first epoch of training (its stream has no end)."""
     for split in source.splits:
-        for _ in itertools.islice(source.batches(split, 0, 1), 4 if split == "train" else None):
+        for _ in itertools.islice(loader.batches(source, split, 0, 1), 4 if split == "train" else None):
             pass
 
 

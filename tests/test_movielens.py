@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hybridrec.data import DataError
+from hybridrec.data import DataError, loader
 from hybridrec.data.fetch_movielens import FILES, read_wheel, write_layout
 from hybridrec.data.movielens import GENRES
 from shared import GENRE_NAMES, assert_readable, ml, tables
@@ -28,7 +28,7 @@ def test_features_labels_and_split(layout):
     np.testing.assert_array_equal(data.label, (ratings >= 4).astype(np.float32))
     assert len(data.split_rows["eval"]) == 60 and len(data.split_rows["train"]) == 240
     assert not set(data.split_rows["eval"]) & set(data.split_rows["train"])
-    b = next(data.batches("eval", 0, 1)).batch
+    b = next(loader.batches(data, "eval", 0, 1)).batch
     rows = data.split_rows["eval"][:20]
     assert b.sparse_features["user"].values().tolist() == [t["data"][r]["user_id"] for r in rows]
     genres = [[g for g, name in enumerate(GENRE_NAMES) if t["items"][t["data"][r]["movie_id"] - 1][name]] for r in rows]
@@ -44,17 +44,17 @@ def test_time_split_holds_out_the_latest_ratings(layout):
 
 @pytest.mark.unit
 def test_train_order_is_deterministic_from_the_seed(layout):
-    first = [b.labels for b in ml(layout).batches("train", 0, 1, 12)]  # crosses an epoch
-    again = [b.labels for b in ml(layout).batches("train", 0, 1, 12)]
-    other = [b.labels for b in ml(layout, seed=1).batches("train", 0, 1, 12)]
+    first = [b.labels for b in loader.batches(ml(layout), "train", 0, 1, 12)]  # crosses an epoch
+    again = [b.labels for b in loader.batches(ml(layout), "train", 0, 1, 12)]
+    other = [b.labels for b in loader.batches(ml(layout, seed=1), "train", 0, 1, 12)]
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not all(torch.equal(a, b) for a, b in zip(first, other))
 
 
 @pytest.mark.unit
 def test_ranks_partition_each_global_batch(layout):
-    whole = list(ml(layout).batches("eval", 0, 1))
-    halves = [list(ml(layout).batches("eval", r, 2)) for r in range(2)]
+    whole = list(loader.batches(ml(layout), "eval", 0, 1))
+    halves = [list(loader.batches(ml(layout), "eval", r, 2)) for r in range(2)]
     assert sum(int(b.real.sum()) for b in whole) == len(ml(layout).split_rows["eval"])  # every row, once
     for i, w in enumerate(whole):
         assert torch.equal(torch.cat([h[i].batch.labels for h in halves]), w.batch.labels)
@@ -114,4 +114,4 @@ def test_validation_is_a_seeded_share_of_the_training_ratings(layout):
     train, valid = set(data.split_rows["train"]), set(data.split_rows["valid"])
     assert not train & valid and train | valid == set(plain.split_rows["train"]) and len(valid) == 60
     assert data.splits == ("train", "valid", "eval") and plain.splits == ("train", "eval")
-    assert len(list(data.batches("valid", 0, 1))) == 3
+    assert len(list(loader.batches(data, "valid", 0, 1))) == 3

@@ -13,7 +13,7 @@ from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
 from shared import tables
 
-from hybridrec.data import LOADER_KEYS
+from hybridrec.data import LOADER_KEYS, loader
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.movielens import MovieLensRank
 
@@ -46,8 +46,8 @@ def test_lists_are_whole_users_and_the_same_for_any_world_size(ml400):
     cfg = _cfg(ml400, [])
     kw = {k: v for k, v in cfg.data.items() if k not in ("_target_", *LOADER_KEYS)}
     data = MovieLensRank(**kw, seed=0)
-    one = next(data.batches("train", 0, 1, 1))
-    halves = [next(data.batches("train", r, 2, 1)) for r in range(2)]
+    one = next(loader.batches(data, "train", 0, 1, 1))
+    halves = [next(loader.batches(data, "train", r, 2, 1)) for r in range(2)]
     assert data.list_size == 6 and one.labels.numel() == 24
     users = one.query.view(4, 6)
     assert (users == users[:, :1]).all()  # each list is one user
@@ -58,7 +58,7 @@ def test_lists_are_whole_users_and_the_same_for_any_world_size(ml400):
     for u, row, r in zip(users[:, 0], items[:, 4:], rel[:, 4:]):
         assert not data.rated[u, row].any() and (r == 0).all()
     # eval: every held-out rating once, in user lists; the padded tail has weight 0
-    ev = list(data.batches("eval", 0, 1))
+    ev = list(loader.batches(data, "eval", 0, 1))
     w = torch.cat([b.batch.weights for b in ev])
     assert w.sum() == len(data.split_rows["eval"]) + 5 * len(np.unique(data.user[data.split_rows["eval"]]))
     assert (w[int(w.sum()):] == 0).all()

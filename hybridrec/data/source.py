@@ -205,13 +205,6 @@ class Source(ABC):
         """Called in the training process before each pass: a source counts a split's
         files on its first pass only."""
 
-    def batches(self, split: str, rank: int, world_size: int, num_batches: Optional[int] = None, start: int = 0):
-        """This rank's batches, built inline: ``hybridrec.data.loader.batches`` (training
-        yields RecBatch, an evaluated split EvalBatch, padding marked)."""
-        from hybridrec.data import loader  # (loader imports this module)
-
-        return loader.batches(self, split, rank, world_size, num_batches, start)
-
     @property
     def keys(self) -> list[str]:
         return [f.name for f in self.features]
