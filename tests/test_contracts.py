@@ -69,7 +69,7 @@ def test_the_shipped_configs_pass_their_class_checks(group):
     for option in _options(group):
         cfg = compose_cfg([f"{group}={option}"])
         cls = get_class(cfg[group]._target_)
-        cls.check_config(cfg) if group == "model" else cls.check_config(cfg, 1)
+        cls.check_config(cfg.model) if group == "model" else cls.check_config(cfg.data, 1)
 
 
 DLRM = {"embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_sizes": [16, 1]}
@@ -95,12 +95,12 @@ DLRM = {"embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_
 def test_a_model_refuses_its_own_bad_fields(target, model, message):
     cls = get_class(f"hybridrec.models.{target}")
     with pytest.raises(ValueError, match=re.escape(message)):
-        cls.check_config(OmegaConf.create({"model": model}))
+        cls.check_config(OmegaConf.create(model))
 
 
 def test_the_base_classes_check_nothing():
-    Ranker.check_config(OmegaConf.create({"model": {}}))
-    Source.check_config(OmegaConf.create({"data": {}}), 3)
+    Ranker.check_config(OmegaConf.create({}))
+    Source.check_config(OmegaConf.create({}), 3)
 
 
 SIZES = {"num_embeddings_per_feature": [10] * 26}
@@ -132,7 +132,7 @@ RANK = {"batch_size": 80, "list_size": 10, "negatives": 10, "eval_negatives": 50
 def test_a_source_refuses_its_own_bad_fields(target, data, world_size, message):
     cls = get_class(f"hybridrec.data.{target}")
     with pytest.raises(ValueError, match=re.escape(message)):
-        cls.check_config(OmegaConf.create({"data": data}), world_size)
+        cls.check_config(OmegaConf.create(data), world_size)
 
 
 def test_user_and_item_sources_are_exactly_the_user_item_sources():

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridrec.config.retype import refuse_key
 from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule
+from hybridrec.parallel_dims import ParallelDims
 
 
 # Fused optimizers fbgemm's CPU kernels implement (its TBE asserts the same list).
@@ -46,7 +47,7 @@ def _kwargs(node: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in node.items() if not str(k).startswith("_")}
 
 
-def _validate_loss(cfg: DictConfig, world_size: int) -> None:
+def _validate_loss(cfg: DictConfig) -> None:
     """The loss, the model and the data must fit together: each class declares what it needs
     or provides (hybridrec.losses.Loss, hybridrec.models.Ranker, hybridrec.data.source.Source)."""
     loss, model, source = (get_class(cfg[g]._target_) for g in ("loss", "model", "data"))
@@ -63,17 +64,6 @@ def _validate_loss(cfg: DictConfig, world_size: int) -> None:
     if model.needs_user_item_features and not source.user_item_features:
         raise ValueError(f"model={name(model)} needs user and item features: data={name(source)} has none; "
                          f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)")
-    if source.lists:
-        d = cfg.data
-        if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
-            raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")
-        rows = d.list_size + d.negatives
-        if d.batch_size % (rows * world_size):
-            raise ValueError(
-                f"data.batch_size={d.batch_size} must be a whole number of lists of "
-                f"data.list_size + data.negatives = {rows} rows on each of the {world_size} rank(s) "
-                f"(a multiple of {rows * world_size})"
-            )
 
 
 # Keys whose children are free-form: an optimizer's keyword arguments, checked against its
@@ -155,7 +145,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_schedules(cfg)
     _validate_data(cfg, world_size)
     _validate_model(cfg)
-    _validate_loss(cfg, world_size)
+    _validate_loss(cfg)
     _validate_optimizers(cfg)
 
 
@@ -251,8 +241,6 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
             f"topology.compute_device={topo.compute_device.value} but launcher.device={launched.value}: "
             f"a plan is for the device the run uses"
         )
-    from hybridrec.parallel_dims import ParallelDims  # (it imports this module's enums)
-
     # Raises if the degrees do not fit: hsdp's replicate x shard, the embedding replicas.
     ParallelDims.build(mesh, world_size, topo.local_world_size or world_size, "cpu")
     if mesh.dense == DenseParallel.single and world_size != 1:
@@ -319,36 +307,13 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         value = cfg.data.get(key)
         if value is not None and value < least:
             raise ValueError(f"data.{key} must be >= {least}, got {value}")
-    if "shards" in cfg.data:
-        shards = cfg.data.shards
-        if shards < 1 or shards % world_size or cfg.data.batch_size % shards:
-            raise ValueError(
-                f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
-                f"data.batch_size={cfg.data.batch_size}: each rank reads whole shards. Set data.shards to "
-                f"a multiple of {world_size} (it changes the order of rows), or convert the logs with "
-                f"`python -m hybridrec.data.convert` and use data=criteo_binary"
-            )
-    if "num_embeddings_per_feature" in cfg.data:
-        sizes = list(cfg.data.num_embeddings_per_feature)
-        if not sizes or min(sizes) < 1:
-            raise ValueError(f"data.num_embeddings_per_feature must be non-empty and >= 1: {sizes}")
+    # The source's own rules (shards, table sizes, whole lists per rank), declared beside its traits.
+    get_class(cfg.data._target_).check_config(cfg.data, world_size)
 
 
 def _validate_model(cfg: DictConfig) -> None:
-    if "dense_arch_layer_sizes" in cfg.model:
-        dense = list(cfg.model.dense_arch_layer_sizes)
-        if not dense or dense[-1] != cfg.model.embedding_dim:
-            raise ValueError(
-                f"model.dense_arch_layer_sizes must end with model.embedding_dim="
-                f"{cfg.model.embedding_dim} (the dense features meet the embeddings), got {dense}"
-            )
-    if "over_arch_layer_sizes" in cfg.model:
-        over = list(cfg.model.over_arch_layer_sizes)
-        if not over or over[-1] != 1:
-            raise ValueError(f"model.over_arch_layer_sizes must end with 1 (one logit), got {over}")
-    for key in ("deep_layer_sizes", "tower_layer_sizes"):
-        if key in cfg.model and (not cfg.model[key] or min(cfg.model[key]) < 1):
-            raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg.model[key])}")
+    """The model's own rules (its layer sizes), declared beside its traits."""
+    get_class(cfg.model._target_).check_config(cfg.model)
 
 
 def _validate_optimizers(cfg: DictConfig) -> None:

@@ -141,11 +141,11 @@ class CriteoTSV(Source):
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
         # The only check of data.shards: the source is built without the world size, and
         # only from a config that validation passed (train, evaluate and plan validate first).
-        shards = cfg.data.shards
-        if shards < 1 or shards % world_size or cfg.data.batch_size % shards:
+        shards = cfg.shards
+        if shards < 1 or shards % world_size or cfg.batch_size % shards:
             raise ValueError(
                 f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
-                f"data.batch_size={cfg.data.batch_size}: each rank reads whole shards. Set data.shards to "
+                f"data.batch_size={cfg.batch_size}: each rank reads whole shards. Set data.shards to "
                 f"a multiple of {world_size} (it changes the order of rows), or convert the logs with "
                 f"`python -m hybridrec.data.convert` and use data=criteo_binary"
             )

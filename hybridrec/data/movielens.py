@@ -268,7 +268,7 @@ class MovieLensRank(MovieLens):
 
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
-        d = cfg.data
+        d = cfg
         if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
             raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")
         rows = d.list_size + d.negatives

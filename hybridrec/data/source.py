@@ -171,9 +171,9 @@ class Source(ABC):
 
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
-        """Refuse, with a ValueError naming the key, a ``cfg.data`` (``cfg``: the run's
-        config) that this source cannot serve on ``world_size`` ranks: checked before any
-        rank starts, so the source itself does not repeat it. Nothing by default."""
+        """Refuse, with a ValueError naming the key, a ``data`` config (``cfg``) that this
+        source cannot serve on ``world_size`` ranks: checked before any rank starts, so the
+        source itself does not repeat it. Nothing by default."""
 
     @abstractmethod
     def num_batches(self, split: str) -> Optional[int]:
@@ -229,7 +229,7 @@ class UserItemSource(Source):
 
 
 def check_table_sizes(cfg: DictConfig) -> None:
-    """``data.num_embeddings_per_feature``, for the sources whose config sets the table sizes."""
-    sizes = list(cfg.data.num_embeddings_per_feature)
+    """``data.num_embeddings_per_feature`` (``cfg``: the data config), for the sources whose config sets the table sizes."""
+    sizes = list(cfg.num_embeddings_per_feature)
     if not sizes or min(sizes) < 1:
         raise ValueError(f"data.num_embeddings_per_feature must be non-empty and >= 1: {sizes}")

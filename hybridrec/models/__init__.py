@@ -57,8 +57,8 @@ class Ranker(nn.Module, ABC):
 
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
-        """Refuse, with a ValueError naming the key, a ``cfg.model`` (``cfg``: the run's
-        config) this class cannot be built from, before any rank starts. Nothing by default."""
+        """Refuse, with a ValueError naming the key, a ``model`` config (``cfg``) this class
+        cannot be built from, before any rank starts. Nothing by default."""
 
     @abstractmethod
     def score(self, batch: RecBatch) -> torch.Tensor:
@@ -94,15 +94,15 @@ def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_featur
 
 def check_dense_arch(cfg: DictConfig) -> None:
     """A bottom MLP over the dense features whose output meets the embeddings."""
-    dense = list(cfg.model.dense_arch_layer_sizes)
-    if not dense or dense[-1] != cfg.model.embedding_dim:
+    dense = list(cfg.dense_arch_layer_sizes)
+    if not dense or dense[-1] != cfg.embedding_dim:
         raise ValueError(
             f"model.dense_arch_layer_sizes must end with model.embedding_dim="
-            f"{cfg.model.embedding_dim} (the dense features meet the embeddings), got {dense}"
+            f"{cfg.embedding_dim} (the dense features meet the embeddings), got {dense}"
         )
 
 
 def check_layer_sizes(cfg: DictConfig, key: str) -> None:
-    """``model.<key>``: the sizes of an MLP's layers."""
-    if not cfg.model[key] or min(cfg.model[key]) < 1:
-        raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg.model[key])}")
+    """``model.<key>`` (``cfg``: the model config): the sizes of an MLP's layers."""
+    if not cfg[key] or min(cfg[key]) < 1:
+        raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg[key])}")

@@ -21,7 +21,7 @@ class TorchRecDLRM(Ranker):
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
         check_dense_arch(cfg)
-        over = list(cfg.model.over_arch_layer_sizes)
+        over = list(cfg.over_arch_layer_sizes)
         if not over or over[-1] != 1:
             raise ValueError(f"model.over_arch_layer_sizes must end with 1 (one logit), got {over}")
 
