@@ -137,7 +137,7 @@ PRESETS = {
 def cuda_problem() -> str | None:
     """Why a CUDA preset cannot run here, or None: hybridrec's own reason for refusing
     launcher.device=cuda (a CPU-only torch build, or no usable GPU)."""
-    from hybridrec.parallel_dims import Cuda
+    from hybridrec.devices import Cuda
 
     return Cuda.probe().unusable()
 

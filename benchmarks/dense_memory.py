@@ -51,7 +51,8 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
     then ``reps`` alternating timed windows of ``steps`` steps each, then every rank's
     dense-state bytes."""
     from hybridrec.distributed import init_distributed, shutdown_distributed
-    from hybridrec.parallel_dims import pick_device
+    from hybridrec.data import loader
+    from hybridrec.devices import pick_device
     from hybridrec.trainer import Trainer
 
     warnings.simplefilter("ignore", FutureWarning)
@@ -63,7 +64,7 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
         for i, cfg in enumerate(cfgs):
             trainer = Trainer(cfg, "/tmp", device)
             trainers.append(trainer)
-            streams.append(trainer.data.batches("train", trainer.rank, trainer.world_size, 3 + reps * steps))
+            streams.append(loader.batches(trainer.data, "train", trainer.rank, trainer.world_size, 3 + reps * steps))
             for step in range(1, 4):  # warm-up: tracing, pipeline fill, lazy FSDP init
                 trainer.step(streams[i], step)
         taken = [3] * len(cfgs)  # steps each trainer has taken

@@ -122,6 +122,7 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto", input_: str
     local_batch = cfg.data.batch_size // world_size
 
     # Data: the same synthetic click log, each rank its rows of every global batch.
+    from hybridrec.data import loader
     from hybridrec.data.synthetic import SyntheticClickLog
 
     data = SyntheticClickLog(seed=cfg.seed, **kwargs(cfg.data))
@@ -153,7 +154,7 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto", input_: str
             ids_per_features=sizes, min_ids_per_features=sizes, num_dense=data.num_dense_features,
             manual_seed=cfg.seed + rank, num_generated_batches=10))
     else:  # hybridrec's synthetic click log, each rank its rows of every global batch
-        batches = data.batches("train", rank, world_size, steps)
+        batches = loader.batches(data, "train", rank, world_size, steps)
     step_times, losses = [], []
     for step in range(1, steps + 1):
         tick = time.perf_counter()

@@ -50,7 +50,7 @@ def dense_flops_per_sample(overrides: list[str], rows: int = 256) -> float:
     from hydra import compose, initialize_config_dir
 
     from hybridrec.config import register_configs
-    from hybridrec.data import build_source
+    from hybridrec.data import build_source, loader
     from hybridrec.models import build_model
 
     warnings.simplefilter("ignore", FutureWarning)
@@ -65,7 +65,7 @@ def dense_flops_per_sample(overrides: list[str], rows: int = 256) -> float:
     with torch.no_grad():
         for p in sparse.parameters():
             p.normal_(0, 0.01)
-    batch = next(iter(source.batches("train", 0, 1, num_batches=1)))
+    batch = next(iter(loader.batches(source, "train", 0, 1, num_batches=1)))
     with FlopCounterMode(display=False) as counter:
         loss, _ = model(batch)
         loss.backward()

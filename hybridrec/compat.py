@@ -8,10 +8,16 @@ which public API is missing.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch.distributed.elastic.agent.server.api import RunResult
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 # ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
@@ -95,15 +101,82 @@ def failed_job_error(job_return: Any) -> BaseException:
     return job_return._return_value
 
 
-def decline_restarts(agent: Any) -> None:
-    """Make torch's elastic agent end the job at this failure instead of restarting its
-    workers: it restarts while its private ``_remaining_restarts`` is above 0, and has no
-    public way to refuse a restart for one kind of failure (``_monitor_workers``, where the
-    failure is seen, is the documented method to extend: "Elastic Agent: Extending the Agent")."""
-    agent._remaining_restarts = 0
+class ExtensibleAgent(LocalElasticAgent):
+    """torch's local elastic agent (what ``torchrun`` and ``elastic_launch`` run) with public
+    hooks. Torch documents subclassing the agent and extending ``_monitor_workers`` as the
+    way to add policy ("Elastic Agent: Extending the Agent"), but the methods and the restart
+    counter are underscored: this class is the only code that touches them."""
+
+    def workers_starting(self, worker_group: Any) -> None:
+        """Called before each start of the workers (the first and every restart)."""
+
+    def before_check(self, worker_group: Any) -> None:
+        """Called before each monitoring pass (every ``monitor_interval`` seconds)."""
+
+    def after_check(self, worker_group: Any, result: RunResult) -> None:
+        """Called with each monitoring pass's result."""
+
+    def decline_restarts(self) -> None:
+        """End the job at this failure instead of restarting the workers: the agent restarts
+        while its ``_remaining_restarts`` is above 0, and has no public way to refuse one."""
+        self._remaining_restarts = 0
+
+    @property
+    def restarts_left(self) -> int:
+        """Restarts the agent will still make after a failure (no public getter)."""
+        return self._remaining_restarts
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        self.workers_starting(worker_group)
+        return super()._start_workers(worker_group)
+
+    def _monitor_workers(self, worker_group: Any) -> RunResult:
+        self.before_check(worker_group)
+        result = super()._monitor_workers(worker_group)
+        self.after_check(worker_group, result)
+        return result
 
 
-def restarts_left(agent: Any) -> int:
-    """How many more times torch's elastic agent will restart its workers after a failure
-    (its private ``_remaining_restarts``; no public getter)."""
-    return agent._remaining_restarts
+def record_error_message(message: str) -> bool:
+    """Write ``message`` as this worker's error for its elastic agent, which reads it back into
+    ``ChildFailedError`` (what the launcher then reports). The file is the documented
+    TORCHELASTIC_ERROR_FILE, but torch writes it only from an exception (``@record``), with
+    its traceback; the JSON layout below is the one its error handler reads. False when the
+    worker was not started by an agent."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return False
+    with open(path, "w") as f:
+        json.dump({"message": message, "timestamp": int(time.time())}, f)
+    return True
+
+
+class AgentFailureLogFilter(logging.Filter):
+    """Drops the elastic agent's log lines about worker failures that ``hide(exitcode, pid)``
+    says are reported otherwise, and its lines about the signal that stops the job. Matched
+    on torch's own message formats, which are not an API: the format strings are read here."""
+
+    LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
+
+    def __init__(self, hide: Callable[[Any, Any], bool]) -> None:
+        super().__init__()
+        self.hide = hide
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg, args = str(record.msg), record.args or ()
+        if msg.startswith("failed (exitcode") and len(args) > 2:  # (exitcode, local_rank, pid, ...)
+            return not self.hide(args[0], args[2])
+        return not msg.startswith(("Received %s death signal", "Closing process %s via signal"))
+
+    @classmethod
+    def install(cls, hide: Callable[[Any, Any], bool]) -> None:
+        """On the agent's loggers, once per process."""
+        for name in cls.LOGGERS:
+            agent_log = logging.getLogger(name)
+            if not any(isinstance(f, cls) for f in agent_log.filters):
+                agent_log.addFilter(cls(hide))
+
+
+def pipeline_model(pipeline: Any) -> nn.Module:
+    """The model a TorchRec train pipeline drives (kept only in its private ``_model``)."""
+    return pipeline._model

@@ -1,7 +1,7 @@
 """Entry point: ``python -m hybridrec.evaluate checkpoint=<dir> [data.<key>=...] [launcher.nproc_per_node=N]``.
 
 Scores the model of a saved checkpoint on one split (``split=eval``, the test set, or
-``valid``) with the evaluation training runs (``hybridrec.evaluation``), on 1 or N ranks
+``valid``) with the evaluation training runs (``hybridrec.scoring``), on 1 or N ranks
 started as training starts them. The config is the checkpoint's own ``config.yaml``, typed
 again, with the data changes given here (``config.evaluation_config``). Everything a rank
 would refuse (a checkpoint that is missing, uncommitted or damaged, data whose features
@@ -18,13 +18,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, saved_config
-from hybridrec.config import check_device, evaluation_config, register_configs, validate
+from hybridrec.config import evaluation_config, register_configs
 from hybridrec.data import DataError, build_source
-from hybridrec.launch import RankError, already_launched, launch, quiet_secondary_ranks, world_size
-from hybridrec.parallel_dims import device_choice, job_dims
+from hybridrec.errors import USER_ERRORS, exit_user_error, user_message
+from hybridrec.launch import RankError, launch, quiet_secondary_ranks
 from hybridrec.logs import hydra_verbose, quiet_libraries
-from hybridrec.plan import dry_plan
-from hybridrec.trainer import USER_ERRORS, ScoreCheckpoint, exit_user_error, user_message
+from hybridrec.preflight import check_job, plan_before_launch
+from hybridrec.scoring import ScoreCheckpoint
 
 register_configs()
 log = logging.getLogger("hybridrec.evaluate")  # not "__main__" under python -m
@@ -44,19 +44,14 @@ def main(ev: DictConfig) -> float:
                              "that fails is run again as a whole: leave it 0")
         saved = saved_config(ev.checkpoint, ev.trusted_targets)  # refuses a config that would run code
         cfg = evaluation_config(saved, ev, data_option=HydraConfig.get().runtime.choices.get("data") is not None)
-        world = world_size(cfg)
-        validate(cfg, world)
-        dims = job_dims(cfg, world)
-        log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
-        check_device(cfg, dims.device_type)
+        dims = check_job(cfg)
         data = build_source(cfg.data, cfg.seed)
         check_fits(state, data.features, data.num_dense_features, ev.checkpoint)
         scored = [s for s in data.splits if s != "train"]
         if ev.split not in scored:
             raise DataError(f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
                             f"split={' or split='.join(scored)}")
-        if not already_launched():
-            dry_plan(cfg, dims, detect=True, data=data)  # a plan that cannot fit fails now
+        plan_before_launch(cfg, dims, data)
     except ValueError as e:  # CheckpointError, LaunchError, DataError and PlanError included
         exit_user_error(e, user_message(e))
     job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions)

@@ -42,24 +42,24 @@ import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.utils.process_state import read_proc_state
 
-from hybridrec.compat import decline_restarts, restarts_left
+from hybridrec.compat import AgentFailureLogFilter, ExtensibleAgent
 from hybridrec.config import Device, validate
 from hybridrec.distributed import as_launched_rank
 from hybridrec.logs import JobLogging
-from hybridrec.parallel_dims import Cuda
-from hybridrec.trainer import USER_ERROR_EXIT, RankJob, run
+from hybridrec.devices import Cuda
+from hybridrec.errors import USER_ERROR_EXIT
+from hybridrec.rank import RankJob, run
 
 log = logging.getLogger(__name__)
 
 
 class RankError(Exception):
-    """What ended the ranks, as one line: a user error (``trainer.USER_ERRORS``) that stopped
+    """What ended the ranks, as one line: a user error (``errors.USER_ERRORS``) that stopped
     a rank, with the message the rank recorded, or one of the launcher's own reports below."""
 
 
@@ -79,17 +79,11 @@ _HANDLED_FAILURE_PIDS: set[int] = set()
 """The ranks of this attempt that the launcher killed for a silent rank: that is the report."""
 
 
-class _QuietReportedFailures(logging.Filter):
-    """Drops what the elastic agent's loggers say about failures that hybridrec reports in one
-    line itself (torch logs each, with a traceback of its own code): a rank stopped by a user
-    error (its message is the report), ranks killed for a silent rank, the signal that stops
-    the job and the ranks stopped with it. Any other failure is logged as torch logs it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg, args = str(record.msg), record.args or ()
-        if msg.startswith("failed (exitcode") and len(args) > 2:
-            return not (args[0] == USER_ERROR_EXIT or args[2] in _HANDLED_FAILURE_PIDS)
-        return not msg.startswith(("Received %s death signal", "Closing process %s via signal"))
+def _reported_otherwise(exitcode: object, pid: object) -> bool:
+    """A failure hybridrec reports in one line itself (torch logs each with a traceback of its
+    own code): a rank stopped by a user error (its message is the report), or ranks killed
+    for a silent rank. Any other failure is logged as torch logs it."""
+    return exitcode == USER_ERROR_EXIT or pid in _HANDLED_FAILURE_PIDS
 
 
 def already_launched() -> bool:
@@ -217,7 +211,7 @@ def resolved(cfg: DictConfig) -> DictConfig:
 def quiet_secondary_ranks() -> None:
     """Under torchrun every rank runs the Hydra entry point, and each would create its own
     timestamped run directory and log file. Ranks other than 0 write to a scratch directory
-    instead; ``trainer.run`` then adopts rank 0's directory (broadcast once the process group
+    instead; ``rank.run`` then adopts rank 0's directory (broadcast once the process group
     is up). Call before Hydra parses the command line."""
     if already_launched() and os.environ["RANK"] != "0":
         scratch = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"hybridrec-rank{os.environ['RANK']}")
@@ -240,10 +234,8 @@ def spawn(
     nodes = nodes or Nodes(1, "localhost:0", f"hybridrec-{uuid.uuid4().hex[:8]}")
     # The elastic agent logs every state change at INFO; keep the user's console for training.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
-        agent_log = logging.getLogger(name)
-        if not any(isinstance(f, _QuietReportedFailures) for f in agent_log.filters):
-            agent_log.addFilter(_QuietReportedFailures())
+    # and not the failures reported in one line, nor the signal that stops the job
+    AgentFailureLogFilter.install(_reported_otherwise)
     # When one rank fails, the others are stopped with SIGTERM, each logged: the failure
     # itself is what the user needs, and it is reported.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
@@ -303,7 +295,7 @@ _STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "T": "
            "t": "stopped by a debugger", "Z": "exited"}
 
 
-class _Agent(LocalElasticAgent):
+class _Agent(ExtensibleAgent):
     """torch's local elastic agent, with two rules of hybridrec's.
 
     A rank stopped by a user error (bad rows, a checkpoint that does not fit, a plan that
@@ -323,20 +315,13 @@ class _Agent(LocalElasticAgent):
         self.unresponsive: Optional[str] = None  # the report, once this attempt's ranks were killed
         self.last_look = self.awake_since = time.monotonic()
 
-    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+    def workers_starting(self, worker_group: Any) -> None:
         self.beats[:] = [0.0] * len(self.beats)  # 0: no heartbeat yet (a spawned rank imports first)
         self.unresponsive = None
         _HANDLED_FAILURE_PIDS.clear()  # the killed ranks' failures are logged before a restart
-        return super()._start_workers(worker_group)
 
-    def _monitor_workers(self, worker_group: Any) -> RunResult:
-        self._end_silent_ranks(worker_group)
-        result = super()._monitor_workers(worker_group)
-        if result.is_failed() and any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
-            decline_restarts(self)
-        return result
-
-    def _end_silent_ranks(self, worker_group: Any) -> None:
+    def before_check(self, worker_group: Any) -> None:
+        """End the silent ranks."""
         now = time.monotonic()
         if now - self.last_look > 2.0:
             # The agent itself did not run (Ctrl-Z stops every process of the job, fg continues
@@ -354,7 +339,7 @@ class _Agent(LocalElasticAgent):
         self.unresponsive = (f"rank {first.global_rank} (pid {first.id}) stopped responding: no heartbeat for "
                              f"{now - self.beats[first.local_rank]:.0f} s (process state: "
                              f"{_STATES.get(state or '', state or 'gone')}); every rank was killed")
-        if restarts_left(self) > 0:
+        if self.restarts_left > 0:
             log.warning(f"{self.unresponsive}; restarting them")
         # The silent ranks last: their peers must not see their connections close and fail.
         for w in sorted(worker_group.workers, key=lambda w: w in silent):
@@ -363,6 +348,10 @@ class _Agent(LocalElasticAgent):
                 os.kill(w.id, signal.SIGKILL)  # a stopped process ignores SIGTERM until continued
             except ProcessLookupError:
                 pass
+
+    def after_check(self, worker_group: Any, result: RunResult) -> None:
+        if result.is_failed() and any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
+            self.decline_restarts()
 
 
 # The signals torch's agent turns into SignalException (TORCHELASTIC_SIGNALS_TO_HANDLE).
@@ -382,7 +371,7 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
                       monitor_interval=0.1)
     method = start_method(Cuda.probe())
     if method == "forkserver":
-        multiprocessing.set_forkserver_preload(["hybridrec.trainer", fn.__module__, __name__])
+        multiprocessing.set_forkserver_preload(["hybridrec.rank", fn.__module__, __name__])
     # Ranks end at once on the agent's SIGTERM; one that does not (stopped, or in the kernel)
     # is killed after 5 s rather than torch's 30.
     agent = _Agent(spec, DefaultLogsSpecs(), start_method=method, shutdown_timeout=5, beats=beats,

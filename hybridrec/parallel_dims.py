@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 import torch
 from omegaconf import DictConfig
 
-from hybridrec.config import DenseParallel, Device, MeshConfig
-from hybridrec.distributed import LaunchError, local_layout
+from hybridrec.config.schema import DenseParallel, Device
+from hybridrec.devices import device_type
+from hybridrec.distributed import local_layout
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ParallelDims:
             )
 
     @classmethod
-    def build(cls, mesh: MeshConfig, world_size: int, local_world_size: int, device_type: str) -> ParallelDims:
+    def build(cls, mesh: DictConfig, world_size: int, local_world_size: int, device_type: str) -> ParallelDims:
         """Unset degrees derived: hsdp shards within a node unless told otherwise."""
         if mesh.dense == DenseParallel.hsdp:
             shard = mesh.shard or (world_size // mesh.replicate if mesh.replicate else local_world_size)
@@ -75,56 +76,6 @@ class ParallelDims:
     def embedding_group_per_node(self) -> int:
         """Ranks of one sharding group on each node (TorchRec's ``node_group_size``)."""
         return max(1, self.local_world_size // self.embedding_replicas)
-
-
-@dataclass(frozen=True)
-class Cuda:
-    """What this machine's torch can do with CUDA (a value, so that tests can describe a GPU machine)."""
-
-    build: Optional[str]
-    """torch.version.cuda: None for a CPU-only torch."""
-    devices: int
-    """Usable GPUs: 0 when CUDA is unusable (no device visible, driver missing)."""
-
-    @classmethod
-    def probe(cls) -> Cuda:
-        return cls(torch.version.cuda, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-
-    def unusable(self) -> Optional[str]:
-        """Why a run here cannot use CUDA, or None when it can."""
-        if self.build is None:
-            return f"torch {torch.__version__} is a CPU-only build (`make install GPU=1` installs the CUDA one)"
-        if self.devices == 0:
-            return (f"torch has CUDA {self.build} but sees no usable GPU (torch.cuda.is_available() is False: "
-                    f"check the driver and CUDA_VISIBLE_DEVICES)")
-        return None
-
-
-def device_type(cfg: DictConfig, cuda: Optional[Cuda] = None) -> str:
-    """The device a run uses: launcher.device, with auto = cuda when usable."""
-    if cfg.launcher.device == Device.auto:
-        return "cpu" if (cuda or Cuda.probe()).unusable() else "cuda"
-    return cfg.launcher.device.value
-
-
-def device_choice(cfg: DictConfig, dims: ParallelDims, cuda: Optional[Cuda] = None) -> str:
-    """Before launch: the device the ranks will use and why, as one line for the log; raises
-    ValueError when the launcher settings ask for GPUs this machine does not have."""
-    cuda = cuda or Cuda.probe()
-    why = cuda.unusable()
-    if cfg.launcher.device == Device.cuda and why:
-        raise ValueError(f"launcher.device=cuda but {why}; or set launcher.device=auto to run on CPU")
-    if dims.device_type == "cuda":
-        if dims.local_world_size > cuda.devices:
-            raise ValueError(
-                f"{dims.local_world_size} ranks per node (launcher.nproc_per_node, or the launcher's "
-                f"LOCAL_WORLD_SIZE) but {cuda.devices} GPU(s) visible: hybridrec runs one rank per GPU, "
-                f"so start at most {cuda.devices}"
-            )
-        return f"device: cuda, {dims.local_world_size} of {cuda.devices} GPU(s) per node (CUDA {cuda.build})"
-    if cfg.launcher.device == Device.auto:
-        return f"device: cpu (launcher.device=auto: {why})"
-    return "device: cpu (launcher.device=cpu)"
 
 
 def job_dims(cfg: DictConfig, world_size: int, env: Mapping[str, str] = os.environ) -> ParallelDims:
@@ -150,13 +101,3 @@ def rank_dims(cfg: DictConfig, world_size: int, device: torch.device, env: Mappi
               ) -> ParallelDims:
     """Inside a rank: the process group's size, and the ranks per node the launcher set."""
     return ParallelDims.build(cfg.mesh, world_size, local_layout(env).world_size, device.type)
-
-
-def pick_device(cfg: DictConfig, env: Mapping[str, str] = os.environ, cuda: Optional[Cuda] = None) -> torch.device:
-    """This rank's device: ``device_type(cfg)``, on CUDA the local rank's GPU."""
-    if device_type(cfg, cuda) == "cuda":
-        local_rank, gpus = local_layout(env).rank, (cuda or Cuda.probe()).devices
-        if local_rank >= gpus:
-            raise LaunchError(f"local rank {local_rank} has no GPU: {gpus} visible on this node; start one rank per GPU")
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")

@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -39,18 +40,17 @@ from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineBase
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from hybridrec.compat import ShardedTensor, dmp_root, floating_to, one_post_forward_mesh
+from hybridrec.compat import ShardedTensor, dmp_root, floating_to, one_post_forward_mesh, pipeline_model
 from hybridrec.config import (
     CommPrecision,
     DenseParallel,
     FSDPUnits,
-    HybridrecConfig,
-    MeshConfig,
     Pipeline,
 )
 from hybridrec.optim import sparse_optimizer
 from hybridrec.parallel_dims import ParallelDims
-from hybridrec.sharding import HybridEBCSharder, plan_tables
+from hybridrec.models import Ranker
+from hybridrec.sharding import HybridEBCSharder, PlanInputs, plan_tables
 
 
 class FSDP2Wrapper(DataParallelWrapper):
@@ -64,7 +64,7 @@ class FSDP2Wrapper(DataParallelWrapper):
     itself (ShardedEmbeddingBagCollection.init_data_parallel).
     """
 
-    def __init__(self, mesh_cfg: MeshConfig, dims: ParallelDims) -> None:
+    def __init__(self, mesh_cfg: DictConfig, dims: ParallelDims) -> None:
         self.cfg, self.dims = mesh_cfg, dims
 
     def device_mesh(self, env: ShardingEnv, device: torch.device) -> DeviceMesh:
@@ -164,7 +164,7 @@ class BasePipeline(TrainPipelineBase):
     evaluation (as TrainPipelineSparseDist needs) just hands the model back."""
 
     def detach(self) -> torch.nn.Module:
-        return self._model
+        return pipeline_model(self)
 
 
 @dataclass
@@ -198,19 +198,22 @@ class Parallelized:
 
 
 def parallelize(
-    model: nn.Module,
-    cfg: HybridrecConfig,
-    dims: ParallelDims,
+    model: Ranker,
+    plan_inputs: PlanInputs,
+    mesh: DictConfig,
+    fused_optimizer: DictConfig,
+    seed: int,
     device: torch.device,
-    pooling: dict[str, float],
     pg: dist.ProcessGroup,
 ) -> Parallelized:
-    """Shard ``model``: tables by TorchRec's plan, the dense part by ``cfg.mesh.dense``."""
+    """Shard ``model``: tables by TorchRec's plan (``plan_inputs``), the dense part by
+    ``mesh.dense`` (the ``mesh`` config, MeshConfig); ``fused_optimizer`` (optimizer.sparse)
+    is fused into the tables' backward; ``seed`` initializes the embedding shards."""
+    dims = plan_inputs.dims
     dense_parameters = model.dense_parameter_count()  # before DMP and FSDP2 wrap them
-    cls, kwargs = sparse_optimizer(cfg.optimizer.sparse)
+    cls, kwargs = sparse_optimizer(fused_optimizer)
     apply_optimizer_in_backward(cls, model.sparse_module().parameters(), kwargs)
 
-    mesh = cfg.mesh
     if mesh.compile:
         # The block's forward, not the module: DDP's and FSDP2's hooks run around the compiled
         # code (as torchtitan compiles blocks before fully_shard), and the module keeps its
@@ -227,7 +230,7 @@ def parallelize(
             device=device,
         )
     sharder = HybridEBCSharder(qcomm_codecs_registry=qcomms)
-    plan, report = plan_tables(model, cfg, sharder, dims, pooling, pg)
+    plan, report = plan_tables(model, plan_inputs, sharder, pg)
     if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp):
         wrapper: DataParallelWrapper = FSDP2Wrapper(mesh, dims)
     elif mesh.dense == DenseParallel.ddp:
@@ -255,7 +258,7 @@ def parallelize(
             sharders=[sharder],
             data_parallel_wrapper=wrapper,
         )
-    init_embeddings(dmp.module.sparse_module(), cfg.seed)
+    init_embeddings(dmp.module.sparse_module(), seed)
     return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0,
                         dense_parameters)
 

@@ -41,7 +41,8 @@ from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from hybridrec.compat import planner_options, planner_reserved_share, planner_topology
-from hybridrec.config import ShardingConfig, StorageReservation, TopologyConfig
+from hybridrec.config import StorageReservation
+from hybridrec.models import Ranker
 from hybridrec.parallel_dims import ParallelDims
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
@@ -69,8 +70,8 @@ class PlanError(ValueError):
 
 
 # ------------------------------------------------------------------------------ topology
-def build_topology(topo: TopologyConfig, dims: ParallelDims, detect: bool = True) -> tuple[Topology, dict[str, Any]]:
-    """TorchRec's Topology from the topology config. Unset memory sizes are detected from this
+def build_topology(topo: DictConfig, dims: ParallelDims, detect: bool = True) -> tuple[Topology, dict[str, Any]]:
+    """TorchRec's Topology from the ``topology`` config (TopologyConfig). Unset memory sizes are detected from this
     machine when ``detect`` (a real run, or the check before one), else TorchRec's defaults
     (a dry run plans for a cluster, not for the laptop it runs on). Also returns the resolved
     values and where each came from, for the report.
@@ -124,7 +125,7 @@ def build_topology(topo: TopologyConfig, dims: ParallelDims, detect: bool = True
 
 # ------------------------------------------------------------------------------ constraints
 def build_constraints(
-    cfg: ShardingConfig, tables: list[EmbeddingBagConfig], pooling: dict[str, float]
+    cfg: DictConfig, tables: list[EmbeddingBagConfig], pooling: dict[str, float]
 ) -> dict[str, ParameterConstraints]:
     """One ParameterConstraints per table: the group-wide types/kernels, the data's pooling
     factors, then every ``sharding.tables`` entry whose glob matches, in order."""
@@ -173,7 +174,7 @@ class PlanRecorder(Stats):
 
 
 def make_planner(
-    topo: TopologyConfig,
+    topo: DictConfig,
     topology: Topology,
     local_batch_size: int,
     constraints: dict[str, ParameterConstraints],
@@ -196,12 +197,28 @@ def make_planner(
     return planner, recorder
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the planner needs besides the model, and nothing more: built once per run
+    (``hybridrec.build.plan_inputs``) for the ranks and for the dry plan before launch."""
+
+    sharding: DictConfig
+    """The ``sharding`` config (ShardingConfig): types, kernels and per-table constraints."""
+    topology: DictConfig
+    """The ``topology`` config (TopologyConfig): memory, bandwidth, storage reservation."""
+    dims: ParallelDims
+    local_batch: int
+    """Rows per rank per step: the planner sizes input and output buffers by it."""
+    pooling: dict[str, float]
+    """Mean ids per row of each feature, measured from the data."""
+    sparse_optimizer: str
+    """The fused optimizer's class: some shardings change its math (``optimizer_notes``)."""
+
+
 def plan_tables(
-    model: nn.Module,
-    cfg: DictConfig,
+    model: Ranker,
+    inputs: PlanInputs,
     sharder: HybridEBCSharder,
-    dims: ParallelDims,
-    pooling: dict[str, float],
     pg: Optional[dist.ProcessGroup] = None,
     detect: bool = True,
 ) -> tuple[ShardingPlan, Optional[dict[str, Any]]]:
@@ -211,15 +228,15 @@ def plan_tables(
     alike. Without: planned locally, for the dry run and the pre-launch check. With
     mesh.embedding_replicas > 1 the plan is one sharding group's (DMPCollection's input).
     """
-    topology, info = build_topology(cfg.topology, dims, detect)
+    topology, info = build_topology(inputs.topology, inputs.dims, detect)
     tables = model.sparse_module().embedding_bag_configs()
-    constraints = build_constraints(cfg.sharding, tables, pooling)
-    planner, recorder = make_planner(cfg.topology, topology, cfg.data.batch_size // dims.world_size, constraints)
+    constraints = build_constraints(inputs.sharding, tables, inputs.pooling)
+    planner, recorder = make_planner(inputs.topology, topology, inputs.local_batch, constraints)
     sharding_plan = _plan(planner, model, sharder, pg)
     if not recorder.best_plan:  # a rank that received the plan by broadcast
         return sharding_plan, None
     report = plan_report(recorder, info)
-    report["notes"] = optimizer_notes(report, cfg.optimizer.sparse._target_)
+    report["notes"] = optimizer_notes(report, inputs.sparse_optimizer)
     return sharding_plan, report
 
 

@@ -8,9 +8,8 @@ readers (hybridrec.sweep, benchmarks/, the tests, a user's scripts) get it back 
 table and the readers share one declaration with no to_dict/from_dict step that could drift
 from the file, and an optional key is what it is in the file: absent (``NotRequired``).
 
-It is a module of its own, not part of hybridrec.metrics: metrics computes numbers (metric
-formulas, step-time percentiles, the profiler's split) and measures the process; this module
-only assembles them. It has no collectives (the trainer gathers each rank's measurement), so
+It assembles numbers computed elsewhere (the metric formulas of ``hybridrec.metrics``, the
+step-time percentiles, memory peaks and profiler split of ``hybridrec.profiling``). It has no collectives (the trainer gathers each rank's measurement), so
 ``run_summary`` is a pure function, tested without a process group.
 """
 
@@ -22,10 +21,11 @@ from typing import Any, Mapping, NotRequired, Optional, Sequence, TypedDict
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.metrics import format_eval, percentiles_ms
+from hybridrec.metrics import format_eval
+from hybridrec.profiling import percentiles_ms
 
 Metrics = dict[str, Any]
-"""An evaluation's metrics block (``hybridrec.evaluation.split_metrics``): ``auc`` and ``ctr``
+"""An evaluation's metrics block (``hybridrec.scoring.split_metrics``): ``auc`` and ``ctr``
 always; ``ne``, ``logloss``, ``calibration``, ``accuracy`` for calibrated losses; ``ndcg@k``,
 ``map``, ``recall@k``, ``queries``, ``queries_with_relevant`` for list sources; ``n``, the
 rows scored. Its keys depend on the model and the source, hence a plain dict."""
@@ -116,7 +116,7 @@ class MemoryRow(TypedDict):
 
 
 class Profile(TypedDict):
-    """One rank's profiled steps (``hybridrec.metrics.comm_compute_split`` and ``step_breakdown``)."""
+    """One rank's profiled steps (``hybridrec.profiling.comm_compute_split`` and ``step_breakdown``)."""
 
     rank: int
     """The rank that measured it."""
@@ -133,7 +133,7 @@ class Profile(TypedDict):
     comm_ms_by_kind: dict[str, float]
     """comm_ms per kind of collective (embedding all-to-all, FSDP2 all-gather, ...)."""
     breakdown_ms: dict[str, float]
-    """Milliseconds per step in each phase of ``hybridrec.metrics.BREAKDOWN_PHASES``."""
+    """Milliseconds per step in each phase of ``hybridrec.profiling.BREAKDOWN_PHASES``."""
 
 
 class ObjectiveBlock(TypedDict):
@@ -229,9 +229,9 @@ class RankMeasurement:
     """What one rank measured of itself, gathered to every rank for the summary."""
 
     peak_rss_mb: float
-    """``hybridrec.metrics.peak_rss_mb``, rounded to 0.1 MiB."""
+    """``hybridrec.profiling.peak_rss_mb``, rounded to 0.1 MiB."""
     device_memory: dict[str, float]
-    """``hybridrec.metrics.peak_device_mb``: the GPU peaks, empty on CPU."""
+    """``hybridrec.profiling.peak_device_mb``: the GPU peaks, empty on CPU."""
     profile: Optional[Profile]
     """The rank's profile, None when profiling was off or its window never came."""
 

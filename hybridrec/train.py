@@ -1,7 +1,8 @@
 """Entry point: ``python -m hybridrec.train +experiment=ctr [overrides]``.
 
-Hydra composes and type-checks the config, ``check_before_launch`` checks cross-field rules,
-the device, the checkpoint to resume and the plan, and only then are ranks started
+Hydra composes and type-checks the config, ``check_before_launch`` runs the checks of every
+command (``preflight``: cross-field rules, the device, the plan) and training's own (the
+checkpoint directory and the checkpoint to resume), and only then are ranks started
 (``launch.py``): a bad config never costs a process group.
 """
 
@@ -26,16 +27,15 @@ from hybridrec.checkpoint import (
     probe_writable,
     resume_path,
 )
-from hybridrec.config import check_device, register_configs, validate
-from hybridrec.data import build_source
-from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
-                              quiet_secondary_ranks, world_size)
-from hybridrec.logs import hydra_verbose, quiet_libraries
-from hybridrec.parallel_dims import device_choice, job_dims
-from hybridrec.plan import dry_plan
 from hybridrec import objective
+from hybridrec.config import register_configs
+from hybridrec.data import build_source
+from hybridrec.errors import USER_ERRORS, exit_user_error, full_errors, user_message
+from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
+                              quiet_secondary_ranks)
+from hybridrec.logs import hydra_verbose, quiet_libraries
+from hybridrec.preflight import check_job, plan_before_launch
 from hybridrec.sweep import record_failure
-from hybridrec.trainer import USER_ERRORS, exit_user_error, full_errors, user_message
 
 register_configs()
 log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m
@@ -46,13 +46,9 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     ``LaunchError`` or ``ValueError`` (a config the ranks would refuse) with the one line.
     ``lock``: taken on ``checkpoint.dir`` once it is known writable (``run_dir`` is recorded
     in it), so a second run on the directory is refused here."""
-    world = world_size(cfg)  # under a submitit job: nodes x nproc_per_node, or why not
-    validate(cfg, world)
-    dims = job_dims(cfg, world)  # the layout every rank will rebuild from its own environment
-    log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
+    dims = check_job(cfg)
     if not already_launched() and (note := oversubscribed(cfg)):
         log.warning(note)
-    check_device(cfg, dims.device_type)
     if cfg.checkpoint.dir:
         probe_writable(cfg.checkpoint.dir)
         if lock:
@@ -87,10 +83,7 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     asked = (in_search() or cfg.checkpoint.keep_best or cfg.train.early_stop_patience > 0
              or cfg.train.objective != "auto")
     objective.check(cfg, data.splits if data else ["valid"], asked)  # under torchrun the ranks check the splits
-    if not already_launched():
-        # Plan the tables here first: a constraint the planner cannot meet fails now, not
-        # after N ranks have started. The ranks plan again (identically) over their group.
-        dry_plan(cfg, dims, detect=True, data=data)
+    plan_before_launch(cfg, dims, data)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

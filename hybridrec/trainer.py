@@ -1,51 +1,33 @@
 """The trainer: builds data, model, parallelism and optimizers once; ``train()`` is the loop.
 
-``run`` is what every rank executes, whether started by ``launch.py``, by ``torchrun`` or
-directly in the Hydra process for a single-rank run.
+``train_job`` is the rank job of ``python -m hybridrec.train`` (``hybridrec.rank.run`` runs
+it on every rank).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import sys
 import time
-import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybridrec import checkpoint
+from hybridrec.build import build, rank_batches
 from hybridrec.config import Logger
-from hybridrec.data import DataError, ReadReport, build_source, loader
-from hybridrec.data.source import Source
-from hybridrec.evaluation import Evaluation, evaluate, write_predictions
-from hybridrec.metrics import (
-    MetricsLog,
-    format_eval,
-    comm_compute_split,
-    step_breakdown,
-    peak_device_mb,
-    peak_rss_mb,
-    plot_report,
-    write_json,
-)
-from hybridrec.distributed import LaunchError, health_check, init_distributed, local_layout, shutdown_distributed
-from hybridrec.logs import JobLogging, Progress, configure_rank
-from hybridrec.losses import Loss
-from hybridrec.models import build_model
+from hybridrec.data import DataError, ReadReport
+from hybridrec.logs import Progress
+from hybridrec.metrics import format_eval
 from hybridrec.objective import Selection
 from hybridrec.objective import resolve as resolve_objective
 from hybridrec.optim import TrainOptimizer
-from hybridrec.parallel_dims import pick_device, rank_dims
-from hybridrec.parallelize import Parallelized, parallelize
-from hybridrec.sharding import PlanError, format_report
+from hybridrec.profiling import comm_compute_split, peak_device_mb, peak_rss_mb, step_breakdown
+from hybridrec.runlog import MetricsLog, plot_report, write_json
+from hybridrec.scoring import Evaluation, evaluate
 from hybridrec.summary import (
     EvalRecord,
     Metrics,
@@ -54,43 +36,12 @@ from hybridrec.summary import (
     RankMeasurement,
     ResumedFrom,
     RunSummary,
-    ScoreSummary,
     format_summary,
     provenance,
     run_summary,
-    throughput,
 )
 
 log = logging.getLogger(__name__)
-
-
-def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, Loss, Parallelized]:
-    """What a rank scores with, built the same for training and for evaluating a saved
-    model: the data source, the model's loss (its declarations) and the model sharded over
-    the process group (the plan report logged and saved by rank 0)."""
-    # Dense layers are initialized from the global RNG before sharding: same values on
-    # every rank and for every world size. Embeddings get their own plan-independent init.
-    torch.manual_seed(cfg.seed)
-    data = build_source(cfg.data, cfg.seed)
-    loader.check_splits(data)  # an empty split fails here, before any sharding
-    model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
-    pooling = {f.name: f.pooling_factor for f in data.features}
-    world = dist.get_world_size()
-    parallel = parallelize(model, cfg, rank_dims(cfg, world, device), device, pooling, dist.group.WORLD)
-    if dist.get_rank() == 0:
-        log.info("\n" + format_report(parallel.plan))
-        write_json(os.path.join(run_dir, "plan.json"), parallel.plan)
-    return data, model.loss, parallel
-
-
-def rank_batches(cfg: DictConfig, data: Source, split: str, device: torch.device, num_batches: Optional[int] = None,
-                 start: int = 0) -> Iterator:
-    """This rank's batches of ``split`` from the shared input loop, with the configured
-    worker processes (pinned memory on CUDA)."""
-    d = cfg.data
-    return loader.batches(data, split, dist.get_rank(), dist.get_world_size(), num_batches, start,
-                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda",
-                          thread=d.input_thread if d.input_thread is not None else device.type == "cuda")
 
 
 class Trainer:
@@ -317,13 +268,13 @@ class Trainer:
 
     def evaluate(self, split: str = "eval", predictions: bool = False) -> Evaluation:
         """The metrics of the whole ``split`` (``eval`` = test, ``valid``) over every rank
-        (``hybridrec.evaluation.evaluate``), and its predictions on rank 0 when asked."""
+        (``hybridrec.scoring.evaluate``), and its predictions on rank 0 when asked."""
         model = self.pipeline.detach()  # restores the model's own forward (no pipelining);
         # the pipeline re-attaches itself at the next progress()
         return evaluate(model, self.data, self.loss, self._batches(split), self.device, predictions)
 
     def _batches(self, split: str, num_batches: Optional[int] = None, start: int = 0):
-        return rank_batches(self.cfg, self.data, split, self.device, num_batches, start)
+        return rank_batches(self.cfg.data, self.data, split, self.device, num_batches, start)
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
         """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
@@ -379,7 +330,7 @@ class Trainer:
         the files (``per_rank_report``); otherwise every rank read the same and rank 0's is
         the report."""
         report = self.data.report()
-        if report is None or not getattr(self.data, "per_rank_report", False):
+        if report is None or not self.data.per_rank_report:
             return report
         parts = [None] * self.world_size
         dist.all_gather_object(parts, report)
@@ -402,99 +353,7 @@ def warn_read_problems(report: Optional[dict[str, Any]]) -> None:
         log.warning(f"data: {lost}; the lines before it were used")
 
 
-def _quiet_deprecations() -> None:
-    # Notices about the libraries' own internals that a user can do nothing about: TorchRec's
-    # embedding shards are ShardedTensors, and FSDP2 calls collectives torch has renamed.
-    # Matched by message, so any other warning still shows.
-    for message in (
-        "Please use DTensor instead and we are deprecating ShardedTensor",
-        r"`torch.distributed.\w+` is deprecated",
-    ):
-        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
-
-
-# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
-# a plan the planner cannot meet: under torchrun the ranks plan before anything else has,
-# a launcher environment without the local layout): reported as one line naming the
-# file or key, without a traceback, and never restarted.
-USER_ERRORS = (DataError, checkpoint.CheckpointError, checkpoint.Diverged, PlanError, LaunchError)
-USER_ERROR_EXIT = 3
-"""Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
-
-
-def full_errors() -> bool:
-    """HYDRA_FULL_ERROR=1 (Hydra's own switch) shows the traceback of user errors too."""
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"
-
-
-def user_message(error: BaseException) -> str:
-    """The one line a user error found before launch is reported with."""
-    if isinstance(error, (checkpoint.CheckpointError, checkpoint.Diverged, LaunchError)):
-        return f"hybridrec: {error}"
-    return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
-
-
-def exit_user_error(error: BaseException, message: str) -> NoReturn:
-    """How an entry point stops on a user error: its one-line ``message`` and a non-zero
-    exit, or the traceback with HYDRA_FULL_ERROR=1."""
-    if full_errors():
-        raise error
-    sys.exit(message)
-
-
-def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
-    """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
-    if cfg.launcher.threads_per_rank:
-        return cfg.launcher.threads_per_rank
-    if "OMP_NUM_THREADS" not in env:
-        # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
-        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores. On
-        # GPUs too: each rank's input pipeline, optimizer on CPU and host-side work share them.
-        return max(1, (os.cpu_count() or 1) // local_layout(env).world_size)
-    return None
-
-
-RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
-"""What a rank does once its process group is up: ``job(cfg, run_dir, device)`` -> its result."""
-
-
-@record  # under the elastic launcher, a failing rank's traceback reaches the user
-def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None,
-        job_logging: Optional[JobLogging] = None) -> dict[str, Any]:
-    """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
-    for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
-
-    ``parent_reports``: the rank was started by ``launch.spawn``, which prints a user error's
-    one line itself; the rank then records the message in the elastic error file and exits
-    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller.
-    ``job_logging``: the Hydra job's logging, for a rank in a process of its own."""
-    device = pick_device(cfg)
-    if threads := intra_op_threads(cfg, os.environ):
-        torch.set_num_threads(threads)
-    init_distributed(device, cfg.launcher.collective_timeout_s, cfg.mesh.cpu_offload)
-    summary = None
-    try:
-        health_check(cfg.launcher.health_check_timeout_s)
-        configure_rank(dist.get_rank(), job_logging)
-        _quiet_deprecations()
-        # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
-        shared = [run_dir]
-        dist.broadcast_object_list(shared, src=0)
-        summary = (job or _train_rank)(cfg, shared[0], device)  # what it built is freed when it returns
-        dist.barrier()  # leave together: no rank tears down while another still communicates
-        return summary
-    except USER_ERRORS as e:
-        if parent_reports and not full_errors() and (error_file := os.environ.get("TORCHELASTIC_ERROR_FILE")):
-            # The format torch elastic reads back into ChildFailedError (a plain message).
-            with open(error_file, "w") as f:
-                json.dump({"message": str(e), "timestamp": int(time.time())}, f)
-            sys.exit(USER_ERROR_EXIT)
-        raise
-    finally:
-        shutdown_distributed(clean=summary is not None)
-
-
-def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary:
+def train_job(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary:
     summary = Trainer(cfg, run_dir, device).train()
     if dist.get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
@@ -505,44 +364,4 @@ def _train_rank(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSumma
         print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
     return summary
 
-
-@dataclass(frozen=True)
-class ScoreCheckpoint:
-    """The rank job of ``python -m hybridrec.evaluate``: the model of a saved checkpoint,
-    sharded as training shards it (any world size: DCP reshards), scored on one split by
-    the evaluation training uses. Rank 0 writes ``metrics.json`` and, with ``predictions``,
-    ``predictions.parquet`` into the run directory. A dataclass of plain fields, so that the
-    elastic launcher can pickle it to the ranks it spawns."""
-
-    checkpoint: str
-    """A committed checkpoint directory (``<checkpoint.dir>/step_<N>``), checked before launch."""
-    split: str
-    predictions: bool
-
-    def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> ScoreSummary:
-        data, loss, parallel = build(cfg, run_dir, device)
-        step = checkpoint.load_weights(parallel.model, self.checkpoint)
-        tick = time.perf_counter()
-        result = evaluate(parallel.model, data, loss, rank_batches(cfg, data, self.split, device), device,
-                          self.predictions)
-        wall = time.perf_counter() - tick
-        out: ScoreSummary = {
-            "checkpoint": {"path": os.path.abspath(self.checkpoint), "step": step},
-            "split": self.split,
-            "eval": result.metrics,  # the block training reports, same keys
-            "world_size": dist.get_world_size(),
-            "device": str(device),
-            # steps: global batches scored; samples: real rows (padding excluded)
-            "scoring": throughput(result.batches, result.metrics["n"], wall),
-            "provenance": provenance(cfg, None),
-        }
-        if dist.get_rank() == 0:
-            files = ["metrics.json"]
-            if result.predictions is not None:
-                write_predictions(os.path.join(run_dir, "predictions.parquet"), result.predictions, loss.calibrated)
-                files.append("predictions.parquet")
-            write_json(os.path.join(run_dir, "metrics.json"), out)
-            print(f"{self.split} @ step {step} ({self.checkpoint}): {format_eval(result.metrics)}", flush=True)
-            print(f"hybridrec: outputs in {os.path.abspath(run_dir)} ({', '.join(files)})", flush=True)
-        return out
 

@@ -15,7 +15,7 @@ from hybridrec.compat import ShardedTensor
 from hybridrec.data import loader
 from hybridrec.launch import spawn  # noqa: F401  (re-exported: the tests start ranks with it)
 from hybridrec.distributed import init_distributed, shutdown_distributed
-from hybridrec.parallel_dims import pick_device
+from hybridrec.devices import pick_device
 from hybridrec.trainer import Trainer
 
 

@@ -217,7 +217,7 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
 
     from hybridrec.data.synthetic import SyntheticClickLog
     from hybridrec.parallel_dims import planning_dims
-    from hybridrec.plan import dry_plan
+    from hybridrec.preflight import dry_plan
 
     ref = _script("reference_torchrec")
     batch = bench.PRESETS["gpu"].per_rank_batch

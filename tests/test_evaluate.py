@@ -20,7 +20,7 @@ from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint, 
 from hybridrec.config import Device, DenseParallel, IdMapping, evaluation_config, typed
 from hybridrec.data import SparseFeature
 from hybridrec.data.fetch_movielens import write_layout
-from hybridrec.evaluation import split_metrics, write_predictions
+from hybridrec.scoring import split_metrics, write_predictions
 from hybridrec.losses import BCE, Pairwise
 
 

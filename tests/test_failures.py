@@ -15,7 +15,7 @@ from conftest import compose_cfg
 
 from hybridrec.checkpoint import CheckpointError, latest
 from hybridrec.train import check_before_launch
-from hybridrec.trainer import user_message
+from hybridrec.errors import user_message
 
 # A tiny run (the equivalence tests' sizes): seconds per training.
 TINY = ["data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]", "data.ids_per_feature=2",

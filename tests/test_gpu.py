@@ -15,7 +15,7 @@ from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
 from shared import BASE
 
-from hybridrec.parallel_dims import Cuda
+from hybridrec.devices import Cuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = Cuda.probe()

@@ -15,7 +15,7 @@ import pytest
 from conftest import compose_cfg
 from shared import TWO_NODE_RUN
 from hybridrec.launch import check_submitit, job_nodes, start_method, world_size
-from hybridrec.parallel_dims import Cuda
+from hybridrec.devices import Cuda
 
 # The ctr experiment's model on three small tables: seconds per job.
 TINY = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrec.metrics import BREAKDOWN_PHASES, binary_metrics, comm_compute_split, percentiles_ms, step_breakdown
+from hybridrec.metrics import binary_metrics
+from hybridrec.profiling import BREAKDOWN_PHASES, comm_compute_split, percentiles_ms, step_breakdown
 
 pytestmark = pytest.mark.unit
 
@@ -104,7 +105,7 @@ def test_step_time_percentiles():
 
 
 def test_summary_shows_gpu_memory_beside_the_planners_estimate():
-    from hybridrec.metrics import peak_device_mb
+    from hybridrec.profiling import peak_device_mb
     from hybridrec.summary import format_summary
 
     assert peak_device_mb(torch.device("cpu")) == {}  # on CPU the host RSS is the measure

@@ -5,8 +5,9 @@ import torch
 from conftest import compose_cfg
 
 from hybridrec.distributed import LaunchError, LocalLayout, backend, local_layout
-from hybridrec.parallel_dims import (Cuda, ParallelDims, device_choice, device_type, job_dims, pick_device,
-                                    planning_dims, rank_dims)
+from hybridrec.devices import Cuda, device_type, pick_device
+from hybridrec.parallel_dims import ParallelDims, job_dims, planning_dims, rank_dims
+from hybridrec.preflight import device_choice
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import torch
 from conftest import compose_cfg
 from dist_helpers import spawn
 
-from hybridrec.trainer import intra_op_threads
+from hybridrec.rank import intra_op_threads
 
 BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "model.embedding_dim=16",
         "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]", "data.batch_size=64",

@@ -89,7 +89,7 @@ def test_readme_commands_compose_and_validate(app, args):
 @pytest.mark.unit
 @pytest.mark.parametrize("app,args,shown", CONFIG_ERRORS, ids=[" ".join(c[1])[:90] for c in CONFIG_ERRORS])
 def test_readme_error_samples_are_the_lines_printed(app, args, shown):
-    from hybridrec.trainer import user_message
+    from hybridrec.errors import user_message
 
     with pytest.raises((ValueError, HydraException)) as e:
         for job in _jobs(args):

@@ -32,7 +32,7 @@ from hybridrec.checkpoint import (
     saved_config,
 )
 from hybridrec.train import check_before_launch
-from hybridrec.trainer import user_message
+from hybridrec.errors import user_message
 
 TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
         "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",

@@ -19,6 +19,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING, OmegaConf
 
+from hybridrec.objective import resolve
+
 # ---------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
@@ -768,8 +770,6 @@ def register_configs() -> None:
 
 
 def _direction(objective: str, loss_target: str, ranking_k: Optional[int]) -> str:
-    from hybridrec.objective import resolve
-
     return resolve(objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k).direction
 
 

@@ -1,6 +1,7 @@
 """Scoring a split: the one evaluation that training (``Trainer.evaluate``, during and after
-the run) and ``python -m hybridrec.evaluate`` (a saved model) both call, and the files the
-latter writes (``metrics.json``, ``predictions.parquet``).
+the run) and ``python -m hybridrec.evaluate`` (a saved model) both call; the rank job of the
+latter (``ScoreCheckpoint``) and the files it writes (``metrics.json``,
+``predictions.parquet``).
 
 What is computed follows the declarations: the loss's ``calibrated`` decides whether the
 scores are click probabilities (NE, log loss, calibration, accuracy), the source's
@@ -11,6 +12,7 @@ whether batches carry relevance, query and weights.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -18,12 +20,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch import nn
 
+from hybridrec import checkpoint
+from hybridrec.build import build, rank_batches
 from hybridrec.data.loader import EvalBatch, padding_batch
 from hybridrec.data.source import Source
 from hybridrec.losses import Loss
-from hybridrec.metrics import binary_metrics, gather_to_first, ranking_metrics
+from hybridrec.metrics import binary_metrics, format_eval, gather_to_first, ranking_metrics
+from hybridrec.runlog import write_json
+from hybridrec.summary import ScoreSummary, provenance, throughput
 
 # Metrics of sigmoid(score) that only mean something when the scores are click logits.
 CALIBRATED_ONLY = ("ne", "logloss", "calibration", "accuracy")
@@ -134,3 +141,44 @@ def write_predictions(path: str, predictions: dict[str, torch.Tensor], calibrate
     pq.write_table(table, tmp)
     os.replace(tmp, path)
     return table.num_rows
+
+
+@dataclass(frozen=True)
+class ScoreCheckpoint:
+    """The rank job of ``python -m hybridrec.evaluate``: the model of a saved checkpoint,
+    sharded as training shards it (any world size: DCP reshards), scored on one split by
+    the evaluation training uses. Rank 0 writes ``metrics.json`` and, with ``predictions``,
+    ``predictions.parquet`` into the run directory. A dataclass of plain fields, so that the
+    elastic launcher can pickle it to the ranks it spawns."""
+
+    checkpoint: str
+    """A committed checkpoint directory (``<checkpoint.dir>/step_<N>``), checked before launch."""
+    split: str
+    predictions: bool
+
+    def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> ScoreSummary:
+        data, loss, parallel = build(cfg, run_dir, device)
+        step = checkpoint.load_weights(parallel.model, self.checkpoint)
+        tick = time.perf_counter()
+        result = evaluate(parallel.model, data, loss, rank_batches(cfg.data, data, self.split, device), device,
+                          self.predictions)
+        wall = time.perf_counter() - tick
+        out: ScoreSummary = {
+            "checkpoint": {"path": os.path.abspath(self.checkpoint), "step": step},
+            "split": self.split,
+            "eval": result.metrics,  # the block training reports, same keys
+            "world_size": dist.get_world_size(),
+            "device": str(device),
+            # steps: global batches scored; samples: real rows (padding excluded)
+            "scoring": throughput(result.batches, result.metrics["n"], wall),
+            "provenance": provenance(cfg, None),
+        }
+        if dist.get_rank() == 0:
+            files = ["metrics.json"]
+            if result.predictions is not None:
+                write_predictions(os.path.join(run_dir, "predictions.parquet"), result.predictions, loss.calibrated)
+                files.append("predictions.parquet")
+            write_json(os.path.join(run_dir, "metrics.json"), out)
+            print(f"{self.split} @ step {step} ({self.checkpoint}): {format_eval(result.metrics)}", flush=True)
+            print(f"hybridrec: outputs in {os.path.abspath(run_dir)} ({', '.join(files)})", flush=True)
+        return out

@@ -1,0 +1,71 @@
+"""What a rank scores with, built from the config in one place: the data source, the model
+and its loss, and the model sharded over the process group. Training (``trainer``) and
+scoring a saved model (``scoring``) build the same way; the check before launch
+(``preflight``) builds the source and plans with the same inputs, without a process group.
+
+This is the one module that reads the whole config to build; what it builds takes only the
+parts it needs (``PlanInputs`` for the planner, the ``mesh`` node for the dense side).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from hybridrec.data import build_source, loader
+from hybridrec.data.source import Source
+from hybridrec.losses import Loss
+from hybridrec.models import Ranker, build_model
+from hybridrec.parallel_dims import ParallelDims, rank_dims
+from hybridrec.parallelize import Parallelized, parallelize
+from hybridrec.runlog import write_json
+from hybridrec.sharding import PlanInputs, format_report
+
+log = logging.getLogger(__name__)
+
+
+def model_for(cfg: DictConfig, data: Source) -> Ranker:
+    """The model of ``cfg.model`` with the loss of ``cfg.loss``, sized by what ``data`` declares
+    (its tables, dense features and list size)."""
+    return build_model(cfg, data.features, data.num_dense_features, data.list_size)
+
+
+def plan_inputs(cfg: DictConfig, dims: ParallelDims, data: Source) -> PlanInputs:
+    """The planner's inputs for this run's layout ``dims`` and ``data``'s measured pooling."""
+    return PlanInputs(sharding=cfg.sharding, topology=cfg.topology, dims=dims,
+                      local_batch=cfg.data.batch_size // dims.world_size,
+                      pooling={f.name: f.pooling_factor for f in data.features},
+                      sparse_optimizer=cfg.optimizer.sparse._target_)
+
+
+def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, Loss, Parallelized]:
+    """The data source, the model's loss (its declarations) and the model sharded over the
+    process group (the plan report logged and saved by rank 0)."""
+    # Dense layers are initialized from the global RNG before sharding: same values on
+    # every rank and for every world size. Embeddings get their own plan-independent init.
+    torch.manual_seed(cfg.seed)
+    data = build_source(cfg.data, cfg.seed)
+    loader.check_splits(data)  # an empty split fails here, before any sharding
+    model = model_for(cfg, data)
+    dims = rank_dims(cfg, dist.get_world_size(), device)
+    parallel = parallelize(model, plan_inputs(cfg, dims, data), cfg.mesh, cfg.optimizer.sparse, cfg.seed, device,
+                           dist.group.WORLD)
+    if dist.get_rank() == 0:
+        log.info("\n" + format_report(parallel.plan))
+        write_json(os.path.join(run_dir, "plan.json"), parallel.plan)
+    return data, model.loss, parallel
+
+
+def rank_batches(data_cfg: DictConfig, data: Source, split: str, device: torch.device,
+                 num_batches: Optional[int] = None, start: int = 0) -> Iterator:
+    """This rank's batches of ``split`` from the shared input loop, with the worker processes
+    and input thread of ``data_cfg`` (the ``data`` config; pinned memory on CUDA)."""
+    d = data_cfg
+    return loader.batches(data, split, dist.get_rank(), dist.get_world_size(), num_batches, start,
+                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda",
+                          thread=d.input_thread if d.input_thread is not None else device.type == "cuda")

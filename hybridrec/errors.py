@@ -1,0 +1,43 @@
+"""The command line's error policy: which errors are the user's to fix, and how a command
+stops on one (one ``hybridrec: ...`` line and a non-zero exit; the traceback only with
+HYDRA_FULL_ERROR=1, Hydra's own switch). Errors that are not listed here are bugs: they keep
+their traceback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+from hybridrec.checkpoint import CheckpointError, Diverged
+from hybridrec.data import DataError
+from hybridrec.distributed import LaunchError
+from hybridrec.sharding import PlanError
+
+# Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
+# a plan the planner cannot meet: under torchrun the ranks plan before anything else has,
+# a launcher environment without the local layout): reported as one line naming the
+# file or key, without a traceback, and never restarted.
+USER_ERRORS = (DataError, CheckpointError, Diverged, PlanError, LaunchError)
+USER_ERROR_EXIT = 3
+"""Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
+
+
+def full_errors() -> bool:
+    """HYDRA_FULL_ERROR=1 (Hydra's own switch) shows the traceback of user errors too."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def user_message(error: BaseException) -> str:
+    """The one line a user error found before launch is reported with."""
+    if isinstance(error, (CheckpointError, Diverged, LaunchError)):
+        return f"hybridrec: {error}"
+    return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
+
+
+def exit_user_error(error: BaseException, message: str) -> NoReturn:
+    """How an entry point stops on a user error: its one-line ``message`` and a non-zero
+    exit, or the traceback with HYDRA_FULL_ERROR=1."""
+    if full_errors():
+        raise error
+    sys.exit(message)

@@ -1,0 +1,87 @@
+"""The rank program: what every rank of a job runs, whichever launcher started it.
+
+``run`` sets the rank's device and threads, brings up the process group, runs a job
+(training by default: ``trainer.train_job``; ``scoring.ScoreCheckpoint`` for a saved model)
+and tears the group down. The same function runs in the Hydra process for one rank, in each
+process the local launcher starts (``launch.spawn``, torch's elastic agent) and in each
+process torchrun or srun started (``launch.launch`` calls it there directly).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from hybridrec.compat import record_error_message
+from hybridrec.devices import pick_device
+from hybridrec.distributed import health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors
+from hybridrec.logs import JobLogging, configure_rank
+from hybridrec.trainer import train_job
+
+
+def _quiet_deprecations() -> None:
+    # Notices about the libraries' own internals that a user can do nothing about: TorchRec's
+    # embedding shards are ShardedTensors, and FSDP2 calls collectives torch has renamed.
+    # Matched by message, so any other warning still shows.
+    for message in (
+        "Please use DTensor instead and we are deprecating ShardedTensor",
+        r"`torch.distributed.\w+` is deprecated",
+    ):
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
+def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
+    """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
+    if cfg.launcher.threads_per_rank:
+        return cfg.launcher.threads_per_rank
+    if "OMP_NUM_THREADS" not in env:
+        # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
+        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores. On
+        # GPUs too: each rank's input pipeline, optimizer on CPU and host-side work share them.
+        return max(1, (os.cpu_count() or 1) // local_layout(env).world_size)
+    return None
+
+
+RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
+"""What a rank does once its process group is up: ``job(cfg, run_dir, device)`` -> its result."""
+
+
+@record  # under the elastic launcher, a failing rank's traceback reaches the user
+def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None,
+        job_logging: Optional[JobLogging] = None) -> dict[str, Any]:
+    """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
+    for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
+
+    ``parent_reports``: the rank was started by ``launch.spawn``, which prints a user error's
+    one line itself; the rank then records the message in the elastic error file and exits
+    quietly with USER_ERROR_EXIT. Otherwise a user error propagates to the caller.
+    ``job_logging``: the Hydra job's logging, for a rank in a process of its own."""
+    device = pick_device(cfg)
+    if threads := intra_op_threads(cfg, os.environ):
+        torch.set_num_threads(threads)
+    init_distributed(device, cfg.launcher.collective_timeout_s, cfg.mesh.cpu_offload)
+    summary = None
+    try:
+        health_check(cfg.launcher.health_check_timeout_s)
+        configure_rank(dist.get_rank(), job_logging)
+        _quiet_deprecations()
+        # Under torchrun every rank ran Hydra on its own; rank 0's run directory is the one.
+        shared = [run_dir]
+        dist.broadcast_object_list(shared, src=0)
+        summary = (job or train_job)(cfg, shared[0], device)  # what it built is freed when it returns
+        dist.barrier()  # leave together: no rank tears down while another still communicates
+        return summary
+    except USER_ERRORS as e:
+        if parent_reports and not full_errors() and record_error_message(str(e)):
+            sys.exit(USER_ERROR_EXIT)
+        raise
+    finally:
+        shutdown_distributed(clean=summary is not None)

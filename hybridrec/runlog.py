@@ -1,0 +1,98 @@
+"""A run's output files as it goes: ``metrics.jsonl`` (and TensorBoard events), JSON files
+written whole, and ``report.png``, the loss and evaluation curves. (summary.json's schema is
+``hybridrec.summary``.)"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+def write_json(path: str, obj: Any) -> None:
+    """Write through a temporary file and rename, so a reader never sees half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per logged step and per eval, for scripts; the same
+    scalars as TensorBoard events when ``tensorboard_dir`` is given. Rank 0 only."""
+
+    def __init__(self, path: Optional[str], tensorboard_dir: Optional[str] = None) -> None:
+        self._f = open(path, "a") if path else None
+        self._tb = None
+        if path and tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter  # optional dependency
+
+            self._tb = SummaryWriter(tensorboard_dir)
+        self.records: list[dict[str, Any]] = []
+
+    def log(self, **record: Any) -> None:
+        if not self._f:
+            return
+        self.records.append(record)
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+        if self._tb:
+            for key, value in _flatten(record).items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+        if self._tb:
+            self._tb.close()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def plot_report(records: list[dict[str, Any]], path: str) -> None:
+    """report.png: training loss, eval AUC and NE, and samples/s over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if "loss" in r]
+    # The curve is the split evaluated during training (validation when there is one); the
+    # test split, scored once at the end, is its own marker.
+    splits = {r.get("split", "eval") for r in records if "eval" in r}
+    curve = "valid" if "valid" in splits else "eval"
+    evals = [r for r in records if "eval" in r and r.get("split", "eval") == curve]
+    test = [r for r in records if "eval" in r and r.get("split", "eval") == "eval"] if curve == "valid" else []
+    fig, (ax_loss, ax_eval, ax_rate) = plt.subplots(1, 3, figsize=(15, 4))
+    ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
+    ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
+    if evals:
+        steps = [r["step"] for r in evals]
+        ax_eval.plot(steps, [r["eval"]["auc"] for r in evals], "o-", color="tab:green", label=f"{curve} AUC")
+        for r in test:
+            ax_eval.plot([r["step"]], [r["eval"]["auc"]], "*", markersize=12, color="black", label="test AUC")
+        ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel="AUC")
+        ax_ne = ax_eval.twinx()
+        if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs
+            ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
+            ax_ne.set_ylabel("NE (lower is better)")
+        ndcg = next((k for k in evals[0]["eval"] if k.startswith("ndcg")), None)
+        if ndcg:  # ranking sources
+            ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
+            ax_eval.set_ylabel("AUC / NDCG")
+        ax_eval.legend(handles=ax_eval.lines + ax_ne.lines, loc="center right")
+    ax_rate.plot([r["step"] for r in train], [r["samples_per_second"] for r in train], color="tab:purple")
+    ax_rate.set(title="throughput (cumulative)", xlabel="step", ylabel="samples/s")
+    for ax in (ax_loss, ax_eval, ax_rate):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
