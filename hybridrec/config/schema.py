@@ -274,6 +274,112 @@ class MovieLensRankDataConfig(MovieLensDataConfig):
     """Cut-off of NDCG@k and recall@k."""
 
 
+class DenseTransform(str, Enum):
+    none = "none"
+    """The value as it is."""
+    log1p = "log1p"
+    """log(1 + max(x, 0)): heavy-tailed counts; negatives clamp to 0 (the DLRM convention)."""
+    standardize = "standardize"
+    """(x - mean) / std, with the column's mean and std (given, or fitted on the train split)."""
+
+
+class Pooling(str, Enum):
+    sum = "sum"
+    """The sum of the ids' (weighted) embeddings."""
+    mean = "mean"
+    """Their sum divided by the number of ids."""
+
+
+class ParquetIdMapping(str, Enum):
+    none = "none"
+    """The column holds table rows already: integers in [0, num_embeddings), else a bad row."""
+    hash = "hash"
+    """row = splitmix64(id, data.hash_seed) % num_embeddings; integer or string ids."""
+    vocabulary = "vocabulary"
+    """row = 1 + the id's position in a vocabulary file (``python -m hybridrec.data.vocab``);
+    an id not in it goes to row 0, the out-of-vocabulary row."""
+
+
+@dataclass
+class ParquetLabelConfig:
+    column: str = MISSING
+    """The label column (numeric or boolean)."""
+    threshold: Optional[float] = None
+    """Set: label = value > threshold. Unset: the value itself, which must be 0 or 1 (else a bad row)."""
+
+
+@dataclass
+class ParquetDenseConfig:
+    column: str = MISSING
+    """A numeric column; a null or non-finite value makes a bad row."""
+    transform: DenseTransform = DenseTransform.none
+    """What the model sees of the value."""
+    mean: Optional[float] = None
+    """transform=standardize: the mean subtracted; unset = fitted on the train split at build."""
+    std: Optional[float] = None
+    """transform=standardize: the divisor (> 0); unset = fitted on the train split with the mean."""
+
+
+@dataclass
+class ParquetSparseConfig:
+    name: str = MISSING
+    """The feature's name (its key in the batch; unique)."""
+    column: str = MISSING
+    """Its ids: a scalar column (one id per row) or a list column (any number of ids per row);
+    integers or strings. A null is a row without ids (the feature pools to zeros)."""
+    num_embeddings: int = MISSING
+    """Rows of its table (>= vocabulary size + 1 with id_mapping=vocabulary)."""
+    table: Optional[str] = None
+    """Features naming the same table share its rows, and must agree on num_embeddings,
+    pooling, id_mapping and vocabulary. Unset = a table of its own."""
+    pooling: Pooling = Pooling.sum
+    """How a row's ids become one vector."""
+    weights_column: Optional[str] = None
+    """A float weight per id, shaped like the ids (a list of the same length, or a scalar):
+    pooling multiplies each id's embedding by it. A missing, non-finite or mismatched weight
+    makes a bad row."""
+    max_length: Optional[int] = None
+    """A list column's longest allowed list: a longer one is a bad row (or cut, see
+    truncate). Unset = any length."""
+    truncate: bool = False
+    """With max_length: keep the first max_length ids (and weights) of a longer list instead
+    of counting the row as bad."""
+    id_mapping: ParquetIdMapping = ParquetIdMapping.none
+    """How the column's ids become table rows."""
+    vocabulary: Optional[str] = None
+    """id_mapping=vocabulary: the vocabulary file (Parquet, as ``python -m hybridrec.data.vocab`` writes it)."""
+
+
+@dataclass
+class ParquetDataConfig(DataConfig):
+    _target_: str = "hybridrec.data.parquet.ParquetSource"
+    train_path: str = MISSING
+    """Parquet for training: a file, a directory (its *.parquet files) or a glob; files are
+    read in name order, row groups in file order."""
+    eval_path: str = MISSING
+    """Parquet for the test metrics (same forms); must not share a file with the other splits."""
+    valid_path: Optional[str] = None
+    """Parquet for validation (same forms), scored every train.eval_every steps and at the end."""
+    valid_fraction: float = 0.0
+    """Instead of valid_path: this share of the training rows, in seeded runs of 4096 rows of a file."""
+    label: ParquetLabelConfig = field(default_factory=ParquetLabelConfig)
+    """Where the label comes from."""
+    weight: Optional[str] = None
+    """A per-row sample weight column (finite, >= 0): the loss weighs each row by it. Unset = 1."""
+    dense: list[ParquetDenseConfig] = field(default_factory=list)
+    """The dense features, in order."""
+    sparse: list[ParquetSparseConfig] = field(default_factory=list)
+    """The sparse features, in order (at least one)."""
+    hash_seed: int = 0
+    """Seed of id_mapping=hash: part of the model (serving must hash ids the same way), so
+    not the run's seed."""
+    bad_rows: BadRows = BadRows.skip
+    """skip: a bad row stays in its batch with weight 0 (no loss, no metric) and is counted
+    with file:row; fail: the first one stops the run."""
+    eval_batches: Optional[int] = None
+    """Cap on evaluated global batches; None = the whole split."""
+
+
 # ---------------------------------------------------------------------------- sharding
 class ShardingType(str, Enum):
     """TorchRec's embedding sharding types (``torchrec.distributed.types.ShardingType``)."""
@@ -752,6 +858,7 @@ def register_configs() -> None:
     cs.store(group="schema/data", name="criteo_binary", node=CriteoBinaryDataConfig)
     cs.store(group="schema/data", name="movielens", node=MovieLensDataConfig)
     cs.store(group="schema/data", name="movielens_rank", node=MovieLensRankDataConfig)
+    cs.store(group="schema/data", name="parquet", node=ParquetDataConfig)
     cs.store(group="schema/sharding", name="sharding", node=ShardingConfig)
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
     cs.store(group="schema/topology", name="topology", node=TopologyConfig)
