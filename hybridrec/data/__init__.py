@@ -18,14 +18,41 @@ import torch
 from torchrec.datasets.utils import Batch
 
 
+POOLINGS = ("sum", "mean")
+
+
 @dataclass(frozen=True)
 class SparseFeature:
-    """A categorical feature; the model gives each one its own embedding table."""
+    """A categorical feature: ids per row (any number, also none) looked up in an embedding
+    table and pooled into one vector per row."""
 
     name: str
     num_embeddings: int
     pooling_factor: float = 1.0
     """Expected ids per sample: the planner's estimate of lookup and communication cost."""
+    table: Optional[str] = None
+    """The embedding table this feature looks up. Features naming the same table share its
+    rows (one TorchRec EmbeddingBagConfig with several feature names) and must agree on
+    ``num_embeddings`` and ``pooling``. None = a table of its own, ``t_<name>``: the name
+    checkpoints written before tables could be shared hold."""
+    pooling: str = "sum"
+    """How a row's ids become one vector: "sum" or "mean" (TorchRec's PoolingType). The mean
+    of a weighted feature is sum(weight * embedding) / number of ids (TorchRec's
+    definition); a row without ids pools to zeros either way."""
+    weighted: bool = False
+    """The source gives a float weight per id (``Rows.id_weights``) and pooling multiplies
+    each id's embedding by it."""
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"sparse feature {self.name}: pooling={self.pooling!r}, expected one of {POOLINGS}")
+        if self.table is not None and not self.table:
+            raise ValueError(f"sparse feature {self.name}: table is empty (None = a table of its own)")
+
+    @property
+    def table_name(self) -> str:
+        """The name of the table this feature looks up."""
+        return self.table if self.table is not None else f"t_{self.name}"
 
 
 class DataError(ValueError):
