@@ -10,33 +10,114 @@ launch."""
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Sequence
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.models.dlrm import SparseArch as TorchRecSparseArch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
 
 
-def embedding_collection(features: list[SparseFeature], embedding_dim: int) -> EmbeddingBagCollection:
-    """One table per feature, on the ``meta`` device: the planner decides where each shard
-    lives and DistributedModelParallel materializes only the local shards."""
-    tables = [
+_POOLING = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
+
+
+def tables_of(features: Sequence[SparseFeature], embedding_dim: int = 1) -> list[EmbeddingBagConfig]:
+    """The embedding tables ``features`` look up: one EmbeddingBagConfig per table, in the
+    order of the tables' first feature, each listing its features in their order, with
+    ``embedding_dim`` columns (any width will do to check the features only).
+
+    Refuses, with a ValueError naming the features, a table whose features disagree on its
+    rows or pooling (TorchRec pools a whole table one way) and a feature named twice."""
+    # A model's constructor gets the features as Hydra's instantiate passes them: config
+    # nodes with SparseFeature's fields, without its properties.
+    features = [f if isinstance(f, SparseFeature) else SparseFeature(**f) for f in features]
+    seen: set[str] = set()
+    groups: dict[str, list[SparseFeature]] = {}
+    for f in features:
+        if f.name in seen:
+            raise ValueError(f"sparse feature {f.name} is given twice: feature names must be unique")
+        seen.add(f.name)
+        groups.setdefault(f.table_name, []).append(f)
+    for table, members in groups.items():
+        for key in ("num_embeddings", "pooling"):
+            if len({getattr(f, key) for f in members}) > 1:
+                given = ", ".join(f"{f.name} {key}={getattr(f, key)}" for f in members)
+                raise ValueError(f"sparse features sharing table {table} must have the same {key}: {given}")
+    return [
         EmbeddingBagConfig(
-            name=f"t_{f.name}",
+            name=table,
             embedding_dim=embedding_dim,
-            num_embeddings=f.num_embeddings,
-            feature_names=[f.name],
+            num_embeddings=members[0].num_embeddings,
+            feature_names=[f.name for f in members],
+            pooling=_POOLING[members[0].pooling],
         )
-        for f in features
+        for table, members in groups.items()
     ]
-    return EmbeddingBagCollection(tables, device=torch.device("meta"))
+
+
+def means_after_pooling(features: Sequence[SparseFeature]) -> frozenset[str]:
+    """The mean-pooled features that ``embedding_collection`` pools by sum, for the model to
+    divide by their number of ids (``mean_of``, ``SparseArch``): those of a weighted
+    collection, where the mean is sum(weight * embedding) / ids.
+
+    TorchRec's kernels cannot be left to take that mean: on table-wise, column-wise and
+    data-parallel shards they divide the forward by the ids but not the gradient (measured,
+    TorchRec 1.8 / FBGEMM on CPU), and an unsharded nn.EmbeddingBag refuses weights with
+    mean pooling. Summed by the kernel and divided after, under autograd, the mean and its
+    gradient are the same for every sharding and unsharded."""
+    if not any(f.weighted for f in features):
+        return frozenset()
+    return frozenset(f.name for f in features if f.pooling == "mean")
+
+
+def mean_of(pooled: torch.Tensor, features: KeyedJaggedTensor, name: str) -> torch.Tensor:
+    """Feature ``name``'s pooled sums ``[B, D]`` divided by its ids per row (a row without
+    ids stays zeros)."""
+    # to_dict, not features[name]: the collection has built (and the KJT cached) the dict,
+    # where indexing would compute offsets again with an FBGEMM operator, which would then
+    # be in the exported program
+    lengths = features.to_dict()[name].lengths()
+    return pooled / lengths.clamp(min=1).unsqueeze(1).to(pooled.dtype)
+
+
+def embedding_collection(features: list[SparseFeature], embedding_dim: int) -> EmbeddingBagCollection:
+    """The tables of ``features`` (``tables_of``), on the ``meta`` device: the planner decides
+    where each shard lives and DistributedModelParallel materializes only the local shards.
+    Weighted when any feature is: TorchRec weighs a whole collection or none of it, so the
+    source gives weights 1.0 to the other features' ids; a weighted collection's mean tables
+    pool by sum, the model divides (``means_after_pooling``)."""
+    tables = tables_of(features, embedding_dim)
+    weighted = any(f.weighted for f in features)
+    if weighted:
+        tables = [dataclasses.replace(t, pooling=PoolingType.SUM) for t in tables]
+    return EmbeddingBagCollection(tables, is_weighted=weighted, device=torch.device("meta"))
+
+
+class SparseArch(TorchRecSparseArch):
+    """TorchRec's SparseArch (``[B, F, D]``, the features in table order) over the tables of
+    ``features``, with the means a weighted collection leaves to the model taken. Same
+    submodules and state dict keys as TorchRec's."""
+
+    def __init__(self, features: list[SparseFeature], embedding_dim: int) -> None:
+        super().__init__(embedding_collection(features, embedding_dim))
+        means = means_after_pooling(features)
+        self._means = [name in means for name in self.sparse_feature_names]
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = super().forward(features)
+        if not any(self._means):
+            return pooled
+        return torch.stack([mean_of(pooled[:, i], features, name) if mean else pooled[:, i]
+                            for i, (name, mean) in enumerate(zip(self.sparse_feature_names, self._means))], dim=1)
 
 
 class Ranker(nn.Module, ABC):
@@ -87,9 +168,19 @@ class Ranker(nn.Module, ABC):
 
 def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_features: int,
                 list_size: Optional[int] = None) -> Ranker:
-    """The model of ``cfg.model`` with the loss of ``cfg.loss``."""
-    return instantiate(cfg.model, features=features, num_dense_features=num_dense_features,
-                       loss=instantiate(cfg.loss, list_size=list_size))
+    """The model of ``cfg.model`` with the loss of ``cfg.loss``. A model that refuses its
+    features or fields (a ValueError: features that cannot share a table) raises that error
+    itself, not Hydra's InstantiationException around it, so that it reaches the user as
+    one line."""
+    from hydra.errors import InstantiationException
+
+    loss = instantiate(cfg.loss, list_size=list_size)
+    try:
+        return instantiate(cfg.model, features=features, num_dense_features=num_dense_features, loss=loss)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, ValueError):
+            raise e.__cause__ from None
+        raise
 
 
 def check_dense_arch(cfg: DictConfig) -> None:

@@ -8,7 +8,7 @@ from torchrec.models.dlrm import DLRM_DCN
 
 from hybridrec.data import SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import embedding_collection
+from hybridrec.models import SparseArch
 from hybridrec.models.dlrm import TorchRecDLRM
 
 
@@ -27,14 +27,16 @@ class DCNRanker(TorchRecDLRM):
         loss: Loss,
     ) -> None:
         super().__init__(loss)
+        sparse_arch = SparseArch(features, embedding_dim)
         self.model = DLRM_DCN(
-            embedding_bag_collection=embedding_collection(features, embedding_dim),
+            embedding_bag_collection=sparse_arch.embedding_bag_collection,
             dense_in_features=num_dense_features,
             dense_arch_layer_sizes=list(dense_arch_layer_sizes),
             over_arch_layer_sizes=list(over_arch_layer_sizes),
             dcn_num_layers=dcn_num_layers,
             dcn_low_rank_dim=dcn_low_rank_dim,
         )
+        self._take_means(sparse_arch)
 
     def dense_units(self) -> list[nn.Module]:
         """Bottom MLP, cross network, top MLP: each its own FSDP2 unit."""

@@ -8,7 +8,7 @@ The fields are the F sparse features plus the dense features projected to one ve
 TorchRec's DeepFM treats dense input). Each table is embedding_dim + 4 wide: the sum of the
 4 extra columns is the row's first-order weight w_f (FBGEMM's kernels need table widths
 divisible by 4, so a single extra column is refused), and one sharded collection serves all
-three terms.
+three terms. Features that share a table share its rows' first-order weights too.
 TorchRec's ``FactorizationMachine`` flattens its inputs to one scalar per coordinate (it is not
 the per-field inner product of the paper), so the FM term is written out here.
 """
@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torchrec.models.dlrm import DenseArch, SparseArch
+from torchrec.models.dlrm import DenseArch
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, check_dense_arch, check_layer_sizes, embedding_collection
+from hybridrec.models import Ranker, SparseArch, check_dense_arch, check_layer_sizes
 
 _FIRST_ORDER_COLS = 4
 
@@ -44,7 +44,7 @@ class DeepFMRanker(Ranker):
         loss: Loss,
     ) -> None:
         super().__init__(loss)
-        self.sparse_arch = SparseArch(embedding_collection(features, embedding_dim + _FIRST_ORDER_COLS))
+        self.sparse_arch = SparseArch(features, embedding_dim + _FIRST_ORDER_COLS)
         self.dense_arch = DenseArch(num_dense_features, list(dense_arch_layer_sizes))
         deep_in = (len(features) + 1) * embedding_dim
         self.deep_arch = nn.Sequential(MLP(deep_in, list(deep_layer_sizes)), nn.Linear(deep_layer_sizes[-1], 1))

@@ -9,7 +9,7 @@ from torchrec.models.dlrm import DLRM
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, check_dense_arch, embedding_collection
+from hybridrec.models import Ranker, SparseArch, check_dense_arch
 
 
 class TorchRecDLRM(Ranker):
@@ -17,6 +17,12 @@ class TorchRecDLRM(Ranker):
     share the sparse, dense and over archs); subclasses build the model."""
 
     model: DLRM
+
+    def _take_means(self, sparse_arch: SparseArch) -> None:
+        """Put ``sparse_arch`` (over the collection the model was built with) in place of
+        TorchRec's own, which would leave a weighted collection's means untaken."""
+        assert self.model.sparse_arch.embedding_bag_collection is sparse_arch.embedding_bag_collection
+        self.model.sparse_arch = sparse_arch
 
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
@@ -50,9 +56,12 @@ class DLRMRanker(TorchRecDLRM):
         loss: Loss,
     ) -> None:
         super().__init__(loss)
+        sparse_arch = SparseArch(features, embedding_dim)
+        # TorchRec's DLRM sizes the interaction by the collection's features (not tables)
         self.model = DLRM(
-            embedding_bag_collection=embedding_collection(features, embedding_dim),
+            embedding_bag_collection=sparse_arch.embedding_bag_collection,
             dense_in_features=num_dense_features,
             dense_arch_layer_sizes=list(dense_arch_layer_sizes),
             over_arch_layer_sizes=list(over_arch_layer_sizes),
         )
+        self._take_means(sparse_arch)

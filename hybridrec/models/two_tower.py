@@ -1,6 +1,7 @@
 """Two-tower retrieval: a user tower and an item tower, each an MLP over its own features'
-embedding tables (one sharded collection holds both towers' tables, as in TorchRec's
-retrieval example), scored by the inner product of the (normalized) tower outputs.
+pooled embeddings (one sharded collection holds both towers' tables, as in TorchRec's
+retrieval example; a table may serve features of both towers), scored by the inner product
+of the (normalized) tower outputs.
 
 Trained with in-batch sampled softmax (``loss=sampled_softmax``, log-q corrected) or any
 row/list loss on the scores (``loss=pointwise`` is BCE). ``item_vectors`` gives the item
@@ -18,7 +19,7 @@ from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, check_layer_sizes, embedding_collection
+from hybridrec.models import Ranker, check_layer_sizes, embedding_collection, mean_of, means_after_pooling
 
 
 class TwoTower(Ranker):
@@ -51,6 +52,7 @@ class TwoTower(Ranker):
         if not self.item_features:
             raise ValueError(f"model.user_features takes every feature {names}: the item tower has none")
         self.embedding_bag_collection = embedding_collection(features, embedding_dim)
+        self._means = means_after_pooling(features)
         self.user_tower = self._tower(len(self.user_features) * embedding_dim, tower_layer_sizes)
         self.item_tower = self._tower(len(self.item_features) * embedding_dim, tower_layer_sizes)
         self.normalize, self.temperature = normalize, temperature
@@ -65,9 +67,11 @@ class TwoTower(Ranker):
         return nn.Sequential(*hidden, nn.Linear(sizes[-2] if len(sizes) > 1 else in_size, sizes[-1]))
 
     def towers(self, batch: RecBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled = self.embedding_bag_collection(batch.sparse_features)
-        user = self.user_tower(torch.cat([pooled[n] for n in self.user_features], dim=1))
-        item = self.item_tower(torch.cat([pooled[n] for n in self.item_features], dim=1))
+        sparse = batch.sparse_features
+        pooled = self.embedding_bag_collection(sparse)
+        vector = lambda n: mean_of(pooled[n], sparse, n) if n in self._means else pooled[n]
+        user = self.user_tower(torch.cat([vector(n) for n in self.user_features], dim=1))
+        item = self.item_tower(torch.cat([vector(n) for n in self.item_features], dim=1))
         if self.normalize:
             user, item = F.normalize(user, dim=1), F.normalize(item, dim=1)
         return user, item
