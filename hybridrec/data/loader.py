@@ -5,10 +5,10 @@ last evaluated batch, worker processes and read-report merging.
 batches ``start`` .. ``num_batches - 1`` of ``split``. Training passes over the split again
 and again (epochs); a partial last global batch is dropped by the source and counted.
 An evaluated split (``valid``, ``eval``) is one pass that scores every row: its last batch
-is padded with rows of weight 0 (dense 0, id 0 in every feature), and ``EvalBatch.real``
-marks the rows that count and ``EvalBatch.rows`` names each row. Ranks can run out at different
-batches (sharded sources); the evaluation (``hybridrec.evaluation``) agrees on the end with one
-all-reduce per batch.
+is padded with rows of weight 0 (dense 0, id 0 of id weight 1.0 in every feature), and
+``EvalBatch.real`` marks the rows that count and ``EvalBatch.rows`` names each row. Ranks can
+run out at different batches (sharded sources); the evaluation (``hybridrec.evaluation``)
+agrees on the end with one all-reduce per batch.
 
 Workers: ``num_workers`` > 0 builds batches in ``torch.utils.data.DataLoader`` worker
 processes (forked: the source is not pickled), ``prefetch`` batches ahead each. Batch k of
@@ -244,7 +244,7 @@ def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, t
     rows = Rows.cat([pending[p] for p in range(pieces)])
     if train and len(rows) != per * pieces:
         raise AssertionError(f"a training batch of {len(rows)} rows, expected {per * pieces}")  # a source bug
-    batch = rows.batch(source.keys)
+    batch = rows.batch(source.keys, source.weighted)
     if pin_memory:
         batch = batch.pin_memory()
     if train:
@@ -261,13 +261,16 @@ def padding_batch(source: Source, world_size: int) -> EvalBatch:
     n, empty = source.batch_size // world_size, torch.zeros(0, dtype=torch.int64)
     rows = Rows(torch.zeros(0, source.num_dense_features), [empty] * len(source.features),
                 [torch.zeros(0, dtype=torch.int32)] * len(source.features), torch.zeros(0),
-                {k: torch.zeros(0, dtype=torch.int64 if k == "query" else torch.float32) for k in source.extra_fields})
+                {k: torch.zeros(0, dtype=torch.int64 if k == "query" else torch.float32) for k in source.extra_fields},
+                id_weights=[torch.zeros(0)] * len(source.features) if source.weighted else None)
     rows = rows.padded(n)
-    return EvalBatch(rows.batch(source.keys), rows.real_mask(), torch.full((n,), -1, dtype=torch.int64))
+    return EvalBatch(rows.batch(source.keys, source.weighted), rows.real_mask(),
+                     torch.full((n,), -1, dtype=torch.int64))
 
 
 def _empty_like(rows: Rows) -> Rows:
     """No rows, shaped like ``rows`` (a piece whose reader ran out: all padding)."""
     head = lambda t: t[:0]
     return Rows(head(rows.dense), [head(i) for i in rows.ids], [head(n) for n in rows.lengths], head(rows.labels),
-                {k: head(v) for k, v in rows.extra.items()})
+                {k: head(v) for k, v in rows.extra.items()},
+                id_weights=None if rows.id_weights is None else [head(w) for w in rows.id_weights])

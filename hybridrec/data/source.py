@@ -43,7 +43,8 @@ RANKING_FIELDS = ("relevance", "weights", "query", "log_q")
 class Rows:
     """Rows of a batch as column tensors: what a source reads and a worker process sends.
 
-    ``ids[f]`` and ``lengths[f]`` are feature f's values and per-row lengths. ``extra`` holds
+    ``ids[f]`` and ``lengths[f]`` are feature f's values and per-row lengths, ``id_weights[f]``
+    the weight of each of those ids when the source has a weighted feature. ``extra`` holds
     the ranking fields (``RANKING_FIELDS``) of list sources. ``real`` marks padding rows
     (False); None = every row is real. ``report`` is what reading these rows counted (bad
     rows, file rows): the loader merges it into the source's report in the training
@@ -58,19 +59,31 @@ class Rows:
     report: Optional[ReadReport] = None
     packed: Optional[list[int]] = None
     """After ``pack``: the number of ids of each feature in the one ids tensor."""
+    id_weights: Optional[list[torch.Tensor]] = None
+    """float32, one per id (``len(id_weights[f]) == len(ids[f])``): set for every feature
+    when any feature of the source is ``weighted`` (1.0 for the others), else None."""
 
     def __len__(self) -> int:
         return len(self.labels)
 
     @staticmethod
     def of(dense: np.ndarray, ids: Sequence[tuple[np.ndarray, np.ndarray]], labels: np.ndarray,
-           extra: Optional[dict[str, np.ndarray]] = None) -> "Rows":
-        """From NumPy: dense (n, d), per feature (values, lengths), labels (n,), extra fields."""
+           extra: Optional[dict[str, np.ndarray]] = None,
+           weights: Optional[Sequence[Optional[np.ndarray]]] = None) -> "Rows":
+        """From NumPy: dense (n, d), per feature (values, lengths), labels (n,), extra fields,
+        and (a source with weighted features) per feature the weight of each value, None for
+        an unweighted feature: its ids weigh 1.0."""
         t = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+        id_weights = None
+        if weights is not None:
+            if len(weights) != len(ids):
+                raise ValueError(f"weights for {len(weights)} features, ids for {len(ids)}")
+            id_weights = [torch.ones(len(v)) if w is None else t(w, np.float32) for (v, _), w in zip(ids, weights)]
         return Rows(
             t(dense, np.float32), [t(v, np.int64) for v, _ in ids], [t(n, np.int32) for _, n in ids],
             t(labels, np.float32),
             {k: t(v, np.int64 if k == "query" else np.float32) for k, v in (extra or {}).items()},
+            id_weights=id_weights,
         )
 
     def real_mask(self) -> torch.Tensor:
@@ -78,7 +91,10 @@ class Rows:
 
     def padded(self, n: int) -> "Rows":
         """These rows and ``n - len(self)`` padding rows after them: dense 0, one id 0 per
-        feature (models may rely on one item id per row), label 0, weight 0, not real."""
+        feature (models may rely on one item id per row) of id weight 1.0, label 0, row
+        weight 0, not real. The id weight is 1.0, not 0, so that padding is the same lookup
+        whether a feature is weighted or not (id 0, counted once); the row weight 0 already
+        keeps its score out of every loss and metric."""
         pad = n - len(self)
         if pad <= 0:
             return self
@@ -87,7 +103,8 @@ class Rows:
         ones = lambda t: torch.cat([t, torch.ones(pad, dtype=t.dtype)])
         return Rows(cat(self.dense), [cat(i) for i in self.ids], [ones(n_) for n_ in self.lengths], cat(self.labels),
                     {k: cat(v) for k, v in self.extra.items()},
-                    torch.cat([self.real_mask(), torch.zeros(pad, dtype=torch.bool)]), self.report)
+                    torch.cat([self.real_mask(), torch.zeros(pad, dtype=torch.bool)]), self.report,
+                    id_weights=None if self.id_weights is None else [ones(w) for w in self.id_weights])
 
     @staticmethod
     def cat(parts: list["Rows"]) -> "Rows":
@@ -96,6 +113,9 @@ class Rows:
             return parts[0]
         first = parts[0]
         real = None if all(p.real is None for p in parts) else torch.cat([p.real_mask() for p in parts])
+        id_weights = None
+        if any(p.id_weights is not None for p in parts):
+            id_weights = [torch.cat([p.weights_of(f) for p in parts]) for f in range(len(first.ids))]
         return Rows(
             torch.cat([p.dense for p in parts]),
             [torch.cat([p.ids[f] for p in parts]) for f in range(len(first.ids))],
@@ -103,7 +123,12 @@ class Rows:
             torch.cat([p.labels for p in parts]),
             {k: torch.cat([p.extra[k] for p in parts]) for k in first.extra},
             real,
+            id_weights=id_weights,
         )
+
+    def weights_of(self, f: int) -> torch.Tensor:
+        """Feature f's id weights: ``id_weights[f]``, or 1.0 per id when the rows have none."""
+        return torch.ones(len(self.ids[f])) if self.id_weights is None else self.id_weights[f]
 
     def pack(self) -> "Rows":
         """The same rows in a few large tensors (all ids in one, the lengths as one (F, n)
@@ -112,20 +137,29 @@ class Rows:
         if not self.ids:
             return self
         return dataclasses.replace(self, ids=[torch.cat(self.ids)], lengths=[torch.stack(self.lengths)],
-                                   packed=[len(i) for i in self.ids])
+                                   packed=[len(i) for i in self.ids],
+                                   id_weights=None if self.id_weights is None else [torch.cat(self.id_weights)])
 
     def unpack(self, features: int) -> "Rows":
         """``pack`` undone (views, no copy)."""
         if self.packed is None:
             return self
         return dataclasses.replace(self, ids=list(self.ids[0].split(self.packed)),
-                                   lengths=list(self.lengths[0].unbind(0)), packed=None)
+                                   lengths=list(self.lengths[0].unbind(0)), packed=None,
+                                   id_weights=None if self.id_weights is None else
+                                   list(self.id_weights[0].split(self.packed)))
 
-    def batch(self, keys: list[str]) -> RecBatch:
+    def batch(self, keys: list[str], weighted: bool = False) -> RecBatch:
         """The batch the model and pipeline take, its ranking fields those of ``extra``
-        (None for a source without them)."""
+        (None for a source without them). The KeyedJaggedTensor carries ``id_weights`` as
+        its weights when the rows have them; ``weighted`` (the source has a weighted
+        feature): always, 1.0 per id for rows without them, since a weighted embedding
+        collection reads weights of every batch."""
+        weights = None
+        if self.id_weights is not None or weighted:
+            weights = torch.cat([self.weights_of(f) for f in range(len(self.ids))])
         kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=keys, values=torch.cat(self.ids), lengths=torch.cat(self.lengths)
+            keys=keys, values=torch.cat(self.ids), lengths=torch.cat(self.lengths), weights=weights
         )
         extra = dict(self.extra)
         if "weights" in extra and self.real is not None:
@@ -135,7 +169,8 @@ class Rows:
 
 class Source(ABC):
     """A data source (see the module docstring). Attributes every source sets:
-    ``features`` (one SparseFeature per table), ``num_dense_features``, ``batch_size``
+    ``features`` (one SparseFeature per feature of a row, in ``Rows.ids`` order; with
+    ``weighted`` ones, ``read`` gives ``Rows.id_weights``), ``num_dense_features``, ``batch_size``
     (global rows per step) and ``splits`` (``train``, ``eval`` = the test set, and
     ``valid`` when a validation split is configured)."""
 
@@ -208,6 +243,11 @@ class Source(ABC):
     @property
     def keys(self) -> list[str]:
         return [f.name for f in self.features]
+
+    @property
+    def weighted(self) -> bool:
+        """Some feature is ``weighted``: every batch carries id weights (``Rows.id_weights``)."""
+        return any(f.weighted for f in self.features)
 
 
 class UserItemSource(Source):
