@@ -5,12 +5,13 @@
 writes into ``out`` (default ``<checkpoint>/export``):
 
 - ``model.pt2``: the model as a ``torch.export`` program over plain tensors,
-  ``program(dense, values, lengths) -> scores`` (``Scorer``), loaded with
+  ``program(dense, values, lengths) -> scores``, and ``program(dense, values, lengths,
+  weights)`` when a feature is weighted (``Scorer``), loaded with
   ``torch.export.load(path).module()``: neither hybridrec nor TorchRec is needed to run it
   (the graph holds aten operators only).
 - ``model.json``: what the program takes and returns: the input layout, the sparse
-  features in input order with their table sizes, the number of dense features, and
-  whether the output is a probability.
+  features in input order with their tables, sizes, pooling and weighting, the number of
+  dense features, and whether the output is a probability.
 - two-tower models: ``item_vectors.pt`` (every catalogue item's id and item-tower vector)
   and ``user_vectors.pt`` (every user of the data's ratings), tensors only
   (``torch.load(path, weights_only=True)``), for a nearest-neighbour index. They need the
@@ -38,7 +39,7 @@ import pickle
 import sys
 import warnings
 import zipfile
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -77,20 +78,24 @@ def load_model(checkpoint: str, trusted: Iterable[str] = ()) -> Ranker:
 class Scorer(nn.Module):
     """A model behind plain tensors: what ``model.pt2`` holds.
 
-    ``forward(dense, values, lengths)``: ``dense`` float32 ``[B, num_dense_features]``;
-    ``values`` int64, every id of the batch, feature-major (feature 0's ids for rows 0..B-1,
-    then feature 1's, ...: TorchRec's KeyedJaggedTensor order); ``lengths`` int32
-    ``[num_features * B]``, ``lengths[f * B + i]`` = the ids of feature f in row i. Returns
-    ``[B]`` float32: sigmoid(logit), a click probability, when the loss is calibrated
-    (``Loss.calibrated``: loss=pointwise); the raw score otherwise (a ranking objective's
-    score orders rows and is not a probability)."""
+    ``forward(dense, values, lengths[, weights])``: ``dense`` float32
+    ``[B, num_dense_features]``; ``values`` int64, every id of the batch, feature-major
+    (feature 0's ids for rows 0..B-1, then feature 1's, ...: TorchRec's KeyedJaggedTensor
+    order); ``lengths`` int32 ``[num_features * B]``, ``lengths[f * B + i]`` = the ids of
+    feature f in row i; ``weights`` float32, one per value, exactly when ``weighted`` (a
+    feature is weighted; the others' ids weigh 1.0). Returns ``[B]`` float32:
+    sigmoid(logit), a click probability, when the loss is calibrated (``Loss.calibrated``:
+    loss=pointwise); the raw score otherwise (a ranking objective's score orders rows and is
+    not a probability)."""
 
-    def __init__(self, model: Ranker, keys: list[str], calibrated: bool) -> None:
+    def __init__(self, model: Ranker, keys: list[str], calibrated: bool, weighted: bool = False) -> None:
         super().__init__()
-        self.model, self.keys, self.calibrated = model, list(keys), calibrated
+        self.model, self.keys, self.calibrated, self.weighted = model, list(keys), calibrated, weighted
 
-    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        sparse = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths)
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        sparse = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths,
+                                   weights=weights if self.weighted else None)
         logits = self.model.score(RecBatch(dense_features=dense, sparse_features=sparse,
                                            labels=dense.new_zeros(dense.shape[0])))
         return torch.sigmoid(logits) if self.calibrated else logits
@@ -98,15 +103,18 @@ class Scorer(nn.Module):
 
 def export_program(model: Ranker, features: list[SparseFeature], num_dense_features: int) -> torch.export.ExportedProgram:
     """``Scorer(model)`` traced by ``torch.export`` for any batch size and number of ids."""
-    scorer = Scorer(model, [f.name for f in features], model.loss.calibrated).eval()
+    weighted = any(f.weighted for f in features)
+    scorer = Scorer(model, [f.name for f in features], model.loss.calibrated, weighted).eval()
     rows = 2  # any example works: the batch dimension is exported as dynamic
     example = (torch.zeros(rows, num_dense_features), torch.zeros(rows * len(features), dtype=torch.int64),
                torch.ones(rows * len(features), dtype=torch.int32))
     batch, ids = torch.export.Dim("batch"), torch.export.Dim("ids")
+    shapes: tuple = ({0: batch}, {0: ids}, {0: batch * len(features)})
+    if weighted:  # the weights are an input only of a weighted model: an unweighted one keeps its three
+        example, shapes = (*example, torch.ones(rows * len(features))), (*shapes, {0: ids})
     with torch.no_grad(), size_oblivious_export():
         # non-strict: TorchRec's KeyedJaggedTensor is traced as the Python it is
-        return torch.export.export(scorer, example, dynamic_shapes=({0: batch}, {0: ids}, {0: batch * len(features)}),
-                                   strict=False)
+        return torch.export.export(scorer, example, dynamic_shapes=shapes, strict=False)
 
 
 def export(checkpoint: str, out: str, trusted: Iterable[str] = ()) -> dict[str, Any]:
@@ -158,19 +166,26 @@ def write_program(model: Ranker, features: list[SparseFeature], num_dense_featur
 
 def program_spec(features: list[SparseFeature], num_dense_features: int, calibrated: bool) -> dict[str, Any]:
     """``model.json``: how to call ``model.pt2`` without hybridrec."""
+    inputs = {
+        "dense": {"dtype": "float32", "shape": ["B", num_dense_features],
+                  "doc": "dense features, preprocessed as the data source feeds them to the model"},
+        "values": {"dtype": "int64", "shape": ["sum(lengths)"],
+                   "doc": "every id of the batch, feature-major (KeyedJaggedTensor order): feature 0's ids "
+                          "for rows 0..B-1, then feature 1's, ...; each id a row of that feature's table"},
+        "lengths": {"dtype": "int32", "shape": [f"{len(features)} * B"],
+                    "doc": "lengths[f * B + i] = number of ids of feature f in row i (pooled as the feature's "
+                           "pooling says)"},
+    }
+    if any(f.weighted for f in features):
+        inputs["weights"] = {"dtype": "float32", "shape": ["sum(lengths)"],
+                             "doc": "the weight of each id of values, in its order; 1.0 for the ids of features "
+                                    "that are not weighted"}
     return {
         "program": PROGRAM,
         "load": "torch.export.load(path).module()",
-        "inputs": {
-            "dense": {"dtype": "float32", "shape": ["B", num_dense_features],
-                      "doc": "dense features, preprocessed as the data source feeds them to the model"},
-            "values": {"dtype": "int64", "shape": ["sum(lengths)"],
-                       "doc": "every id of the batch, feature-major (KeyedJaggedTensor order): feature 0's ids "
-                              "for rows 0..B-1, then feature 1's, ...; each id a row of that feature's table"},
-            "lengths": {"dtype": "int32", "shape": [f"{len(features)} * B"],
-                        "doc": "lengths[f * B + i] = number of ids of feature f in row i (pooled by sum)"},
-        },
-        "features": [{"name": f.name, "num_embeddings": f.num_embeddings} for f in features],
+        "inputs": inputs,
+        "features": [{"name": f.name, "num_embeddings": f.num_embeddings, "table": f.table_name,
+                      "pooling": f.pooling, "weighted": f.weighted} for f in features],
         "num_dense_features": num_dense_features,
         "output": "probability" if calibrated else "score",
         "output_doc": ("[B] float32: sigmoid of the logit, a click probability (the loss is calibrated)"
