@@ -419,15 +419,38 @@ def check_checkpoint(path: str) -> TrainState:
     return state
 
 
+def _feature_layout(f: dict[str, Any]) -> tuple[str, int, str, str, bool]:
+    """What of a sparse feature (``SparseFeature`` fields) the trained tables depend on: its
+    name, rows, table, pooling and weighting. A checkpoint saved before features named
+    their table, pooling and weighting has SparseFeature's defaults, which meant the same."""
+    table = f.get("table")
+    return (f["name"], f["num_embeddings"], table if table is not None else f"t_{f['name']}",
+            f.get("pooling", "sum"), bool(f.get("weighted", False)))
+
+
+def _feature_text(layout: tuple[str, int, str, str, bool]) -> str:
+    """``name (rows[, table, pooling, weighted])``: the defaults unsaid."""
+    name, rows, table, pooling, weighted = layout
+    parts = [f"{rows:,} rows"]
+    if table != f"t_{name}":
+        parts.append(f"table {table}")
+    if pooling != "sum":
+        parts.append(f"{pooling} pooling")
+    if weighted:
+        parts.append("weighted")
+    return f"{name} ({', '.join(parts)})"
+
+
 def check_fits(state: TrainState, features: list[Any], num_dense_features: int, path: str) -> None:
     """The data's features are those the checkpoint's tables were trained for: same names,
-    order and sizes, same number of dense features. Checked before launch: the tables
-    would not load otherwise (or, worse, ids would mean other rows)."""
-    saved = [(f["name"], f["num_embeddings"]) for f in state.features]
-    given = [(f.name, f.num_embeddings) for f in features]
+    order, sizes, tables, pooling and weighting, same number of dense features. Checked
+    before launch: the tables would not load otherwise (or, worse, ids would mean other
+    rows, or be pooled otherwise than they were trained)."""
+    saved = [_feature_layout(f) for f in state.features]
+    given = [_feature_layout(vars(f)) for f in features]
     if saved != given:
         diff = next((i for i, (a, b) in enumerate(zip(saved, given)) if a != b), min(len(saved), len(given)))
-        what = lambda fs: f"{fs[diff][0]} ({fs[diff][1]:,} rows)" if diff < len(fs) else "nothing"
+        what = lambda fs: _feature_text(fs[diff]) if diff < len(fs) else "nothing"
         raise CheckpointError(
             f"the data's sparse feature {diff} is {what(given)} but {path} was trained with {what(saved)} "
             f"({len(given)} features against {len(saved)}): give data keys that keep the features of "
@@ -554,10 +577,11 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
                        cfg: DictConfig, features: list[dict[str, Any]], dense: int) -> list[str]:
     """What differs, between a checkpoint and a run, in what decides the checkpoint's state
     dict (its keys, shapes and meaning): the model (class and every field that shapes its
-    weights), the tables (one per sparse feature: names, rows; the width is
-    model.embedding_dim), the dense features, the loss and the optimizers (their state is
-    saved). One ``key: checkpoint X, run Y`` per difference. The mesh, the sharding and the
-    world size are not in it: DCP reshards a checkpoint to any of them."""
+    weights), the tables (names, rows; the width is model.embedding_dim), how each sparse
+    feature uses them (table, pooling, weighting), the dense features, the loss and the
+    optimizers (their state is saved). One ``key: checkpoint X, run Y`` per difference. The
+    mesh, the sharding and the world size are not in it: DCP reshards a checkpoint to any
+    of them."""
     diffs = []
     model, run_model = saved.model, cfg.model
     if model.get("_target_") != run_model._target_:
@@ -572,8 +596,10 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
             a, b = (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v for v in (a, b))
             if a != b:
                 diffs.append(f"model.{key}: checkpoint {a}, run {b}")
-    rows = {f"t_{f['name']}": f["num_embeddings"] for f in saved_features}
-    run_rows = {f"t_{f['name']}": f["num_embeddings"] for f in features}
+    saved_layout = [_feature_layout(f) for f in saved_features]
+    run_layout = [_feature_layout(f) for f in features]
+    rows = {table: n for _, n, table, _, _ in saved_layout}
+    run_rows = {table: n for _, n, table, _, _ in run_layout}
     if rows.keys() != run_rows.keys():
         only_saved = [t for t in rows if t not in run_rows]
         only_run = [t for t in run_rows if t not in rows]
@@ -582,6 +608,14 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
     diffs += [f"{t} rows: checkpoint {rows[t]:,}, run {run_rows[t]:,}" for t in resized[:3]]
     if len(resized) > 3:
         diffs.append(f"{len(resized) - 3} more tables resized")
+    # Same tables, fed otherwise: the weights load, and mean other things.
+    saved_use = {name: (table, pooling, weighted) for name, _, table, pooling, weighted in saved_layout}
+    changed = [(name, saved_use[name], use) for name, _, *use in run_layout
+               if name in saved_use and saved_use[name] != tuple(use)]
+    use_text = lambda u: f"table {u[0]}, {u[1]} pooling" + (", weighted" if u[2] else "")
+    diffs += [f"feature {name}: checkpoint {use_text(a)}, run {use_text(b)}" for name, a, b in changed[:3]]
+    if len(changed) > 3:
+        diffs.append(f"{len(changed) - 3} more features fed otherwise")
     if saved_dense != dense:
         diffs.append(f"dense features: checkpoint {saved_dense}, run {dense}")
     for key in ("loss._target_", "optimizer.sparse._target_", "optimizer.dense._target_"):
