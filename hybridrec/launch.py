@@ -48,7 +48,8 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.utils.process_state import read_proc_state
 
 from hybridrec.compat import AgentFailureLogFilter, ExtensibleAgent
-from hybridrec.config import Device, validate
+from hybridrec.config import Device
+from hybridrec.config.validation import validate
 from hybridrec.distributed import as_launched_rank
 from hybridrec.logs import JobLogging
 from hybridrec.devices import Cuda

@@ -16,7 +16,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from hybridrec.config import register_configs, validate
+from hybridrec.config import register_configs
+from hybridrec.config.validation import validate
 from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.parallel_dims import planning_dims
 from hybridrec.preflight import dry_plan

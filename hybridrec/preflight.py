@@ -13,7 +13,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from hybridrec.build import model_for, plan_inputs
-from hybridrec.config import Device, check_device, validate
+from hybridrec.config import Device
+from hybridrec.config.validation import check_device, validate
 from hybridrec.data import build_source
 from hybridrec.data.source import Source
 from hybridrec.devices import Cuda

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import dry_plan_for, compose_cfg
 
-from hybridrec.config import check_device, validate
+from hybridrec.config.validation import check_device, validate
 from hybridrec.sharding import format_report
 
 

@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from hybridrec.data import build_source
 
-from hybridrec.config import validate
+from hybridrec.config.validation import validate
 from hybridrec.models import build_model
 
 GROUPS = {
@@ -208,7 +208,7 @@ def test_hsdp_degrees_default_to_ranks_per_node():
 
 @pytest.mark.unit
 def test_fused_adam_is_refused_on_cpu_before_launch():
-    from hybridrec.config import check_device
+    from hybridrec.config.validation import check_device
 
     cfg = compose_cfg(["optimizer=adam"])
     with pytest.raises(ValueError, match="no fused CPU kernel"):

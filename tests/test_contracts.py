@@ -11,7 +11,7 @@ from conftest import CONF_DIR, compose_cfg
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from hybridrec.config import validate
+from hybridrec.config.validation import validate
 from hybridrec.data import RecBatch, loader
 from hybridrec.data.source import Source, UserItemSource
 from hybridrec.losses import Loss

@@ -9,7 +9,7 @@ from conftest import CONF_DIR, compose_cfg
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from hybridrec.config import validate
+from hybridrec.config.validation import validate
 
 pytestmark = pytest.mark.unit
 

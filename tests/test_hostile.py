@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg
-from hybridrec.config import validate
+from hybridrec.config.validation import validate
 from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.fetch_movielens import write_layout

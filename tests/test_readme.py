@@ -58,7 +58,7 @@ def _jobs(args: list[str]) -> list[list[str]]:
 def _check(app: str, overrides: list[str]) -> None:
     """Compose as the command does, and validate for the ranks it would start (raises the
     ValueError whose message the command prints)."""
-    from hybridrec.config import validate
+    from hybridrec.config.validation import validate
 
     hydra_keys = any(o.startswith("hydra") for o in overrides)
     if app == "hybridrec.evaluate":  # its own config; the checkpoint's is read at run time

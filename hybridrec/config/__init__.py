@@ -7,7 +7,9 @@
   methods of that class (``Ranker.check_config``, ``Source.check_config``);
 - ``retype``: a config saved as plain YAML (a checkpoint's) typed again by the schemas.
 
-The names below are the package's interface; the modules hold the rest.
+The names below are the schemas' interface. Validation is imported from its module
+(``from hybridrec.config.validation import validate``): it needs ``ParallelDims``, whose
+module needs the schemas' enums, so importing the package must not import it.
 """
 
 from hybridrec.config.retype import TARGET_GROUPS, evaluation_config, shipped_targets, typed
@@ -23,4 +25,3 @@ from hybridrec.config.schema import (  # noqa: F401  (the schemas and their enum
     CheckpointConfig, Logger, ProfileConfig, HybridrecConfig, EvaluateConfig,
     CONF_DIR, register_configs,
 )
-from hybridrec.config.validation import CPU_SPARSE_OPTIMIZERS, check_device, validate  # noqa: F401

@@ -1,0 +1,95 @@
+"""The package's layout holds: no import cycle between hybridrec's modules, no benchmark
+script that edits sys.path, and TorchRec's and torch's private attributes only in compat.py."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "hybridrec"
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The hybridrec modules ``path`` imports anywhere (a function's import too: an import
+    deferred to run time is still a cycle), except under ``if TYPE_CHECKING``."""
+    found = set()
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hybridrec"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("hybridrec")}
+    return found & modules.keys()
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for m, p in modules.items():
+        targets = set()
+        for t in _imports(p, modules) - {m}:
+            targets.add(t)
+            # Importing a.b.c runs a/__init__ and a/b/__init__ first: an edge to each package,
+            # except the packages the importer is inside (already being imported; a package's
+            # __init__ importing its own modules is how it re-exports them).
+            parts = t.split(".")
+            for i in range(2, len(parts)):
+                package = ".".join(parts[:i])
+                if package in modules and not m.startswith(package + "."):
+                    targets.add(package)
+        graph[m] = {t for t in targets if t != m and not m.startswith(t + ".")}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = path[path.index(t):] + [t]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_benchmarks_do_not_edit_sys_path():
+    edits = [f"{p.name}:{i}" for p in (ROOT / "benchmarks").glob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"sys\.path\.(insert|append)", line)]
+    assert not edits, edits
+
+
+# The private names hybridrec reaches for in TorchRec's and torch's objects.
+PRIVATE = re.compile(r"\.(_model|_dmp_wrapped_module|_topology|_enumerator|_storage_reservation|_remaining_restarts|"
+                     r"_monitor_workers|_start_workers|_return_value|_get_post_forward_mesh_info)\b")
+
+
+def test_private_attributes_only_in_compat():
+    uses = [f"{p.relative_to(ROOT)}:{i}" for p in PACKAGE.rglob("*.py") if p.name != "compat.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if PRIVATE.search(line)]
+    assert not uses, uses
