@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hybridrec.data import build_source, loader
 from hybridrec.data.source import Source
@@ -27,6 +27,16 @@ from hybridrec.runlog import write_json
 from hybridrec.sharding import PlanInputs, format_report
 
 log = logging.getLogger(__name__)
+
+
+def keep_fitted(cfg: DictConfig, data: Source) -> None:
+    """Merge into ``cfg.data`` what ``data`` computed from its files when it was built
+    (``Source.fitted``): the ranks a launcher starts then get the values rather than fitting
+    again, and a checkpoint's config.yaml carries them to evaluation and export."""
+    if fitted := data.fitted():
+        OmegaConf.update(cfg, "data", fitted, merge=True)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            log.info(f"data: fitted on the train split: {fitted}")
 
 
 def model_for(cfg: DictConfig, data: Source) -> Ranker:
@@ -50,6 +60,7 @@ def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, 
     # every rank and for every world size. Embeddings get their own plan-independent init.
     torch.manual_seed(cfg.seed)
     data = build_source(cfg.data, cfg.seed)
+    keep_fitted(cfg, data)  # under torchrun no process fitted it before launch
     loader.check_splits(data)  # an empty split fails here, before any sharding
     model = model_for(cfg, data)
     dims = rank_dims(cfg, dist.get_world_size(), device)

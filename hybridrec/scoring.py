@@ -62,7 +62,7 @@ def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[Eva
     world = dist.get_world_size()
     was_training = model.training
     model.eval()
-    lists = bool(source.extra_fields)  # RecBatch: relevance, query, and padding inside lists (weight 0)
+    lists = "relevance" in source.extra_fields  # relevance, query, and padding inside lists (weight 0)
     names = ["score", "label", "real"] + (["relevance", "query"] if lists else []) + (["row"] if predictions else [])
     columns: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     count = 0

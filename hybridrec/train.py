@@ -29,6 +29,7 @@ from hybridrec.checkpoint import (
 )
 from hybridrec import objective
 from hybridrec.config import register_configs
+from hybridrec.build import keep_fitted
 from hybridrec.data import build_source
 from hybridrec.errors import USER_ERRORS, exit_user_error, full_errors, user_message
 from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
@@ -60,6 +61,8 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     path = resume_path(cfg, verify_content=not already_launched() or os.environ["RANK"] == "0")
     state = TrainState.from_files(path) if path else None  # checked complete by resume_path
     data = build_source(cfg.data, cfg.seed) if state or not already_launched() else None
+    if data:
+        keep_fitted(cfg, data)  # fitted once here: the ranks get the values
     if state:
         check_compatible(cfg, path, state, data.features, data.num_dense_features)
     if state and state.step >= cfg.train.steps:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 import torch
@@ -235,6 +235,13 @@ class Source(ABC):
 
     def merge_report(self, part: ReadReport) -> None:
         """Add a report that ``read`` produced (maybe in a worker process) to this one."""
+
+    def fitted(self) -> dict[str, Any]:
+        """Data-config keys this source computed from its data when it was built (say, the
+        statistics of a standardized column), as config values; {} = none. They are merged
+        into the run's data config (``hybridrec.build.keep_fitted``), so that the ranks, the
+        checkpoints' config.yaml and evaluation use the same numbers."""
+        return {}
 
     def begin_pass(self, split: str, epoch: int) -> None:
         """Called in the training process before each pass: a source counts a split's
