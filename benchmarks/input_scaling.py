@@ -3,7 +3,8 @@ training's consumption, and the converter.
 
 1. Per-rank cost. Rank 0's ``hybridrec.data.loader.batches`` (inline, no training) is timed
    at world sizes 1, 2, 4 and 8 for each source: synthetic data in the ``ctr`` and
-   ``dcnv2_criteo1tb`` shapes, Criteo TSV (data.shards=8) and Criteo binary. Weak scaling
+   ``dcnv2_criteo1tb`` shapes, Criteo TSV (data.shards=8), Criteo binary, and the same
+   binary rows converted to Parquet (``data=parquet``, ``convert --format parquet``). Weak scaling
    keeps the per-rank batch fixed (global = per-rank x world size): rank 0's time per step
    should stay flat. Strong scaling keeps the global batch fixed: it should fall as
    1/world size. Only rank 0 runs, so 8 "ranks" fit on any machine.
@@ -70,11 +71,17 @@ def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path):
             write_tsv(path, rows, seed=rows)
-    npy = os.path.join(tmp, "npy")
+    npy, pq = os.path.join(tmp, "npy"), os.path.join(tmp, "pq")
     if not os.path.exists(npy):
         for src in (train, held):
             with contextlib.redirect_stdout(io.StringIO()):  # set-up, not measured: in this process
                 convert_main([src, "--out", npy, "--workers", "1"])
+    if not os.path.exists(pq):  # the binary layout's rows, as Parquet: the same rows for both readers
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert_main([npy, "--out", pq, "--format", "parquet"])
+    parquet = compose_config([f"hydra.searchpath=[file://{os.path.join(pq, 'conf')}]", "data=criteo_parquet",
+                              f"data.train_path={os.path.join(pq, 'day_0.parquet')}",
+                              f"data.eval_path={os.path.join(pq, 'day_1.parquet')}"]).data
     common = dict(num_embeddings_per_feature=CRITEO_KAGGLE_CAPPED, id_mapping="modulo", eval_batches=None, seed=0)
     # Steady-state parsing is what is measured: the one-time collision estimate (rank 0, over
     # shard 0's first 100k rows) is cut to one block, and its warning (random ids into
@@ -96,6 +103,7 @@ def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
                                                      block_size_mb=16, shards=8, **common),
         "Criteo binary": lambda b: CriteoBinary(batch_size=b, train_path=os.path.join(npy, "day_0_dense.npy"),
                                                 eval_path=os.path.join(npy, "day_1_dense.npy"), **common),
+        "Parquet (the binary rows)": lambda b: build_source(_with(parquet, batch_size=b), 0),
     }
 
 
@@ -228,6 +236,7 @@ def measure(reps: int, tsv_rows: int, steps: int, train_steps: int, quick: bool 
             "synthetic (dcnv2_criteo1tb)": (8192 // scale, 65536 // scale),
             "Criteo TSV (8 shards)": (1024 // scale, 8192 // scale),
             "Criteo binary": (1024 // scale, 8192 // scale),
+            "Parquet (the binary rows)": (1024 // scale, 8192 // scale),
         }
         if quick:
             makers.pop("synthetic (dcnv2_criteo1tb)")
@@ -254,6 +263,10 @@ def table(res: dict[str, Any]) -> list[str]:
             ms = s[kind]
             L.append(f"| {name} | {kind} | {batch} | " + " | ".join(f"{ms[str(w)]:.1f}" for w in WORLDS)
                      + f" | {ms['8'] / ms['1']:.2f} |")
+    if (pq := res["scaling"].get("Parquet (the binary rows)")) and (npy := res["scaling"].get("Criteo binary")):
+        L += ["", "Parquet against the binary reader on the same rows, per step (weak scaling): "
+              + ", ".join(f"{w} rank{'s' * (w > 1)} {pq['weak'][str(w)] / npy['weak'][str(w)]:.2f}x" for w in WORLDS)
+              + f"; Parquet's own weak-scaling ratio 8 / 1: {pq['weak']['8'] / pq['weak']['1']:.2f}."]
     train = res["training"]
     overrides = res["settings"].get("train_overrides")  # absent from results written before it
     trained = "`ctr` experiment" + (f" (with `{' '.join(overrides)}`)" if overrides else "")

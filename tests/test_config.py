@@ -19,7 +19,8 @@ from hybridrec.models import build_model
 GROUPS = {
     "model": ["dlrm", "dcn", "deepfm", "two_tower"],
     "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax"],
-    "data": ["synthetic", "synthetic_criteo", "criteo", "criteo_binary", "movielens", "movielens_rank", "parquet"],
+    "data": ["synthetic", "synthetic_criteo", "criteo", "criteo_binary", "movielens", "movielens_rank", "parquet",
+             "example_log"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
                  "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd", "adam"],

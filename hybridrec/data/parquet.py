@@ -336,7 +336,7 @@ class _Open:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
-        self.groups: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self.groups: OrderedDict[tuple[str, int], tuple[frozenset[str], pa.Table]] = OrderedDict()
         self.lock = threading.Lock()
 
 
@@ -704,10 +704,11 @@ class ParquetSource(Source):
 
     def _group(self, state: _Open, file: _File, g: int, columns: list[str]) -> pa.Table:
         key = (file.path, g)
-        table = state.groups.get(key)
-        if table is not None and all(c in table.column_names for c in columns):
+        cached = state.groups.get(key)
+        # (the columns as a set, kept beside the table: ``column_names`` builds a new list per call)
+        if cached is not None and cached[0].issuperset(columns):
             state.groups.move_to_end(key)
-            return table
+            return cached[1]
         handle = state.files.get(file.path)
         if handle is None:
             handle = state.files[file.path] = pq.ParquetFile(file.path)
@@ -719,7 +720,7 @@ class ParquetSource(Source):
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{file.path}: row group {g} (rows {file.groups[g]}..{file.groups[g + 1] - 1}) cannot be "
                             f"read: {str(e).splitlines()[0]}") from None
-        state.groups[key] = table
+        state.groups[key] = (frozenset(table.column_names), table)
         while len(state.groups) > _CACHED_GROUPS:
             state.groups.popitem(last=False)
         return table
@@ -810,6 +811,17 @@ class ParquetSource(Source):
         n = len(column)
         checks: list[_Check] = []
         listed = _is_list(column.type)
+        if (not listed and not column.null_count and f.id_mapping == ParquetIdMapping.none.value
+                and not f.weights_column and _kind(column.type) == "int"):
+            # One id per row that is already a table row (converted Criteo, say): no list
+            # offsets to build and no cast, the column's own buffer checked as it is.
+            values = column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            outside = (values < 0) | (values >= f.num_embeddings)
+            if outside.any():
+                checks.append((outside, lambda i, v=values: f"{f.column}: id {v[i]} is outside the table's rows "
+                                                            f"0..{f.num_embeddings - 1} (id_mapping=none)"))
+                values = np.where(outside, 0, values)
+            return values, np.ones(n, np.int32), None, None, checks
         if listed:
             if f.truncate:
                 column = pc.list_slice(column, 0, f.max_length)
