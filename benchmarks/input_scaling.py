@@ -4,7 +4,8 @@ training's consumption, and the converter.
 1. Per-rank cost. Rank 0's ``hybridrec.data.loader.batches`` (inline, no training) is timed
    at world sizes 1, 2, 4 and 8 for each source: synthetic data in the ``ctr`` and
    ``dcnv2_criteo1tb`` shapes, Criteo TSV (data.shards=8), Criteo binary, and the same
-   binary rows converted to Parquet (``data=parquet``, ``convert --format parquet``). Weak scaling
+   binary rows converted to Parquet (``data=parquet``, ``convert --format parquet``), read as
+   contiguous global batches and with ``data.shards=8``. Weak scaling
    keeps the per-rank batch fixed (global = per-rank x world size): rank 0's time per step
    should stay flat. Strong scaling keeps the global batch fixed: it should fall as
    1/world size. Only rank 0 runs, so 8 "ranks" fit on any machine.
@@ -104,6 +105,7 @@ def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
         "Criteo binary": lambda b: CriteoBinary(batch_size=b, train_path=os.path.join(npy, "day_0_dense.npy"),
                                                 eval_path=os.path.join(npy, "day_1_dense.npy"), **common),
         "Parquet (the binary rows)": lambda b: build_source(_with(parquet, batch_size=b), 0),
+        "Parquet, data.shards=8": lambda b: build_source(_with(parquet, batch_size=b, shards=8), 0),
     }
 
 
@@ -237,6 +239,7 @@ def measure(reps: int, tsv_rows: int, steps: int, train_steps: int, quick: bool 
             "Criteo TSV (8 shards)": (1024 // scale, 8192 // scale),
             "Criteo binary": (1024 // scale, 8192 // scale),
             "Parquet (the binary rows)": (1024 // scale, 8192 // scale),
+            "Parquet, data.shards=8": (1024 // scale, 8192 // scale),
         }
         if quick:
             makers.pop("synthetic (dcnv2_criteo1tb)")
@@ -263,10 +266,12 @@ def table(res: dict[str, Any]) -> list[str]:
             ms = s[kind]
             L.append(f"| {name} | {kind} | {batch} | " + " | ".join(f"{ms[str(w)]:.1f}" for w in WORLDS)
                      + f" | {ms['8'] / ms['1']:.2f} |")
-    if (pq := res["scaling"].get("Parquet (the binary rows)")) and (npy := res["scaling"].get("Criteo binary")):
-        L += ["", "Parquet against the binary reader on the same rows, per step (weak scaling): "
-              + ", ".join(f"{w} rank{'s' * (w > 1)} {pq['weak'][str(w)] / npy['weak'][str(w)]:.2f}x" for w in WORLDS)
-              + f"; Parquet's own weak-scaling ratio 8 / 1: {pq['weak']['8'] / pq['weak']['1']:.2f}."]
+    npy = res["scaling"].get("Criteo binary")
+    for name in ("Parquet (the binary rows)", "Parquet, data.shards=8"):
+        if (pq := res["scaling"].get(name)) and npy:
+            L += ["", f"{name} against the binary reader on the same rows, per step (weak scaling): "
+                  + ", ".join(f"{w} rank{'s' * (w > 1)} {pq['weak'][str(w)] / npy['weak'][str(w)]:.2f}x" for w in WORLDS)
+                  + f"; its own weak-scaling ratio 8 / 1: {pq['weak']['8'] / pq['weak']['1']:.2f}."]
     train = res["training"]
     overrides = res["settings"].get("train_overrides")  # absent from results written before it
     trained = "`ctr` experiment" + (f" (with `{' '.join(overrides)}`)" if overrides else "")

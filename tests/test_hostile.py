@@ -9,14 +9,12 @@ import re
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
 from conftest import compose_cfg
 from hybridrec.config.validation import validate
 from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.fetch_movielens import write_layout
-from hybridrec.data.movielens import MovieLens
 from hybridrec.launch import oversubscribed, world_size
 from shared import SIZES, ml, row, tables, write
 

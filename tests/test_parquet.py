@@ -165,6 +165,35 @@ def test_a_read_decodes_only_the_row_groups_of_its_rows_and_keeps_the_last(files
     assert read == [2, 3, 0, 1]
 
 
+def test_shards_give_each_rank_its_own_rows_and_the_same_batches_for_any_world_size(files, monkeypatch):
+    """data.shards=4: the 41 training rows are 4 shards of 10-11 rows, batch k is rows 2k, 2k+1
+    of each; the 13 eval rows are shards of 3-4, the last batch padded. A rank of 4 reads
+    only its shard's row groups."""
+    data = source(files / "train", files / "eval", shards=4)
+    assert data.num_batches("train") == 5 and data.num_batches("eval") == 2
+    starts, ends = [s * 41 // 4 for s in range(4)], [(s + 1) * 41 // 4 for s in range(4)]
+    expected = [i for k in range(5) for s in range(4) for i in (starts[s] + 2 * k, starts[s] + 2 * k + 1)]
+    train = global_batches(data, "train", 1, steps=5)
+    assert [r for rows, _ in train for r in rows] == [expected_row(i) for i in expected]
+    evals = global_batches(data, "eval", 1)
+    scored = sorted(r for (rows, real) in evals for r, ok in zip(rows, real) if ok)
+    assert scored == [expected_row(i) for i in range(100, 113)]  # every row once
+    for world in (2, 4):
+        assert global_batches(data, "train", world, steps=5) == train, world
+        assert global_batches(data, "eval", world) == evals, world
+    assert data.report()["dropped_tail_rows"] == {"train": 1}
+    read = []
+    original = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, g, **kw: read.append((self.metadata.num_rows, g)) or original(self, g, **kw))
+    fresh = source(files / "train", files / "eval", shards=4)
+    read.clear()  # (building it sampled the first training rows for the pooling factors)
+    list(loader.batches(fresh, "train", 3, 4, 5))  # rank 3 of 4: shard 3 = rows 30..40 (b.parquet rows 7..17)
+    assert set(read) == {(18, 1), (18, 2)}  # b.parquet (18 rows): its groups of rows 7..13 and 14..17
+    with pytest.raises(ValueError, match=r"data.shards=4 must be a multiple of the world size \(3\)"):
+        ParquetSource.check_config(OmegaConf.create({"batch_size": 8, "shards": 4}), 3)
+
+
 def test_rows_and_the_dropped_tail_are_counted_once(files):
     data = source(files / "train", files / "eval")
     list(loader.batches(data, "train", 0, 1, 10))  # two epochs

@@ -378,6 +378,13 @@ class ParquetDataConfig(DataConfig):
     with file:row; fail: the first one stops the run."""
     eval_batches: Optional[int] = None
     """Cap on evaluated global batches; None = the whole split."""
+    shards: Optional[int] = None
+    """None: global batch k is the split's rows [kB, (k+1)B), and every rank decodes each row
+    group it takes rows from, a cost that grows with the world size once a row group spans
+    more than one global batch. S: the split is cut into S contiguous shards and global batch
+    k is B/S rows of each; a rank reads only its shards (a multiple of the world size, dividing
+    data.batch_size), so its cost stays flat. The batches depend on S, not on the world size.
+    A process keeps the last two decoded row groups of each shard it reads."""
 
 
 # ---------------------------------------------------------------------------- sharding

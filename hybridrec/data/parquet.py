@@ -60,8 +60,8 @@ HOLDOUT_RUN = 4096
 contiguous ranges of a row group."""
 SAMPLE_ROWS = 100_000
 """Training rows (the first ones) on which pooling factors and collisions are estimated."""
-_CACHED_GROUPS = 2  # a rank's slice can straddle two row groups
-_OPEN_FILES = 8  # open ParquetFile handles kept per process
+_CACHED_GROUPS = 2  # per reader: a rank's slice (or one shard's chunk) can straddle two row groups
+_OPEN_FILES = 8  # open ParquetFile handles kept per process, per reader
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _STRING_SALT = np.uint64(0xD1B54A32D192ED03)
@@ -365,6 +365,12 @@ class ParquetSource(Source):
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
         c = _plain(cfg)
+        shards = c.get("shards")
+        if shards is not None and (shards < 1 or shards % world_size or c["batch_size"] % shards):
+            raise ValueError(
+                f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
+                f"data.batch_size={c['batch_size']}: each rank reads whole shards. Set data.shards to a "
+                f"multiple of {world_size} (it changes which rows make a batch), or unset it")
         fraction = c.get("valid_fraction") or 0.0
         if not 0 <= fraction < 1:
             raise ValueError(f"data.valid_fraction must be in [0, 1), got {fraction}")
@@ -440,8 +446,10 @@ class ParquetSource(Source):
         hash_seed: int = 0,
         bad_rows: BadRows = BadRows.skip,
         eval_batches: Optional[int] = None,
+        shards: Optional[int] = None,
     ) -> None:
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
+        self.shards = shards
         self.hash_seed = int(hash_seed)
         self.fail = _value(bad_rows) == BadRows.fail.value
         label = _plain(label)
@@ -601,7 +609,7 @@ class ParquetSource(Source):
         lengths = [[] for _ in self.sparse]
         keys: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in self.sparse]
         for file, first, table in self._ranges("train", 0, n, self.columns):
-            part = self._convert(table, file, first, None, sample=True)
+            part = self._convert(table, [(file, first, table.num_rows)], None, sample=True)
             for f in self.sparse:
                 values, length, _ = part.ids[f.index]
                 lengths[f.index].append(length[part.real])
@@ -641,7 +649,28 @@ class ParquetSource(Source):
         """Train: full global batches (the partial last one is dropped, and counted); evaluated
         splits: every row, the last batch padded by the loader."""
         total = self._splits[split].total
+        if self.shards:  # per shard: its rows in chunks of B/S (the shortest shard bounds training)
+            chunk, shortest, longest = self.batch_size // self.shards, total // self.shards, -(-total // self.shards)
+            return shortest // chunk if split == "train" else -(-longest // chunk)
         return total // self.batch_size if split == "train" else -(-total // self.batch_size)
+
+    def _spans(self, split: str, index: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """The split rows [a, b) that rows [lo, hi) of global batch ``index`` are, with the
+        rows each range would hold before the split's end (b - a, but at the end). Without
+        shards, one range. With S shards (shard s: the split's rows [s * total // S,
+        (s + 1) * total // S); batch k takes its rows k*B/S .. (k+1)*B/S), one per shard the
+        rank's rows cover, read in one call: a call per shard would convert every column once
+        per shard, which costs more than the rows at small world sizes."""
+        total = self._splits[split].total
+        if not self.shards:
+            return [(min(index * self.batch_size + lo, total), min(index * self.batch_size + hi, total), hi - lo)]
+        chunk, out = self.batch_size // self.shards, []
+        for s in range(lo // chunk, -(-hi // chunk)):
+            first, end = s * total // self.shards, (s + 1) * total // self.shards
+            a = first + index * chunk + max(lo - s * chunk, 0)
+            b = first + index * chunk + min(hi - s * chunk, chunk)
+            out.append((min(a, end), min(b, end), b - a))
+        return out
 
     def begin_pass(self, split: str, epoch: int) -> None:
         # Count rows and bad rows on a split's first pass only (evaluations repeat; training
@@ -658,16 +687,20 @@ class ParquetSource(Source):
         """Rows [lo, hi) of global batch ``index``: split rows index * B + [lo, hi), fewer at
         the end of an evaluated split. The same rows every epoch (the files' order)."""
         sp = self._splits[split]
-        a = min(index * self.batch_size + lo, sp.total)
-        b = min(index * self.batch_size + hi, sp.total)
         counting = self._counting.get(split, epoch) == epoch
         report = ReadReport() if counting else None
-        parts = [self._convert(table, file, first, report)
-                 for file, first, table in self._ranges(split, a, b, self.columns)]
-        rows = self._rows(parts)
+        spans = self._spans(split, index, lo, hi)
+        if len(spans) > 1 and any(b - a < want for a, b, want in spans):
+            # The end of an evaluated split, shard by shard: each shard's rows padded in place,
+            # so that every row keeps its position in the global batch whoever reads it.
+            rows = Rows.cat([self._rows(self._convert_all(list(self._ranges(split, a, b, self.columns)), report))
+                             .padded(want) for a, b, want in spans])
+        else:
+            ranges = [r for a, b, _ in spans for r in self._ranges(split, a, b, self.columns)]
+            rows = self._rows(self._convert_all(ranges, report))
         if counting and split == "train" and lo == 0 and index == self.num_batches(split) - 1:
             # reported once per run: by the rank whose slice starts the batch (the report is a sum over ranks)
-            report.dropped_tail_rows["train"] = sp.total % self.batch_size
+            report.dropped_tail_rows["train"] = sp.total - self.num_batches(split) * self.batch_size
         rows.report = report
         return rows
 
@@ -712,7 +745,7 @@ class ParquetSource(Source):
         handle = state.files.get(file.path)
         if handle is None:
             handle = state.files[file.path] = pq.ParquetFile(file.path)
-            while len(state.files) > _OPEN_FILES:
+            while len(state.files) > _OPEN_FILES * (self.shards or 1):
                 state.files.popitem(last=False)[1].close()
         state.files.move_to_end(file.path)
         try:
@@ -721,14 +754,31 @@ class ParquetSource(Source):
             raise DataError(f"{file.path}: row group {g} (rows {file.groups[g]}..{file.groups[g + 1] - 1}) cannot be "
                             f"read: {str(e).splitlines()[0]}") from None
         state.groups[key] = (frozenset(table.column_names), table)
-        while len(state.groups) > _CACHED_GROUPS:
+        # With data.shards a process reads up to S shards in turn (1 rank: all of them): room for
+        # each one's groups, or the shards would evict each other's group at every batch.
+        while len(state.groups) > _CACHED_GROUPS * (self.shards or 1):
             state.groups.popitem(last=False)
         return table
 
-    def _convert(self, table: pa.Table, path: str, first: int, report: Optional[ReadReport],
+    def _convert_all(self, ranges: list[tuple[str, int, pa.Table]], report: Optional[ReadReport]) -> list[_Part]:
+        """The ranges (file, first row, rows) converted as one table when their schemas agree:
+        converting costs per column more than per row, so a slice made of several row groups,
+        files or shards is converted once. Files whose schemas differ (an int32 column in one,
+        int64 in another) are converted one by one."""
+        if len(ranges) > 1:
+            try:
+                table = pa.concat_tables([t for _, _, t in ranges])
+            except pa.ArrowInvalid:
+                pass
+            else:
+                return [self._convert(table, [(f, first, t.num_rows) for f, first, t in ranges], report)]
+        return [self._convert(t, [(f, first, t.num_rows)], report) for f, first, t in ranges]
+
+    def _convert(self, table: pa.Table, spans: list[tuple[str, int, int]], report: Optional[ReadReport],
                  sample: bool = False) -> _Part:
-        """Rows ``first`` .. of file ``path`` (``table``) as arrays, every column checked at
-        once; bad rows become padding, counted in ``report`` (or raised with bad_rows=fail).
+        """The rows of ``table``, which are ``spans`` (file, first row, rows) end to end, as
+        arrays, every column checked at once; bad rows become padding, counted in ``report``
+        (or raised with bad_rows=fail) with their file and row.
         ``sample``: nothing is counted or raised, and id keys are kept for the estimates."""
         n = table.num_rows
         checks: list[_Check] = []
@@ -769,9 +819,12 @@ class ParquetSource(Source):
         for mask, _ in checks:
             bad |= mask
         if bad.any() and not sample:
-            self._bad_rows(bad, checks, path, first, report)
+            self._bad_rows(bad, checks, spans, report)
         if report is not None:
-            report.good(path, int(n - bad.sum()))
+            at = 0
+            for path, _, count in spans:
+                report.good(path, int(count - bad[at: at + count].sum()))
+                at += count
         if bad.any() and not sample:  # a sample keeps its ids as read: the estimates filter by ``real``
             dense[bad] = 0
             labels = np.where(bad, 0, labels).astype(np.float32)
@@ -779,17 +832,27 @@ class ParquetSource(Source):
             ids = [_as_padding(values, lengths, w, bad) for values, lengths, w in ids]
         return _Part(dense, labels, weights, ids, ~bad, keys if sample else None)
 
-    def _bad_rows(self, bad: np.ndarray, checks: list[_Check], path: str, first: int,
+    def _bad_rows(self, bad: np.ndarray, checks: list[_Check], spans: list[tuple[str, int, int]],
                   report: Optional[ReadReport]) -> None:
+        starts = np.cumsum([0] + [count for _, _, count in spans])
         where = np.flatnonzero(bad)
         reason = lambda i: next(why(int(i)) for mask, why in checks if mask[i])
+
+        def located(i: int) -> tuple[str, int]:
+            j = int(np.searchsorted(starts, i, side="right")) - 1
+            return spans[j][0], spans[j][1] + i - int(starts[j])
+
         if self.fail:
-            raise DataError(f"{path}:{first + int(where[0])}: {reason(where[0])} (data.bad_rows=fail)")
+            path, row = located(int(where[0]))
+            raise DataError(f"{path}:{row}: {reason(where[0])} (data.bad_rows=fail)")
         if report is None:
             return
-        for i in where[: report.max_errors]:  # only the first few are kept with their reason
-            report.bad(path, first + int(i), reason(i))
-        report.files.setdefault(path, FileReport()).bad_rows += max(len(where) - report.max_errors, 0)
+        kept = where[: report.max_errors]  # only the first few are kept with their reason
+        for i in kept:
+            report.bad(*located(int(i)), reason(i))
+        rest = np.searchsorted(starts, where[len(kept):], side="right") - 1  # the rest are counted, by file
+        for j, count in zip(*np.unique(rest, return_counts=True)):
+            report.files.setdefault(spans[int(j)][0], FileReport()).bad_rows += int(count)
 
     def _labels(self, column: pa.Array) -> tuple[np.ndarray, list[_Check]]:
         x, nulls = _floats(column)
