@@ -113,7 +113,8 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     assert set(res["levers"]["rates"]) == set(p.levers) | {"reference"}
     assert all(len(v) == p.levers_reps and min(v) > 0 for v in res["levers"]["rates"].values())
     assert all(len(v) == 2 for v in res["dense_memory"]["ranks"].values())
-    sources = {"synthetic (ctr)", "Criteo TSV (8 shards)", "Criteo binary"}  # the smoke preset's (quick)
+    sources = {"synthetic (ctr)", "Criteo TSV (8 shards)", "Criteo binary", "Parquet (the binary rows)",
+               "Parquet, data.shards=8"}  # the smoke preset's (quick)
     assert set(res["input"]["scaling"]) == set(res["input"]["rates"]) == sources
     for s in res["input"]["scaling"].values():
         assert set(s["weak"]) == set(s["strong"]) == {"1", "2", "4", "8"} and min(s["weak"].values()) > 0

@@ -96,15 +96,24 @@ def check_disjoint(paths: dict[str, list[str]]) -> None:
             seen[real] = key
 
 
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64 values (a new array; the multiplications wrap on
+    purpose): the 64-bit mix of hashed ids, held-out rows and string hashes."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
 def holdout(seed: int, stream: int, rows: np.ndarray, fraction: float) -> np.ndarray:
     """Whether each row (by its index in a stream: a file's line, a rating) is held out for
     validation: a hash of (seed, stream, row) below ``fraction``. A pure function of the row,
     so the same rows are held out however the data are read, split over ranks or resumed."""
-    x = rows.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) % 2**64)
-    with np.errstate(over="ignore"):  # splitmix64's finalizer: multiplication wraps on purpose
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+    x = splitmix64(rows.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) % 2**64))
     return (x >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
 
 

@@ -44,6 +44,7 @@ from hybridrec.data import (
     holdout,
     one_hot,
     shorten,
+    splitmix64,
 )
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,8 @@ def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: IdMapping) -> np.ndarra
     """Raw 32-bit ids (n, F) into table rows: ``modulo`` (TorchRec's convention) or ``hash``
     (a 64-bit mix first, so that ids differing in low bits do not collide in patterns)."""
     x = raw.astype(np.uint64)
-    if mapping == IdMapping.hash:  # splitmix64 finalizer
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+    if mapping == IdMapping.hash:
+        x = splitmix64(x)
     return (x % sizes.astype(np.uint64)).astype(np.int64)
 
 

@@ -49,7 +49,8 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridrec.config.schema import BadRows, DenseTransform, ParquetIdMapping
-from hybridrec.data import DataError, FileReport, ReadReport, SparseFeature, check_disjoint, holdout, shorten
+from hybridrec.data import (DataError, FileReport, ReadReport, SparseFeature, check_disjoint, holdout, shorten,
+                            splitmix64)
 from hybridrec.data.criteo import resolve_paths, validation_fraction
 from hybridrec.data.source import Rows, Source
 
@@ -70,18 +71,6 @@ _VOCABULARY_SEED = 0  # the hash that finds strings in a vocabulary: internal, a
 
 
 # ------------------------------------------------------------------------------------- hashing
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer on uint64 values (multiplication wraps on purpose)."""
-    x = x.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
-
-
 def _salt(seed: int) -> np.uint64:
     # seed + 1: splitmix64(0) = 0, so seed 0 must not leave id 0 unmixed
     return np.uint64(((seed + 1) * int(_GOLDEN)) % 2**64)
