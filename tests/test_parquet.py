@@ -473,3 +473,12 @@ def test_the_shipped_option_composes_and_passes_its_checks(cfg_factory):
     cfg = cfg_factory(["data=parquet"])
     ParquetSource.check_config(cfg.data, 4)
     assert cfg.data.train_path == "data/example/train" and cfg.data.sparse[2].table == "item_table"
+
+
+@pytest.mark.unit
+def test_a_vocabulary_that_cannot_be_written_is_one_line_and_replaces_nothing(tmp_path, capsys):
+    write(tmp_path / "t.parquet", rows_table(0, 20))
+    (tmp_path / "a_file").write_text("")
+    assert vocab_main([str(tmp_path / "t.parquet"), "--column", "user", "--out", str(tmp_path / "a_file" / "v")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("hybridrec.data.vocab: --out ") and "cannot create the directory" in err

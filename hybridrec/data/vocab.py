@@ -106,7 +106,10 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
     for spec in paths:
         files += resolve_paths(spec, "the data paths", "*.parquet")
     files = sorted(dict.fromkeys(files))
-    os.makedirs(out, exist_ok=True)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"--out {out}: cannot create the directory ({e.strerror})") from None
     written = {}
     for column, counts in count_ids(files, columns).items():
         kept = counts.filter(pc.greater_equal(counts.column("count"), min_count))
@@ -117,8 +120,13 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
                                              "hybridrec.vocabulary.min_count": str(min_count)})
         target = os.path.join(out, f"{column}.parquet")
         partial = f"{target}.partial"
-        pq.write_table(kept, partial)
-        os.replace(partial, target)  # a reader never sees half a vocabulary
+        try:
+            pq.write_table(kept, partial)
+            os.replace(partial, target)  # a reader never sees half a vocabulary
+        except OSError as e:  # a full disk, a read-only directory: the previous vocabulary stays
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise DataError(f"{target}: cannot be written ({e.strerror or e}); nothing was replaced") from None
         written[column] = target
         print(f"{target}: {kept.num_rows:,} ids seen >= {min_count} times "
               f"(of {counts.num_rows:,} distinct); num_embeddings >= {kept.num_rows + 1}")
