@@ -68,6 +68,9 @@ def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, 
                            dist.group.WORLD)
     if dist.get_rank() == 0:
         log.info("\n" + format_report(parallel.plan))
+        if parallel.dense != cfg.mesh.dense:
+            log.info(f"dense: mesh.dense={cfg.mesh.dense.value} on one rank runs unwrapped (no peer to shard or "
+                     f"reduce with); it applies from 2 ranks")
         write_json(os.path.join(run_dir, "plan.json"), parallel.plan)
     return data, model.loss, parallel
 

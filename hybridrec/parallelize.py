@@ -180,6 +180,8 @@ class Parallelized:
     dense_parameters: int
     """The model's parameters outside the tables (what DDP or FSDP2 holds), counted before
     sharding: the whole model's, on any world size."""
+    dense: DenseParallel
+    """The dense wrapper that runs (``dense_mode``): mesh.dense, or single on one rank."""
 
     def pipeline(self, kind: Pipeline, optimizer: torch.optim.Optimizer, device: torch.device) -> TrainPipeline:
         """TorchRec's train pipeline. sparse_dist overlaps the next batch's input all-to-all
@@ -195,6 +197,23 @@ class Parallelized:
         and after the last one (evaluation and the final checkpoint see one model)."""
         if self.sync_every and (step % self.sync_every == 0 or last):
             self.model.sync()
+
+
+def dense_mode(mesh: DictConfig, world_size: int) -> DenseParallel:
+    """The dense wrapper a job runs: ``mesh.dense``, except on one rank, where there is no
+    peer to gather parameters from or reduce gradients with. There FSDP2 and DDP would only add
+    their per-step hooks and copies (and, for FSDP2, DTensor dispatch in every optimizer op),
+    about a tenth of ctr's step on one CPU rank (README, Performance), so the dense part runs
+    unwrapped, as mesh=single. The result is the same model: with one rank, FSDP2's shard is
+    the whole tensor and both wrappers' gradient reduction is the identity; checkpoints load
+    across the change (DCP stores global tensors). FSDP2 stays when it does more than
+    communicate: mixed precision (mesh.param_dtype / reduce_dtype) and CPU offload."""
+    if world_size > 1 or mesh.dense == DenseParallel.single:
+        return mesh.dense
+    if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp) and (
+            mesh.param_dtype or mesh.reduce_dtype or mesh.cpu_offload):
+        return mesh.dense
+    return DenseParallel.single
 
 
 def parallelize(
@@ -231,9 +250,10 @@ def parallelize(
         )
     sharder = HybridEBCSharder(qcomm_codecs_registry=qcomms)
     plan, report = plan_tables(model, plan_inputs, sharder, pg)
-    if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp):
+    dense = dense_mode(mesh, dims.world_size)
+    if dense in (DenseParallel.fsdp, DenseParallel.hsdp):
         wrapper: DataParallelWrapper = FSDP2Wrapper(mesh, dims)
-    elif mesh.dense == DenseParallel.ddp:
+    elif dense == DenseParallel.ddp:
         wrapper = DefaultDataParallelWrapper()
     else:
         wrapper = NoDataParallel()
@@ -260,7 +280,7 @@ def parallelize(
         )
     init_embeddings(dmp.module.sparse_module(), seed)
     return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0,
-                        dense_parameters)
+                        dense_parameters, dense)
 
 
 _INIT_BLOCK = 65536  # rows per independently seeded block of the embedding init

@@ -166,7 +166,8 @@ class RunSummary(TypedDict):
     device: str
     """This rank's device (rank 0's in the file): ``cpu``, ``cuda:0``."""
     dense_parallel: str
-    """How the dense layers were parallelized (mesh.dense: fsdp, ddp, hsdp)."""
+    """How the dense layers were parallelized (mesh.dense: fsdp, ddp, hsdp; single on one rank
+    unless FSDP2's mixed precision or offload is asked for: parallelize.dense_mode)."""
     steps: int
     """The headline numbers, at the top for scripts: ``train``'s own steps, ..."""
     wall_time_s: float

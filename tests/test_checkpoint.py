@@ -67,6 +67,21 @@ def test_checkpoint_reshards_to_another_plan_and_world_size(runs):
 
 
 @pytest.mark.dist
+def test_a_one_rank_checkpoint_continues_on_two_ranks(runs):
+    """One rank runs the dense part unwrapped (plain tensors, parallelize.dense_mode); its
+    checkpoint continues under FSDP2 on 2 ranks as the uninterrupted 2-rank run trains."""
+    tmp, two, _ = runs
+    (first,) = spawn(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'f'}", "train.steps=4")], str(tmp))
+    assert first["summary"]["dense_parallel"] == "single"
+    (resumed,) = spawn(train_and_gather, 2, [_cfg(f"checkpoint.dir={tmp / 'g'}",
+                                                  f"checkpoint.resume={tmp / 'f' / 'step_00000004'}")], str(tmp))
+    assert resumed["summary"]["dense_parallel"] == "fsdp"
+    assert resumed["summary"]["train"]["resumed_from_step"] == 4
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(two[0]["losses"]), **TOL)
+    assert_same_training(resumed, two[0])
+
+
+@pytest.mark.dist
 def test_keep_last_and_only_complete_checkpoints(runs):
     tmp, _, _ = runs
     assert sorted(os.listdir(tmp / "a")) == ["step_00000004", "step_00000008"]

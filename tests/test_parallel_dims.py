@@ -6,6 +6,7 @@ from conftest import compose_cfg
 
 from hybridrec.distributed import LaunchError, LocalLayout, backend, local_layout
 from hybridrec.devices import Cuda, device_type, pick_device
+from hybridrec.config import DenseParallel
 from hybridrec.parallel_dims import ParallelDims, job_dims, planning_dims, rank_dims
 from hybridrec.preflight import device_choice
 
@@ -105,7 +106,7 @@ def test_the_2d_sync_has_one_owner():
 
     model = Replicas()
     p = Parallelized(model, None, ParallelDims.build(compose_cfg([]).mesh, 1, 1, "cpu"), sync_every=3,
-                     dense_parameters=0)
+                     dense_parameters=0, dense=DenseParallel.single)
     for step in range(1, 8):
         model.step = step
         p.after_step(step, last=step == 7)
@@ -114,3 +115,20 @@ def test_the_2d_sync_has_one_owner():
     pipeline = p.pipeline(Pipeline.sparse_dist, optimizer, torch.device("cpu"))
     assert pipeline._dmp_collection_sync_interval_batches is None
 
+
+
+@pytest.mark.parametrize("overrides, world, expected", [
+    (["mesh=fsdp"], 1, "single"),  # no peer: FSDP2 would only add its per-step work
+    (["mesh=ddp"], 1, "single"),
+    (["mesh=fsdp"], 2, "fsdp"),
+    (["mesh=ddp"], 2, "ddp"),
+    (["mesh=hsdp"], 4, "hsdp"),
+    (["mesh=single"], 1, "single"),
+    # FSDP2 does more than communicate here: its mixed precision and its offload stay on one rank
+    (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 1, "fsdp"),
+    (["mesh=fsdp", "mesh.cpu_offload=true"], 1, "fsdp"),
+])
+def test_the_dense_wrapper_a_job_runs(overrides, world, expected):
+    from hybridrec.parallelize import dense_mode
+
+    assert dense_mode(compose_cfg(overrides).mesh, world).value == expected
