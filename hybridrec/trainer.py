@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from typing import Any, Iterator, Optional
 
 import torch
@@ -277,7 +278,8 @@ class Trainer:
         return rank_batches(self.cfg.data, self.data, split, self.device, num_batches, start)
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
-        """torch.profiler over steps start_step+1 .. start_step+steps (one warm-up step)."""
+        """torch.profiler over steps start_step+1 .. start_step+steps (step start_step is the
+        profiler's warm-up; none when the window starts at the first step)."""
         p = self.cfg.profile
         if not p.enabled:
             return None
@@ -292,9 +294,15 @@ class Trainer:
             events = prof.events()
             self.profile = {"rank": self.rank, **comm_compute_split(events), "breakdown_ms": step_breakdown(events)}
 
+        with warnings.catch_warnings():
+            # start_step=0 asks for the first step itself, which has no step before it to warm
+            # up on: torch's warning that the window has no warm-up says what was asked for.
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            schedule = torch.profiler.schedule(wait=max(0, p.start_step - 1), warmup=min(1, p.start_step),
+                                               active=p.steps, repeat=1)
         profiler = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(wait=p.start_step - 1, warmup=1, active=p.steps, repeat=1),
+            schedule=schedule,
             on_trace_ready=on_trace_ready,
         )
         profiler.start()
@@ -307,7 +315,7 @@ class Trainer:
         summary = run_summary(
             losses=self.losses, start_step=self.start_step, step_times=self.step_times,
             global_batch_size=cfg.data.batch_size, wall_s=wall, final=final, eval_history=self.eval_history,
-            world_size=self.world_size, device=str(self.device), dense_parallel=cfg.mesh.dense.value,
+            world_size=self.world_size, device=str(self.device), dense_parallel=self.parallel.dense.value,
             dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
             plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, objective=self.objective_block(final),
             data=read,

@@ -92,6 +92,20 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     assert order == ["10/40", "20/40", "valid @ step 20", "30/40", "40/40", "valid @ step 40", "eval @ step 40"]
 
 
+def test_the_profile_window_can_start_at_the_first_step(tmp_path):
+    """profile.start_step=0: the first step, with its one-time costs, is in the trace (its
+    ProfilerStep#0 and the dense optimizer's first step), without a warning on the console."""
+    run_dir = tmp_path / "run"
+    proc = _run([sys.executable, "-m", "hybridrec.train", *TINY, "profile.enabled=true", "profile.start_step=0",
+                 "profile.steps=2", f"hydra.run.dir={run_dir}"])
+    (p,) = _summary(run_dir)["profile"]
+    assert p["profiled_steps"] == 2
+    trace = json.load(open(run_dir / "profile" / "trace_rank0.json"))
+    steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#0", "ProfilerStep#1"]
+    assert not re.search(r"warn", proc.stdout + proc.stderr, re.I)
+
+
 def test_torchrun_shares_one_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))

@@ -785,7 +785,9 @@ class ProfileConfig:
     enabled: bool = False
     """Profile a window of steps with torch.profiler: trace files and the comm/compute split."""
     start_step: int = 5
-    """Steps to skip before the window (tracing, pipeline fill, lazy init)."""
+    """Steps to skip before the window (tracing, pipeline fill, lazy init); the step before
+    the window is the profiler's warm-up. 0 = from the first step, with its one-time costs
+    (lazy init, first collectives, first optimizer step) and no warm-up step."""
     steps: int = 5
     """Steps in the profiled window."""
 

@@ -189,10 +189,10 @@ def _validate_run(cfg: DictConfig) -> None:
         raise ValueError(f"checkpoint.max_loss_ratio must be 0 (finite is enough) or a finite number >= 1, got "
                          f"{ck.max_loss_ratio}")
     prof = cfg.profile
-    if prof.enabled and (prof.steps < 1 or prof.start_step < 1 or prof.start_step + prof.steps > cfg.train.steps):
+    if prof.enabled and (prof.steps < 1 or prof.start_step < 0 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(
             f"profile.start_step={prof.start_step} + profile.steps={prof.steps} must fit in "
-            f"train.steps={cfg.train.steps} (and both be >= 1)"
+            f"train.steps={cfg.train.steps} (start_step >= 0, steps >= 1)"
         )
     if cfg.logger == Logger.tensorboard:
         try:
