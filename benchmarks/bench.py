@@ -1,5 +1,5 @@
-"""The benchmark suite: hybridrec across sharding x dense x pipeline x world size, beside a
-hand-written TorchRec loop (benchmarks/reference_torchrec.py), with report and charts.
+"""The benchmark suite: hybridrec across sharding x dense x pipeline x world size, beside two
+hand-written TorchRec loops (benchmarks/reference_torchrec.py), with report and charts.
 
 What runs is what users run: each repetition is a Hydra multirun over the real entry point,
 
@@ -7,7 +7,10 @@ What runs is what users run: each repetition is a Hydra multirun over the real e
         train.pipeline=sparse_dist,base launcher.nproc_per_node=2 ...
 
 one per world size (1 rank, then the preset's multi-rank world: 2, or every local GPU in the
-gpu preset), each followed by the reference at that world size (torchrun). Repetitions
+gpu preset), each followed by the two references at that world size (torchrun): the loop
+reading hybridrec's batches on its training thread ("the reference"), and the same loop on
+batches TorchRec's RandomRecDataset generated up front (TorchRec's examples' way: no input
+cost in the timed steps). Repetitions
 alternate (every configuration once per repetition, the sweep order reversed on every other
 one), so slow phases of a shared machine hit every configuration alike.
 
@@ -45,7 +48,7 @@ import time
 from typing import Any
 
 from bench_report import answers, charts, report, scaling, summarize
-from common import ROOT, SHARDINGS, config_key, config_name, machine, run_logged, steady_rate
+from common import REFERENCE_KINDS, ROOT, SHARDINGS, config_key, config_name, machine, run_logged, steady_rate
 from levers import LEVERS
 from roofline import dense_flops_per_sample, sgemm_gflops
 
@@ -217,6 +220,7 @@ def _record(job_dir: str, rep: int, out: str, warmup: int) -> dict:
         "device": s["device"],
         "sharding": _sharding_name(cfg),
         "dense": cfg["mesh"]["dense"],
+        "dense_ran": s["dense_parallel"],  # the wrapper that ran (one rank: none, parallelize.dense_mode)
         "pipeline": cfg["train"]["pipeline"],
         "samples_per_second": steady_rate(job_dir, s["global_batch_size"], warmup),
         "samples_per_second_incl_warmup": s["train"]["samples_per_second"],
@@ -240,16 +244,18 @@ def _sharding_name(cfg: dict) -> str:
     return "auto" if not types else "+".join(types)
 
 
-def reference(p: Preset, world: int, rep: int, out: str, tag: str = "") -> dict:
-    """The hand-written TorchRec loop at ``world`` ranks, started by torchrun."""
-    path = os.path.join(out, "raw", f"rep{rep}_world{world}_reference{'_' + tag if tag else ''}.json")
+def reference(p: Preset, world: int, rep: int, out: str, tag: str = "", kind: str = "reference") -> dict:
+    """A hand-written TorchRec loop at ``world`` ranks, started by torchrun: ``kind`` is one of
+    common.REFERENCE_KINDS (its input: hybridrec's batches, or pre-generated ones)."""
+    name = kind + (f"_{tag}" if tag else "")
+    path = os.path.join(out, "raw", f"rep{rep}_world{world}_{name}.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
            os.path.join(HERE, "reference_torchrec.py"), f"--steps={p.steps}", f"--warmup={p.warmup}",
-           f"--out={path}", f"--device={p.device or 'auto'}", f"data.batch_size={p.per_rank_batch * world}",
-           *p.overrides]
+           f"--out={path}", f"--device={p.device or 'auto'}", f"--input={REFERENCE_KINDS[kind]}",
+           f"data.batch_size={p.per_rank_batch * world}", *p.overrides]
     run_logged(cmd, path.replace(".json", ".log"))
     r = json.load(open(path))
-    return {"kind": "reference", "rep": rep, "sharding": "torchrec planner", "dense": "ddp",
+    return {"kind": kind, "rep": rep, "sharding": "torchrec planner", "dense": "ddp",
             "pipeline": "sparse_dist", **r, "run_dir": os.path.relpath(path, out)}
 
 
@@ -286,7 +292,7 @@ def main() -> None:
             # hybridrec and the reference back to back, the order swapped every other repetition
             steps = [lambda: sweep(p, world, rep, out)]
             if world in p.reference_worlds:
-                steps.append(lambda: [reference(p, world, rep, out)])
+                steps += [lambda kind=kind: [reference(p, world, rep, out, kind=kind)] for kind in REFERENCE_KINDS]
             for step in steps[:: -1 if rep % 2 else 1]:
                 for r in step():
                     runs.append(r)

@@ -11,6 +11,7 @@ importing common costs a script nothing it does not use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -18,7 +19,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "hybridrec", "conf")
@@ -32,6 +33,13 @@ def ranks_label(world: int) -> str:
     return f"{world} rank{'s' if world > 1 else ''}"
 
 
+# The two hand-written TorchRec loops of the bench (benchmarks/reference_torchrec.py --input):
+# "reference" builds the same batches hybridrec reads, on the training thread, as hybridrec
+# does; "pregenerated" cycles batches TorchRec's RandomRecDataset made before the clock
+# started, as TorchRec's own examples do, so it pays no input cost at all.
+REFERENCE_KINDS = {"reference": "hybridrec", "pregenerated": "pregenerated"}
+
+
 def config_key(r: dict) -> tuple:
     """A run's configuration: the repetitions of one configuration share it."""
     return (r["kind"], r["world_size"], r["sharding"], r["dense"], r["pipeline"])
@@ -42,6 +50,8 @@ def config_name(key: tuple) -> str:
     kind, world, sharding, dense, pipeline = key
     if kind == "reference":
         return f"{ranks_label(world)} · TorchRec reference (planner, DDP, sparse_dist)"
+    if kind == "pregenerated":
+        return f"{ranks_label(world)} · TorchRec reference, pre-generated batches (RandomRecDataset)"
     return f"{ranks_label(world)} · {sharding} · {dense} · {pipeline}"
 
 
@@ -68,12 +78,17 @@ def steady_rate(run_dir: str, global_batch: int, warmup: int) -> float:
     return (last["step"] - first["step"]) * global_batch / (last["elapsed_s"] - first["elapsed_s"])
 
 
-def _train(overrides: list[str], out: str) -> dict:
-    """``python -m hybridrec.train``'s summary.json ``train`` block."""
+def train_summary(overrides: list[str], out: str) -> dict:
+    """``python -m hybridrec.train <overrides>``'s summary.json, the run written to ``out``."""
     subprocess.run([sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={out}"],
                    check=True, capture_output=True, cwd=ROOT)
     with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)["train"]
+        return json.load(f)
+
+
+def _train(overrides: list[str], out: str) -> dict:
+    """``python -m hybridrec.train``'s summary.json ``train`` block."""
+    return train_summary(overrides, out)["train"]
 
 
 def _spin() -> None:
@@ -81,23 +96,30 @@ def _spin() -> None:
         pass
 
 
+@contextlib.contextmanager
+def busy_machine(busy: bool) -> Iterator[None]:
+    """With ``busy``, one other process spins on a core for the duration (the machine a user
+    shares with other work); without, nothing."""
+    hog = multiprocessing.Process(target=_spin, daemon=True) if busy else None
+    if hog:
+        hog.start()
+    try:
+        yield
+    finally:
+        if hog:
+            hog.terminate()
+
+
 def measure_alternating(base: list[str], reps: int, busy: bool, settings: dict[str, str]) -> dict[str, list[dict]]:
     """Each setting's summary.json ``train`` block per repetition of ``python -m
     hybridrec.train <base> <setting>``, the settings alternating (a, b, a, b, ...): drift hits
     them alike. ``settings``: name -> override. ``busy``: one other process spins meanwhile."""
-    hog = multiprocessing.Process(target=_spin, daemon=True) if busy else None
-    if hog:
-        hog.start()
     results: dict[str, list[dict]] = {k: [] for k in settings}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for rep in range(reps):
-                for name, override in settings.items():
-                    out = os.path.join(tmp, f"{name}-{rep}".replace(" ", "_"))
-                    results[name].append(_train([*base, override], out))
-    finally:
-        if hog:
-            hog.terminate()
+    with busy_machine(busy), tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            for name, override in settings.items():
+                out = os.path.join(tmp, f"{name}-{rep}".replace(" ", "_"))
+                results[name].append(_train([*base, override], out))
     return results
 
 

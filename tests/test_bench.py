@@ -48,7 +48,8 @@ def test_ratios_are_per_repetition_and_answers_follow():
             _run(0, 2, "hybridrec", 90.0), _run(1, 2, "hybridrec", 55.0), _run(2, 2, "hybridrec", 80.0),
             _run(0, 2, "hybridrec", 100.0, "ddp"), _run(1, 2, "hybridrec", 60.0, "ddp"),
             _run(2, 2, "hybridrec", 84.0, "ddp"),
-            _run(0, 1, "hybridrec", 70.0), _run(1, 1, "hybridrec", 40.0), _run(2, 1, "hybridrec", 50.0)]
+            _run(0, 1, "hybridrec", 70.0), _run(1, 1, "hybridrec", 40.0), _run(2, 1, "hybridrec", 50.0),
+            _run(0, 2, "pregenerated", 120.0), _run(1, 2, "pregenerated", 50.0), _run(2, 2, "pregenerated", 80.0)]
     configs = {c["name"]: c for c in bench_report.summarize(runs)}
     fsdp = configs["2 ranks · auto · fsdp · sparse_dist"]
     assert fsdp["median_samples_per_second"] == 80.0 and fsdp["rates"] == [90.0, 55.0, 80.0]
@@ -56,12 +57,20 @@ def test_ratios_are_per_repetition_and_answers_follow():
     assert fsdp["ratio_vs_reference"]["median"] == pytest.approx(1.0)
     assert (fsdp["ratio_vs_reference"]["min"], fsdp["ratio_vs_reference"]["max"]) == pytest.approx((0.9, 1.1))
     assert "ratio_vs_reference" not in configs["1 rank · auto · fsdp · sparse_dist"]  # no 1-rank reference
+    # the second reference (pre-generated batches) pairs repetitions the same way
+    assert fsdp["ratio_vs_pregenerated"]["per_rep"] == pytest.approx([0.75, 1.1, 1.0])
+    pregen = configs["2 ranks · TorchRec reference, pre-generated batches (RandomRecDataset)"]
+    assert pregen["ratio_vs_reference"]["per_rep"] == pytest.approx([1.2, 1.0, 1.0])  # what input costs the loop
     a = bench_report.answers(list(configs.values()))
     assert a["fastest"] == "2 ranks · auto · ddp · sparse_dist"  # median 84 > 80
     assert a["default_behind_fastest_pct"] == pytest.approx(100 * (1 - 80 / 84))
     assert a["target_default_within_5pct"] is True
     assert a["ddp_vs_reference"]["median"] == pytest.approx(1.05) and a["target_ddp_at_least_reference"]
-    (sc,) = bench_report.scaling(list(configs.values()))
+    assert a["ddp_vs_pregenerated"]["median"] == pytest.approx(1.05)  # 100/120, 60/50, 84/80
+    assert a["fastest_vs_pregenerated"]["2"]["median"] == pytest.approx(1.05)
+    assert a["fastest_vs_pregenerated"]["2"]["target_met"] is True
+    assert "1" not in a["fastest_vs_pregenerated"]
+    sc = next(x for x in bench_report.scaling(list(configs.values())) if x["name"] == "auto · fsdp · sparse_dist")
     assert sc["speedup"] == pytest.approx(80 / 50) and sc["efficiency"] == pytest.approx(0.8)
 
 
@@ -79,7 +88,7 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     assert res["suite"]["warmup_steps"] == p.warmup and res["suite"]["steps"] == p.steps and res["suite"]["date"]
     assert {"cpu", "cores", "gpu", "python", "torch", "torchrec", "fbgemm_gpu"} <= set(res["machine"])
     assert res["machine"]["torch"] and res["machine"]["cores"] >= 1
-    assert len(res["runs"]) == 4  # 1-rank hybridrec, 2-rank hybridrec, 2-rank reference, profiled run
+    assert len(res["runs"]) == 5  # 1-rank hybridrec, 2-rank hybridrec, 2-rank references (2), profiled run
     for r in res["runs"]:
         cfg = r["config"]
         assert {"model", "data", "sharding", "optimizer", "mesh", "train"} <= set(cfg)
@@ -92,12 +101,13 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
             assert r["config"]["train"]["steps"] == p.steps and r["config"]["train"]["log_every"] == p.warmup
             assert (out / r["run_dir"] / "summary.json").exists()
     kinds = {(c["kind"], c["world_size"]) for c in res["configs"]}
-    assert kinds == {("hybridrec", 1), ("hybridrec", 2), ("reference", 2)}
+    assert kinds == {("hybridrec", 1), ("hybridrec", 2), ("reference", 2), ("pregenerated", 2)}
     for c in res["configs"]:
         assert len(c["rates"]) == p.reps
         assert c["min_samples_per_second"] <= c["median_samples_per_second"] <= c["max_samples_per_second"]
     two = next(c for c in res["configs"] if c["kind"] == "hybridrec" and c["world_size"] == 2)
     assert len(two["ratio_vs_reference"]["per_rep"]) == p.reps and len(two["est_host_mb"]) == 2
+    assert len(two["ratio_vs_pregenerated"]["per_rep"]) == p.reps
     assert [s["name"] for s in res["scaling"]] == ["auto · fsdp · sparse_dist"]
     assert res["answers"]["default"] == "2 ranks · auto · fsdp · sparse_dist"
     assert set(res["dense_memory"]["ranks"]) == {"ddp", "fsdp", "fsdp bf16"}
@@ -127,6 +137,7 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     assert positions == sorted(positions)
     for c in res["configs"]:
         assert f"| {c['name']} |" in text
+    assert "On 1 rank, `mesh=fsdp` and `mesh=ddp` both run the dense part unwrapped" in text
     # the charts are real PNG images with content
     for chart in bench_report.CHARTS:
         with Image.open(out / chart) as im:
