@@ -1,6 +1,8 @@
 """The default dense mode (mesh=fsdp) against mesh=ddp on a short run: the whole run's rate
 (what a sweep job sees), the rate after the first steps, and the time of those first steps
-(summary.json ``train``: samples_per_second, steady_samples_per_second, first_steps_s).
+(summary.json ``train``: samples_per_second, steady_samples_per_second, first_steps_s); then
+where the first step's time goes in each mode (one run each profiling step 1 alone,
+profile.start_step=0: summary.json's per-phase breakdown, rank 0).
 
     python benchmarks/first_steps.py [--reps 3] [--steps 150] [overrides ...]
 
@@ -13,8 +15,9 @@ import argparse
 import datetime
 import os
 import statistics
+import tempfile
 
-from common import machine, measure_alternating, write_markdown
+from common import machine, measure_alternating, train_summary, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -50,6 +53,21 @@ def main() -> None:
     lines.append(f"| fsdp / ddp | {f['samples_per_second'] / d['samples_per_second']:.3f} "
                  f"| {f['steady_samples_per_second'] / d['steady_samples_per_second']:.3f} "
                  f"| {f['first_steps_s'] / d['first_steps_s']:.2f} | {f['step_time_p50_ms'] / d['step_time_p50_ms']:.3f} |")
+    # Step 1 alone, profiled in each mode (not timed: the profiler slows the step it records).
+    first = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, override in SETTINGS.items():
+            s = train_summary([*base, override, "profile.enabled=true", "profile.start_step=0", "profile.steps=1"],
+                              os.path.join(tmp, name))
+            first[name] = s["profile"][0]["breakdown_ms"]
+    phases = list(first["fsdp"])
+    lines += ["", "## Step 1", "", "Profiled alone (one run per mode, rank 0, ms by phase; `profile.start_step=0 "
+              "profile.steps=1`):", "",
+              "| dense mode | " + " | ".join(phases) + " | step |", "|---|" + "---:|" * (len(phases) + 1)]
+    for name in SETTINGS:
+        b = first[name]
+        lines.append(f"| `{SETTINGS[name]}` | " + " | ".join(f"{b[k]:.1f}" for k in phases)
+                     + f" | {sum(b.values()):.1f} |")
     write_markdown(args.out, lines, "first_steps")
 
 
