@@ -71,7 +71,7 @@ def test_same_seed_same_losses(one_rank):
 
 
 def test_one_rank_matches_plain_pytorch(one_rank):
-    """hybridrec's single-rank path (DMP, fused SGD, FSDP2 on 1 rank, pipeline) against a
+    """hybridrec's single-rank path (DMP, fused SGD, the dense part unwrapped, pipeline) against a
     model with no TorchRec sharding, trained by a hand-written loop."""
     cfg = _cfg("optimizer=sgd")
     losses, state, _ = plain_reference(cfg)
