@@ -207,7 +207,7 @@ def test_async_staging_copies_every_kind_of_tensor_to_the_host(one_rank_group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard as DShard, distribute_tensor
 
-    from hybridrec.checkpoint import _stage
+    from hybridrec.checkpoint.saver import _stage
 
     table = torch.arange(12.0).reshape(4, 3)
     sharded = init_from_local_shards([Shard(table.clone(), ShardMetadata([0, 0], [4, 3], "rank:0/cpu"))], 4, 3)
