@@ -38,7 +38,7 @@ def main(ev: DictConfig) -> float:
         if OmegaConf.is_missing(ev, "checkpoint"):
             raise CheckpointError("checkpoint is not set: give checkpoint=<dir>, a step_<N> directory that "
                                   "training wrote under its checkpoint.dir")
-        state = check_checkpoint(ev.checkpoint)
+        state = check_checkpoint(ev.checkpoint, ev.allow_unverified)
         if ev.launcher.max_restarts:
             raise ValueError("launcher.max_restarts restarts training from its checkpoints; an evaluation "
                              "that fails is run again as a whole: leave it 0")
@@ -54,7 +54,7 @@ def main(ev: DictConfig) -> float:
         plan_before_launch(cfg, dims, data)
     except ValueError as e:  # CheckpointError, LaunchError, DataError and PlanError included
         exit_user_error(e, user_message(e))
-    job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions)
+    job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions, ev.allow_unverified)
     try:
         result = launch(cfg, HydraConfig.get().runtime.output_dir, job)
     except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, a checkpoint that does not load

@@ -49,13 +49,13 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from hybridrec.checkpoint import (
     CheckpointError,
     TrainState,
-    UnsafeCheckpoint,
     check_checkpoint,
     root_cause,
     safe_load,
     saved_config,
-    unsafe,
+    refusal,
 )
+from hybridrec.atomic import replace_file
 from hybridrec.compat import size_oblivious_export
 from hybridrec.data import RecBatch, SparseFeature, build_source
 from hybridrec.data.source import UserItemSource
@@ -65,11 +65,11 @@ from hybridrec.models.two_tower import TwoTower
 PROGRAM, SPEC = "model.pt2", "model.json"
 
 
-def load_model(checkpoint: str, trusted: Iterable[str] = ()) -> Ranker:
+def load_model(checkpoint: str, trusted: Iterable[str] = (), allow_unverified: bool = False) -> Ranker:
     """The checkpoint's model, unsharded, on CPU, uninitialized. Its config is read as
     evaluate and resume read it (``checkpoint.saved_config``): nothing in it runs code."""
     cfg = saved_config(checkpoint, trusted)
-    state = TrainState.from_files(checkpoint)
+    state = TrainState.from_files(checkpoint, allow_unverified)
     model = build_model(cfg, [SparseFeature(**f) for f in state.features], state.num_dense_features)
     model.sparse_module().to_empty(device="cpu")  # the tables were created on `meta`
     return model
@@ -117,21 +117,21 @@ def export_program(model: Ranker, features: list[SparseFeature], num_dense_featu
         return torch.export.export(scorer, example, dynamic_shapes=shapes, strict=False)
 
 
-def export(checkpoint: str, out: str, trusted: Iterable[str] = ()) -> dict[str, Any]:
+def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverified: bool = False) -> dict[str, Any]:
     """Write ``out``'s files (see the module docstring); returns ``model.json``'s content."""
-    model = load_model(checkpoint, trusted)
+    model = load_model(checkpoint, trusted, allow_unverified)
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # DCP notes that it loads in one process: what no_dist asks for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
             safe_load(state, checkpoint, no_dist=True)  # one process: loads full tensors
         except CheckpointException as e:  # DCP wraps what the safe reader or its own weights_only read refused
-            if isinstance(cause := root_cause(e), (UnsafeCheckpoint, pickle.UnpicklingError)):
-                raise unsafe(cause, checkpoint) from None
+            if isinstance(cause := root_cause(e), (CheckpointError, pickle.UnpicklingError)):
+                raise refusal(cause, f"a .distcp file of {checkpoint}") from None
             raise
     model.load_state_dict(state["model"])
     model.eval()
-    train_state = TrainState.from_files(checkpoint)
+    train_state = TrainState.from_files(checkpoint, allow_unverified)
     features = [SparseFeature(**f) for f in train_state.features]
     os.makedirs(out, exist_ok=True)
     cfg = saved_config(checkpoint, trusted)
@@ -234,26 +234,44 @@ def _write_text(path: str, text: str) -> None:
 
 
 def _write(path: str, write: Any) -> None:
+    """``write(p)`` into a new file beside ``path``, then renamed over it: a reader never sees
+    half a file, and a file (or a symbolic link) planted at ``path`` is replaced, never
+    written through."""
     try:
-        write(path)
+        replace_file(path, write)
     except (OSError, RuntimeError) as e:  # torch's file writer reports open and write failures as RuntimeError
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OSError(f"{path}: {reason}") from e
 
 
+def check_export_dir(checkpoint: str, out: str) -> None:
+    """The default ``out``, ``<checkpoint>/export``, is a directory of the checkpoint's own:
+    a symbolic link planted there (to another model's export, or anywhere) is refused, so
+    an export never writes outside the directories the user named."""
+    if os.path.islink(out):
+        raise CheckpointError(f"{out} is a symbolic link (to {os.path.realpath(out)}): the export is written into the "
+                              f"checkpoint's own export directory, never through a link; remove the link, or give "
+                              f"out=<dir> to write elsewhere")
+
+
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(args) - {"checkpoint", "out", "trusted_targets"} or [a for a in argv if "=" not in a]
+    unknown = set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified"} or [a for a in argv if "=" not in a]
     if "checkpoint" not in args or unknown:
         sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir>] [trusted_targets=<class>,...] "
-                 f"(unknown: {sorted(unknown)})")
+                 f"[allow_unverified=true] (unknown: {sorted(unknown)})")
     ckpt = args["checkpoint"]
     # Classes of the user's own that the checkpoint's config may name (never read from it).
     trusted = [t for t in args.get("trusted_targets", "").strip("[]").split(",") if t]
+    allow = args.get("allow_unverified", "false").lower()
+    if allow not in ("true", "false"):
+        sys.exit(f"hybridrec.export: allow_unverified={args['allow_unverified']}: give true or false")
     out = args.get("out", os.path.join(ckpt, "export"))
     # Checked before anything is loaded: each failure is one line naming the file.
     try:
-        check_checkpoint(ckpt)
+        check_checkpoint(ckpt, allow == "true")
+        if "out" not in args:
+            check_export_dir(ckpt, out)
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
     folder = out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
@@ -261,7 +279,7 @@ def main(argv: list[str]) -> None:
         sys.exit(f"hybridrec.export: out={out}: {folder} is not a writable directory")
     _quiet_tracing()
     try:
-        spec = export(ckpt, out, trusted)
+        spec = export(ckpt, out, trusted, allow == "true")
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
     except OSError as e:  # disk full, a file named like the directory

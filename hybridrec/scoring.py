@@ -155,10 +155,12 @@ class ScoreCheckpoint:
     """A committed checkpoint directory (``<checkpoint.dir>/step_<N>``), checked before launch."""
     split: str
     predictions: bool
+    allow_unverified: bool = False
+    """Load it even without checksums (``allow_unverified=true``: written before they existed)."""
 
     def __call__(self, cfg: DictConfig, run_dir: str, device: torch.device) -> ScoreSummary:
         data, loss, parallel = build(cfg, run_dir, device)
-        step = checkpoint.load_weights(parallel.model, self.checkpoint)
+        step = checkpoint.load_weights(parallel.model, self.checkpoint, self.allow_unverified)
         tick = time.perf_counter()
         result = evaluate(parallel.model, data, loss, rank_batches(cfg.data, data, self.split, device), device,
                           self.predictions)

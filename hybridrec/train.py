@@ -59,7 +59,7 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     # Under torchrun every rank checks; rank 0 alone reads the files' content (it picks the
     # checkpoint the ranks load, verifying it again, trainer.Trainer).
     path = resume_path(cfg, verify_content=not already_launched() or os.environ["RANK"] == "0")
-    state = TrainState.from_files(path) if path else None  # checked complete by resume_path
+    state = TrainState.from_files(path, cfg.checkpoint.allow_unverified) if path else None  # checked complete by resume_path
     data = build_source(cfg.data, cfg.seed) if state or not already_launched() else None
     if data:
         keep_fitted(cfg, data)  # fitted once here: the ranks get the values

@@ -51,7 +51,7 @@ from hybridrec.checkpoint.compatibility import check_compatible, check_dir, chec
 from hybridrec.checkpoint.errors import CheckpointError, Diverged, UnsafeCheckpoint, root_cause
 from hybridrec.checkpoint.loading import load, load_weights
 from hybridrec.checkpoint.safety import (CONFIG_YAML, METADATA, SafeLoadPlanner, SafeReader, read_metadata,
-                                         run_targets, safe_load, saved_config, unsafe)
+                                         refusal, run_targets, safe_load, saved_config)
 from hybridrec.checkpoint.saver import LOCK, Checkpointer, DirLock, Resumable
 from hybridrec.checkpoint.state import (STATE_JSON, STATE_TENSORS, TrainState, check_checkpoint, check_complete,
                                         committed, hash_files, latest, new_run_id, own_files, probe_writable,
@@ -62,6 +62,6 @@ __all__ = [
     "DirLock", "Diverged", "Resumable", "SafeLoadPlanner", "SafeReader", "TrainState", "UnsafeCheckpoint",
     "check_checkpoint", "check_compatible", "check_complete", "check_dir", "check_fits", "committed",
     "hash_files", "latest", "layout_differences", "load", "load_weights", "new_run_id", "own_files",
-    "probe_writable", "read_metadata", "resume_path", "root_cause", "run_targets", "safe_load", "saved_config",
-    "unsafe", "verify",
+    "probe_writable", "read_metadata", "refusal", "resume_path", "root_cause", "run_targets", "safe_load", "saved_config",
+    "verify",
 ]

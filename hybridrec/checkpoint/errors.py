@@ -18,8 +18,6 @@ class UnsafeCheckpoint(CheckpointError):
 class Diverged(ValueError):
     """Training state that must not be committed: a non-finite loss, weights or scores."""
 
-
-# What DCP's .metadata is made of (torch 2.13): its dataclasses, torch.Size, dtypes, layouts
 def one_line(e: BaseException) -> str:
     """The first line of an exception's message: what goes into a one-line error."""
     lines = str(e).strip().splitlines()
@@ -32,7 +30,7 @@ def root_cause(e: BaseException) -> BaseException:
     while True:
         if isinstance(e, CheckpointException) and e.failures:
             e = e.failures[min(e.failures)][0]
-        elif isinstance(e, (OSError, UnsafeCheckpoint)) or (e.__cause__ or e.__context__) is None:
+        elif isinstance(e, (OSError, CheckpointError)) or (e.__cause__ or e.__context__) is None:
             return e
         else:
             e = e.__cause__ or e.__context__

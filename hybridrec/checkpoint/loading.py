@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hybridrec.checkpoint.compatibility import check_compatible
-from hybridrec.checkpoint.errors import CheckpointError, UnsafeCheckpoint, one_line, root_cause
-from hybridrec.checkpoint.safety import safe_load, unsafe
+from hybridrec.checkpoint.errors import CheckpointError, one_line, root_cause
+from hybridrec.checkpoint.safety import refusal, safe_load
 from hybridrec.checkpoint.saver import Resumable
 from hybridrec.checkpoint.state import TrainState
 from hybridrec.objective import Selection
@@ -23,7 +23,7 @@ def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
     """Restore a checkpoint (of any world size or plan) into ``live``, the state of a run of
     ``cfg``: model, optimizer, LR schedulers, this rank's RNG, the loss history and the runs
     it continues. Returns the saved state (its ``step`` is where training goes on)."""
-    extra = TrainState.from_files(path)  # first: a refused checkpoint loads nothing
+    extra = TrainState.from_files(path, cfg.checkpoint.allow_unverified)  # first: a refused checkpoint loads nothing
     # train.py checked this before launch; ranks started otherwise (tests, benchmarks) check here
     check_compatible(cfg, path, extra, live.features, live.num_dense_features)
     # The dense optimizers create their state lazily: create it now so DCP can load into it.
@@ -45,11 +45,11 @@ def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
     return extra
 
 
-def load_weights(model: Any, path: str) -> int:
+def load_weights(model: Any, path: str, allow_unverified: bool = False) -> int:
     """Load only the model's weights of the checkpoint at ``path`` into ``model`` (sharded by
     any plan, on any world size: DCP reads the parts each rank holds); returns its step.
     The optimizer state stays on disk: scoring a saved model needs none of it."""
-    step = TrainState.from_files(path).step  # first: a refused checkpoint loads nothing
+    step = TrainState.from_files(path, allow_unverified).step  # first: a refused checkpoint loads nothing
     state = {"model": model.state_dict()}
     _dcp_load(state, path, "evaluate it with the data it was trained on: give only data keys that keep the "
                            "features and their sizes ({path}/config.yaml)")
@@ -60,14 +60,15 @@ def load_weights(model: Any, path: str) -> int:
 def _dcp_load(state: dict[str, Any], path: str, fix: str) -> None:
     try:
         safe_load(state, path)
-    except UnsafeCheckpoint:
+    except CheckpointError:
         raise
     except CheckpointException as e:
         # A difference check_compatible does not know of (the files themselves and the model,
-        # table and optimizer layout were checked before launch).
+        # table and optimizer layout were checked before launch), or what the safe reader,
+        # the safe planner or DCP's own weights_only read of a tensor refused.
         cause = root_cause(e)
-        if isinstance(cause, (UnsafeCheckpoint, pickle.UnpicklingError)):
-            raise unsafe(cause, path) from None
+        if isinstance(cause, (CheckpointError, pickle.UnpicklingError)):
+            raise refusal(cause, f"a .distcp file of {path}") from None
         raise CheckpointError(
             f"{path} does not fit this run's model ({type(cause).__name__}: {one_line(cause)}): "
             + fix.format(path=path)

@@ -5,9 +5,13 @@ unpickler that admits only what metadata is made of, the state's non-tensor valu
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import pickle
+import pickletools
+import re
+import sys
 import warnings
 from typing import Any, Iterable, NoReturn
 
@@ -27,8 +31,9 @@ METADATA = ".metadata"  # DCP's index of the checkpoint's tensors (a pickle)
 CONFIG_YAML = "config.yaml"  # the run's resolved config: what check_compatible compares
 
 
-# and paths. pickle's own way to restrict an unpickler is find_class; torch's weights_only
-# unpickler admits tensors, not these classes, and DCP's reader offers no safe mode.
+# What DCP's .metadata is made of (torch 2.11 to 2.13): its dataclasses, torch.Size, dtypes,
+# layouts and paths. pickle's own way to restrict an unpickler is find_class; torch's
+# weights_only unpickler admits tensors, not these classes, and DCP's reader offers no safe mode.
 _METADATA_GLOBALS = {
     *(("torch.distributed.checkpoint.metadata", name) for name in (
         "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
@@ -37,6 +42,46 @@ _METADATA_GLOBALS = {
     ("torch", "Size"), ("torch.serialization", "_get_layout"),
     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"),
 }
+_TRUST_HINT = "Use checkpoints only from a source you trust, or re-create this one by training"
+
+
+def inside(directory: str, name: str, what: str = "") -> str:
+    """``directory/name``, refused (``CheckpointError`` naming the entry) unless it stays in
+    ``directory``: ``name`` is one plain file name (no separator, not ``.`` or ``..``) and the
+    path, symbolic links resolved, is in the directory's own resolved path. Every file of a
+    checkpoint is opened through it, so a planted entry (``../../x.distcp``) or a planted
+    link cannot make hybridrec read or write outside what the user named. ``what``: where
+    the name came from, for the message."""
+    where = f" ({what})" if what else ""
+    if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
+        raise CheckpointError(f"{directory} is damaged or was edited: the entry {name!r}{where} is not a file name "
+                              f"in the checkpoint directory (it would reach outside it); refused, nothing was read")
+    path = os.path.join(directory, name)
+    real, home = os.path.realpath(path), os.path.realpath(directory)
+    if os.path.islink(path) and os.path.commonpath([real, home]) != home:
+        raise CheckpointError(f"{path}{where} is a symbolic link to {real}, outside the checkpoint directory; "
+                              f"refused, nothing was read through it")
+    return path
+
+
+def planted_or_damaged(module: str, name: str) -> str:
+    """Whether a pickle's global ``module.name`` is something that exists and could be called
+    (a payload someone planted) or a name nothing answers to (damage: a changed byte in a
+    class name). Decided without importing anything: a module this process has not imported
+    is looked up by its top-level spec only, which runs no code."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        target: Any = loaded
+        for part in name.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                return "damaged"
+        return "planted" if callable(target) else "damaged"
+    try:
+        found = importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        found = False
+    return "planted" if found else "damaged"
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -48,26 +93,57 @@ class _MetadataUnpickler(pickle.Unpickler):
         if (module, name) in _METADATA_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None),
                                                                                      torch.dtype)):
             return super().find_class(module, name)
+        if planted_or_damaged(module, name) == "damaged":
+            raise CheckpointError(f"{self.path} is damaged: it names {module}.{name}, which does not exist (a "
+                                  f"changed byte); nothing in it was run")
         raise UnsafeCheckpoint(
             f"{self.path} is not safe to open: it would call {module}.{name}, which is not part of DCP's "
-            f"metadata (a pickle planted in the checkpoint); refused, nothing in it was run. Use checkpoints "
-            f"only from a source you trust, or re-create this one by training"
+            f"metadata (a pickle planted in the checkpoint); refused, nothing in it was run. {_TRUST_HINT}"
         )
+
+
+def check_pickle_stream(data: bytes, file: str) -> None:
+    """A pickle's opcodes parse from start to STOP, with nothing after (``pickletools``
+    reads them without executing any); otherwise the file is damaged, and said so before
+    any unpickler could call it something else."""
+    end = -1
+    try:
+        for op, _arg, pos in pickletools.genops(data):
+            end = pos
+            if op.name == "STOP":
+                break
+        else:
+            raise ValueError("no STOP opcode: the stream is cut short")
+    except Exception as e:  # pickletools raises ValueError or others on a garbled opcode
+        raise CheckpointError(f"{file} is damaged: not a valid pickle stream ({one_line(e)}); nothing in it "
+                              f"was run") from None
+    if end + 1 != len(data):
+        raise CheckpointError(f"{file} is damaged: {len(data) - end - 1} bytes after the end of its pickle "
+                              f"stream; nothing in it was run")
 
 
 def read_metadata(path: str) -> dcp_metadata.Metadata:
     """DCP's ``.metadata`` of the checkpoint at ``path``, unpickled with only the classes
-    metadata is made of (``UnsafeCheckpoint`` otherwise)."""
-    file = os.path.join(path, METADATA)
+    metadata is made of (``UnsafeCheckpoint`` for a parsable stream naming another callable,
+    ``CheckpointError`` for a damaged one), and every storage file it names a plain file of
+    the checkpoint directory (``inside``)."""
+    file = inside(path, METADATA)
     try:
         with open(file, "rb") as f:
-            metadata = _MetadataUnpickler(f, file).load()
-    except UnsafeCheckpoint:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"{file} is unreadable ({one_line(e)})") from None
+    check_pickle_stream(data, file)
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data), file).load()
+    except CheckpointError:  # UnsafeCheckpoint included
         raise
-    except Exception as e:  # truncated, or not a pickle: pickle's own message names no file
-        raise CheckpointError(f"{file} is unreadable ({type(e).__name__}: {one_line(e)})") from e
+    except Exception as e:  # a stream that parses but does not build metadata: pickle's message names no file
+        raise CheckpointError(f"{file} is damaged ({type(e).__name__}: {one_line(e)})") from e
     if not isinstance(metadata, dcp_metadata.Metadata):
         raise CheckpointError(f"{file} is not DCP metadata (a {type(metadata).__name__})")
+    for index, info in (getattr(metadata, "storage_data", None) or {}).items():
+        inside(path, str(getattr(info, "relative_path", "")), f"the storage file of {index.fqn} in {METADATA}")
     return metadata
 
 
@@ -97,12 +173,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise UnsafeCheckpoint(
-                f"{read_item.dest_index.fqn} in {self.checkpoint_path} is not safe to open (a pickled "
-                f"object: {refused_global(e)}); refused, nothing in it was run. Use checkpoints only from "
-                f"a source you trust, or re-create this one by training"
-            ) from None
+        except (pickle.UnpicklingError, EOFError, RuntimeError) as e:
+            raise refusal(e, f"{read_item.dest_index.fqn} in {self.checkpoint_path}") from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
@@ -114,20 +186,26 @@ def safe_load(state: dict[str, Any], path: str, no_dist: bool = False) -> None:
     dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(path), no_dist=no_dist)
 
 
-def unsafe(cause: BaseException, path: str) -> UnsafeCheckpoint:
-    """What DCP's load raised under its wrapper when it met a pickled object: refused by the
-    safe reader or planner, or by DCP's own ``weights_only=True`` read of a tensor."""
-    if isinstance(cause, UnsafeCheckpoint):
+def refusal(cause: BaseException, what: str) -> CheckpointError:
+    """What a ``weights_only=True`` read (torch's, or the safe planner's) that failed on
+    ``what`` means: a pickle naming a callable that exists was planted (``UnsafeCheckpoint``);
+    one naming nothing that exists, or bytes that are no pickle at all, are damage
+    (``CheckpointError``). Either way nothing in it ran. A ``CheckpointError`` raised by the
+    safe reader or planner under DCP's wrapper is returned as it is."""
+    if isinstance(cause, CheckpointError):
         return cause
-    return UnsafeCheckpoint(f"{path} is not safe to open: a .distcp file holds a pickled object where a tensor "
-                            f"belongs ({refused_global(cause)}); refused, nothing in it was run. Use checkpoints "
-                            f"only from a source you trust, or re-create this one by training")
-
-
-def refused_global(e: BaseException) -> str:
-    # torch's message is a paragraph; the line naming the refused global is what matters
-    return next((line.strip().rstrip(".") for line in str(e).splitlines() if "nsupported" in line),
-                one_line(e))
+    text = str(cause)
+    named = re.search(r"GLOBAL ([\w.]+)", text)
+    if named:
+        module, _, name = named.group(1).rpartition(".")
+        if planted_or_damaged(module, name) == "planted":
+            return UnsafeCheckpoint(f"{what} is not safe to open: it holds a pickled object that would call "
+                                    f"{named.group(1)} where a tensor or a number belongs (planted); refused, "
+                                    f"nothing in it was run. {_TRUST_HINT}")
+        return CheckpointError(f"{what} is damaged: it names {named.group(1)}, which does not exist (a changed "
+                               f"byte); nothing in it was run")
+    reason = next((line.strip().rstrip(".") for line in text.splitlines() if "nsupported" in line), one_line(cause))
+    return CheckpointError(f"{what} is damaged: not a readable tensor record ({reason}); nothing in it was run")
 
 
 def saved_config(path: str, trusted: Iterable[str] = ()) -> DictConfig:
@@ -138,15 +216,22 @@ def saved_config(path: str, trusted: Iterable[str] = ()) -> DictConfig:
     of ``trusted`` (the loading run's own classes and ``trusted_targets``, never the
     checkpoint's); no Hydra instantiation key and no interpolation. Raises
     ``UnsafeCheckpoint`` before anything is instantiated."""
-    file = os.path.join(path, CONFIG_YAML)
+    file = inside(path, CONFIG_YAML)
     try:
         cfg = OmegaConf.load(file)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is damaged: {file} is missing") from None
-    except yaml.constructor.ConstructorError as e:  # a tag such as !!python/object/apply: never constructed
-        raise UnsafeCheckpoint(f"{file} is not safe to open: it holds the YAML tag {e.problem.split()[-1]} "
-                               f"(a Python object); refused, nothing in it was run") from None
-    except Exception as e:  # not YAML, or not a mapping
+    except yaml.MarkedYAMLError as e:
+        line = f"line {e.problem_mark.line + 1}" if e.problem_mark else "somewhere"
+        tag = re.match(r"could not determine a constructor for the tag '([^']*)'", e.problem or "")
+        if tag:  # a tag such as !!python/object/apply: never constructed
+            kind = "a Python object" if "python/" in tag.group(1) else "a type hybridrec never writes"
+            raise UnsafeCheckpoint(f"{file} is not safe to open: it holds the YAML tag {tag.group(1)} ({kind}) at "
+                                   f"{line}; refused, nothing in it was run") from None
+        # a duplicated key, a broken indentation, an unclosed quote: what a saved config never holds
+        raise CheckpointError(f"{file} is damaged or was edited: not valid YAML ({e.problem} at {line}); nothing "
+                              f"in it was used") from None
+    except Exception as e:  # not text, or not a mapping
         raise CheckpointError(f"{file} is not a valid checkpoint file ({type(e).__name__}: {one_line(e)})") from e
     if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
         raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")

@@ -8,18 +8,20 @@ import json
 import logging
 import os
 import pickle
+import dataclasses
 import re
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import blake3
 import torch
 from omegaconf import DictConfig
 
-from hybridrec.checkpoint.errors import CheckpointError, UnsafeCheckpoint
-from hybridrec.checkpoint.safety import CONFIG_YAML, METADATA, read_metadata, refused_global
+from hybridrec.checkpoint.errors import CheckpointError, UnsafeCheckpoint, one_line
+from hybridrec.checkpoint.safety import CONFIG_YAML, METADATA, inside, read_metadata, refusal
+from hybridrec.data import SparseFeature, shorten
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d+)$")
@@ -56,8 +58,9 @@ class TrainState:
     since (keep_best, early stopping). Empty in checkpoints written before the field existed."""
     files: dict[str, str] = field(default_factory=dict)
     """BLAKE3 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
-    that wrote them), trainer_state.pt and config.yaml. Empty in checkpoints written before
-    the field existed: those load unverified, with a warning."""
+    that wrote them), trainer_state.pt and config.yaml. Empty only in checkpoints written
+    before the field existed, which load only with ``allow_unverified`` (a checkpoint that
+    lacks them otherwise is damaged or edited: its manifest was removed)."""
 
     def to_files(self, directory: str) -> None:
         """Write the state into ``directory``, where DCP's files (hashed in ``files``) and
@@ -72,9 +75,12 @@ class TrainState:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
 
     @classmethod
-    def from_files(cls, directory: str) -> TrainState:
-        """Read and check the state (a ``CheckpointError`` says what is wrong with it)."""
-        json_path, tensors_path = os.path.join(directory, STATE_JSON), os.path.join(directory, STATE_TENSORS)
+    def from_files(cls, directory: str, allow_unverified: bool = False) -> TrainState:
+        """Read and check the state (a ``CheckpointError`` names the file and the field that is
+        wrong). The JSON is checked against its own checksum, then ``trainer_state.pt`` against
+        the one the JSON records, before torch reads it: a changed byte is damage, named as
+        such. A state without checksums is refused unless ``allow_unverified``."""
+        json_path, tensors_path = inside(directory, STATE_JSON), inside(directory, STATE_TENSORS)
         if not os.path.isfile(json_path) and os.path.isfile(tensors_path):
             # Never opened: before this format, trainer_state.pt was read with a full unpickle.
             raise CheckpointError(
@@ -84,26 +90,108 @@ class TrainState:
             )
         for path in (json_path, tensors_path):
             if not os.path.isfile(path):
-                raise CheckpointError(f"{directory} is damaged: {path} is missing")
+                raise CheckpointError(f"{directory} is not a committed checkpoint: {path} is missing (a save that "
+                                      f"never committed, or a damaged directory)")
         try:
-            with open(json_path) as f:
-                fields = json.load(f)
-        except ValueError as e:  # not JSON, or not text
-            raise CheckpointError(f"{json_path} is not a valid checkpoint file: {e}") from e
-        if isinstance(fields, dict) and "state_blake3" in fields:
-            digest = fields.pop("state_blake3")
-            if digest != _fields_digest(fields):
-                raise CheckpointError(f"{directory} is damaged: {json_path} does not match the checksum of its "
-                                      f"fields recorded when it was saved")
+            with open(json_path, "rb") as f:
+                fields = json.loads(f.read().decode())
+        except (ValueError, UnicodeDecodeError) as e:  # not JSON, or not text
+            raise CheckpointError(f"{json_path} is damaged: not valid JSON ({one_line(e)})") from None
+        if not isinstance(fields, dict):
+            raise CheckpointError(f"{json_path} is damaged: a JSON {type(fields).__name__}, not an object of fields")
+        digest = fields.pop("state_blake3", None)
+        if digest is None or "files" not in fields:
+            unverified(directory, json_path, "state_blake3" if digest is None else "files", allow_unverified)
+        elif digest != _fields_digest(fields):
+            raise CheckpointError(f"{directory} is damaged: {json_path} does not match the checksum of its "
+                                  f"fields recorded when it was saved")
+        _check_fields(fields, json_path)
+        if fields.get("files"):
+            verify_files(directory, fields["files"], [STATE_TENSORS])
         tensors = _load_tensors(tensors_path)
-        if (not isinstance(fields, dict) or {"step", "schedulers", "features", "num_dense_features"} - fields.keys()
-                or not all(isinstance(tensors.get(k), torch.Tensor) for k in ("rng", "losses"))
-                or not isinstance(fields.get("files", {}), dict)):
-            raise CheckpointError(f"{directory} is not a valid hybridrec checkpoint: its state lacks fields it needs")
-        return cls(step=int(fields["step"]), schedulers=fields["schedulers"], features=fields["features"],
-                   num_dense_features=int(fields["num_dense_features"]), rng=tensors["rng"], losses=tensors["losses"],
-                   runs=[str(r) for r in fields.get("runs", [])], selection=dict(fields.get("selection") or {}),
-                   files=dict(fields.get("files", {})))
+        for key, dtype, dims in (("rng", torch.uint8, 2), ("losses", torch.float64, 1)):
+            t = tensors.get(key)
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != dims:
+                what = f"a {t.dtype} tensor of {t.dim()} dimensions" if isinstance(t, torch.Tensor) else "missing"
+                raise CheckpointError(f"{tensors_path} is damaged: '{key}' is {what}, expected {dtype} with "
+                                      f"{dims} dimensions")
+        if len(tensors["losses"]) != fields["step"]:
+            raise CheckpointError(f"{directory} is damaged: {tensors_path} holds {len(tensors['losses'])} losses "
+                                  f"for step {fields['step']} of {json_path}")
+        return cls(step=fields["step"], schedulers=fields["schedulers"], features=fields["features"],
+                   num_dense_features=fields["num_dense_features"], rng=tensors["rng"], losses=tensors["losses"],
+                   runs=list(fields.get("runs", [])), selection=dict(fields.get("selection") or {}),
+                   files=dict(fields.get("files") or {}))
+
+
+_FEATURE_FIELDS = {f.name for f in dataclasses.fields(SparseFeature)}
+
+
+def _check_fields(fields: dict[str, Any], json_path: str) -> None:
+    """Each field of ``trainer_state.json`` has the type training writes: a checkpoint whose
+    state was edited or damaged is named here (file, field, value), not where a value of the
+    wrong type would fail later (as a config error, or deep in a rank)."""
+
+    def bad(field_: str, value: Any, expected: str) -> NoReturn:
+        raise CheckpointError(f"{json_path} is damaged or was edited: field '{field_}' is {shorten(value)} "
+                              f"(a {type(value).__name__}), expected {expected}")
+
+    def count(key: str, least: int) -> None:
+        value = fields.get(key)
+        if key not in fields:
+            raise CheckpointError(f"{json_path} is damaged or was edited: field '{key}' is missing")
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            bad(key, value, f"an integer >= {least}")
+
+    count("step", 0)
+    count("num_dense_features", 0)
+    for key in ("schedulers", "features"):
+        if key not in fields:
+            raise CheckpointError(f"{json_path} is damaged or was edited: field '{key}' is missing")
+        if not isinstance(fields[key], list) or not all(isinstance(x, dict) for x in fields[key]):
+            bad(key, fields[key], "a list of objects")
+    for i, f in enumerate(fields["features"]):
+        if unknown := sorted(set(f) - _FEATURE_FIELDS):
+            bad(f"features[{i}].{unknown[0]}", f[unknown[0]], f"one of the fields {', '.join(sorted(_FEATURE_FIELDS))}")
+        if not isinstance(f.get("name"), str) or not f["name"]:
+            bad(f"features[{i}].name", f.get("name"), "a feature name")
+        n = f.get("num_embeddings")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            bad(f"features[{i}].num_embeddings", n, "an integer >= 1")
+        try:
+            SparseFeature(**f)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{json_path} is damaged or was edited: field 'features[{i}]': {e}") from None
+    runs = fields.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
+        bad("runs", runs, "a list of run ids")
+    if not isinstance(fields.get("selection") or {}, dict):
+        bad("selection", fields["selection"], "an object")
+    files = fields.get("files") or {}
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and _DIGEST.fullmatch(v)
+                                              for k, v in files.items()):
+        bad("files", files, "an object of file names and BLAKE3 digests")
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_warned_unverified: set[str] = set()
+
+
+def unverified(directory: str, json_path: str, missing: str, allowed: bool) -> None:
+    """A state without its checksums (``missing``: the field that is absent): refused as
+    damage unless ``allowed`` (a checkpoint written before checksums existed), then loaded
+    with one warning per process."""
+    if not allowed:
+        raise CheckpointError(
+            f"{directory} is damaged or was edited: {json_path} has no '{missing}' field, so its content cannot be "
+            f"verified (hybridrec writes checksums into every checkpoint); refused. A checkpoint written by a "
+            f"hybridrec older than checksums loads, unverified, with checkpoint.allow_unverified=true (evaluate and "
+            f"export: allow_unverified=true)"
+        )
+    if directory not in _warned_unverified:
+        _warned_unverified.add(directory)
+        log.warning(f"{directory} records no checksums ('{missing}' is missing from {STATE_JSON}): loaded without "
+                    f"verifying its content (allow_unverified=true)")
 
 
 def _fields_digest(fields: dict[str, Any]) -> str:
@@ -115,7 +203,7 @@ def hash_files(directory: str, names: list[str]) -> dict[str, str]:
     strength at 4-5x the speed on one core, and it hashes one large file on several threads
     (here the rank's own share of the cores), so checking costs a fraction of writing."""
     threads = max(1, torch.get_num_threads())
-    return {name: blake3.blake3(max_threads=threads).update_mmap(os.path.join(directory, name)).hexdigest()
+    return {name: blake3.blake3(max_threads=threads).update_mmap(inside(directory, name)).hexdigest()
             for name in names}
 
 
@@ -126,23 +214,25 @@ def own_files(directory: str, rank: int) -> list[str]:
     return names + ([METADATA] if rank == 0 else [])
 
 
-def verify(path: str, state: TrainState, dcp_files: list[str]) -> None:
-    """Every file of the checkpoint matches the BLAKE3 hash recorded at its commit (a
-    ``CheckpointError`` names the first that does not). ``dcp_files``: the files its
-    ``.metadata`` lists, each of which must have a recorded checksum."""
-    if not state.files:
-        log.warning(f"{path} records no checksums (written by an older hybridrec): loaded without verifying "
-                    f"its content")
-        return
-    names = sorted({*dcp_files, METADATA, STATE_TENSORS, CONFIG_YAML})
-    if unlisted := [n for n in names if n not in state.files]:
+def verify_files(path: str, recorded: dict[str, str], names: list[str]) -> None:
+    """Each of ``names`` matches the BLAKE3 hash ``recorded`` for it at the commit (a
+    ``CheckpointError`` names the first that does not, or has none)."""
+    if unlisted := [n for n in names if n not in recorded]:
         raise CheckpointError(f"{path} is damaged: no checksum recorded for {unlisted[0]}")
     for name, digest in hash_files(path, names).items():
-        if digest != state.files[name]:
+        if digest != recorded[name]:
             raise CheckpointError(
                 f"{path} is damaged: {os.path.join(path, name)} does not match the checksum recorded when it was "
                 f"saved (a changed byte, or a partial overwrite)"
             )
+
+
+def verify(path: str, state: TrainState, dcp_files: list[str]) -> None:
+    """Every file of the checkpoint matches the BLAKE3 hash recorded at its commit.
+    ``dcp_files``: the files its ``.metadata`` lists, each of which must have a recorded
+    checksum. A state without checksums was refused or allowed when it was read."""
+    if state.files:
+        verify_files(path, state.files, sorted({*dcp_files, METADATA, STATE_TENSORS, CONFIG_YAML}))
 
 
 def _load_tensors(path: str) -> dict[str, Any]:
@@ -150,13 +240,10 @@ def _load_tensors(path: str) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about a pickle protocol before refusing it
             tensors = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise UnsafeCheckpoint(
-            f"{path} is not a safe checkpoint file (it holds pickled objects, which loading would execute): "
-            f"{refused_global(e)}; refused, nothing in it was run"
-        ) from e
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # RuntimeError: not a zip archive
+        raise refusal(e, path) from None
     if not isinstance(tensors, dict):
-        raise CheckpointError(f"{path} is not a valid checkpoint file: a {type(tensors).__name__}, not tensors by name")
+        raise CheckpointError(f"{path} is damaged: a {type(tensors).__name__}, not tensors by name")
     return tensors
 
 
@@ -183,19 +270,35 @@ def committed(directory: str) -> list[tuple[int, str]]:
                   if (m := _STEP_DIR.search(path)) and os.path.isdir(path))
 
 
-def check_complete(path: str, verify_content: bool = True) -> TrainState:
+def check_committed_name(path: str, key: str) -> None:
+    """Refuse a ``.partial`` directory: a save that never committed (training renames
+    ``step_<N>.partial`` to ``step_<N>`` once every rank has written and the state is known
+    sane), whatever files it holds. ``key``: how the user named it."""
+    if os.path.basename(os.path.normpath(path)).endswith(".partial"):
+        raise CheckpointError(
+            f"{key}={path} is not a committed checkpoint: a save that never finished (training renames "
+            f"step_<N>.partial to step_<N> once every rank has written and the state is sane); it is never "
+            f"resumed, evaluated or exported: give a step_<N> directory"
+        )
+
+
+def check_complete(path: str, verify_content: bool = True, allow_unverified: bool = False) -> TrainState:
     """The checkpoint's state, once every file it needs is there: DCP's ``.metadata``, the
-    storage files it lists (at their full length), hybridrec's state and config, and, with
-    ``verify_content``, each file's content as recorded at commit (``verify``). Checked
-    before loading, so a damaged checkpoint is named (``CheckpointError``) instead of failing
-    in DCP or loading NaNs."""
-    metadata = os.path.join(path, METADATA)
+    storage files it lists (plain files of the directory, at their full length), hybridrec's
+    state and config, and, with ``verify_content``, each file's content as recorded at commit
+    (``verify``). The small files are verified before ``.metadata`` is unpickled, so a
+    changed byte in it is called damage, not a planted payload. Checked before loading, so a
+    damaged checkpoint is named (``CheckpointError``) instead of failing in DCP or loading
+    NaNs. ``allow_unverified``: a state without checksums loads (with a warning)."""
+    metadata = inside(path, METADATA)
     if not os.path.isfile(metadata):
         raise CheckpointError(f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
                               f"save, or not a checkpoint directory)")
-    state = TrainState.from_files(path)
-    if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
+    state = TrainState.from_files(path, allow_unverified)
+    if not os.path.isfile(inside(path, CONFIG_YAML)):
         raise CheckpointError(f"{path} is damaged: {os.path.join(path, CONFIG_YAML)} is missing")
+    if verify_content and state.files:
+        verify_files(path, state.files, [METADATA, CONFIG_YAML])
     ends: dict[str, int] = {}
     for info in read_metadata(path).storage_data.values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
@@ -211,17 +314,13 @@ def check_complete(path: str, verify_content: bool = True) -> TrainState:
     return state
 
 
-def check_checkpoint(path: str) -> TrainState:
+def check_checkpoint(path: str, allow_unverified: bool = False) -> TrainState:
     """A checkpoint that a model is read from (``hybridrec.evaluate``, ``hybridrec.export``):
     a committed, complete ``step_<N>`` directory with its ``config.yaml``. Each refusal
     (``CheckpointError``) names the path and what to give instead."""
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint={path}: no such directory")
-    if os.path.basename(os.path.normpath(path)).endswith(".partial"):
-        raise CheckpointError(
-            f"checkpoint={path} is not a committed checkpoint: a save that never finished (training "
-            f"renames step_<N>.partial to step_<N> once every rank has written); give a step_<N> directory"
-        )
+    check_committed_name(path, "checkpoint")
     if not os.path.isfile(os.path.join(path, METADATA)) and committed(path):
         try:
             newest = latest(path)
@@ -231,20 +330,25 @@ def check_checkpoint(path: str) -> TrainState:
             f"checkpoint={path} is a checkpoint.dir, not one checkpoint: give one of its step_<N> directories"
             + (f", e.g. checkpoint={newest} (the newest loadable)" if newest else "")
         )
-    state = check_complete(path)
-    if not os.path.isfile(os.path.join(path, "config.yaml")):
-        raise CheckpointError(f"{path} is not a complete checkpoint (no config.yaml)")
-    return state
+    return check_complete(path, allow_unverified=allow_unverified)
 
-def latest(directory: str, warn: bool = False, verify_content: bool = True) -> Optional[str]:
+
+def latest(directory: str, warn: bool = False, verify_content: bool = True,
+           allow_unverified: bool = False) -> Optional[str]:
     """The newest loadable checkpoint in ``directory``, or None if there is none. Damaged newer
-    ones are skipped (with a warning naming what is wrong when ``warn``); a directory whose
-    every checkpoint is damaged is refused, rather than trained over from scratch.
+    ones are skipped (with a warning naming what is wrong when ``warn``), and so is a
+    ``step_<N>`` that is a symbolic link out of ``directory``; a directory whose every
+    checkpoint is damaged is refused, rather than trained over from scratch.
     ``verify_content``: check the files' hashes too (``check_complete``)."""
     skipped = []
+    home = os.path.realpath(directory)
     for _, path in reversed(committed(directory)):
+        real = os.path.realpath(path)
+        if os.path.islink(path) and os.path.commonpath([real, home]) != home:
+            skipped.append(f"{path} is a symbolic link to {real}, outside checkpoint.dir (not read)")
+            continue
         try:
-            check_complete(path, verify_content)
+            check_complete(path, verify_content, allow_unverified)
         except UnsafeCheckpoint:
             raise  # never skipped quietly: someone planted it
         except CheckpointError as e:
@@ -261,16 +365,16 @@ def latest(directory: str, warn: bool = False, verify_content: bool = True) -> O
 
 
 def resume_path(cfg: DictConfig, warn: bool = False, verify_content: bool = True) -> Optional[str]:
-    """checkpoint.resume: auto (newest loadable, if any), never, or a checkpoint path, checked
-    (with ``verify_content``, down to the files' hashes)."""
-    resume = cfg.checkpoint.resume
-    if resume == "never" or not cfg.checkpoint.dir and resume == "auto":
+    """checkpoint.resume: auto (newest loadable, if any), never, or a committed checkpoint
+    path, checked (with ``verify_content``, down to the files' hashes)."""
+    ck = cfg.checkpoint
+    resume, allow = ck.resume, bool(ck.allow_unverified)
+    if resume == "never" or not ck.dir and resume == "auto":
         return None
     if resume == "auto":
-        return latest(cfg.checkpoint.dir, warn, verify_content)
+        return latest(ck.dir, warn, verify_content, allow)
     if not os.path.isdir(resume):
         raise CheckpointError(f"checkpoint.resume={resume}: no such checkpoint directory")
-    check_complete(resume, verify_content)
+    check_committed_name(resume, "checkpoint.resume")
+    check_complete(resume, verify_content, allow)
     return resume
-
-

@@ -767,6 +767,10 @@ class CheckpointConfig:
     """A save is committed only if the loss of the step after it is finite and at most this many
     times the median loss of the run so far: a model whose loss exploded resumes no better than
     one whose loss is NaN (0 = finite is enough)."""
+    allow_unverified: bool = False
+    """Resume a checkpoint whose trainer_state.json records no checksums: only checkpoints
+    written by a hybridrec older than checksums lack them. Every other checkpoint without
+    them is refused as damaged or edited (a removed manifest would otherwise hide any change)."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that a checkpoint's config.yaml may name in a ``_target_`` (model,
     loss, data, optimizers) besides the ones hybridrec ships and this run's own. Given here,
@@ -824,6 +828,9 @@ class EvaluateConfig:
     predictions: bool = True
     """Write predictions.parquet (row, label, score of every scored row) beside metrics.json."""
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    allow_unverified: bool = False
+    """Score a checkpoint written by a hybridrec older than checksums (checkpoint.allow_unverified
+    in training); any other checkpoint without them is refused as damaged or edited."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that the checkpoint's config.yaml may name in a ``_target_``,
     besides the ones hybridrec ships (checkpoint.trusted_targets in training)."""

@@ -73,6 +73,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from hybridrec.atomic import fresh, replace_file
 from hybridrec.config import CRITEO_KAGGLE_CAPPED, IdMapping
 from hybridrec.data import DataError, FileReport, ReadReport
 from hybridrec.data.criteo import (CAT_FEATURES, COLUMNS, INT_FEATURES, CriteoBinary, map_ids, read_tsv_file,
@@ -131,7 +132,7 @@ class _NpyWriter:
     def __init__(self, path: str, dtype: Any, width: int) -> None:
         self.path, self.partial = path, path + _PARTIAL
         self.dtype, self.width, self.rows = np.dtype(dtype), width, 0
-        self.file = open(self.partial, "wb")
+        self.file = open(fresh(self.partial), "xb")
         self.header = self._write_header()
 
     def _write_header(self) -> int:
@@ -176,7 +177,7 @@ class _ParquetWriter:
         self.id_mapping, self.group = target.id_mapping, target.row_group_size
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.buffered = 0
-        self.writer: Optional[pq.ParquetWriter] = pq.ParquetWriter(self.partial, PARQUET_SCHEMA)
+        self.writer: Optional[pq.ParquetWriter] = pq.ParquetWriter(fresh(self.partial), PARQUET_SCHEMA)
 
     def append(self, dense: np.ndarray, raw: np.ndarray, labels: np.ndarray) -> None:
         self.parts.append((dense, map_ids(raw, self.sizes, self.id_mapping), labels))
@@ -477,10 +478,13 @@ def check_config(out: str, name: str, target: Target, overwrite: bool) -> None:
 def write_config(out: str, name: str, target: Target) -> str:
     path = config_path(out, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + _PARTIAL, "w") as f:
-        f.write(data_config(target, out, name))
-    os.replace(path + _PARTIAL, path)
+    replace_file(path, lambda temp: _write_text(temp, data_config(target, out, name)))
     return path
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
 
 
 # -- running -----------------------------------------------------------------------------
@@ -543,9 +547,7 @@ def write_report(out: str, jobs: list[tuple[str, str]], done: dict[str, dict], s
         "last_run": {"input_files": len(jobs), "converted": len(done), "seconds": round(seconds, 3),
                      "rows": sum(done[src]["rows"] for src in done), "failed": failed},
     }
-    with open(path + _PARTIAL, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(path + _PARTIAL, path)
+    replace_file(path, lambda temp: _write_text(temp, json.dumps(report, indent=1)))
     return report
 
 

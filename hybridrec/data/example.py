@@ -41,6 +41,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hybridrec.atomic import fresh
+
 SPLITS = (("train", 4, 0, 14), ("valid", 2, 14, 1), ("eval", 2, 15, 1))  # name, files, first day, days
 ROW_GROUP_SIZE = 16384
 DIM, CLUSTERS = 8, 32
@@ -243,7 +245,7 @@ def generate(out: str, rows: int = 200_000, seed: int = 0, overwrite: bool = Fal
         for path, first, n in plan[name]:
             # Written under another name and renamed whole: a glob of *.parquet never picks up
             # a file still being written.
-            pq.write_table(table.slice(first, n), path + _PARTIAL, row_group_size=ROW_GROUP_SIZE)
+            pq.write_table(table.slice(first, n), fresh(path + _PARTIAL), row_group_size=ROW_GROUP_SIZE)
             os.replace(path + _PARTIAL, path)
         counts[name] = table.num_rows
     return counts

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from hybridrec.atomic import replace_file
 from hybridrec.data import DataError
 from hybridrec.data.criteo import resolve_paths
 
@@ -102,6 +103,12 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
     """Write ``<out>/<column>.parquet`` for each column; returns the files written."""
     if min_count < 1:
         raise DataError(f"--min-count must be >= 1, got {min_count}")
+    for column in columns:
+        # The vocabulary is <out>/<column>.parquet: a name with a separator or a leading dot
+        # would write elsewhere (--column ../../x) or hide the file.
+        if not column or column.startswith(".") or "/" in column or os.sep in column or "\0" in column:
+            raise DataError(f"--column {column!r}: its vocabulary would be written to <out>/{column}.parquet, and "
+                            f"that is not a plain file name in --out (no '/', no leading '.'); nothing was written")
     files = []
     for spec in paths:
         files += resolve_paths(spec, "the data paths", "*.parquet")
@@ -119,13 +126,10 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
         kept = kept.replace_schema_metadata({"hybridrec.vocabulary.column": column,
                                              "hybridrec.vocabulary.min_count": str(min_count)})
         target = os.path.join(out, f"{column}.parquet")
-        partial = f"{target}.partial"
         try:
-            pq.write_table(kept, partial)
-            os.replace(partial, target)  # a reader never sees half a vocabulary
+            # a reader never sees half a vocabulary, and a link planted at the target is replaced
+            replace_file(target, lambda path: pq.write_table(kept, path))
         except OSError as e:  # a full disk, a read-only directory: the previous vocabulary stays
-            if os.path.exists(partial):
-                os.remove(partial)
             raise DataError(f"{target}: cannot be written ({e.strerror or e}); nothing was replaced") from None
         written[column] = target
         print(f"{target}: {kept.num_rows:,} ids seen >= {min_count} times "
