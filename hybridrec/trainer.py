@@ -180,15 +180,20 @@ class Trainer:
             self.selection.update(self.objective, self.objective.value(judged.metrics), last)
             if self.selection.best_step == last and self.cfg.checkpoint.keep_best:
                 self.selection.best_checkpoint = self.checkpointer.path(last)
+        exploded = self._exploded_at_end()
+        hint = self.checkpointer.resume_hint() if self.checkpointer else "no checkpoints are saved"
         if self.checkpointer:
-            # The last save has no next step: it is committed if the final scores are finite.
-            self.checkpointer.finish(judged.finite)
-            if not judged.finite:
-                raise checkpoint.Diverged(
-                    f"non-finite scores in the final evaluation after step {last}: the model diverged (a learning "
-                    f"rate too high is the usual cause); its last save was not committed; "
-                    f"{self.checkpointer.resume_hint()}"
-                )
+            # The last save has no next step: it is committed if the final scores are finite
+            # and the last losses did not explode.
+            self.checkpointer.finish(judged.finite and not exploded)
+        if not judged.finite:
+            raise checkpoint.Diverged(
+                f"non-finite scores in the final evaluation after step {last}: the model diverged (a learning "
+                f"rate too high is the usual cause); its last save was not committed; {hint}"
+            )
+        if exploded:
+            raise checkpoint.Diverged(f"{exploded}: the model diverged (a learning rate too high is the usual cause: "
+                                      f"{self._learning_rates()}); its last save was not committed; {hint}")
         if not has_valid:
             return {"eval": judged.metrics}
         final = {"valid": judged.metrics}
@@ -214,6 +219,22 @@ class Trainer:
                 "best_value": self.selection.best_value, "best_checkpoint": best and os.path.abspath(best),
                 "stopped_early_at": self.stopped_early_at}
 
+    def _exploded_at_end(self) -> Optional[str]:
+        """Why the run ends diverged though every loss was finite, or None: the median of its
+        last steps (up to 10) is over checkpoint.max_loss_ratio x its typical loss before
+        them (``checkpoint.exploded``). Such a run ends with an error, whatever it scores."""
+        n = len(self.losses)
+        window = min(10, n // 2)
+        if not window:
+            return None
+        last = sorted(self.losses[-window:])[window // 2]
+        over = checkpoint.exploded(last, self.losses[:-window], self.cfg.checkpoint.max_loss_ratio)
+        return over and f"the loss at the end of training (median {last:.4g} over steps {n - window + 1}-{n}) is {over}"
+
+    def _learning_rates(self) -> str:
+        return ", ".join(f"optimizer.{name}.lr={OmegaConf.select(self.cfg, f'optimizer.{name}.lr')}"
+                         for name in ("sparse", "dense"))
+
     def _check_losses(self, step: int) -> None:
         """All-reduce the losses of the steps not yet checked, up to ``step``, and stop on a
         non-finite one (one line: the step, the likely cause, where to resume)."""
@@ -224,11 +245,9 @@ class Trainer:
             if self.checkpointer:
                 self.checkpointer.discard()  # a save before this step: its next loss is not finite
                 hint = self.checkpointer.resume_hint()
-            lrs = ", ".join(f"optimizer.{name}.lr={OmegaConf.select(self.cfg, f'optimizer.{name}.lr')}"
-                            for name in ("sparse", "dense"))
             raise checkpoint.Diverged(
                 f"non-finite loss {window[bad[0]]} at step {len(self.losses) + bad[0] + 1}: the model diverged "
-                f"(a learning rate too high is the usual cause: {lrs}); {hint}"
+                f"(a learning rate too high is the usual cause: {self._learning_rates()}); {hint}"
             )
         self.losses += window
 

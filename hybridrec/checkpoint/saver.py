@@ -8,6 +8,7 @@ import copy
 import errno
 import fcntl
 import logging
+import math
 import os
 import shutil
 import socket
@@ -126,9 +127,10 @@ class Checkpointer:
         """Write the state after ``step`` (collective). Commits the previous save first, which
         must have been confirmed: the trainer checks the losses before every save."""
         self.commit()
-        if not _all_finite(self.live.model.state_dict(), self.device):
-            raise Diverged(f"non-finite weights after step {step}: the model diverged (a learning rate too high "
-                           f"is the usual cause); {self.resume_hint()}")
+        if bad := _non_finite(self.live.dcp_state(), self.device):
+            what = "weights" if bad.startswith("model.") else "optimizer state"
+            raise Diverged(f"non-finite {what} after step {step} ({bad}): the model diverged (a learning rate too "
+                           f"high is the usual cause); nothing of step {step} was saved; {self.resume_hint()}")
         final = self.path(step)
         partial = final + ".partial"
         if self.rank == 0:
@@ -160,14 +162,11 @@ class Checkpointer:
         (``checkpoint.max_loss_ratio``), else dropped with a warning."""
         if not self.pending or self.pending.step >= step:
             return
-        after, before = losses[self.pending.step], sorted(losses[: self.pending.step])
-        median = before[len(before) // 2]
-        ratio = self.cfg.max_loss_ratio
-        if ratio and median > 0 and after > ratio * median:  # (a loss that can be negative is not compared)
+        after = losses[self.pending.step]
+        if over := exploded(after, losses[: self.pending.step], self.cfg.max_loss_ratio):
             if self.rank == 0:
                 log.warning(f"checkpoint {self.pending.final} not committed: the loss of the step after it, "
-                            f"{after:.4g}, is over checkpoint.max_loss_ratio={ratio:g} x the run's median loss "
-                            f"{median:.4g} (the model is diverging)")
+                            f"{after:.4g}, is {over} (the model is diverging)")
             self.discard()
             return
         self.pending.confirmed = True
@@ -299,23 +298,73 @@ def _write(state: dict[str, Any], partial: str, rank: int, group: Any) -> dict[s
     return hash_files(partial, own_files(partial, rank))
 
 
-def _all_finite(state: dict[str, Any], device: torch.device) -> bool:
-    """Every floating-point value this rank holds of ``state`` is finite, on every rank
-    (collective): table shards, FSDP2 shards and replicated tensors alike."""
-    ok = True
-    for value in state.values():
-        if isinstance(value, ShardedTensor):
-            local = [shard.tensor for shard in value.local_shards()]
-        elif isinstance(value, DTensor):
-            local = [value.to_local()]
-        elif isinstance(value, torch.Tensor):
-            local = [value]
-        else:
-            continue
-        ok = ok and all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in local)
-    flag = torch.tensor([int(ok)], device=device)
+# The losses of a run's first steps: where it began, whatever its median does later.
+_START_STEPS = 10
+
+
+def typical_loss(losses: list[float]) -> float:
+    """What a loss is compared with to call it exploded: the lowest of the median of the
+    run's losses so far, the median of its first ``_START_STEPS`` steps, and its first
+    step's loss (the untrained model's). A run that diverges drags its own median up with it
+    (to 6.8e33 in a run whose loss reached 1.8e34), and one that diverges from its second
+    step its first steps' median too; the first loss stays where the run began, so no
+    median that diverged with the run can excuse it. Resumed runs count from the first step
+    of the run they continue."""
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return min(median(losses), median(losses[:_START_STEPS]), losses[0])
+
+
+def exploded(loss: float, before: list[float], ratio: Optional[float]) -> Optional[str]:
+    """Why ``loss`` counts as exploded against the losses ``before`` it (``checkpoint.
+    max_loss_ratio``), or None: never without a ratio, a history, or a positive typical loss
+    (a loss that can be negative, a ranking loss, is not compared)."""
+    if not ratio or not before:
+        return None
+    typical = typical_loss(before)
+    if typical > 0 and loss > ratio * typical:
+        return f"over checkpoint.max_loss_ratio={ratio:g} x the run's typical loss {typical:.4g}"
+    return None
+
+
+def _local_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors this rank holds of a state value: table shards, an FSDP2 shard, a tensor."""
+    if isinstance(value, ShardedTensor):
+        return [shard.tensor for shard in value.local_shards()]
+    if isinstance(value, DTensor):
+        return [value.to_local()]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def _first_non_finite(node: Any, key: str = "") -> Optional[str]:
+    """The key of the first floating-point value of a nested state (dicts, lists, tensors,
+    numbers) that this rank holds and that is not finite, or None."""
+    if isinstance(node, dict):
+        items: Any = node.items()
+    elif isinstance(node, (list, tuple)):
+        items = enumerate(node)
+    elif isinstance(node, float):
+        return None if math.isfinite(node) else key
+    else:
+        tensors = _local_tensors(node)
+        return key if any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors) else None
+    for k, value in items:
+        if found := _first_non_finite(value, f"{key}.{k}" if key else str(k)):
+            return found
+    return None
+
+
+def _non_finite(state: dict[str, Any], device: torch.device) -> Optional[str]:
+    """The first key of ``state`` (the model's and the optimizers' state, dense and fused
+    sparse: everything a save commits) with a value that is not finite on any rank, or None
+    (collective: every rank learns the answer, named by the lowest rank that found one)."""
+    bad = _first_non_finite(state)
+    flag = torch.tensor([int(bad is None)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    if flag.item():
+        return None
+    found: list[Optional[str]] = [None] * dist.get_world_size()
+    dist.all_gather_object(found, bad)
+    return next(b for b in found if b is not None)
 
 
 def _storage_problem(cause: BaseException, directory: str) -> tuple[str, str]:

@@ -763,10 +763,13 @@ class CheckpointConfig:
     keep_best: bool = False
     """Also keep the checkpoint with the best objective seen at train.eval_every (beside the
     keep_last newest), and score the test split with its weights at the end."""
-    max_loss_ratio: float = 5.0
+    max_loss_ratio: Optional[float] = 5.0
     """A save is committed only if the loss of the step after it is finite and at most this many
-    times the median loss of the run so far: a model whose loss exploded resumes no better than
-    one whose loss is NaN (0 = finite is enough)."""
+    times the run's typical loss (the lowest of the median of its losses so far, that of its
+    first 10 steps and its first step's loss: a median that diverged with the run cannot
+    excuse it), and a run whose last losses
+    are over it ends with an error: a model whose loss exploded resumes no better than one
+    whose loss is NaN. >= 1; null = finite is enough."""
     allow_unverified: bool = False
     """Resume a checkpoint whose trainer_state.json records no checksums: only checkpoints
     written by a hybridrec older than checksums lack them. Every other checkpoint without

@@ -185,9 +185,10 @@ def _validate_run(cfg: DictConfig) -> None:
     if cfg.train.early_stop_patience < 0 or cfg.train.early_stop_patience and not cfg.train.eval_every:
         raise ValueError(f"train.early_stop_patience={cfg.train.early_stop_patience} counts evaluations: it must be "
                          f">= 0, and > 0 needs train.eval_every > 0")
-    if not (math.isfinite(ck.max_loss_ratio) and (ck.max_loss_ratio == 0 or ck.max_loss_ratio >= 1)):
-        raise ValueError(f"checkpoint.max_loss_ratio must be 0 (finite is enough) or a finite number >= 1, got "
-                         f"{ck.max_loss_ratio}")
+    if ck.max_loss_ratio is not None and not ck.max_loss_ratio >= 1:
+        raise ValueError(f"checkpoint.max_loss_ratio={ck.max_loss_ratio} would call a loss exploded at or below the "
+                         f"run's typical loss: it must be >= 1 (5 by default), or null to check only that losses "
+                         f"are finite")
     prof = cfg.profile
     if prof.enabled and (prof.steps < 1 or prof.start_step < 0 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(
