@@ -177,6 +177,15 @@ class AgentFailureLogFilter(logging.Filter):
                 agent_log.addFilter(cls(hide))
 
 
+def dataloader_worker_exits(iterator: Any) -> list[tuple[int, int]]:
+    """(pid, exit code) of the worker processes of a DataLoader's iterator that have ended.
+    When one dies, DataLoader raises "worker (pid(s) N) exited unexpectedly" without the
+    signal; its workers are ``multiprocessing.Process`` objects kept in the private
+    ``_workers`` of its multi-process iterator."""
+    workers = getattr(iterator, "_workers", None) or []
+    return [(w.pid, w.exitcode) for w in workers if w.exitcode is not None]
+
+
 def pipeline_model(pipeline: Any) -> nn.Module:
     """The model a TorchRec train pipeline drives (kept only in its private ``_model``)."""
     return pipeline._model

@@ -23,6 +23,27 @@ class LaunchError(ValueError):
     """The launcher's environment does not say where this rank runs (a user's launch error)."""
 
 
+class Killed(RuntimeError):
+    """A process of the job was ended by a signal from outside (a rank, a DataLoader worker):
+    reported in one line naming the process and the signal, and the command exits with
+    128 + the signal's number, the shell's convention for a process a signal ended."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 @dataclass(frozen=True)
 class LocalLayout:
     rank: int
@@ -86,17 +107,24 @@ def as_launched_rank(parent_ends_it: bool = False) -> None:
     launcher itself (torchrun's agent), so a launcher killed with SIGKILL leaves no rank
     training on.
     """
-    global _forks_tied
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     if sys.platform != "linux":
         return
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: not in a child just forked
-    if not _forks_tied:  # hooks cannot be removed: one is enough
-        os.register_at_fork(after_in_child=lambda: _kill_me_when_parent_ends(libc))
-        _forks_tied = True
+    tie_forks_to_this_process()
     if parent_ends_it:
-        _kill_me_when_parent_ends(libc)
+        _kill_me_when_parent_ends(ctypes.CDLL(None, use_errno=True))
+
+
+def tie_forks_to_this_process() -> None:
+    """Every process this one forks from now on (DataLoader workers) is killed when the
+    thread that forked it ends, however this process ends (Linux; elsewhere nothing)."""
+    global _forks_tied
+    if sys.platform != "linux" or _forks_tied:  # hooks cannot be removed: one is enough
+        return
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: not in a child just forked
+    os.register_at_fork(after_in_child=lambda: _kill_me_when_parent_ends(libc))
+    _forks_tied = True
 
 
 def backend(device: torch.device, cpu_offload: bool = False) -> str:

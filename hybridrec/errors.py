@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from hybridrec.checkpoint import CheckpointError, Diverged
 from hybridrec.data import DataError
-from hybridrec.distributed import LaunchError
+from hybridrec.distributed import Killed, LaunchError
 from hybridrec.sharding import PlanError
 
 # Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
@@ -37,7 +37,11 @@ def user_message(error: BaseException) -> str:
 
 def exit_user_error(error: BaseException, message: str) -> NoReturn:
     """How an entry point stops on a user error: its one-line ``message`` and a non-zero
-    exit, or the traceback with HYDRA_FULL_ERROR=1."""
+    exit (128 + the signal for a process a signal ended, ``Killed``), or the traceback with
+    HYDRA_FULL_ERROR=1."""
     if full_errors():
         raise error
+    if isinstance(error, Killed):
+        print(message, file=sys.stderr, flush=True)
+        sys.exit(error.exit_code)
     sys.exit(message)

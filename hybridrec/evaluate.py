@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, saved_config
 from hybridrec.config import evaluation_config, register_configs
 from hybridrec.data import DataError, build_source
+from hybridrec.distributed import Killed
 from hybridrec.errors import USER_ERRORS, exit_user_error, user_message
 from hybridrec.launch import RankError, launch, quiet_secondary_ranks
 from hybridrec.logs import hydra_verbose, quiet_libraries
@@ -57,7 +58,7 @@ def main(ev: DictConfig) -> float:
     job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions, ev.allow_unverified)
     try:
         result = launch(cfg, HydraConfig.get().runtime.output_dir, job)
-    except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, a checkpoint that does not load
+    except (*USER_ERRORS, RankError, Killed) as e:  # raised inside a rank: bad rows, a checkpoint that does not load
         exit_user_error(e, f"hybridrec: {e}")
     return result["eval"]["auc"]  # what a Hydra sweeper would maximize
 

@@ -24,6 +24,7 @@ before anything is submitted.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import multiprocessing
@@ -36,7 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from hydra.experimental.callback import Callback
@@ -50,7 +51,7 @@ from torch.distributed.elastic.utils.process_state import read_proc_state
 from hybridrec.compat import AgentFailureLogFilter, ExtensibleAgent
 from hybridrec.config import Device
 from hybridrec.config.validation import validate
-from hybridrec.distributed import as_launched_rank
+from hybridrec.distributed import Killed, as_launched_rank, signal_name, tie_forks_to_this_process
 from hybridrec.logs import JobLogging
 from hybridrec.devices import Cuda
 from hybridrec.errors import USER_ERROR_EXIT
@@ -82,9 +83,25 @@ _HANDLED_FAILURE_PIDS: set[int] = set()
 
 def _reported_otherwise(exitcode: object, pid: object) -> bool:
     """A failure hybridrec reports in one line itself (torch logs each with a traceback of its
-    own code): a rank stopped by a user error (its message is the report), or ranks killed
-    for a silent rank. Any other failure is logged as torch logs it."""
-    return exitcode == USER_ERROR_EXIT or pid in _HANDLED_FAILURE_PIDS
+    own code): a rank stopped by a user error (its message is the report), a rank a signal
+    ended (exit code < 0) or one whose DataLoader worker a signal ended (> 128, the message
+    recorded), or ranks killed for a silent rank. Any other failure (a bug) is logged as
+    torch logs it, traceback included."""
+    return (exitcode == USER_ERROR_EXIT or isinstance(exitcode, int) and (exitcode < 0 or exitcode > 128)
+            or pid in _HANDLED_FAILURE_PIDS)
+
+
+def _killed(failures: dict[int, Any]) -> Optional[Killed]:
+    """The lowest rank of ``failures`` (the agent's, by global rank) that a signal ended, or
+    whose DataLoader worker a signal ended, as the one line the command reports; None if
+    no signal ended any."""
+    for rank, f in sorted(failures.items()):
+        if f.exitcode < 0:
+            return Killed(f"rank {rank} (pid {f.pid}) was killed by {signal_name(-f.exitcode)}", -f.exitcode)
+        if f.exitcode > 128:
+            return Killed(f.message or f"rank {rank} (pid {f.pid}) ended by {signal_name(f.exitcode - 128)}",
+                          f.exitcode - 128)
+    return None
 
 
 def already_launched() -> bool:
@@ -166,7 +183,8 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
         return run(cfg, run_dir, job=job)
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
     if nproc == 1 and nodes.count == 1 and not in_sweep():
-        return run(cfg, run_dir, job=job)
+        with _stops_in_one_line(run_dir):
+            return run(cfg, run_dir, job=job)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
     # The ranks are new processes: they get the Hydra job's logging (console, train.log).
@@ -181,6 +199,33 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
         # line, and the shell's exit status of a process ended by that signal.
         print(f"hybridrec: {e}; outputs so far in {os.path.abspath(run_dir)}", file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
+
+
+@contextlib.contextmanager
+def _stops_in_one_line(run_dir: str) -> Iterator[None]:
+    """One rank in this process: SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT end it as they end
+    launched ranks: one line and exit status 128 + the signal, at once. Python's default
+    would unwind the rank (KeyboardInterrupt: some 60 lines of traceback, after the
+    collective or kernel it is in returns). Nothing is left half-done that a later run
+    trusts: a save being written stays a ``.partial``, which resume never picks; the
+    checkpoint lock is the kernel's; DataLoader workers end with this process (the fork
+    hook ``as_launched_rank`` installs in ranks)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        os.write(2, f"hybridrec: stopped by {signal_name(signum)}; outputs so far in "
+                    f"{os.path.abspath(run_dir)}\n".encode())
+        os._exit(128 + signum)
+
+    tie_forks_to_this_process()
+    handlers = {s: signal.signal(s, stop) for s in _AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def oversubscribed(cfg: DictConfig, env: Optional[dict[str, str]] = None) -> Optional[str]:
@@ -251,6 +296,8 @@ def spawn(
         stopped = sorted((rank, f) for rank, f in e.failures.items() if f.exitcode == USER_ERROR_EXIT)
         if stopped:
             raise RankError(stopped[0][1].message) from None
+        if killed := _killed(e.failures):
+            raise killed from None
         raise
     return results[min(results)]
 
@@ -310,8 +357,9 @@ class _Agent(ExtensibleAgent):
     a rank deadlocked with the GIL released still beats, and the collective timeout ends it.
     """
 
-    def __init__(self, *args: Any, beats: Any, silence_s: float, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, spec: WorkerSpec, *args: Any, beats: Any, silence_s: float, **kwargs: Any) -> None:
+        super().__init__(spec, *args, **kwargs)
+        self.max_restarts = spec.max_restarts
         self.beats, self.silence_s = beats, silence_s
         self.unresponsive: Optional[str] = None  # the report, once this attempt's ranks were killed
         self.last_look = self.awake_since = time.monotonic()
@@ -351,8 +399,19 @@ class _Agent(ExtensibleAgent):
                 pass
 
     def after_check(self, worker_group: Any, result: RunResult) -> None:
-        if result.is_failed() and any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
+        if not result.is_failed():
+            return
+        if any(f.exitcode == USER_ERROR_EXIT for f in result.failures.values()):
             self.decline_restarts()
+        elif self.restarts_left > 0 and not self.unresponsive:
+            # torch's own report of a failure that is restarted is a traceback of the agent's
+            # code; a signal's is filtered (_reported_otherwise) and said here in one line
+            killed = _killed(result.failures)
+            rank, f = min(result.failures.items())
+            what = str(killed) if killed else f"rank {rank} (pid {f.pid}) failed with exit code {f.exitcode}"
+            done = self.max_restarts - self.restarts_left + 1
+            log.warning(f"{what}; restarting every rank from the newest checkpoint (restart {done} of "
+                        f"launcher.max_restarts={self.max_restarts})")
 
 
 # The signals torch's agent turns into SignalException (TORCHELASTIC_SIGNALS_TO_HANDLE).

@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybridrec.compat import record_error_message
 from hybridrec.devices import pick_device
-from hybridrec.distributed import health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.distributed import Killed, health_check, init_distributed, local_layout, shutdown_distributed
 from hybridrec.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors
 from hybridrec.logs import JobLogging, configure_rank
 from hybridrec.trainer import train_job
@@ -82,6 +82,10 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Option
     except USER_ERRORS as e:
         if parent_reports and not full_errors() and record_error_message(str(e)):
             sys.exit(USER_ERROR_EXIT)
+        raise
+    except Killed as e:  # a DataLoader worker of this rank was killed: the launcher reports it, one line
+        if parent_reports and not full_errors() and record_error_message(str(e)):
+            sys.exit(e.exit_code)
         raise
     finally:
         shutdown_distributed(clean=summary is not None)

@@ -31,6 +31,7 @@ from hybridrec import objective
 from hybridrec.config import register_configs
 from hybridrec.build import keep_fitted
 from hybridrec.data import build_source
+from hybridrec.distributed import Killed
 from hybridrec.errors import USER_ERRORS, exit_user_error, full_errors, user_message
 from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
                               quiet_secondary_ranks)
@@ -106,7 +107,7 @@ def main(cfg: DictConfig) -> float:
             return failed(e, user_message(e))
         try:
             summary = launch(cfg, run_dir)
-        except (*USER_ERRORS, RankError) as e:  # raised inside a rank: bad rows, checkpoint, disk full
+        except (*USER_ERRORS, RankError, Killed) as e:  # raised inside a rank: bad rows, checkpoint, disk full
             return failed(e, f"hybridrec: {e}")
     finally:
         if lock:

@@ -29,7 +29,9 @@ from typing import Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from hybridrec.compat import dataloader_worker_exits
 from hybridrec.data import DataError, RecBatch
+from hybridrec.distributed import Killed, signal_name
 from hybridrec.data.source import Rows, Source
 
 
@@ -207,8 +209,9 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
     source.begin_pass(split, start // per_epoch if per_epoch else 0)
     stream = _Stream(source, split, ranges, start, stop, per_epoch)
     if workers:
-        pieces: Iterator = iter(DataLoader(stream, batch_size=None, num_workers=workers, prefetch_factor=prefetch,
-                                           persistent_workers=False, multiprocessing_context="fork"))
+        pieces: Iterator = _watched(iter(DataLoader(stream, batch_size=None, num_workers=workers,
+                                                    prefetch_factor=prefetch, persistent_workers=False,
+                                                    multiprocessing_context="fork")), rank)
     else:
         pieces = iter(stream)
     local = source.batch_size // world_size
@@ -232,6 +235,21 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
         pending[item.piece] = item.rows.unpack(len(source.features))
     if pending:
         yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
+
+
+def _watched(pieces: Iterator, rank: int) -> Iterator:
+    """A DataLoader's items; a worker that a signal ended (``kill -9``, the OOM killer) is
+    named with its pid and the signal (``Killed``): DataLoader's own error says only that a
+    worker "exited unexpectedly", with the traceback of its polling."""
+    try:
+        yield from pieces
+    except RuntimeError:
+        dead = [(pid, code) for pid, code in dataloader_worker_exits(pieces) if code < 0]
+        if not dead:
+            raise
+        pid, code = dead[0]
+        raise Killed(f"rank {rank}: DataLoader worker (pid {pid}) was killed by {signal_name(-code)}; its batches "
+                     f"were lost with it (data.num_workers=0 reads in the rank itself)", -code) from None
 
 
 def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, train: bool,
