@@ -87,7 +87,7 @@ def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
     # Steady-state parsing is what is measured: the one-time collision estimate (rank 0, over
     # shard 0's first 100k rows) is cut to one block, and its warning (random ids into
     # Kaggle-capped tables collide, as expected) is silenced.
-    import hybridrec.data.criteo as criteo
+    import hybridrec.data.criteo.tsv as criteo  # the module that reads _COLLISION_SAMPLE
 
     criteo._COLLISION_SAMPLE = 1
     logging.getLogger("hybridrec.data.criteo").setLevel(logging.ERROR)

@@ -1,28 +1,11 @@
-"""Criteo click logs: the TSV format and TorchRec's preprocessed binary format.
-
-TSV rows: label, 13 integer features, 26 categorical features as hex strings (8 digits in
-the real logs), tab-separated, an empty field meaning missing. Integer features become
-log(x + 1) with negatives clamped to 0 (the DLRM convention); missing values are 0, as in
-TorchRec's own Criteo conversion. A categorical id maps into its table by modulo or by a hash.
-
-The TSV reader reads each file (gunzipped when its name ends in .gz) in blocks of whole
-lines, parses each block with PyArrow's CSV parser and validates and converts whole columns
-at a time: no Python loop over fields. Bad rows are skipped and counted
-(``data.bad_rows=skip``) or stop the run (``fail``) with file:line; a line that is not
-UTF-8 costs that line only. A stream that breaks (truncated gzip) keeps every complete line
-before the break, and the lost rest is reported with the line it starts at.
-
-Every rank reads the files in the same order and keeps its slice of each global batch, so
-global batches do not depend on the world size. That means every rank parses every row; the
-binary format reads only each rank's rows (memory-mapped ranges), which is why it is the
-format for large runs.
-"""
+"""The TSV reader (``data=criteo``): CriteoTSV, its shard readers (``_ShardReader``) and line
+index, and the reading of a file in blocks of whole lines (gzip checks, a stream that
+breaks, lines that are not UTF-8) parsed and validated a block at a time (``parse_block``,
+``read_tsv_file``)."""
 
 from __future__ import annotations
 
-import glob
 import gzip
-import logging
 import os
 import zlib
 from typing import Iterator, Optional
@@ -32,104 +15,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from omegaconf import DictConfig
-from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.config import BadRows, IdMapping
 from hybridrec.data.source import Rows, Source, check_table_sizes
 from hybridrec.data import (
     DataError,
     ReadReport,
-    SparseFeature,
     check_disjoint,
     holdout,
     one_hot,
     shorten,
-    splitmix64,
 )
+from hybridrec.data.criteo.common import (CAT_FEATURES, COLUMNS, INT_FEATURES, criteo_tables, estimate_collisions,
+                                          map_ids, resolve_paths, validation_fraction, warn_collisions)
 
-log = logging.getLogger(__name__)
-
-INT_FEATURES, CAT_FEATURES = 13, 26
-COLUMNS = ["label"] + [f"int_{i}" for i in range(INT_FEATURES)] + [f"cat_{i}" for i in range(CAT_FEATURES)]
 _HEX = np.full(256, 255, dtype=np.uint8)  # byte -> nibble, 255 = not a hex digit
 for _i, _c in enumerate("0123456789abcdef"):
     _HEX[ord(_c)] = _HEX[ord(_c.upper())] = _i
 _NIBBLE_WEIGHTS = (np.uint64(16) ** np.arange(7, -1, -1, dtype=np.uint64)).astype(np.uint64)
 _COLLISION_SAMPLE = 100_000  # rows on which table collisions are estimated
-_HOLDOUT_RUN = 4096  # binary format: validation rows are held out in runs of this many rows
-
-
-def resolve_paths(spec: Optional[str], key: str, pattern: str = "*") -> list[str]:
-    """A file, a directory (its files matching ``pattern``, sorted) or a glob."""
-    if not spec:
-        raise DataError(f"{key} is not set")
-    if any(ch in spec for ch in "*?["):
-        paths = sorted(p for p in glob.glob(spec) if os.path.isfile(p))
-    elif os.path.isdir(spec):
-        paths = sorted(glob.glob(os.path.join(spec, pattern)))
-    else:
-        paths = [spec] if os.path.isfile(spec) else []
-    if not paths:
-        raise DataError(f"{key}={spec}: no such file, or no file in that directory / glob")
-    return paths
-
-
-def criteo_tables(num_embeddings_per_feature: list[int]) -> tuple[list[SparseFeature], np.ndarray]:
-    """The 26 categorical features and their table sizes, checked."""
-    if len(num_embeddings_per_feature) != CAT_FEATURES:
-        raise DataError(
-            f"data.num_embeddings_per_feature needs {CAT_FEATURES} sizes for Criteo, "
-            f"got {len(num_embeddings_per_feature)}"
-        )
-    features = [SparseFeature(f"cat_{i}", int(n)) for i, n in enumerate(num_embeddings_per_feature)]
-    return features, np.array(num_embeddings_per_feature, dtype=np.int64)
-
-
-def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: IdMapping) -> np.ndarray:
-    """Raw 32-bit ids (n, F) into table rows: ``modulo`` (TorchRec's convention) or ``hash``
-    (a 64-bit mix first, so that ids differing in low bits do not collide in patterns)."""
-    x = raw.astype(np.uint64)
-    if mapping == IdMapping.hash:
-        x = splitmix64(x)
-    return (x % sizes.astype(np.uint64)).astype(np.int64)
-
-
-def estimate_collisions(raw: np.ndarray, mapped: np.ndarray, names: list[str]) -> dict:
-    """Per table, over a sample of rows: distinct raw ids, the distinct rows they landed on,
-    and the share of those ids that share their row with another id."""
-    out = {}
-    for f, name in enumerate(names):
-        pairs = np.unique(np.stack([mapped[:, f].astype(np.int64), raw[:, f].astype(np.int64)], axis=1), axis=0)
-        ids = len(pairs)
-        _, per_row = np.unique(pairs[:, 0], return_counts=True)
-        if ids > len(per_row):
-            out[name] = {"distinct_ids": ids, "distinct_rows": len(per_row), "sample_rows": len(raw),
-                         "colliding_share": round(float(per_row[per_row > 1].sum()) / ids, 4)}
-    return out
-
-
-def warn_collisions(collisions: dict, names: list[str], sizes: np.ndarray) -> None:
-    """A table where most ids share rows has collapsed: the model cannot tell them apart."""
-    bad = {name: c for name, c in collisions.items() if c["colliding_share"] > 0.5}
-    if bad:
-        tables = "; ".join(
-            f"t_{name}: {int(sizes[names.index(name)]):,} rows for {c['distinct_ids']:,} ids, "
-            f"{c['colliding_share']:.0%} share a row" for name, c in bad.items()
-        )
-        first = next(iter(bad.values()))["sample_rows"]
-        log.warning(
-            f"data: most ids collide in {len(bad)} table(s) over the first {first:,} training rows ({tables}). "
-            f"Raise data.num_embeddings_per_feature at index "
-            f"{', '.join(str(names.index(n)) for n in bad)}, or use data.id_mapping=hash if ids share low bits"
-        )
-
-
-def validation_fraction(valid_path: Optional[str], valid_fraction: float) -> float:
-    if not 0 <= valid_fraction < 1:
-        raise DataError(f"data.valid_fraction must be in [0, 1), got {valid_fraction}")
-    if valid_path and valid_fraction:
-        raise DataError("data.valid_path and data.valid_fraction are both set: choose one source of validation rows")
-    return valid_fraction
 
 
 class CriteoTSV(Source):
@@ -669,174 +573,3 @@ def _blank_undecodable(text: bytes) -> tuple[bytes, dict[int, str]]:
             bad[i + 1] = f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})"
             lines[i] = b"-"  # one field: the parser skips it as a row of the wrong shape
     return b"\n".join(lines), bad
-
-
-# The dtypes each file of the .npy layout may have (kinds: f float, i/u integer, b bool): ids
-# stored as floats lose integers above 2**24 and are refused, not truncated.
-_NPY_KINDS = {"dense": ("f", "floating point"), "sparse": ("iu", "integer ids"), "labels": ("iufb", "numbers 0 or 1")}
-
-
-class CriteoBinary(Source):
-    """TorchRec's preprocessed Criteo format: ``X_dense.npy`` (n, 13) float32, already
-    log-transformed, ``X_sparse.npy`` (n, 26) raw ids, ``X_labels.npy`` (n, 1), as written by
-    ``torchrec.datasets.criteo.BinaryCriteoUtils.tsv_to_npys``. Each rank reads only its own
-    rows of each global batch (``BinaryCriteoUtils.load_npy_range``, memory-mapped)."""
-
-    @classmethod
-    def check_config(cls, cfg: DictConfig, world_size: int) -> None:
-        check_table_sizes(cfg)
-
-    def __init__(
-        self,
-        batch_size: int,
-        train_path: str,
-        eval_path: str,
-        num_embeddings_per_feature: list[int],
-        id_mapping: IdMapping,
-        eval_batches: Optional[int],
-        seed: int,
-        valid_path: Optional[str] = None,
-        valid_fraction: float = 0.0,
-    ) -> None:
-        self.features, self.sizes = criteo_tables(num_embeddings_per_feature)
-        self.batch_size = batch_size
-        specs = {"train": train_path, "eval": eval_path, **({"valid": valid_path} if valid_path else {})}
-        self.days = {split: self._days(spec, f"data.{split}_path") for split, spec in specs.items()}
-        check_disjoint({f"data.{split}_path": [f"{p}_dense.npy" for p, _ in days] for split, days in self.days.items()})
-        fraction = validation_fraction(valid_path, valid_fraction)
-        self.splits = ("train", "valid", "eval") if valid_path or fraction else ("train", "eval")
-        # Rows of each split as segments (first row, count) of its days laid end to end.
-        # valid_fraction holds out a seeded share of the training rows in runs of
-        # _HOLDOUT_RUN rows, so that every read stays a few contiguous memory-mapped ranges.
-        self.segments = {split: [(0, sum(rows for _, rows in days))] for split, days in self.days.items()}
-        if fraction:
-            total = self.segments["train"][0][1]
-            runs = np.arange(-(-total // _HOLDOUT_RUN))
-            held = holdout(seed, 0, runs, fraction)
-            self.days["valid"] = self.days["train"]
-            for split, mask in (("train", ~held), ("valid", held)):
-                self.segments[split] = [(int(r) * _HOLDOUT_RUN, min(_HOLDOUT_RUN, total - int(r) * _HOLDOUT_RUN))
-                                        for r in runs[mask]]
-        self.num_dense_features = INT_FEATURES
-        self.id_mapping = IdMapping(id_mapping)
-        self.eval_batches = eval_batches
-        self._report = ReadReport()
-        for split, days in self.days.items():
-            for prefix, rows in days:
-                if prefix not in self._report.files:  # validation may be a share of the training files
-                    self._report.good(prefix, rows)
-            rows = sum(n for _, n in self.segments[split])
-            if (rows < batch_size) if split == "train" else rows == 0:  # an evaluated split is padded
-                raise DataError(f"data.{split}_path has {rows} rows: " + (
-                    f"fewer than one global batch (data.batch_size={batch_size})" if rows else "nothing to evaluate"))
-
-    @staticmethod
-    def _days(spec: str, key: str) -> list[tuple[str, int]]:
-        """(prefix, rows) per day, checked: the three files exist and agree."""
-        days = []
-        for dense in resolve_paths(spec, key, pattern="*_dense.npy"):
-            prefix = dense[: -len("_dense.npy")]
-            shapes = {}
-            for part, width in (("dense", INT_FEATURES), ("sparse", CAT_FEATURES), ("labels", 1)):
-                path = f"{prefix}_{part}.npy"
-                if not os.path.isfile(path):
-                    raise DataError(f"{key}: {path} is missing (day {os.path.basename(prefix)})")
-                try:
-                    array = np.load(path, mmap_mode="r")  # the header only: no row is read
-                except (ValueError, OSError, EOFError) as e:
-                    raise DataError(f"{path}: not a readable .npy file ({e}); {key} names the "
-                                    f"converted days (python -m hybridrec.data.convert)") from None
-                if array.ndim != 2 or array.shape[1] != width:
-                    raise DataError(f"{path}: shape {array.shape}, expected (rows, {width})")
-                if array.dtype.kind not in _NPY_KINDS[part][0]:
-                    raise DataError(f"{path}: dtype {array.dtype}, expected {_NPY_KINDS[part][1]}")
-                shapes[part] = array.shape[0]
-            if len(set(shapes.values())) != 1:
-                raise DataError(f"{prefix}: dense, sparse and labels disagree on rows: {shapes}")
-            days.append((prefix, shapes["dense"]))
-        return days
-
-    def report(self) -> dict:
-        return self._report.to_dict()
-
-    # -- the Source contract ---------------------------------------------------------------
-    def num_batches(self, split: str) -> int:
-        """Train: full global batches (the partial last one is dropped, and counted); evaluated
-        splits: every row, the last batch padded."""
-        total = sum(n for _, n in self.segments[split])
-        return total // self.batch_size if split == "train" else -(-total // self.batch_size)
-
-    def begin_pass(self, split: str, epoch: int) -> None:
-        if split == "train":
-            self._report.dropped_tail_rows["train"] = sum(n for _, n in self.segments["train"]) % self.batch_size
-
-    def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
-        """The rows, memory-mapped ranges of the days: the same order every epoch."""
-        total = sum(n for _, n in self.segments[split])
-        first = min(index * self.batch_size + lo, total)
-        count = min(index * self.batch_size + hi, total) - first
-        dense, sparse, labels = (self._rows(self.days[split], self.segments[split], part, first, count)
-                                 for part in ("dense", "sparse", "labels"))
-        self._check_values(split, first, dense.reshape(-1, INT_FEATURES), sparse.reshape(-1, CAT_FEATURES),
-                           labels.reshape(-1))
-        ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping)
-        return Rows.of(dense.reshape(-1, INT_FEATURES), one_hot(ids), labels.reshape(-1))
-
-    def _check_values(self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
-        """Values the dtypes allow but the model cannot use: a label other than 0 or 1, a
-        NaN or infinite dense value, a negative id. The layout's rows are taken by position
-        (every global batch, at every world size), so a bad row cannot be skipped as the TSV
-        reader skips it: the run stops, naming the file and row (0-based, as NumPy indexes)."""
-        checks = (("labels", (labels != 0) & (labels != 1)),
-                  ("dense", ~np.isfinite(dense).all(axis=1)),
-                  ("sparse", (sparse < 0).any(axis=1) if sparse.dtype.kind == "i" else np.zeros(len(sparse), bool)))
-        for part, bad in checks:
-            if bad.any():
-                i = int(np.argmax(bad))
-                prefix, row = self._locate(split, first + i)
-                value = {"labels": lambda: f"label {labels[i]:g} is not 0 or 1",
-                         "dense": lambda: f"dense value {dense[i][~np.isfinite(dense[i])][0]} is not finite",
-                         "sparse": lambda: f"id {sparse[i][sparse[i] < 0][0]} is negative"}[part]()
-                raise DataError(f"{prefix}_{part}.npy row {row}: {value}. The .npy layout's rows are read by "
-                                f"position, so a bad row cannot be skipped: fix the file (or convert the TSV again)")
-
-    def _locate(self, split: str, index: int) -> tuple[str, int]:
-        """The day (prefix) and row in it of row ``index`` of ``split``."""
-        offset = 0
-        for first, n in self.segments[split]:
-            if index < offset + n:
-                row = first + index - offset
-                break
-            offset += n
-        for prefix, rows in self.days[split]:
-            if row < rows:
-                return prefix, row
-            row -= rows
-        raise IndexError(index)
-
-    @classmethod
-    def _rows(cls, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,
-              count: int) -> np.ndarray:
-        """Rows [start, start + count) of a split whose rows are ``segments`` of the days."""
-        out, offset = [], 0
-        for first, n in segments:
-            if count and start < offset + n:
-                lo = max(start - offset, 0)
-                take = min(n - lo, count)
-                out.append(cls._range(days, part, first + lo, take))
-                start, count = start + take, count - take
-            offset += n
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
-
-    @staticmethod
-    def _range(days: list[tuple[str, int]], part: str, start: int, count: int) -> np.ndarray:
-        """Rows [start, start + count) of the concatenated days, read as memory-mapped ranges."""
-        out, offset = [], 0
-        for prefix, rows in days:
-            if count and start < offset + rows:
-                lo = max(start - offset, 0)
-                take = min(rows - lo, count)
-                out.append(BinaryCriteoUtils.load_npy_range(f"{prefix}_{part}.npy", lo, take, mmap_mode=True))
-                start, count = start + take, count - take
-            offset += rows
-        return np.concatenate(out)
