@@ -1,0 +1,319 @@
+"""Arrow columns into what the model reads: the column types, and ParquetSource's conversion
+of a table (``_Columns``): labels, sample weights, dense values, each sparse feature's ids,
+lengths and id weights, the checks that find bad rows (counted with file and row, or raised)
+and the padding that replaces them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from hybridrec.config.schema import ParquetIdMapping
+from hybridrec.data import DataError, FileReport, ReadReport
+from hybridrec.data.parquet.config import _Sparse
+from hybridrec.data.parquet.hashing import hash_ints, hash_strings
+from hybridrec.data.source import Rows
+
+# ------------------------------------------------------------------------------ column types
+def _kind(t: pa.DataType) -> str:
+    """int, str (string or binary), float, bool, decimal, or other; a dictionary is its values'."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "str"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_decimal(t):
+        return "decimal"
+    return "other"
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+_NUMERIC = ("int", "float", "bool", "decimal")
+
+
+def _plain_array(column) -> pa.Array:
+    """One array (chunks combined), dictionaries decoded: the chunks of a slice that spans
+    row groups may carry different dictionaries."""
+    if isinstance(column, pa.ChunkedArray):
+        if pa.types.is_dictionary(column.type):
+            column = pa.chunked_array([c.dictionary_decode() for c in column.chunks], column.type.value_type)
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if pa.types.is_fixed_size_list(column.type):
+        column = column.cast(pa.list_(column.type.value_type))
+    return column
+
+
+def _floats(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """float64 values (NaN where null) and the null mask."""
+    values = pc.cast(array, pa.float64())
+    nulls = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
+    return np.asarray(pc.fill_null(values, np.nan) if values.null_count else values, dtype=np.float64), nulls
+
+
+@dataclass
+class _Part:
+    """Converted rows of one file range; bad rows already padding."""
+
+    dense: np.ndarray
+    labels: np.ndarray
+    weights: np.ndarray
+    ids: list[tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]
+    real: np.ndarray
+    keys: Optional[list[Optional[np.ndarray]]] = None
+    """Sampling: each mapped feature's 64-bit id keys before the modulo (None elsewhere)."""
+
+
+_Check = tuple[np.ndarray, Callable[[int], str]]
+
+
+class _Columns:
+    """ParquetSource's conversion of the tables it reads into rows (a mixin of ParquetSource:
+    it reads the source's settings: label_column, threshold_value, weight_column, dense,
+    sparse, vocabularies, hash_seed, fail and weighted)."""
+
+    def _convert(self, table: pa.Table, spans: list[tuple[str, int, int]], report: Optional[ReadReport],
+                 sample: bool = False) -> _Part:
+        """The rows of ``table``, which are ``spans`` (file, first row, rows) end to end, as
+        arrays, every column checked at once; bad rows become padding, counted in ``report``
+        (or raised with bad_rows=fail) with their file and row.
+        ``sample``: nothing is counted or raised, and id keys are kept for the estimates."""
+        n = table.num_rows
+        checks: list[_Check] = []
+        labels, label_checks = self._labels(_plain_array(table.column(self.label_column)))
+        checks += label_checks
+        weights = np.ones(n, np.float32)
+        if self.weight_column:
+            w, nulls = _floats(_plain_array(table.column(self.weight_column)))
+            bad = ~nulls & ~(np.isfinite(w) & (w >= 0))
+            checks += [(nulls, lambda i: f"sample weight {self.weight_column} is null"),
+                       (bad, lambda i, w=w: f"sample weight {self.weight_column} {w[i]:g} is not a finite number >= 0")]
+            weights = np.where(nulls | bad, 0, w).astype(np.float32)
+        dense = np.zeros((n, len(self.dense)), np.float32)
+        for j, d in enumerate(self.dense):
+            x, nulls = _floats(_plain_array(table.column(d.column)))
+            with np.errstate(all="ignore"):
+                if d.transform == "log1p":
+                    y = np.log1p(np.maximum(x, 0))
+                elif d.transform == "standardize":
+                    y = (x - d.mean) / d.std
+                else:
+                    y = x
+                y = y.astype(np.float32)
+            raw_bad = ~nulls & ~np.isfinite(x)
+            over = ~nulls & ~raw_bad & ~np.isfinite(y)
+            checks += [(nulls, lambda i, c=d.column: f"{c} is null"),
+                       (raw_bad, lambda i, c=d.column, x=x: f"{c} {x[i]} is not finite"),
+                       (over, lambda i, c=d.column, x=x, t=d.transform:
+                        f"{c} {x[i]:g} is out of float32's range after {t}")]
+            dense[:, j] = np.where(nulls | raw_bad | over, 0, y)
+        ids, keys = [], []
+        for f in self.sparse:
+            values, lengths, id_weights, key, sparse_checks = self._ids(f, table, sample)
+            ids.append((values, lengths, id_weights))
+            keys.append(key)
+            checks += sparse_checks
+        bad = np.zeros(n, bool)
+        for mask, _ in checks:
+            bad |= mask
+        if bad.any() and not sample:
+            self._bad_rows(bad, checks, spans, report)
+        if report is not None:
+            at = 0
+            for path, _, count in spans:
+                report.good(path, int(count - bad[at: at + count].sum()))
+                at += count
+        if bad.any() and not sample:  # a sample keeps its ids as read: the estimates filter by ``real``
+            dense[bad] = 0
+            labels = np.where(bad, 0, labels).astype(np.float32)
+            weights = np.where(bad, 0, weights).astype(np.float32)
+            ids = [_as_padding(values, lengths, w, bad) for values, lengths, w in ids]
+        return _Part(dense, labels, weights, ids, ~bad, keys if sample else None)
+
+    def _bad_rows(self, bad: np.ndarray, checks: list[_Check], spans: list[tuple[str, int, int]],
+                  report: Optional[ReadReport]) -> None:
+        starts = np.cumsum([0] + [count for _, _, count in spans])
+        where = np.flatnonzero(bad)
+        reason = lambda i: next(why(int(i)) for mask, why in checks if mask[i])
+
+        def located(i: int) -> tuple[str, int]:
+            j = int(np.searchsorted(starts, i, side="right")) - 1
+            return spans[j][0], spans[j][1] + i - int(starts[j])
+
+        if self.fail:
+            path, row = located(int(where[0]))
+            raise DataError(f"{path}:{row}: {reason(where[0])} (data.bad_rows=fail)")
+        if report is None:
+            return
+        kept = where[: report.max_errors]  # only the first few are kept with their reason
+        for i in kept:
+            report.bad(*located(int(i)), reason(i))
+        rest = np.searchsorted(starts, where[len(kept):], side="right") - 1  # the rest are counted, by file
+        for j, count in zip(*np.unique(rest, return_counts=True)):
+            report.files.setdefault(spans[int(j)][0], FileReport()).bad_rows += int(count)
+
+    def _labels(self, column: pa.Array) -> tuple[np.ndarray, list[_Check]]:
+        x, nulls = _floats(column)
+        c = self.label_column
+        checks: list[_Check] = [(nulls, lambda i: f"label {c} is null")]
+        if self.threshold_value is not None:
+            nan = ~nulls & np.isnan(x)
+            checks.append((nan, lambda i: f"label {c} is NaN"))
+            return np.where(nulls | nan, 0, x > self.threshold_value).astype(np.float32), checks
+        wrong = ~nulls & (x != 0) & (x != 1)
+        checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not 0 or 1 (or set data.label.threshold)"))
+        return np.where(nulls | wrong, 0, x).astype(np.float32), checks
+
+    def _ids(self, f: _Sparse, table: pa.Table, sample: bool
+             ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], list[_Check]]:
+        """Feature ``f`` of the rows: table rows of its ids (flat), ids per row, each id's
+        weight (weighted features), the ids' 64-bit keys (``sample``) and its checks."""
+        column = _plain_array(table.column(f.column))
+        n = len(column)
+        checks: list[_Check] = []
+        listed = _is_list(column.type)
+        if (not listed and not column.null_count and f.id_mapping == ParquetIdMapping.none.value
+                and not f.weights_column and _kind(column.type) == "int"):
+            # One id per row that is already a table row (converted Criteo, say): no list
+            # offsets to build and no cast, the column's own buffer checked as it is.
+            values = column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            outside = (values < 0) | (values >= f.num_embeddings)
+            if outside.any():
+                checks.append((outside, lambda i, v=values: f"{f.column}: id {v[i]} is outside the table's rows "
+                                                            f"0..{f.num_embeddings - 1} (id_mapping=none)"))
+                values = np.where(outside, 0, values)
+            return values, np.ones(n, np.int32), None, None, checks
+        if listed:
+            if f.truncate:
+                column = pc.list_slice(column, 0, f.max_length)
+            lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
+            flat = _plain_array(pc.list_flatten(column))
+            if f.max_length is not None and not f.truncate:
+                checks.append((lengths > f.max_length, lambda i: f"{f.column} has {lengths[i]} ids, more than "
+                                                                 f"data.sparse[{f.index}].max_length={f.max_length}"))
+        else:  # a null: a row without ids
+            lengths = (~np.asarray(column.is_null())).astype(np.int64) if column.null_count else np.ones(n, np.int64)
+            flat = pc.drop_null(column) if column.null_count else column
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        row_of = np.repeat(np.arange(n), lengths)
+        kind = _kind(flat.type)
+        if flat.null_count:
+            nulls = np.asarray(flat.is_null())
+            checks.append((_rows_of(row_of, nulls, n), lambda i: f"{f.column} has a null id in its list"))
+            fill = 0 if kind == "int" else ("" if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type)
+                                            else b"")
+            flat = pc.fill_null(flat, pa.scalar(fill, flat.type))
+        key = None
+        if f.id_mapping == ParquetIdMapping.none.value:
+            values = np.asarray(pc.cast(flat, pa.int64(), safe=False), dtype=np.int64)
+            outside = (values < 0) | (values >= f.num_embeddings)
+            if outside.any():
+                def why(i: int, ids=flat, outside=outside) -> str:
+                    k = offsets[i] + int(np.argmax(outside[offsets[i]: offsets[i + 1]]))
+                    return (f"{f.column}: id {ids[int(k)].as_py()} is outside the table's rows "
+                            f"0..{f.num_embeddings - 1} (id_mapping=none)")
+                checks.append((_rows_of(row_of, outside, n), why))
+                values = np.where(outside, 0, values)
+        elif f.id_mapping == ParquetIdMapping.hash.value:
+            if kind == "int":
+                key = hash_ints(np.asarray(pc.cast(flat, pa.int64(), safe=False), dtype=np.int64), self.hash_seed)
+            elif len(flat):
+                encoded = pc.dictionary_encode(flat)
+                key = hash_strings(encoded.dictionary, self.hash_seed)[np.asarray(encoded.indices, dtype=np.int64)]
+            else:
+                key = np.zeros(0, np.uint64)
+            values = (key % np.uint64(f.num_embeddings)).astype(np.int64)
+        else:
+            values = self.vocabularies[f.index].rows(flat)
+            key = values.astype(np.uint64)
+        weights = self._id_weights(f, table, listed, lengths, offsets, row_of, checks) if f.weights_column else None
+        return values, lengths.astype(np.int32), weights, key if sample else None, checks
+
+    def _id_weights(self, f: _Sparse, table: pa.Table, listed: bool, lengths: np.ndarray, offsets: np.ndarray,
+                    row_of: np.ndarray, checks: list[_Check]) -> np.ndarray:
+        """The weight of each id of ``f`` (1.0 for ids of rows whose weights do not fit:
+        those rows are bad, and become padding)."""
+        column = _plain_array(table.column(f.weights_column))
+        n, c = len(lengths), f.weights_column
+        if listed:
+            if f.truncate:
+                column = pc.list_slice(column, 0, f.max_length)
+            counts = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
+            w, _ = _floats(_plain_array(pc.list_flatten(column)))
+            mismatch = counts != lengths
+            checks.append((mismatch, lambda i: f"{c} has {counts[i]} weights for {lengths[i]} ids of {f.column}"))
+            start = np.concatenate([[0], np.cumsum(counts)])[row_of] + (np.arange(len(row_of)) - offsets[row_of])
+            fits = ~mismatch[row_of]
+            weights = np.where(fits, w[np.where(fits, start, 0)] if len(w) else 1.0, 1.0)
+            nonfinite = ~np.isfinite(w)
+            checks.append((_rows_of(np.repeat(np.arange(n), counts), nonfinite, n),
+                           lambda i: f"{c} has a null or non-finite weight"))
+        else:
+            w, nulls = _floats(column)
+            has_id = lengths == 1
+            checks.append((has_id & nulls, lambda i: f"{c} is null where {f.column} has an id"))
+            checks.append((has_id & ~nulls & ~np.isfinite(w), lambda i: f"{c} {w[i]} is not finite"))
+            weights = w[has_id]
+        return np.where(np.isfinite(weights), weights, 1.0).astype(np.float32)
+
+    def _rows(self, parts: list[_Part]) -> Rows:
+        features = len(self.sparse)
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            parts = [_Part(np.zeros((0, len(self.dense)), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32),
+                           [(empty, np.zeros(0, np.int32), None)] * features, np.zeros(0, bool))]
+        cat = lambda arrays: torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays)))
+        real = np.concatenate([p.real for p in parts])
+        id_weights = None
+        if self.weighted:
+            id_weights = [cat([(w if w is not None else np.ones(len(v), np.float32)).astype(np.float32)
+                               for v, _, w in (p.ids[f] for p in parts)]) for f in range(features)]
+        return Rows(
+            cat([p.dense for p in parts]),
+            [cat([p.ids[f][0].astype(np.int64) for p in parts]) for f in range(features)],
+            [cat([p.ids[f][1].astype(np.int32) for p in parts]) for f in range(features)],
+            cat([p.labels for p in parts]),
+            {"weights": cat([p.weights for p in parts])},
+            None if real.all() else torch.from_numpy(real),
+            id_weights=id_weights,
+        )
+
+
+def _rows_of(row_of: np.ndarray, flagged: np.ndarray, n: int) -> np.ndarray:
+    """The rows (mask of n) holding a flagged id."""
+    mask = np.zeros(n, bool)
+    mask[row_of[flagged]] = True
+    return mask
+
+
+def _as_padding(values: np.ndarray, lengths: np.ndarray, weights: Optional[np.ndarray], bad: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """A feature's ids with each bad row's replaced by padding's: one id 0 of weight 1."""
+    n = len(lengths)
+    row_of = np.repeat(np.arange(n), lengths)
+    keep = ~bad[row_of]
+    new_lengths = np.where(bad, 1, lengths).astype(np.int32)
+    new_offsets = np.concatenate([[0], np.cumsum(new_lengths)]).astype(np.int64)
+    old_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    at = new_offsets[row_of[keep]] + (np.arange(len(values)) - old_offsets[row_of])[keep]
+    out = np.zeros(new_offsets[-1], np.int64)
+    out[at] = values[keep]
+    out_weights = None
+    if weights is not None:
+        out_weights = np.ones(new_offsets[-1], np.float32)
+        out_weights[at] = weights[keep]
+    return out, new_lengths, out_weights

@@ -1,0 +1,65 @@
+"""The data config as plain values: ``_plain`` (a config node as Python, enums as their
+values) and the dense (``_Dense``) and sparse (``_Sparse``) features it lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+def _value(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def _plain(node: Any) -> Any:
+    """A config node (DictConfig, ListConfig, dict, list) as plain Python, enums as their values."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(v) for v in node]
+    return _value(node)
+
+
+# ---------------------------------------------------------------------------- the config
+@dataclass(frozen=True)
+class _Dense:
+    column: str
+    transform: str
+    mean: Optional[float]
+    std: Optional[float]
+
+
+@dataclass(frozen=True)
+class _Sparse:
+    index: int
+    name: str
+    column: str
+    num_embeddings: int
+    table: Optional[str]
+    pooling: str
+    weights_column: Optional[str]
+    max_length: Optional[int]
+    truncate: bool
+    id_mapping: str
+    vocabulary: Optional[str]
+
+    @property
+    def table_name(self) -> str:
+        return self.table if self.table else f"t_{self.name}"
+
+
+def _sparse_list(sparse: Any) -> list[_Sparse]:
+    out = []
+    for i, f in enumerate(_plain(sparse) or []):
+        out.append(_Sparse(i, f["name"], f["column"], int(f["num_embeddings"]), f.get("table"),
+                           f.get("pooling") or "sum", f.get("weights_column"), f.get("max_length"),
+                           bool(f.get("truncate", False)), f.get("id_mapping") or "none", f.get("vocabulary")))
+    return out
+
+
+def _dense_list(dense: Any) -> list[_Dense]:
+    return [_Dense(d["column"], d.get("transform") or "none", d.get("mean"), d.get("std")) for d in _plain(dense) or []]
