@@ -65,52 +65,31 @@ import signal
 import sys
 import time
 import zlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from hybridrec.atomic import fresh, replace_file
-from hybridrec.config import CRITEO_KAGGLE_CAPPED, IdMapping
+from hybridrec.atomic import replace_file
+from hybridrec.config import IdMapping
 from hybridrec.data import DataError, FileReport, ReadReport
-from hybridrec.data.criteo import (CAT_FEATURES, COLUMNS, INT_FEATURES, CriteoBinary, map_ids, read_tsv_file,
-                                   resolve_paths)
+from hybridrec.data.convert_writers import (DENSE_COLUMNS, NPY, PARQUET_SCHEMA, PARTS, ROW_GROUP_SIZE, SPARSE_COLUMNS,
+                                            Target, _NpyWriter, _ParquetWriter, outputs, remove_partial)
+from hybridrec.data.criteo import CAT_FEATURES, COLUMNS, INT_FEATURES, CriteoBinary, read_tsv_file, resolve_paths
+
+# The output writers live in convert_writers; their names are this module's too.
+__all__ = [
+    "CONFIG_NAME", "DENSE_COLUMNS", "NPY", "PARQUET_SCHEMA", "PARTS", "REPORT", "ROW_GROUP_SIZE", "SPARSE_COLUMNS",
+    "Refused", "Target", "check_config", "check_tsv", "config_path", "convert_file", "data_config", "main",
+    "npy_days", "outputs", "parse_args", "plan", "read_npy_day", "remove_partial", "run", "stem", "write_config",
+    "write_report",
+]
 
 REPORT = "convert_report.json"
-# Part, dtype, columns. The dtypes are those TorchRec's tsv_to_npys writes, so that its own
-# tools read the files too.
-PARTS = (("dense", np.float32, INT_FEATURES), ("sparse", np.int64, CAT_FEATURES), ("labels", np.int32, 1))
-_PARTIAL = ".partial"  # not *_dense.npy: a directory glob of days never picks up an unfinished file
 _SNIFF_BYTES = 1 << 16
 _DENSE = "_dense.npy"
 _NPY_ROW_BYTES = 4 * INT_FEATURES + 8 * CAT_FEATURES + 4  # a row of the .npy layout, read per block
-ROW_GROUP_SIZE = 65536
 CONFIG_NAME = "criteo_parquet"
-# The Parquet columns: the names Criteo's own documentation gives its fields.
-DENSE_COLUMNS = [f"I{j + 1}" for j in range(INT_FEATURES)]
-SPARSE_COLUMNS = [f"C{j + 1}" for j in range(CAT_FEATURES)]
-PARQUET_SCHEMA = pa.schema(
-    [pa.field("label", pa.int8(), nullable=False)]
-    + [pa.field(c, pa.float32(), nullable=False) for c in DENSE_COLUMNS]
-    + [pa.field(c, pa.int64(), nullable=False) for c in SPARSE_COLUMNS]
-)
-
-
-@dataclass(frozen=True)
-class Target:
-    """What each input file becomes: the .npy layout (raw ids), or Parquet whose ids are
-    already table rows (``sizes``, mapped by ``id_mapping``)."""
-
-    format: str = "npy"
-    sizes: tuple[int, ...] = tuple(CRITEO_KAGGLE_CAPPED)
-    id_mapping: IdMapping = IdMapping.modulo
-    row_group_size: int = ROW_GROUP_SIZE
-
-
-NPY = Target()
 
 
 class Refused(Exception):
@@ -118,118 +97,6 @@ class Refused(Exception):
 
 
 # -- one file ----------------------------------------------------------------------------
-class _NpyWriter:
-    """An .npy file written block by block, in one pass, never holding more than a block.
-
-    The row count is known only at the end (bad rows are dropped), so the header is written
-    first with 0 rows and rewritten in place with the real count once the rows are in. NumPy
-    pads the header of a row-major array so that its length does not depend on the row count
-    (room for 21 digits), and the length is checked. The alternatives cost more: open_memmap
-    needs the count up front (a counting pass parses every file twice, since only the parser
-    knows which rows are valid), and accumulating a file's blocks holds the whole file in
-    memory (~260 bytes per row, ~50 GB for a 200M-row day of the 1TB logs)."""
-
-    def __init__(self, path: str, dtype: Any, width: int) -> None:
-        self.path, self.partial = path, path + _PARTIAL
-        self.dtype, self.width, self.rows = np.dtype(dtype), width, 0
-        self.file = open(fresh(self.partial), "xb")
-        self.header = self._write_header()
-
-    def _write_header(self) -> int:
-        np.lib.format.write_array_header_1_0(
-            self.file, {"descr": self.dtype.str, "fortran_order": False, "shape": (self.rows, self.width)}
-        )
-        return self.file.tell()
-
-    def append(self, block: np.ndarray) -> None:
-        block = np.ascontiguousarray(block, dtype=self.dtype).reshape(-1, self.width)
-        self.file.write(block.data)
-        self.rows += len(block)
-
-    def finish(self) -> None:
-        """The real row count in the header, and the bytes on disk (before the rename that
-        makes the file look complete)."""
-        end = self.file.tell()
-        self.file.seek(0)
-        if self._write_header() != self.header:
-            raise RuntimeError(f"{self.path}: the .npy header changed length with the row count")
-        self.file.seek(end)
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-
-    def commit(self) -> None:
-        os.replace(self.partial, self.path)
-
-    def discard(self) -> None:
-        self.file.close()
-        remove_partial(self.path)
-
-
-class _ParquetWriter:
-    """A Parquet file of the Criteo columns, written row group by row group: whole groups of
-    ``row_group_size`` rows (the last one shorter) whatever the input's block sizes, so the
-    file's layout, like its rows, depends only on the input."""
-
-    def __init__(self, path: str, target: Target) -> None:
-        self.path, self.partial = path, path + _PARTIAL
-        self.sizes = np.array(target.sizes, dtype=np.int64)
-        self.id_mapping, self.group = target.id_mapping, target.row_group_size
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self.buffered = 0
-        self.writer: Optional[pq.ParquetWriter] = pq.ParquetWriter(fresh(self.partial), PARQUET_SCHEMA)
-
-    def append(self, dense: np.ndarray, raw: np.ndarray, labels: np.ndarray) -> None:
-        self.parts.append((dense, map_ids(raw, self.sizes, self.id_mapping), labels))
-        self.buffered += len(labels)
-        while self.buffered >= self.group:
-            self._write(self.group)
-
-    def _write(self, n: int) -> None:
-        rows = [np.concatenate(cols) for cols in zip(*self.parts)]
-        dense, ids, labels = (a[:n] for a in rows)
-        rest = tuple(a[n:] for a in rows)
-        self.parts, self.buffered = ([rest] if len(rest[2]) else []), len(rest[2])
-        dense, ids = np.ascontiguousarray(dense.T, np.float32), np.ascontiguousarray(ids.T, np.int64)
-        columns = [pa.array(labels.astype(np.int8))] + [pa.array(c) for c in dense] + [pa.array(c) for c in ids]
-        self.writer.write_table(pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA), row_group_size=n)
-
-    def finish(self) -> None:
-        if self.buffered:
-            self._write(self.buffered)
-        self.writer.close()
-        self.writer = None
-        fd = os.open(self.partial, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def commit(self) -> None:
-        os.replace(self.partial, self.path)
-
-    def discard(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:  # the file goes anyway: a close that fails must not hide the first error
-                pass
-        remove_partial(self.path)
-
-
-def outputs(prefix: str, target: Target = NPY) -> list[str]:
-    if target.format == "parquet":
-        return [f"{prefix}.parquet"]
-    return [f"{prefix}_{part}.npy" for part, _, _ in PARTS]
-
-
-def remove_partial(path: str) -> None:
-    try:
-        os.remove(path + _PARTIAL)
-    except FileNotFoundError:
-        pass
-
-
 def read_npy_day(dense_path: str, block_size: int, fail: bool, report: ReadReport
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """A day of the .npy layout (named by its ``_dense.npy``) in blocks of rows: (dense as
