@@ -501,6 +501,41 @@ def check_submitit(cfg: DictConfig) -> None:
     validate(cfg, hl.nodes * nproc)
 
 
+class RunDirCheck(Callback):
+    """Hydra callback (hydra.callbacks in conf/config.yaml and conf/evaluate.yaml): the run's
+    output directory (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``) can be created,
+    checked before Hydra creates it, whose own failure (a path under a file, a read-only
+    disk) is a traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_output_dir("hydra.run.dir", config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
+
+
+def _check_output_dir(key: str, path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in _ancestors(path) if os.path.exists(p) and not os.path.isdir(p)), None)
+        why = f"{blocker} is a file, not a directory" if blocker else (e.strerror or str(e))
+        sys.exit(f"hybridrec: {key}={path}: cannot create the output directory ({why}): give another {key}")
+    if not os.access(path, os.W_OK):
+        sys.exit(f"hybridrec: {key}={path}: the output directory is not writable: give another {key}")
+
+
+def _ancestors(path: str) -> list[str]:
+    """``path`` and every directory above it, nearest first."""
+    out, path = [], os.path.abspath(path)
+    while True:
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return out
+        path = parent
+
+
 class SubmititCheck(Callback):
     """Hydra callback (hydra.callbacks in conf/config.yaml): runs ``check_submitit`` once,
     before the launcher submits the sweep's jobs."""

@@ -83,13 +83,14 @@ DLRM = {"embedding_dim": 8, "dense_arch_layer_sizes": [16, 8], "over_arch_layer_
          "got [16, 4]"),
         ("dlrm.DLRMRanker", {**DLRM, "over_arch_layer_sizes": [16, 2]},
          "model.over_arch_layer_sizes must end with 1 (one logit), got [16, 2]"),
-        ("dcn.DCNRanker", {**DLRM, "over_arch_layer_sizes": []}, "model.over_arch_layer_sizes must end with 1 (one logit), got []"),
-        ("dcn.DCNRanker", {**DLRM, "dense_arch_layer_sizes": []}, "model.dense_arch_layer_sizes must end with model.embedding_dim=8"),
+        ("dcn.DCNRanker", {**DLRM, "over_arch_layer_sizes": []}, "model.over_arch_layer_sizes=[]: an MLP's layer sizes"),
+        ("dcn.DCNRanker", {**DLRM, "dense_arch_layer_sizes": []}, "model.dense_arch_layer_sizes=[]: an MLP's layer sizes"),
+        ("dcn.DCNRanker", {**DLRM, "dcn_num_layers": 0}, "model.dcn_num_layers=0: the cross network's layers must be >= 1"),
         ("deepfm.DeepFMRanker", {"embedding_dim": 8, "dense_arch_layer_sizes": [9], "deep_layer_sizes": [8]},
          "model.dense_arch_layer_sizes must end with model.embedding_dim=8"),
         ("deepfm.DeepFMRanker", {"embedding_dim": 8, "dense_arch_layer_sizes": [8], "deep_layer_sizes": [8, 0]},
-         "model.deep_layer_sizes must be non-empty sizes >= 1, got [8, 0]"),
-        ("two_tower.TwoTower", {"embedding_dim": 8, "tower_layer_sizes": []}, "model.tower_layer_sizes must be non-empty sizes >= 1, got []"),
+         "model.deep_layer_sizes=[8, 0]: an MLP's layer sizes, each >= 1"),
+        ("two_tower.TwoTower", {"embedding_dim": 8, "tower_layer_sizes": []}, "model.tower_layer_sizes=[]: an MLP's layer sizes"),
     ],
 )
 def test_a_model_refuses_its_own_bad_fields(target, model, message):

@@ -75,8 +75,8 @@ class _Payload:
 def _rehash(step_dir):
     """Fix the checksums up, as an attacker who knows the format would."""
     fields = json.load(open(step_dir / STATE_JSON))
-    fields.pop("state_blake3")
-    for name in fields["files"]:
+    fields.pop("state_blake3", None)
+    for name in fields.get("files", {}):
         fields["files"][name] = blake3.blake3((step_dir / name).read_bytes()).hexdigest()
     fields["state_blake3"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     json.dump(fields, open(step_dir / STATE_JSON, "w"))
@@ -119,7 +119,7 @@ def test_a_planted_payload_is_refused_by_export_evaluate_and_resume(trained, tmp
     ckpt, marker = tmp_path / "step_00000004", tmp_path / "ran"
     shutil.copytree(trained / "step_00000004", ckpt)
     _plant(kind, ckpt, marker)
-    unsafe = "is not safe to open" if kind != "distcp_pickle" else "a .distcp file holds a pickled object"
+    unsafe = "is not safe to open" if kind != "distcp_pickle" else "holds a pickled object that would call posix.system"
     # export and evaluate in a process of their own, as a user runs them
     for cmd, prefix in (([sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}"], "hybridrec.export: "),
                         ([sys.executable, "-m", "hybridrec.evaluate", f"checkpoint={ckpt}",
@@ -225,6 +225,167 @@ def test_every_file_is_checksummed_and_a_changed_byte_is_damage(trained, tmp_pat
         check_complete(str(d / "step_00000002"))
 
 
+# ------------------------------------------------------------------ damage, edits and escapes
+# Each case changes a copy of a committed checkpoint as damage, a careless edit or an
+# attacker would (``rehash``: the checksums fixed up after, as someone who knows the format
+# would), and names the fragment of the one line every reader (resume, evaluate, export)
+# must refuse it with. Nothing outside the checkpoint may be read.
+def _edit_json(directory, **changes):
+    fields = json.load(open(directory / STATE_JSON))
+    for key, value in changes.items():
+        if value is _DROP:
+            fields.pop(key)
+        else:
+            fields[key] = value
+    json.dump(fields, open(directory / STATE_JSON, "w"))
+
+
+_DROP = object()
+
+
+def _metadata_entry(step, name):
+    from hybridrec.checkpoint import read_metadata as read
+
+    metadata = read(str(step))
+    next(iter(metadata.storage_data.values())).relative_path = name
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+
+
+def _flip(path, find=None, at=None, to=None):
+    data = bytearray(path.read_bytes())
+    i = data.find(find) + 3 if find else at
+    data[i] = to if to is not None else data[i] ^ 1
+    path.write_bytes(bytes(data))
+
+
+def _outside_link(step, tmp):
+    """A .distcp replaced by a link to an identical copy outside: the bytes check out, the place does not."""
+    distcp = next(p for p in step.iterdir() if p.suffix == ".distcp")
+    shutil.copy(distcp, tmp / "outside.distcp")
+    distcp.unlink()
+    distcp.symlink_to(tmp / "outside.distcp")
+
+
+DAMAGE = [  # (case, edit(step, tmp), rehash, fragment)
+    ("metadata entry ../", lambda s, t: _metadata_entry(s, "../../outside_shard.distcp"), True,
+     "the entry '../../outside_shard.distcp' (the storage file of "),
+    ("metadata entry absolute", lambda s, t: _metadata_entry(s, "/etc/passwd"), True,
+     "the entry '/etc/passwd' (the storage file of "),
+    ("distcp linked outside", _outside_link, False, "outside.distcp, outside the checkpoint directory; refused"),
+    ("checksums stripped", lambda s, t: _edit_json(s, files=_DROP), True,
+     "has no 'files' field, so its content cannot be verified"),
+    ("self-hash stripped", lambda s, t: _edit_json(s, state_blake3=_DROP), False,
+     "has no 'state_blake3' field, so its content cannot be verified"),
+    ("flipped byte in .metadata", lambda s, t: _flip(s / ".metadata", find=b"TensorProperties"), False,
+     ".metadata does not match the checksum recorded when it was saved"),
+    ("flipped byte in .metadata, rehashed", lambda s, t: _flip(s / ".metadata", find=b"TensorProperties", to=ord("3")),
+     True, ".metadata is damaged: it names torch.distributed.checkpoint.metadata.Ten3orProperties, which does not exist"),
+    ("truncated .metadata, rehashed", lambda s, t: (s / ".metadata").write_bytes((s / ".metadata").read_bytes()[:500]),
+     True, ".metadata is damaged: not a valid pickle stream"),
+    ("bytes after .metadata, rehashed", lambda s, t: (s / ".metadata").write_bytes((s / ".metadata").read_bytes() + b"xx"),
+     True, ".metadata is damaged: 2 bytes after the end of its pickle stream"),
+    ("trainer_state.pt garbage, rehashed", lambda s, t: (s / "trainer_state.pt").write_bytes(b"\x80\x02garbage" * 9),
+     True, "trainer_state.pt is damaged: not a readable tensor record"),
+    ("duplicate key in config.yaml", lambda s, t: (s / "config.yaml").write_text(
+        "seed: 1\n" + (s / "config.yaml").read_text()), True, "config.yaml is damaged or was edited: not valid YAML "
+                                                              "(found duplicate key seed at line"),
+    ("unknown tag in config.yaml", lambda s, t: (s / "config.yaml").write_text(
+        "x: !custom 3\n" + (s / "config.yaml").read_text()), True,
+     "config.yaml is not safe to open: it holds the YAML tag !custom (a type hybridrec never writes) at line 1"),
+    ("step a string", lambda s, t: _edit_json(s, step="4; rm -rf /"), True,
+     "trainer_state.json is damaged or was edited: field 'step' is '4; rm -rf /' (a str), expected an integer >= 0"),
+    ("features an object", lambda s, t: _edit_json(s, features={"a": 1}), True,
+     "field 'features' is \"{'a': 1}\" (a dict), expected a list of objects"),
+    ("feature without rows", lambda s, t: _edit_json(s, features=[{"name": "x"}]), True,
+     "field 'features[0].num_embeddings' is 'None' (a NoneType), expected an integer >= 1"),
+    ("dense features missing", lambda s, t: _edit_json(s, num_dense_features=_DROP), True,
+     "field 'num_dense_features' is missing"),
+    ("run ids that are numbers", lambda s, t: _edit_json(s, runs=[1, 2]), True,
+     "field 'runs' is '[1, 2]' (a list), expected a list of run ids"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit, rehash, fragment", [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE])
+def test_damage_edits_and_escapes_are_refused_by_every_reader_in_one_line(trained, tmp_path, edit, rehash, fragment):
+    step = tmp_path / "ckpt" / "step_00000004"
+    shutil.copytree(trained / "step_00000004", step)
+    edit(step, tmp_path)
+    if rehash:
+        _rehash(step)
+    for read in (lambda: check_complete(str(step)), lambda: check_before_launch(compose_cfg(
+            [*TINY, "train.steps=6", f"checkpoint.resume={step}"]))):
+        with pytest.raises(CheckpointError) as refused:  # never a config error, never a traceback
+            read()
+        line = user_message(refused.value)
+        assert line.startswith("hybridrec: ") and fragment in line and "\n" not in line, line
+    with pytest.raises(SystemExit) as refused:
+        export.main([f"checkpoint={step}"])
+    assert fragment in str(refused.value), refused.value
+    assert not (step / "export").exists()
+    with pytest.raises(CheckpointError) as skipped:  # resume=auto skips damage loudly, and stops at a planted file
+        latest(str(step.parent))
+    assert isinstance(skipped.value, UnsafeCheckpoint) or "holds no loadable checkpoint" in str(skipped.value)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_checksums_loads_only_when_allowed(trained, tmp_path):
+    step = tmp_path / "step_00000004"
+    shutil.copytree(trained / "step_00000004", step)
+    _edit_json(step, files=_DROP, state_blake3=_DROP)  # what a checkpoint older than checksums holds
+    with pytest.raises(CheckpointError, match="checkpoint.allow_unverified=true"):
+        check_complete(str(step))
+    assert check_complete(str(step), allow_unverified=True).step == 4
+    export.main([f"checkpoint={step}", "allow_unverified=true", f"out={tmp_path / 'out'}"])
+    assert (tmp_path / "out" / "model.pt2").exists()
+    line = _last_line(subprocess.run([sys.executable, "-m", "hybridrec.evaluate", f"checkpoint={step}",
+                                      f"hydra.run.dir={tmp_path / 'e1'}"], capture_output=True, text=True, timeout=120))
+    assert "cannot be verified" in line and "allow_unverified=true" in line, line
+    ok = subprocess.run([sys.executable, "-m", "hybridrec.evaluate", f"checkpoint={step}", "allow_unverified=true",
+                         f"hydra.run.dir={tmp_path / 'e2'}"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "records no checksums" in ok.stdout + ok.stderr, ok.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_an_uncommitted_save_is_never_resumed_evaluated_or_exported(trained, tmp_path):
+    partial = tmp_path / "ckpt" / "step_00000004.partial"
+    shutil.copytree(trained / "step_00000004", partial)  # complete, and never renamed: not committed
+    fragment = "is not a committed checkpoint: a save that never finished"
+    with pytest.raises(CheckpointError, match=fragment):
+        check_before_launch(compose_cfg([*TINY, "train.steps=6", f"checkpoint.resume={partial}"]))
+    with pytest.raises(SystemExit, match=fragment):
+        export.main([f"checkpoint={partial}"])
+    assert latest(str(partial.parent)) is None  # resume=auto never picks it
+
+
+@pytest.mark.slow
+def test_an_export_never_writes_through_a_planted_link(trained, tmp_path):
+    step, victim = tmp_path / "step_00000004", tmp_path / "victim"
+    shutil.copytree(trained / "step_00000004", step)
+    victim.mkdir()
+    (victim / "model.json").write_text("precious")
+    (step / "export").symlink_to(victim)
+    with pytest.raises(SystemExit, match="export is a symbolic link .* never through a link"):
+        export.main([f"checkpoint={step}"])
+    (step / "export").unlink()
+    (step / "export").mkdir()
+    (step / "export" / "model.json").symlink_to(victim / "model.json")  # a link where a file will be written
+    export.main([f"checkpoint={step}"])
+    assert (victim / "model.json").read_text() == "precious"
+    assert not (step / "export" / "model.json").is_symlink()
+    assert json.load(open(step / "export" / "model.json"))["program"] == "model.pt2"
+    assert sorted(os.listdir(step / "export")) == ["model.json", "model.pt2"]  # no temporary file left
+
+
+@pytest.mark.unit
+def test_a_step_directory_linked_out_of_the_checkpoint_dir_is_never_read(tmp_path, caplog):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "step_00000009").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CheckpointError, match="step_00000009 is a symbolic link to .*elsewhere, outside checkpoint.dir"):
+        latest(str(tmp_path / "ckpt"))
+
+
 # ------------------------------------------------------------------ one run per directory
 @pytest.mark.slow
 def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
@@ -300,7 +461,7 @@ def test_a_diverging_run_leaves_only_checkpoints_that_resume(tmp_path):
 def test_a_run_diverging_at_its_first_step_commits_nothing(tmp_path):
     d = tmp_path / "ckpt"
     line = _last_line(_train("train.steps=8", "optimizer.sparse.lr=1e18", "optimizer.dense.lr=1e18",
-                             f"checkpoint.dir={d}", "checkpoint.every_n_steps=1", "checkpoint.max_loss_ratio=0",
+                             f"checkpoint.dir={d}", "checkpoint.every_n_steps=1", "checkpoint.max_loss_ratio=null",
                              f"hydra.run.dir={tmp_path / 'run'}"))
     # step 1's loss was finite (it is computed before the update): its save is not committed
     assert line.startswith("hybridrec: non-finite loss nan at step 2: the model diverged") and \

@@ -216,9 +216,23 @@ def saved_config(path: str, trusted: Iterable[str] = ()) -> DictConfig:
     of ``trusted`` (the loading run's own classes and ``trusted_targets``, never the
     checkpoint's); no Hydra instantiation key and no interpolation. Raises
     ``UnsafeCheckpoint`` before anything is instantiated."""
+    file, cfg = inside(path, CONFIG_YAML), load_yaml(path)
+    if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
+        raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")
+    _check_safe(OmegaConf.to_container(cfg, resolve=False), file, shipped_targets(), frozenset(trusted))
+    try:
+        return typed(cfg)
+    except ValueError as e:
+        raise CheckpointError(f"{file} does not fit this hybridrec's config schema: {e}") from None
+
+
+def load_yaml(path: str) -> Any:
+    """The checkpoint's ``config.yaml`` as OmegaConf reads it with yaml's safe loader: a tag
+    is refused as unsafe (never constructed), YAML that does not parse (a duplicated key, a
+    broken line) is damage. Nothing in it is resolved or checked further here."""
     file = inside(path, CONFIG_YAML)
     try:
-        cfg = OmegaConf.load(file)
+        return OmegaConf.load(file)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is damaged: {file} is missing") from None
     except yaml.MarkedYAMLError as e:
@@ -233,13 +247,6 @@ def saved_config(path: str, trusted: Iterable[str] = ()) -> DictConfig:
                               f"in it was used") from None
     except Exception as e:  # not text, or not a mapping
         raise CheckpointError(f"{file} is not a valid checkpoint file ({type(e).__name__}: {one_line(e)})") from e
-    if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
-        raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")
-    _check_safe(OmegaConf.to_container(cfg, resolve=False), file, shipped_targets(), frozenset(trusted))
-    try:
-        return typed(cfg)
-    except ValueError as e:
-        raise CheckpointError(f"{file} does not fit this hybridrec's config schema: {e}") from None
 
 
 # Keys Hydra's instantiate acts on besides _target_: none is ever saved by hybridrec.

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.checkpoint.errors import CheckpointError, UnsafeCheckpoint, one_line
-from hybridrec.checkpoint.safety import CONFIG_YAML, METADATA, inside, read_metadata, refusal
+from hybridrec.checkpoint.safety import CONFIG_YAML, METADATA, inside, load_yaml, read_metadata, refusal
 from hybridrec.data import SparseFeature, shorten
 
 log = logging.getLogger(__name__)
@@ -299,6 +299,7 @@ def check_complete(path: str, verify_content: bool = True, allow_unverified: boo
         raise CheckpointError(f"{path} is damaged: {os.path.join(path, CONFIG_YAML)} is missing")
     if verify_content and state.files:
         verify_files(path, state.files, [METADATA, CONFIG_YAML])
+    load_yaml(path)  # parses (safely): YAML that does not is damage, a tag in it unsafe
     ends: dict[str, int] = {}
     for info in read_metadata(path).storage_data.values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)

@@ -174,9 +174,10 @@ def _validate_run(cfg: DictConfig) -> None:
     if cfg.train.eval_every < 0:
         raise ValueError(f"train.eval_every must be >= 0, got {cfg.train.eval_every}")
     ck = cfg.checkpoint
-    if ck.every_n_steps < 0 or ck.keep_last < 1:
-        raise ValueError(f"checkpoint.every_n_steps must be >= 0 and checkpoint.keep_last >= 1, "
-                         f"got {ck.every_n_steps} and {ck.keep_last}")
+    if ck.every_n_steps < 0:
+        raise ValueError(f"checkpoint.every_n_steps={ck.every_n_steps}: must be >= 0 (0 = only at the end)")
+    if ck.keep_last < 1:
+        raise ValueError(f"checkpoint.keep_last={ck.keep_last}: must be >= 1 (the checkpoints kept)")
     if ck.every_n_steps and not ck.dir:
         raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
     if ck.keep_best and not (ck.dir and cfg.train.eval_every):
@@ -211,8 +212,11 @@ def _validate_launcher(cfg: DictConfig, world_size: int) -> None:
     la = cfg.launcher
     if la.threads_per_rank is not None and la.threads_per_rank < 1:
         raise ValueError(f"launcher.threads_per_rank must be >= 1 (or unset: split the cores), got {la.threads_per_rank}")
-    if la.max_restarts < 0 or la.health_check_timeout_s <= 0 or la.collective_timeout_s <= 0:
-        raise ValueError("launcher.max_restarts must be >= 0 and the launcher timeouts > 0")
+    if la.max_restarts < 0:
+        raise ValueError(f"launcher.max_restarts={la.max_restarts}: must be >= 0 (0 = a failed rank fails the job)")
+    for key in ("health_check_timeout_s", "collective_timeout_s"):
+        if la[key] <= 0:
+            raise ValueError(f"launcher.{key}={la[key]}: a timeout in seconds, must be > 0")
     if la.max_restarts and not (cfg.checkpoint.dir and cfg.checkpoint.resume == "auto"):
         raise ValueError(
             "launcher.max_restarts restarts ranks from the newest checkpoint: set checkpoint.dir "
@@ -243,7 +247,16 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
             f"a plan is for the device the run uses"
         )
     # Raises if the degrees do not fit: hsdp's replicate x shard, the embedding replicas.
-    ParallelDims.build(mesh, world_size, topo.local_world_size or world_size, "cpu")
+    dims = ParallelDims.build(mesh, world_size, topo.local_world_size or world_size, "cpu")
+    for key in ("replicate", "shard"):
+        # Only hsdp reads them; set with another mode and different from what that mode does,
+        # they would be silently ignored.
+        if mesh[key] is not None and mesh.dense != DenseParallel.hsdp and mesh[key] != getattr(dims, key):
+            raise ValueError(
+                f"mesh.{key}={mesh[key]} is read only by mesh=hsdp (its dense "
+                f"{'replicas' if key == 'replicate' else 'shard degree'}); mesh={mesh.dense.value} would ignore it: "
+                f"unset it, or use mesh=hsdp"
+            )
     if mesh.dense == DenseParallel.single and world_size != 1:
         raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
     if (mesh.param_dtype or mesh.reduce_dtype) and mesh.dense not in (DenseParallel.fsdp, DenseParallel.hsdp):
@@ -261,8 +274,9 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
     raf = mesh.reshard_after_forward
     if not isinstance(raf, bool) and not (isinstance(raf, int) and raf >= 1):
         raise ValueError(f"mesh.reshard_after_forward must be true, false or an int >= 1, got {raf!r}")
-    if mesh.forward_prefetch < 0 or mesh.backward_prefetch < 0:
-        raise ValueError("mesh.forward_prefetch and mesh.backward_prefetch must be >= 0")
+    for key in ("forward_prefetch", "backward_prefetch"):
+        if mesh[key] < 0:
+            raise ValueError(f"mesh.{key}={mesh[key]}: must be >= 0 (0 = FSDP2's own prefetching)")
     if mesh.embedding_sync_every < 1:
         raise ValueError(f"mesh.embedding_sync_every must be >= 1, got {mesh.embedding_sync_every}")
     if mesh.embedding_replicas > 1 and cfg.checkpoint.dir:
@@ -277,8 +291,9 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
 def _validate_schedules(cfg: DictConfig) -> None:
     for part in ("sparse_schedule", "dense_schedule"):
         sch = cfg.optimizer[part]
-        if min(sch.warmup_steps, sch.decay_start, sch.decay_steps) < 0:
-            raise ValueError(f"optimizer.{part}: steps must be >= 0")
+        for key in ("warmup_steps", "decay_start", "decay_steps"):
+            if sch[key] < 0:
+                raise ValueError(f"optimizer.{part}.{key}={sch[key]}: a number of steps, must be >= 0")
         if sch.name != Schedule.constant and sch.decay_steps < 1:
             raise ValueError(f"optimizer.{part}.name={sch.name.value} needs decay_steps >= 1")
         if sch.name != Schedule.constant and sch.decay_start < sch.warmup_steps:
@@ -301,9 +316,10 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
             f"data.batch_size={cfg.data.batch_size} is the global batch and must divide "
             f"evenly over world_size={world_size} ranks"
         )
-    if cfg.data.num_workers < 0 or cfg.data.prefetch < 1:
-        raise ValueError(f"data.num_workers must be >= 0 and data.prefetch >= 1, got "
-                         f"{cfg.data.num_workers} and {cfg.data.prefetch}")
+    if cfg.data.num_workers < 0:
+        raise ValueError(f"data.num_workers={cfg.data.num_workers}: must be >= 0 (0 = read in the rank itself)")
+    if cfg.data.prefetch < 1:
+        raise ValueError(f"data.prefetch={cfg.data.prefetch}: batches built ahead, must be >= 1")
     for key, least in _DATA_COUNTS.items():
         value = cfg.data.get(key)
         if value is not None and value < least:
@@ -340,6 +356,9 @@ def _validate_optimizers(cfg: DictConfig) -> None:
         except (TypeError, ImportError, ValueError) as e:
             raise ValueError(f"optimizer.{part} ({node._target_}): {e}") from e
         for key, value in _kwargs(node).items():
+            if key == "betas" and len(value) != 2:
+                raise ValueError(f"optimizer.{part}.betas={list(value)}: Adam's two decay rates (beta1, beta2), "
+                                 f"e.g. [0.9, 0.999]")
             if key in _OPTIMIZER_RANGES:
                 ok, valid = _OPTIMIZER_RANGES[key]
                 if not all(ok(v) for v in (value if isinstance(value, (list, tuple, ListConfig)) else [value])):

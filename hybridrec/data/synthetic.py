@@ -48,6 +48,15 @@ class SyntheticClickLog(Source):
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
         check_table_sizes(cfg)
+        sizes, features = list(cfg.multi_hot_sizes), len(cfg.num_embeddings_per_feature)
+        if not sizes and cfg.ids_per_feature < 1:
+            raise ValueError(f"data.ids_per_feature={cfg.ids_per_feature}: ids per sample of every feature, must be "
+                             f">= 1 (or give data.multi_hot_sizes, one per feature)")
+        if sizes and (len(sizes) != features or min(sizes) < 1):
+            raise ValueError(f"data.multi_hot_sizes={sizes}: one size >= 1 per feature of "
+                             f"data.num_embeddings_per_feature ({features}), or empty for data.ids_per_feature")
+        if cfg.num_dense_features < 0:
+            raise ValueError(f"data.num_dense_features={cfg.num_dense_features}: must be >= 0")
 
     def __init__(
         self,

@@ -185,8 +185,9 @@ def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_featur
 
 def check_dense_arch(cfg: DictConfig) -> None:
     """A bottom MLP over the dense features whose output meets the embeddings."""
+    check_layer_sizes(cfg, "dense_arch_layer_sizes")
     dense = list(cfg.dense_arch_layer_sizes)
-    if not dense or dense[-1] != cfg.embedding_dim:
+    if dense[-1] != cfg.embedding_dim:
         raise ValueError(
             f"model.dense_arch_layer_sizes must end with model.embedding_dim="
             f"{cfg.embedding_dim} (the dense features meet the embeddings), got {dense}"
@@ -195,5 +196,7 @@ def check_dense_arch(cfg: DictConfig) -> None:
 
 def check_layer_sizes(cfg: DictConfig, key: str) -> None:
     """``model.<key>`` (``cfg``: the model config): the sizes of an MLP's layers."""
-    if not cfg[key] or min(cfg[key]) < 1:
-        raise ValueError(f"model.{key} must be non-empty sizes >= 1, got {list(cfg[key])}")
+    sizes = list(cfg[key])
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"model.{key}={sizes}: an MLP's layer sizes, each >= 1 (a layer of 0 units has no "
+                         f"output), at least one")

@@ -3,6 +3,7 @@ Training recommendation benchmark (TorchRec's ``DLRM_DCN``)."""
 
 from __future__ import annotations
 
+from omegaconf import DictConfig
 from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
@@ -14,6 +15,14 @@ from hybridrec.models.dlrm import TorchRecDLRM
 
 class DCNRanker(TorchRecDLRM):
     """TorchRec's DLRM_DCN: bottom MLP, sharded embeddings, low-rank cross network, top MLP."""
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        super().check_config(cfg)
+        for key in ("dcn_num_layers", "dcn_low_rank_dim"):
+            if cfg.get(key, 1) < 1:
+                raise ValueError(f"model.{key}={cfg[key]}: the cross network's "
+                                 f"{'layers' if key == 'dcn_num_layers' else 'rank'} must be >= 1")
 
     def __init__(
         self,

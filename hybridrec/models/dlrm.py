@@ -9,7 +9,7 @@ from torchrec.models.dlrm import DLRM
 
 from hybridrec.data import RecBatch, SparseFeature
 from hybridrec.losses import Loss
-from hybridrec.models import Ranker, SparseArch, check_dense_arch
+from hybridrec.models import Ranker, SparseArch, check_dense_arch, check_layer_sizes
 
 
 class TorchRecDLRM(Ranker):
@@ -27,6 +27,7 @@ class TorchRecDLRM(Ranker):
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
         check_dense_arch(cfg)
+        check_layer_sizes(cfg, "over_arch_layer_sizes")
         over = list(cfg.over_arch_layer_sizes)
         if not over or over[-1] != 1:
             raise ValueError(f"model.over_arch_layer_sizes must end with 1 (one logit), got {over}")
