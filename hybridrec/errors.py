@@ -30,9 +30,9 @@ def full_errors() -> bool:
 
 def user_message(error: BaseException) -> str:
     """The one line a user error found before launch is reported with."""
-    if isinstance(error, (CheckpointError, Diverged, LaunchError)):
-        return f"hybridrec: {error}"
-    return f"hybridrec: invalid config: {error}"  # PlanError and DataError included
+    if isinstance(error, (CheckpointError, Diverged, LaunchError, DataError)):
+        return f"hybridrec: {error}"  # a file or a process, named in the message
+    return f"hybridrec: invalid config: {error}"  # PlanError included
 
 
 def exit_user_error(error: BaseException, message: str) -> NoReturn:

@@ -378,6 +378,9 @@ def warn_read_problems(report: Optional[dict[str, Any]]) -> None:
                     f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
     for lost in report.get("unreadable", []):
         log.warning(f"data: {lost}; the lines before it were used")
+    for column, rows in report.get("null_ids", {}).items():
+        log.warning(f"data: {rows:,} rows have a null {column}: no ids there (the feature pools to zeros); "
+                    f"null_ids=bad counts them as bad rows instead")
 
 
 def train_job(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary:

@@ -157,6 +157,28 @@ def _npy(d, dense=None, sparse=None, labels=None, raw=None):
     return CriteoBinary(4, d, os.path.join(d, "eval"), SIZES, "modulo", None, 0)
 
 
+def _gz(d, data, name="a.tsv.gz"):
+    import gzip
+
+    with gzip.open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+    return os.path.join(d, name)
+
+
+def _parquet(d, null_ids):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hybridrec.data.parquet import ParquetSource
+
+    table = pa.table({"click": pa.array([1, 0, 1, 0], pa.int8()), "item": pa.array([1, None, 2, 3], pa.int64())})
+    for split in ("train", "eval"):
+        pq.write_table(table, os.path.join(d, f"{split}.parquet"))
+    return ParquetSource(batch_size=2, train_path=os.path.join(d, "train.parquet"),
+                         eval_path=os.path.join(d, "eval.parquet"), label={"column": "click"},
+                         sparse=[{"name": "item", "column": "item", "num_embeddings": 5, "null_ids": null_ids}],
+                         bad_rows="fail", seed=0)
+
+
 def _with(array, index, value):
     array = array.copy()
     array[index] = value
@@ -184,12 +206,25 @@ DATA_CASES = [
         os.path.join(d, "train.tsv"), [row(cats=["a" * 300_000] + ["a"] * 25)] + [row()] * 3)),
      "0 usable rows in shard 0 of data.shards=4, fewer than its 1 rows of one global batch (data.batch_size=4): "
      "its 1 block(s) of lines held 0 valid rows"),
+    ("criteo empty .tsv.gz", lambda d: _tsv(d, [row()] * 4, train_path=_gz(d, b"")),
+     "data.train_path: every file is empty (no text, once decompressed): "),
+    ("criteo every row bad", lambda d: _tsv(d, [row()] * 4, bad_rows="skip", train_path=write(
+        os.path.join(d, "bad.tsv"), [row(label="x")] * 6)),
+     "the train split has no usable rows: every one of its 6 lines is bad (the first: "),
+    ("criteo binary named .tsv", lambda d: _tsv(d, bytes(range(256)) * 8),
+     "a.tsv: not a text file (a NUL byte at byte 0 of its text); data.eval_path names Criteo's tab-separated logs"),
+    ("criteo binary named .tsv.gz", lambda d: _tsv(d, [row()] * 4, train_path=_gz(d, bytes(range(256)))),
+     "a.tsv.gz: not a text file (a NUL byte at byte 0 of its text); data.train_path"),
     ("npy label 2", lambda d: _npy(d, labels=_with(np.ones((8, 1), np.int32), 5, 2)),
      "day_0_labels.npy row 5: label 2 is not 0 or 1"),
     ("npy NaN dense", lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (6, 3), np.nan)),
      "day_0_dense.npy row 6: dense value nan is not finite"),
     ("npy infinite dense", lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (1, 0), np.inf)),
      "day_0_dense.npy row 1: dense value inf is not finite"),
+    ("npy float64 beyond float32", lambda d: _npy(d, dense=_with(np.ones((8, 13)), (2, 4), 1e300)),
+     "day_0_dense.npy row 2: dense value 1e+300 (float64) is beyond float32's range (3.4e38)"),
+    ("parquet null id, null_ids=bad", lambda d: _parquet(d, "bad"), "train.parquet:1: item is null "
+                                                                   "(data.sparse[0].null_ids=bad)"),
     ("npy negative id", lambda d: _npy(d, sparse=_with(SPARSE, (2, 7), -5)), "day_0_sparse.npy row 2: id -5 is negative"),
     ("npy float ids", lambda d: _npy(d, sparse=SPARSE.astype(np.float32)),
      "day_0_sparse.npy: dtype float32, expected integer ids"),
@@ -205,7 +240,9 @@ DATA_CASES = [
 
 
 def _read_all(source) -> None:
-    """Every batch of the evaluated splits; a first epoch of training (its stream has no end)."""
+    """What training checks first (a split with no usable row), then every batch of the
+    evaluated splits and a first epoch of training (its stream has no end)."""
+    loader.check_splits(source)
     for split in source.splits:
         for _ in itertools.islice(loader.batches(source, split, 0, 1), 4 if split == "train" else None):
             pass
@@ -234,3 +271,23 @@ def test_the_readme_counts_the_cases():
     counted = re.search(r"(\d+) config values and (\d+) data files", readme)
     assert counted and (int(counted[1]), int(counted[2])) == (len(CONFIG_CASES), len(DATA_CASES)), \
         f"README: write '{len(CONFIG_CASES)} config values and {len(DATA_CASES)} data files'"
+
+
+@pytest.mark.unit
+def test_a_parquet_null_id_is_a_row_without_ids_counted_per_feature(tmp_path):
+    data = _parquet(str(tmp_path), "empty")
+    batch = next(iter(loader.batches(data, "train", 0, 1, 1)))
+    assert batch.sparse_features["item"].lengths().tolist() == [1, 0] and batch.weights.tolist() == [1, 1]
+    assert data.report()["null_ids"] == {"item (data.sparse[0])": 1} and data.report()["bad_rows"] == 0
+
+
+@pytest.mark.unit
+def test_a_vocabulary_column_cannot_name_a_file_outside_out(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hybridrec.data import vocab
+
+    pq.write_table(pa.table({"../../escaped_vocab": [1, 2, 3]}), tmp_path / "in.parquet")
+    out = tmp_path / "a" / "b" / "out"
+    assert vocab.main([str(tmp_path / "in.parquet"), "--column", "../../escaped_vocab", "--out", str(out)]) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.suffix == ".parquet") == ["in.parquet"]

@@ -213,6 +213,14 @@ class ParquetIdMapping(str, Enum):
     an id not in it goes to row 0, the out-of-vocabulary row."""
 
 
+class NullIds(str, Enum):
+    empty = "empty"
+    """A null is a row without ids: the feature pools to zeros (a missing value, as Criteo's
+    empty categorical cells). Counted per feature in the read report, and said once."""
+    bad = "bad"
+    """A null makes a bad row (data.bad_rows: skipped and counted with file:row, or fatal)."""
+
+
 @dataclass
 class ParquetLabelConfig:
     column: str = MISSING
@@ -239,7 +247,7 @@ class ParquetSparseConfig:
     """The feature's name (its key in the batch; unique)."""
     column: str = MISSING
     """Its ids: a scalar column (one id per row) or a list column (any number of ids per row);
-    integers or strings. A null is a row without ids (the feature pools to zeros)."""
+    integers or strings. A null (id or list) is what null_ids says."""
     num_embeddings: int = MISSING
     """Rows of its table (>= vocabulary size + 1 with id_mapping=vocabulary)."""
     table: Optional[str] = None
@@ -261,6 +269,9 @@ class ParquetSparseConfig:
     """How the column's ids become table rows."""
     vocabulary: Optional[str] = None
     """id_mapping=vocabulary: the vocabulary file (Parquet, as ``python -m hybridrec.data.vocab`` writes it)."""
+    null_ids: NullIds = NullIds.empty
+    """A row whose column is null: a row without ids (empty: counted per feature and said
+    once) or a bad row (bad). A null inside a list is always a bad row."""
 
 
 @dataclass

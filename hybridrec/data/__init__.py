@@ -202,6 +202,9 @@ class ReadReport:
     dropped_tail_rows: dict[str, int] = field(default_factory=dict)
     collisions: dict[str, Any] = field(default_factory=dict)
     max_errors: int = 5
+    null_ids: dict[str, int] = field(default_factory=dict)
+    """Rows kept without ids because their id column was null, by column (data.sparse's
+    null_ids=empty): not bad rows, but no silent ones either."""
 
     def bad(self, path: str, line: Optional[int], reason: str) -> None:
         f = self.files.setdefault(path, FileReport())
@@ -226,12 +229,15 @@ class ReadReport:
             mine.unreadable = mine.unreadable or f.unreadable
         for split, rows in other.dropped_tail_rows.items():
             self.dropped_tail_rows[split] = self.dropped_tail_rows.get(split, 0) + rows
+        for column, rows in other.null_ids.items():
+            self.null_ids[column] = self.null_ids.get(column, 0) + rows
         self.collisions = other.collisions or self.collisions
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "ReadReport":
         r = ReadReport(files={p: FileReport(**f) for p, f in d["files"].items()},
-                       dropped_tail_rows=dict(d["dropped_tail_rows"]), collisions=d["collisions"])
+                       dropped_tail_rows=dict(d["dropped_tail_rows"]), collisions=d["collisions"],
+                       null_ids=dict(d.get("null_ids", {})))
         return r
 
     def to_dict(self) -> dict[str, Any]:
@@ -242,4 +248,5 @@ class ReadReport:
             "files": {p: vars(f) for p, f in self.files.items()},
             "dropped_tail_rows": self.dropped_tail_rows,
             "collisions": self.collisions,
+            **({"null_ids": self.null_ids} if self.null_ids else {}),
         }

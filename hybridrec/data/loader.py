@@ -117,6 +117,8 @@ def check_splits(source: Source) -> None:
 
 
 def _empty(source: Source, split: str) -> DataError:
+    if why := source.why_empty(split):
+        return DataError(f"the {split} split has no usable rows: {why}")
     return DataError(f"the {split} split has " + (
         f"fewer rows than one global batch (data.batch_size={source.batch_size})" if split == "train"
         else "no rows to evaluate"))

@@ -224,6 +224,11 @@ class Source(ABC):
         """Whether a split of unknown length has at least one row (checked before training)."""
         return True
 
+    def why_empty(self, split: str) -> Optional[str]:
+        """Why ``split`` has no usable rows (its files empty, every row bad: the first one's
+        reason), for the one line that refuses it; None = nothing more to say."""
+        return None
+
     def pieces(self, world_size: int) -> int:
         """Independent sequential readers that make up one rank's slice (1 = random access).
         With P pieces, ``read`` is called once per piece, with [lo, hi) the piece's rows."""

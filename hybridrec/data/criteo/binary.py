@@ -19,7 +19,7 @@ from hybridrec.data import (
     holdout,
     one_hot,
 )
-from hybridrec.data.criteo.common import (CAT_FEATURES, INT_FEATURES, criteo_tables, map_ids, resolve_paths,
+from hybridrec.data.criteo.common import (CAT_FEATURES, INT_FEATURES, criteo_tables, log, map_ids, resolve_paths,
                                           validation_fraction)
 
 _HOLDOUT_RUN = 4096  # binary format: validation rows are held out in runs of this many rows
@@ -104,6 +104,12 @@ class CriteoBinary(Source):
                     raise DataError(f"{path}: shape {array.shape}, expected (rows, {width})")
                 if array.dtype.kind not in _NPY_KINDS[part][0]:
                     raise DataError(f"{path}: dtype {array.dtype}, expected {_NPY_KINDS[part][1]}")
+                if part == "dense" and array.dtype != np.float32:
+                    # said once, at build: the model computes in float32, so the values are cast
+                    log.warning(f"{path}: dense features stored as {array.dtype}, read as float32 (the model's "
+                                f"precision): " + ("exactly" if array.dtype.itemsize < 4 else
+                                                   "rounded to float32's 7 digits; a value beyond its range "
+                                                   "(3.4e38) stops the run as not finite"))
                 shapes[part] = array.shape[0]
             if len(set(shapes.values())) != 1:
                 raise DataError(f"{prefix}: dense, sparse and labels disagree on rows: {shapes}")
@@ -131,12 +137,15 @@ class CriteoBinary(Source):
         count = min(index * self.batch_size + hi, total) - first
         dense, sparse, labels = (self._rows(self.days[split], self.segments[split], part, first, count)
                                  for part in ("dense", "sparse", "labels"))
-        self._check_values(split, first, dense.reshape(-1, INT_FEATURES), sparse.reshape(-1, CAT_FEATURES),
-                           labels.reshape(-1))
+        stored = dense.reshape(-1, INT_FEATURES)
+        with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf: named by the check
+            dense = stored.astype(np.float32, copy=False)  # a wider dtype is rounded here, and checked as rounded
+        self._check_values(split, first, dense, sparse.reshape(-1, CAT_FEATURES), labels.reshape(-1), stored)
         ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping)
         return Rows.of(dense.reshape(-1, INT_FEATURES), one_hot(ids), labels.reshape(-1))
 
-    def _check_values(self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
+    def _check_values(self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray,
+                      stored: np.ndarray) -> None:
         """Values the dtypes allow but the model cannot use: a label other than 0 or 1, a
         NaN or infinite dense value, a negative id. The layout's rows are taken by position
         (every global batch, at every world size), so a bad row cannot be skipped as the TSV
@@ -149,7 +158,7 @@ class CriteoBinary(Source):
                 i = int(np.argmax(bad))
                 prefix, row = self._locate(split, first + i)
                 value = {"labels": lambda: f"label {labels[i]:g} is not 0 or 1",
-                         "dense": lambda: f"dense value {dense[i][~np.isfinite(dense[i])][0]} is not finite",
+                         "dense": lambda: _not_finite(stored[i][~np.isfinite(dense[i])][0]),
                          "sparse": lambda: f"id {sparse[i][sparse[i] < 0][0]} is negative"}[part]()
                 raise DataError(f"{prefix}_{part}.npy row {row}: {value}. The .npy layout's rows are read by "
                                 f"position, so a bad row cannot be skipped: fix the file (or convert the TSV again)")
@@ -194,3 +203,11 @@ class CriteoBinary(Source):
                 start, count = start + take, count - take
             offset += rows
         return np.concatenate(out)
+
+
+def _not_finite(value: np.floating) -> str:
+    """Why a dense value (as the file stores it) is unusable: NaN or infinite, or finite in
+    its wider dtype and beyond float32's range, where the model computes."""
+    if np.isfinite(value):
+        return f"dense value {value:g} ({value.dtype}) is beyond float32's range (3.4e38)"
+    return f"dense value {value} is not finite"

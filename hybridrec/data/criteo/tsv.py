@@ -81,10 +81,13 @@ class CriteoTSV(Source):
             self.files["valid"] = resolve_paths(valid_path, "data.valid_path")
         check_disjoint({f"data.{split}_path": paths for split, paths in self.files.items()})
         for split, paths in self.files.items():
-            if all(os.path.getsize(p) == 0 for p in paths):
-                raise DataError(f"data.{split}_path: every file is empty: {', '.join(paths)}")
             for path in paths:
                 _check_gzip(path)
+            heads = {path: _text_head(path, f"data.{split}_path") for path in paths}
+            if not any(heads.values()):
+                raise DataError(f"data.{split}_path: every file is empty (no text"
+                                f"{', once decompressed' if any(p.endswith('.gz') for p in paths) else ''}): "
+                                f"{', '.join(paths)}")
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.num_dense_features = INT_FEATURES
         self.id_mapping = IdMapping(id_mapping)
@@ -110,16 +113,28 @@ class CriteoTSV(Source):
         return self.shards // world_size
 
     def has_rows(self, split: str) -> bool:
-        """Parse blocks, shard by shard, until one valid row (uncounted: a probe)."""
+        """Parse blocks, shard by shard, until one valid row (uncounted: a probe; what it
+        found is kept for ``why_empty``)."""
         fail, self.fail = self.fail, False  # a probe reports nothing; the pass itself will
+        self._probe = probe = ReadReport(max_errors=1)
         try:
             for shard in range(self.shards):
                 for path, offset, line, text, broken in self.shard_blocks(split, shard):
-                    if broken is None and len(self.parse_rows(split, path, offset, line, text, ReadReport())[2]):
+                    if broken is None and len(self.parse_rows(split, path, offset, line, text, probe)[2]):
                         return True
             return False
         finally:
             self.fail = fail
+
+    def why_empty(self, split: str) -> Optional[str]:
+        """What the last ``has_rows`` probe of ``split`` found instead of a row."""
+        files = self.files[self._file_split(split)]
+        report = getattr(self, "_probe", None)
+        bad = sum(f.bad_rows for f in report.files.values()) if report else 0
+        if not bad:
+            return f"no lines in {', '.join(files)}"
+        first = next(e for f in report.files.values() for e in f.errors)
+        return f"every one of its {bad:,} lines is bad (the first: {first})"
 
     def begin_pass(self, split: str, epoch: int) -> None:
         # Count rows, bad rows and collisions on a split's first pass only: repeated
@@ -509,6 +524,24 @@ class _Unreadable(Exception):
     def __init__(self, kind: str, cause: BaseException, partial: int) -> None:
         super().__init__(kind)
         self.kind, self.cause, self.partial = kind, cause, partial
+
+
+_TEXT_HEAD = 65_536  # bytes of a file's text looked at before training
+
+
+def _text_head(path: str, key: str) -> bytes:
+    """The first bytes of the file's text (decompressed), refused when they are not text: a
+    NUL byte is in no TSV, and a binary file read as lines would lose every row to
+    "wrong field count" errors and look like a file of bad rows."""
+    try:
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+            head = f.read(_TEXT_HEAD)
+    except (OSError, EOFError, zlib.error):  # a broken gzip stream: reported where it breaks, by the reader
+        return b"?"
+    if (nul := head.find(b"\0")) >= 0:
+        raise DataError(f"{path}: not a text file (a NUL byte at byte {nul:,} of its text); {key} names Criteo's "
+                        f"tab-separated logs (.tsv or .tsv.gz): a converted .npy day is read with data=criteo_binary")
+    return head
 
 
 def _check_gzip(path: str) -> None:

@@ -121,12 +121,20 @@ class _Columns:
                        (over, lambda i, c=d.column, x=x, t=d.transform:
                         f"{c} {x[i]:g} is out of float32's range after {t}")]
             dense[:, j] = np.where(nulls | raw_bad | over, 0, y)
-        ids, keys = [], []
+        ids, keys, null_rows = [], [], []
         for f in self.sparse:
             values, lengths, id_weights, key, sparse_checks = self._ids(f, table, sample)
             ids.append((values, lengths, id_weights))
             keys.append(key)
             checks += sparse_checks
+            column = table.column(f.column)
+            if column.null_count:  # rows whose column is null (not an id inside a list)
+                nulls = np.asarray(column.is_null())
+                if f.null_ids == "bad":
+                    checks.append((nulls, lambda i, c=f.column, k=f.index:
+                                   f"{c} is null (data.sparse[{k}].null_ids=bad)"))
+                else:
+                    null_rows.append((f, nulls))
         bad = np.zeros(n, bool)
         for mask, _ in checks:
             bad |= mask
@@ -137,6 +145,10 @@ class _Columns:
             for path, _, count in spans:
                 report.good(path, int(count - bad[at: at + count].sum()))
                 at += count
+            for f, nulls in null_rows:  # rows kept without ids: counted, said once at the end
+                if kept := int((nulls & ~bad).sum()):
+                    report.null_ids[f"{f.column} (data.sparse[{f.index}])"] = report.null_ids.get(
+                        f"{f.column} (data.sparse[{f.index}])", 0) + kept
         if bad.any() and not sample:  # a sample keeps its ids as read: the estimates filter by ``real``
             dense[bad] = 0
             labels = np.where(bad, 0, labels).astype(np.float32)

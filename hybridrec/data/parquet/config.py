@@ -46,6 +46,7 @@ class _Sparse:
     truncate: bool
     id_mapping: str
     vocabulary: Optional[str]
+    null_ids: str = "empty"
 
     @property
     def table_name(self) -> str:
@@ -57,7 +58,8 @@ def _sparse_list(sparse: Any) -> list[_Sparse]:
     for i, f in enumerate(_plain(sparse) or []):
         out.append(_Sparse(i, f["name"], f["column"], int(f["num_embeddings"]), f.get("table"),
                            f.get("pooling") or "sum", f.get("weights_column"), f.get("max_length"),
-                           bool(f.get("truncate", False)), f.get("id_mapping") or "none", f.get("vocabulary")))
+                           bool(f.get("truncate", False)), f.get("id_mapping") or "none", f.get("vocabulary"),
+                           f.get("null_ids") or "empty"))
     return out
 
 
