@@ -214,9 +214,12 @@ def _stops_in_one_line(run_dir: str) -> Iterator[None]:
         yield
         return
 
+    owner = os.getpid()
+
     def stop(signum: int, frame: Any) -> None:
-        os.write(2, f"hybridrec: stopped by {signal_name(signum)}; outputs so far in "
-                    f"{os.path.abspath(run_dir)}\n".encode())
+        if os.getpid() == owner:  # a DataLoader worker inherits the handler: it ends without a word
+            os.write(2, f"hybridrec: stopped by {signal_name(signum)}; outputs so far in "
+                        f"{os.path.abspath(run_dir)}\n".encode())
         os._exit(128 + signum)
 
     tie_forks_to_this_process()

@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from hybridrec.compat import record_error_message
 from hybridrec.devices import pick_device
 from hybridrec.distributed import Killed, health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.data.loader import worker_killed
 from hybridrec.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors
 from hybridrec.logs import JobLogging, configure_rank
 from hybridrec.trainer import train_job
@@ -83,9 +84,12 @@ def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Option
         if parent_reports and not full_errors() and record_error_message(str(e)):
             sys.exit(USER_ERROR_EXIT)
         raise
-    except Killed as e:  # a DataLoader worker of this rank was killed: the launcher reports it, one line
-        if parent_reports and not full_errors() and record_error_message(str(e)):
-            sys.exit(e.exit_code)
-        raise
+    except (Killed, RuntimeError) as e:  # a DataLoader worker of this rank was killed: one line
+        killed = e if isinstance(e, Killed) else worker_killed(e, dist.get_rank())
+        if killed is None:
+            raise  # a bug: its traceback
+        if parent_reports and not full_errors() and record_error_message(str(killed)):
+            sys.exit(killed.exit_code)
+        raise killed from None
     finally:
         shutdown_distributed(clean=summary is not None)

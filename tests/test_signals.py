@@ -1,6 +1,8 @@
-"""Ending a 2-rank run from outside: SIGTERM, or Ctrl-C (SIGINT to the terminal's whole process
-group), ends it with one line and leaves no process behind; a rank that stops answering is
-named, with its pid, within the collective timeout."""
+"""Ending a run from outside: SIGTERM, or Ctrl-C (SIGINT to the terminal's whole process
+group), ends it with one line and leaves no process behind, at 2 ranks and at one rank in the
+entry point's own process; a rank or a DataLoader worker that a signal kills is named in one
+line (exit 128 + the signal), and a restart after one is one line; a rank that stops
+answering is named, with its pid, within the collective timeout."""
 
 import os
 import re
@@ -25,11 +27,11 @@ class Run:
     server, resource tracker, ranks, their DataLoader workers) stays in that session, so
     they are found without psutil and however they were reparented."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, extra=()):
         self.dir = tmp_path / "run"
         self.stderr_path = tmp_path / "stderr"
         with open(self.stderr_path, "w") as stderr:  # a file: a full pipe would block the run
-            self.proc = subprocess.Popen(RUN + [f"hydra.run.dir={self.dir}"], stdout=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(RUN + [*extra, f"hydra.run.dir={self.dir}"], stdout=subprocess.DEVNULL,
                                          stderr=stderr, start_new_session=True)
 
     def processes(self) -> dict[int, int]:
@@ -118,3 +120,60 @@ def test_a_stopped_rank_is_named_within_the_collective_timeout(run):
                         r"\(process state: stopped\); every rank was killed\n", run.stderr(since=before))
     assert returncode != 0
     print(f"SIGSTOP: reported after {reported:.1f} s, every process gone after {gone:.1f} s")
+
+
+@pytest.mark.parametrize("target, sig", [("rank", signal.SIGKILL), ("rank", signal.SIGTERM), ("worker", signal.SIGKILL)],
+                         ids=["SIGKILL to a rank", "SIGTERM to a rank", "SIGKILL to a worker"])
+def test_a_rank_or_worker_a_signal_ends_is_named_in_one_line(run, target, sig):
+    ranks, workers = run.training()
+    before = os.path.getsize(run.stderr_path)
+    start = time.monotonic()
+    pid = ranks[1] if target == "rank" else workers[0]
+    os.kill(pid, sig)
+    returncode = run.proc.wait(timeout=30)
+    run.gone_after(start, limit=10)
+    assert "Traceback" not in run.stderr(), run.stderr()[-3000:]
+    # The pids tell the ranks apart; which is rank 1 only the launcher knows.
+    said = (rf"hybridrec: rank [01] \(pid {pid}\) was killed by {sig.name}\n" if target == "rank" else
+            rf"hybridrec: rank [01]: DataLoader worker \(pid {pid}\) was killed by {sig.name}; its batches were lost "
+            r"with it \(data.num_workers=0 reads in the rank itself\)\n")
+    assert re.fullmatch(said, run.stderr(since=before)), run.stderr(since=before)
+    assert returncode == 128 + sig
+
+
+def test_a_killed_rank_restarts_with_one_line(tmp_path):
+    r = Run(tmp_path, ["launcher.max_restarts=1", f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.every_n_steps=5"])
+    try:
+        ranks, _ = r.training()
+        os.kill(ranks[1], signal.SIGKILL)
+        said = f"rank [01] \\(pid {ranks[1]}\\) was killed by SIGKILL; restarting every rank from the newest " \
+               r"checkpoint \(restart 1 of launcher.max_restarts=1\)"
+        deadline = time.monotonic() + 60
+        while not re.search(said, (r.dir / "train.log").read_text()):
+            assert time.monotonic() < deadline and r.proc.poll() is None, r.stderr()[-3000:]
+            time.sleep(0.2)
+        again, _ = r.training()  # the restarted ranks train
+        assert ranks[1] not in again
+        r.proc.send_signal(signal.SIGTERM)
+        assert r.proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert "Traceback" not in r.stderr() + (r.dir / "train.log").read_text(), r.stderr()[-3000:]
+    finally:
+        r.stop()
+
+
+def test_one_rank_in_the_entry_process_stops_in_one_line(tmp_path):
+    r = Run(tmp_path, ["launcher.nproc_per_node=1"])
+    try:
+        deadline = time.monotonic() + 120
+        while not ((r.dir / "train.log").exists() and "step 2/" in (r.dir / "train.log").read_text()):
+            assert time.monotonic() < deadline and r.proc.poll() is None, r.stderr()[-3000:]
+            time.sleep(0.1)
+        before = os.path.getsize(r.stderr_path)
+        start = time.monotonic()
+        os.killpg(r.proc.pid, signal.SIGINT)  # Ctrl-C
+        assert r.proc.wait(timeout=30) == 128 + signal.SIGINT
+        r.gone_after(start, limit=10)  # the DataLoader worker too
+        assert r.stderr(since=before) == f"hybridrec: stopped by SIGINT; outputs so far in {r.dir}\n", r.stderr()
+        assert "Traceback" not in r.stderr()
+    finally:
+        r.stop()

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -558,3 +559,42 @@ def test_no_free_inodes_while_saving_is_one_line(tmp_path):
         assert latest(str(d)) == str(d / "step_00000010")
     finally:
         subprocess.run(["umount", str(d)], check=False)
+
+
+# ------------------------------------------------------------------ diverged, and finite
+@pytest.mark.unit
+def test_the_typical_loss_cannot_diverge_with_the_run():
+    from hybridrec.checkpoint import exploded, typical_loss
+
+    healthy = [0.74, 0.72, 0.70, 0.66, 0.61, 0.58, 0.55, 0.52, 0.50, 0.49, 0.47, 0.46]
+    assert typical_loss(healthy) == 0.58  # the median: lower than the first steps' (0.61) and the first (0.74)
+    assert exploded(0.9, healthy, 5.0) is None
+    # a run that diverged from its second step: its own medians diverged with it
+    diverged = [0.739, 395.5, 38716.0, 69.4, 182.8, 120.8, 45.7, 240.7, 8.2, 202.8, 34.9, 181.9]
+    assert typical_loss(diverged) == 0.739
+    assert exploded(141.2, diverged, 5.0) == "over checkpoint.max_loss_ratio=5 x the run's typical loss 0.739"
+    assert exploded(141.2, diverged, None) is None  # null: finite is enough
+    assert exploded(-3.0, [-1.0, -2.0], 5.0) is None  # a loss that can be negative is not compared
+
+
+@pytest.mark.slow
+def test_non_finite_optimizer_state_is_never_committed(tmp_path):
+    d = tmp_path / "ckpt"
+    line = _last_line(_train("optimizer.sparse.lr=1e18", "checkpoint.every_n_steps=1", "train.steps=20",
+                             f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'run'}"))
+    assert re.match(r"hybridrec: non-finite optimizer state after step \d+ \(optim\.state\.dense\.\S+\.sum\): the "
+                    r"model diverged .* nothing of step \d+ was saved; no checkpoint of this run was committed", line), line
+    assert os.listdir(d) == [".lock"]
+
+
+@pytest.mark.slow
+def test_a_run_whose_loss_exploded_but_stayed_finite_ends_with_an_error(tmp_path):
+    d = tmp_path / "ckpt"
+    proc = _train("optimizer=sgd", "optimizer.sparse.lr=0.1", "optimizer.dense.lr=1000", "train.steps=30",
+                  "checkpoint.every_n_steps=10", f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'run'}")
+    line = _last_line(proc)
+    assert re.match(r"hybridrec: the loss at the end of training \(median \S+ over steps 21-30\) is over "
+                    r"checkpoint.max_loss_ratio=5 x the run's typical loss 0.739: the model diverged .*optimizer.dense"
+                    r".lr=1000.0\); its last save was not committed; no checkpoint of this run was committed$", line), line
+    assert "checkpoint " + str(d / "step_00000010") + " not committed: the loss of the step after it" in proc.stdout + proc.stderr
+    assert os.listdir(d) == [".lock"]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 import queue
+import re
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional, Union
@@ -245,13 +247,28 @@ def _watched(pieces: Iterator, rank: int) -> Iterator:
     worker "exited unexpectedly", with the traceback of its polling."""
     try:
         yield from pieces
-    except RuntimeError:
+    except RuntimeError as e:
         dead = [(pid, code) for pid, code in dataloader_worker_exits(pieces) if code < 0]
         if not dead:
-            raise
+            raise worker_killed(e, rank) or e
         pid, code = dead[0]
-        raise Killed(f"rank {rank}: DataLoader worker (pid {pid}) was killed by {signal_name(-code)}; its batches "
-                     f"were lost with it (data.num_workers=0 reads in the rank itself)", -code) from None
+        raise _worker_killed(rank, pid, -code) from None
+
+
+def worker_killed(error: BaseException, rank: int) -> Optional[Killed]:
+    """``error`` as ``Killed`` when it is DataLoader's report of a worker a signal ended, raised
+    wherever the training process was (torch's SIGCHLD handler raises it in the middle of a
+    step: "DataLoader worker (pid N) is killed by signal: Killed."); None for any other."""
+    found = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.?\s*$", str(error))
+    if not found:
+        return None
+    signum = next((s for s in signal.Signals if signal.strsignal(s) == found.group(2)), None)
+    return _worker_killed(rank, int(found.group(1)), int(signum)) if signum else None
+
+
+def _worker_killed(rank: int, pid: int, signum: int) -> Killed:
+    return Killed(f"rank {rank}: DataLoader worker (pid {pid}) was killed by {signal_name(signum)}; its batches were "
+                  f"lost with it (data.num_workers=0 reads in the rank itself)", signum)
 
 
 def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, train: bool,
