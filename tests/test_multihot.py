@@ -151,23 +151,24 @@ def test_worker_processes_send_the_weights_with_the_ids():
         assert torch.equal(a.real, b.real)
         _assert_kjt(b.batch.sparse_features, {k: (jt.values(), jt.lengths().long(), jt.weights())
                                              for k, jt in a.batch.sparse_features.to_dict().items()})
-    rows = source.read("train", 0, 0, 0, 16)
-    back = rows.pack().unpack(len(source.features))
-    assert all(torch.equal(a, b) for a, b in zip(back.id_weights, rows.id_weights))
 
 
 @pytest.mark.unit
 def test_rows_of_weighs_unweighted_features_1_and_rows_without_weights_are_unweighted():
     ids = [(np.array([3, 4, 5]), np.array([2, 1])), (np.array([7]), np.array([1, 0]))]
     rows = Rows.of(np.zeros((2, 1)), ids, np.zeros(2), weights=[None, np.array([0.5])])
-    assert [w.tolist() for w in rows.id_weights] == [[1.0, 1.0, 1.0], [0.5]]
+    assert rows.id_weights.tolist() == [1.0, 1.0, 1.0, 0.5]  # feature-major, one per id
     assert rows.batch(["a", "b"]).sparse_features.weights().tolist() == [1.0, 1.0, 1.0, 0.5]
     plain = Rows.of(np.zeros((2, 1)), ids, np.zeros(2))
     assert plain.batch(["a", "b"]).sparse_features.weights_or_none() is None
     # a weighted model reads weights of every batch: rows without any weigh 1.0
     assert plain.batch(["a", "b"], weighted=True).sparse_features.weights().tolist() == [1.0] * 4
-    merged = Rows.cat([rows, plain])
-    assert [w.tolist() for w in merged.id_weights] == [[1.0] * 6, [0.5, 1.0]]
+    merged = Rows.cat([rows, plain])  # each feature's ids: the first part's, then the second's
+    assert merged.values.tolist() == [3, 4, 5, 3, 4, 5, 7, 7] and merged.lengths.tolist() == [[2, 1, 2, 1], [1, 0, 1, 0]]
+    assert merged.id_weights.tolist() == [1.0] * 6 + [0.5, 1.0]
+    padded = merged.padded(5)  # a padding row: one id 0 of weight 1 in every feature
+    assert padded.values.tolist() == [3, 4, 5, 3, 4, 5, 0, 7, 7, 0] and padded.lengths[:, 4].tolist() == [1, 1]
+    assert padded.id_weights.tolist() == [1.0] * 7 + [0.5, 1.0, 1.0] and padded.real.tolist() == [True] * 4 + [False]
 
 
 # ------------------------------------------------------------------------------- the models

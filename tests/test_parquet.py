@@ -219,11 +219,11 @@ def test_multi_hot_lengths_values_and_weights_are_the_files(tmp_path):
     data = ParquetSource(batch_size=5, train_path=str(tmp_path / "t.parquet"), eval_path=str(tmp_path / "e.parquet"),
                          label={"column": "click"}, sparse=sparse, seed=0)
     rows = data.read("train", 0, 0, 0, 5)
-    assert rows.lengths[0].tolist() == [3, 0, 0, 5, 1] and rows.ids[0].tolist() == [3, 1, 4, 1, 5, 9, 2, 6, 7]
-    assert rows.id_weights[0].tolist() == [0.5, 1.5, 2.0, 1, 2, 3, 4, 5, 0.25]
-    assert rows.lengths[1].tolist() == [2, 0, 0, 2, 1] and rows.ids[1].tolist() == [3, 1, 1, 5, 7]
-    assert rows.lengths[2].tolist() == [1, 0, 1, 1, 1] and rows.ids[2].tolist() == [4, 2, 0, 1]  # null: no id
-    assert rows.id_weights[2].tolist() == [1.0] * 4 and rows.real is None
+    assert rows.feature(0)[1].tolist() == [3, 0, 0, 5, 1] and rows.feature(0)[0].tolist() == [3, 1, 4, 1, 5, 9, 2, 6, 7]
+    assert rows.feature(0)[2].tolist() == [0.5, 1.5, 2.0, 1, 2, 3, 4, 5, 0.25]
+    assert rows.feature(1)[1].tolist() == [2, 0, 0, 2, 1] and rows.feature(1)[0].tolist() == [3, 1, 1, 5, 7]
+    assert rows.feature(2)[1].tolist() == [1, 0, 1, 1, 1] and rows.feature(2)[0].tolist() == [4, 2, 0, 1]  # null: no id
+    assert rows.feature(2)[2].tolist() == [1.0] * 4 and rows.real is None
     assert [f.weighted for f in data.features] == [True, False, False]
     assert data.features[0].pooling_factor == pytest.approx(9 / 5) and data.features[1].pooling_factor == 1.0
     assert rows.dense.shape == (5, 0)
@@ -251,10 +251,10 @@ def test_hashing_is_seeded_splitmix64_of_ints_and_strings(tmp_path):
                                       eval_path=str(tmp_path / "e.parquet"), label={"column": "click"},
                                       sparse=sparse, hash_seed=seed, seed=0)
     rows = make(0).read("train", 0, 0, 0, 200)
-    assert rows.ids[0].tolist() == [ref_str(u) % 1000 for u in users]
-    assert rows.ids[1].tolist() == rows.ids[0].tolist()  # a dictionary column: its strings
-    assert rows.ids[2].tolist() == [ref_int(i * 1000) % 1000 for i in range(200)]  # no modulo pattern
-    assert make(1).read("train", 0, 0, 0, 200).ids[0].tolist() == [ref_str(u, 1) % 1000 for u in users]
+    assert rows.feature(0)[0].tolist() == [ref_str(u) % 1000 for u in users]
+    assert rows.feature(1)[0].tolist() == rows.feature(0)[0].tolist()  # a dictionary column: its strings
+    assert rows.feature(2)[0].tolist() == [ref_int(i * 1000) % 1000 for i in range(200)]  # no modulo pattern
+    assert make(1).read("train", 0, 0, 0, 200).feature(0)[0].tolist() == [ref_str(u, 1) % 1000 for u in users]
     assert make(0).report()["collisions"].keys() <= {"user", "cat", "item"}
 
 
@@ -286,9 +286,9 @@ def test_vocabularies_map_known_ids_and_send_the_rest_to_row_0(tmp_path):
     rows = data.read("train", 0, 0, 0, 5)
     # the last row is bad (a null id in its list): padding, one id 0 in every feature
     assert rows.real.tolist() == [True] * 4 + [False]
-    assert rows.ids[0].tolist() == [1, 0, 2, 2, 0]  # a -> 1, b (below min-count) -> 0, c -> 2
-    assert rows.ids[1].tolist() == [2, 1, 0, 2, 0]  # 5 -> 1, 7 -> 2, 9 -> 0; int32 in one file
-    assert rows.ids[2].tolist() == [1, 0, 1, 0] and rows.lengths[2].tolist() == [2, 0, 0, 1, 1]  # d -> 0
+    assert rows.feature(0)[0].tolist() == [1, 0, 2, 2, 0]  # a -> 1, b (below min-count) -> 0, c -> 2
+    assert rows.feature(1)[0].tolist() == [2, 1, 0, 2, 0]  # 5 -> 1, 7 -> 2, 9 -> 0; int32 in one file
+    assert rows.feature(2)[0].tolist() == [1, 0, 1, 0] and rows.feature(2)[1].tolist() == [2, 0, 0, 1, 1]  # d -> 0
     assert data.report()["collisions"]["s"] == {"sample_ids": 4, "oov_share": 0.25}
 
     with pytest.raises(DataError, match=r"^data.sparse\[0\].num_embeddings=2 is too small for .*s.parquet \(2 ids\): "

@@ -158,12 +158,6 @@ def _clip(reason: str, limit: int = 300) -> str:
     return reason if len(reason) <= limit else f"{reason[:limit]}…({len(reason.encode())} bytes)"
 
 
-def one_hot(ids: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(b, F) ids, one per sample and feature, as ``Rows.of``'s (values, lengths) pairs."""
-    ones = np.ones(ids.shape[0], dtype=np.int32)
-    return [(ids[:, f], ones) for f in range(ids.shape[1])]
-
-
 def shorten(value: Any, limit: int = 40) -> str:
     """A value as an error message quotes it: repr, cut to ``limit`` characters with its full
     size, so that a 3 MB field does not become a 3 MB warning and summary.json."""

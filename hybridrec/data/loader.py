@@ -96,7 +96,7 @@ class _Stream(IterableDataset):
                     # worker keeps the same pieces (shards), with P = 1 whole batches alternate
                     if ((index - self.start) * pieces + p) % workers == worker:
                         rows = self.source.read(self.split, epoch, at, lo, hi)
-                        out.append(_Piece(index, p, rows.pack() if info else rows))
+                        out.append(_Piece(index, p, rows))
                 # a pass of unknown length ends when every reader of this worker runs dry
                 # (other workers' pieces of the batch, if any, are padded by the loader)
                 if out and self.per_epoch is None and self.split != "train" and not any(len(o.rows) for o in out):
@@ -236,7 +236,7 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
         if item.rows.report is not None:
             source.merge_report(item.rows.report)
             item.rows.report = None
-        pending[item.piece] = item.rows.unpack(len(source.features))
+        pending[item.piece] = item.rows
     if pending:
         yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
 
@@ -277,7 +277,7 @@ def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, t
     from its pieces; an evaluated split's missing or short pieces are padded."""
     if not train:  # a piece whose reader ran out early (a shard of a sharded source) is padding
         like = next(iter(pending.values()))
-        pending = {p: pending.get(p, _empty_like(like)).padded(per) for p in range(pieces)}
+        pending = {p: pending.get(p, like.none_like()).padded(per) for p in range(pieces)}
     rows = Rows.cat([pending[p] for p in range(pieces)])
     if train and len(rows) != per * pieces:
         raise AssertionError(f"a training batch of {len(rows)} rows, expected {per * pieces}")  # a source bug
@@ -295,19 +295,12 @@ def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, t
 
 def padding_batch(source: Source, world_size: int) -> EvalBatch:
     """A batch of padding only: what a rank whose split ran out feeds while others finish."""
-    n, empty = source.batch_size // world_size, torch.zeros(0, dtype=torch.int64)
-    rows = Rows(torch.zeros(0, source.num_dense_features), [empty] * len(source.features),
-                [torch.zeros(0, dtype=torch.int32)] * len(source.features), torch.zeros(0),
+    n = source.batch_size // world_size
+    rows = Rows(torch.zeros(0, source.num_dense_features), torch.zeros(0, dtype=torch.int64), None, torch.zeros(0),
+                len(source.features),
                 {k: torch.zeros(0, dtype=torch.int64 if k == "query" else torch.float32) for k in source.extra_fields},
-                id_weights=[torch.zeros(0)] * len(source.features) if source.weighted else None)
+                id_weights=torch.zeros(0) if source.weighted else None)
     rows = rows.padded(n)
     return EvalBatch(rows.batch(source.keys, source.weighted), rows.real_mask(),
                      torch.full((n,), -1, dtype=torch.int64))
 
-
-def _empty_like(rows: Rows) -> Rows:
-    """No rows, shaped like ``rows`` (a piece whose reader ran out: all padding)."""
-    head = lambda t: t[:0]
-    return Rows(head(rows.dense), [head(i) for i in rows.ids], [head(n) for n in rows.lengths], head(rows.labels),
-                {k: head(v) for k, v in rows.extra.items()},
-                id_weights=None if rows.id_weights is None else [head(w) for w in rows.id_weights])

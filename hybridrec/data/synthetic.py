@@ -33,14 +33,18 @@ _SPLITS = {"train": 0, "eval": 1, "valid": 2}
 _SCATTER = 2_654_435_761
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
+def _fmix32(h: np.ndarray, scratch: Optional[np.ndarray] = None) -> np.ndarray:
     """MurmurHash3's 32-bit finalizer, in place: uint32 in, well-mixed uint32 out (the
-    multiplications wrap on purpose)."""
-    h ^= h >> np.uint32(16)
+    multiplications wrap on purpose). ``scratch``: a uint32 array of ``h``'s shape for the
+    shifted copies, so that no temporary is allocated (large ones cost page faults)."""
+    t = np.right_shift(h, np.uint32(16), out=scratch)
+    h ^= t
     h *= np.uint32(0x85EBCA6B)
-    h ^= h >> np.uint32(13)
+    np.right_shift(h, np.uint32(13), out=t)
+    h ^= t
     h *= np.uint32(0xC2B2AE35)
-    h ^= h >> np.uint32(16)
+    np.right_shift(h, np.uint32(16), out=t)
+    h ^= t
     return h
 
 
@@ -84,6 +88,9 @@ class SyntheticClickLog(Source):
             for i, (n, k) in enumerate(zip(num_embeddings_per_feature, sizes))
         ]
         self._sizes = [int(k) for k in sizes]
+        self._offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(int).tolist()
+        self._ids = sum(self._sizes)  # id columns per row
+        self._one_hot = all(k == 1 for k in self._sizes)
         for f in self.features:
             if f.num_embeddings % _SCATTER == 0 or f.num_embeddings >= 2**32:
                 raise DataError(f"data.num_embeddings_per_feature: synthetic table size {f.num_embeddings} is not "
@@ -93,6 +100,14 @@ class SyntheticClickLog(Source):
             raise DataError(f"data.batch_size={batch_size}: at most {2**32 // self._columns - 1} rows per global "
                             f"batch for these features (the generator counts rows x columns in 32 bits)")
         self.zipf_exponent = zipf_exponent
+        # Per id column (a feature's k columns alike): its table's rows and the power law's
+        # constants, as [ids, 1] arrays that broadcast over the rows of a batch.
+        rows = np.repeat([f.num_embeddings for f in self.features], self._sizes).astype(np.uint64)[:, None]
+        self._column_rows = rows
+        self._log_rows = np.log(rows.astype(np.float64) + 1.0).astype(np.float32)
+        self._zipf_scale = (np.power(rows.astype(np.float64) + 1.0, 1 - zipf_exponent) - 1).astype(np.float32)
+        self._feature_salt = np.repeat([(i * 0x85EBCA77 + 1) % 2**32 for i in range(len(self.features))],
+                                       self._sizes).astype(np.uint32)[:, None]
         self.dense_distribution = DenseDistribution(dense_distribution)
         self.eval_batches = eval_batches
         self.valid_batches = valid_batches
@@ -105,36 +120,6 @@ class SyntheticClickLog(Source):
         )
 
     # -- sampling ------------------------------------------------------------------------
-    def _zipf_rows(self, u: np.ndarray, n: int) -> np.ndarray:
-        """Table rows from uniforms ``u`` (float32, consumed): the inverse CDF of the
-        continuous power law on [1, n+1) gives a popularity rank (0 = hottest), scattered
-        over the table by a bijection. In place: this is the generator's hot loop."""
-        a = self.zipf_exponent
-        if abs(a - 1.0) < 1e-9:
-            u *= np.float32(np.log(n + 1.0))
-            x = np.exp(u, out=u)
-        else:
-            u *= np.float32(np.power(n + 1.0, 1 - a) - 1)
-            u += np.float32(1)
-            x = np.power(u, np.float32(1 / (1 - a)), out=u)
-        rank = x.astype(np.uint64)
-        rank -= np.uint64(1)
-        np.minimum(rank, np.uint64(n - 1), out=rank)
-        rank *= np.uint64(_SCATTER)  # < 2**64: rank < 2**32 and _SCATTER < 2**32
-        rank %= np.uint64(n)
-        return rank.view(np.int64)
-
-    @staticmethod
-    def _planted_weight(feature: int, ids: np.ndarray) -> np.ndarray:
-        # A fixed pseudo-random weight in [-1, 1) per (feature, id): an integer hash.
-        h = ids.astype(np.uint32)
-        h *= np.uint32(0x9E3779B1)
-        h += np.uint32((feature * 0x85EBCA77 + 1) % 2**32)
-        w = _fmix32(h).astype(np.float32)
-        w *= np.float32(2.0**-31)
-        w -= np.float32(1)
-        return w
-
     def _key(self, split: str, index: int) -> np.uint32:
         """The 32-bit key of a global batch: a 64-bit mix of (seed, split, index)."""
         x = (self.seed * 0x9E3779B97F4A7C15 + _SPLITS[split] * 0xD1B54A32D192ED03 + index * 0xBF58476D1CE4E5B9) % 2**64
@@ -142,46 +127,86 @@ class SyntheticClickLog(Source):
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
         return np.uint32((x ^ (x >> 31)) & 0xFFFFFFFF)
 
-    def _arrays(self, split: str, index: int, lo: int, hi: int) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-        """Rows [lo, hi) of global batch ``index`` of ``split``: dense (n, d), per feature
-        ids (n, k), labels (n,). Each row is a pure function of (seed, split, index, row)."""
-        d, total = self.num_dense_features, self._columns
-        rows = np.arange(lo, hi, dtype=np.uint32)[:, None] * np.uint32(total)  # B * columns < 2**32 (checked)
-        key = self._key(split, index)
+    def _uniforms(self, split: str, index: int, lo: int, hi: int) -> np.ndarray:
+        """Every random number of rows [lo, hi) of global batch ``index``: float32
+        ``[columns, n]`` in (0, 1), 24 bits each; column c of row r is a hash of (key, r *
+        columns + c). Column-major, so that each feature's numbers are one contiguous block
+        (its ids become a batch's feature-major id array without a copy)."""
+        total = self._columns
+        h = np.arange(total, dtype=np.uint32)[:, None] + np.arange(lo, hi, dtype=np.uint32) * np.uint32(total)
+        h ^= self._key(split, index)  # B * columns < 2**32 (checked): no wrap before the hash
+        _fmix32(h, np.empty_like(h))
+        h >>= np.uint32(8)
+        u = h.astype(np.float32)
+        u += np.float32(0.5)
+        u *= np.float32(2.0**-24)
+        return u
 
-        def uniform(first: int, count: int) -> np.ndarray:  # (n, count) in (0, 1), 24 bits
-            h = rows + np.arange(first, first + count, dtype=np.uint32)
-            h ^= key
-            h = _fmix32(h)
-            h >>= np.uint32(8)
-            u = h.astype(np.float32)
-            u += np.float32(0.5)
-            u *= np.float32(2.0**-24)
-            return u
-
+    def _arrays(self, split: str, index: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows [lo, hi) of global batch ``index`` of ``split``: dense ``[n, d]``, every id
+        ``[sum of ids per row, n]`` (feature f's ids are rows ``_offsets[f]`` .. of it), labels
+        ``[n]``. Each row is a pure function of (seed, split, index, row)."""
+        d, n = self.num_dense_features, hi - lo
+        u = self._uniforms(split, index, lo, hi)
         if self.dense_distribution == DenseDistribution.uniform:
-            dense = uniform(0, d)
+            dense = np.ascontiguousarray(u[:d].T)
             signal = (dense - 0.5) * 3.4
         else:  # Box-Muller: two uniforms per standard normal
-            z = np.sqrt(-2 * np.log(uniform(0, d))) * np.cos(np.float32(2 * np.pi) * uniform(d, d))
+            z = np.ascontiguousarray((np.sqrt(-2 * np.log(u[:d])) * np.cos(np.float32(2 * np.pi) * u[d:2 * d])).T)
             if self.dense_distribution == DenseDistribution.lognormal:  # raw-count-like; the model sees log(1 + x)
                 dense = np.log1p(np.exp(np.float32(1.5) * z))
                 signal = (dense - 1.0) / 0.8  # roughly centred, for the planted logit
             else:
                 dense, signal = z, z
-        ids, col = [], 2 * d
-        for f, k in zip(self.features, self._sizes):
-            ids.append(self._zipf_rows(uniform(col, k), f.num_embeddings))
-            col += k
+        ids = self._zipf_rows(u[2 * d: 2 * d + self._ids])
+        weights = self._planted_weights(ids)
         logit = -1.0 + 1.5 * signal.astype(np.float64) @ self._dense_w
-        for i, f_ids in enumerate(ids):
-            logit += 3.0 * self._planted_weight(i, f_ids).mean(axis=1) / np.sqrt(len(ids))
-        labels = uniform(col, 1)[:, 0] < 1 / (1 + np.exp(-logit))
-        return dense, ids, labels
+        for f, (first, k) in enumerate(zip(self._offsets, self._sizes)):
+            block = weights[first: first + k]
+            # a row's mean over its k ids, summed in the row's order (as over [n, k]): bit for bit
+            mean = block[0] if k == 1 else np.ascontiguousarray(block.T).mean(axis=1)
+            logit += 3.0 * mean / np.sqrt(len(self._sizes))
+        labels = u[-1] < 1 / (1 + np.exp(-logit))
+        return dense, ids if n else ids.reshape(self._ids, 0), labels
+
+    def _zipf_rows(self, u: np.ndarray) -> np.ndarray:
+        """Table rows from uniforms ``u`` (float32 ``[ids, n]``, consumed): per id column, the
+        inverse CDF of the continuous power law on [1, n+1) of its table's size gives a
+        popularity rank (0 = hottest), scattered over the table by a bijection. Every column
+        at once, each with its table's constants: this is the generator's hot loop."""
+        a, n = self.zipf_exponent, self._column_rows
+        if abs(a - 1.0) < 1e-9:
+            u *= self._log_rows
+            x = np.exp(u, out=u)
+        else:
+            u *= self._zipf_scale
+            u += np.float32(1)
+            x = np.power(u, np.float32(1 / (1 - a)), out=u)
+        rank = x.astype(np.uint64)
+        rank -= np.uint64(1)
+        np.minimum(rank, n - np.uint64(1), out=rank)
+        rank *= np.uint64(_SCATTER)  # < 2**64: rank < 2**32 and _SCATTER < 2**32
+        rank %= n
+        return rank.view(np.int64)
+
+    def _planted_weights(self, ids: np.ndarray) -> np.ndarray:
+        """A fixed pseudo-random weight in [-1, 1) per (feature, id): an integer hash, every
+        id column at once (float32, shaped like ``ids``)."""
+        h = ids.astype(np.uint32)
+        h *= np.uint32(0x9E3779B1)
+        h += self._feature_salt
+        w = _fmix32(h).astype(np.float32)
+        w *= np.float32(2.0**-31)
+        w -= np.float32(1)
+        return w
 
     def rows(self, split: str, index: int, lo: int, hi: int) -> Rows:
         dense, ids, labels = self._arrays(split, index, lo, hi)
-        return Rows.of(dense, [(i.reshape(-1), np.full(len(i), i.shape[1], dtype=np.int32)) for i in ids], labels)
+        if self._one_hot:  # [F, n]: the batch's id array as it is
+            return Rows.one_hot(dense, ids, labels)
+        n = hi - lo
+        return Rows.of(dense, [(np.ascontiguousarray(ids[first: first + k].T).reshape(-1), np.full(n, k, np.int32))
+                               for first, k in zip(self._offsets, self._sizes)], labels)
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> Optional[int]:

@@ -17,7 +17,6 @@ from hybridrec.data import (
     ReadReport,
     check_disjoint,
     holdout,
-    one_hot,
 )
 from hybridrec.data.criteo.common import (CAT_FEATURES, INT_FEATURES, criteo_tables, log, map_ids, resolve_paths,
                                           validation_fraction)
@@ -141,8 +140,8 @@ class CriteoBinary(Source):
         with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf: named by the check
             dense = stored.astype(np.float32, copy=False)  # a wider dtype is rounded here, and checked as rounded
         self._check_values(split, first, dense, sparse.reshape(-1, CAT_FEATURES), labels.reshape(-1), stored)
-        ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping)
-        return Rows.of(dense.reshape(-1, INT_FEATURES), one_hot(ids), labels.reshape(-1))
+        ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping, feature_major=True)
+        return Rows.one_hot(dense, ids, labels.reshape(-1))
 
     def _check_values(self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray,
                       stored: np.ndarray) -> None:

@@ -46,13 +46,17 @@ def criteo_tables(num_embeddings_per_feature: list[int]) -> tuple[list[SparseFea
     return features, np.array(num_embeddings_per_feature, dtype=np.int64)
 
 
-def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: IdMapping) -> np.ndarray:
-    """Raw 32-bit ids (n, F) into table rows: ``modulo`` (TorchRec's convention) or ``hash``
-    (a 64-bit mix first, so that ids differing in low bits do not collide in patterns)."""
-    x = raw.astype(np.uint64)
+def map_ids(raw: np.ndarray, sizes: np.ndarray, mapping: IdMapping, feature_major: bool = False) -> np.ndarray:
+    """Raw 32-bit ids (n, F) into table rows, (n, F) int64, or ``[F, n]`` with
+    ``feature_major`` (a batch's id array: ``Rows.one_hot``): ``modulo`` (TorchRec's
+    convention) or ``hash`` (a 64-bit mix first, so that ids differing in low bits do not
+    collide in patterns). Computed in place in one uint64 array, laid out as returned."""
+    x = (raw.T if feature_major else raw).astype(np.uint64, order="C")
     if mapping == IdMapping.hash:
         x = splitmix64(x)
-    return (x % sizes.astype(np.uint64)).astype(np.int64)
+    divisors = sizes.astype(np.uint64)
+    np.remainder(x, divisors[:, None] if feature_major else divisors, out=x)
+    return x.view(np.int64)  # every row < 2**63: the same bits
 
 
 def estimate_collisions(raw: np.ndarray, mapped: np.ndarray, names: list[str]) -> dict:

@@ -23,7 +23,6 @@ from hybridrec.data import (
     ReadReport,
     check_disjoint,
     holdout,
-    one_hot,
     shorten,
 )
 from hybridrec.data.criteo.common import (CAT_FEATURES, COLUMNS, INT_FEATURES, criteo_tables, estimate_collisions,
@@ -160,7 +159,7 @@ class CriteoTSV(Source):
         if reader.position < index * m:
             reader.take(index * m - reader.position)
         dense, ids, labels = reader.take(m)
-        rows = Rows.of(dense, one_hot(ids), labels)
+        rows = Rows.one_hot(dense, ids.T, labels)
         rows.report, reader.report = reader.report, ReadReport()
         return rows
 

@@ -283,26 +283,33 @@ class _Columns:
         return np.where(np.isfinite(weights), weights, 1.0).astype(np.float32)
 
     def _rows(self, parts: list[_Part]) -> Rows:
+        """The parts' rows end to end, as ``Rows``: one-hot (``[F, n]`` ids, filled column by
+        column) when every feature has one id in every row, else values and lengths."""
         features = len(self.sparse)
         if not parts:
             empty = np.zeros(0, np.int64)
             parts = [_Part(np.zeros((0, len(self.dense)), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32),
                            [(empty, np.zeros(0, np.int32), None)] * features, np.zeros(0, bool))]
-        cat = lambda arrays: torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays)))
-        real = np.concatenate([p.real for p in parts])
-        id_weights = None
-        if self.weighted:
-            id_weights = [cat([(w if w is not None else np.ones(len(v), np.float32)).astype(np.float32)
-                               for v, _, w in (p.ids[f] for p in parts)]) for f in range(features)]
-        return Rows(
-            cat([p.dense for p in parts]),
-            [cat([p.ids[f][0].astype(np.int64) for p in parts]) for f in range(features)],
-            [cat([p.ids[f][1].astype(np.int32) for p in parts]) for f in range(features)],
-            cat([p.labels for p in parts]),
-            {"weights": cat([p.weights for p in parts])},
-            None if real.all() else torch.from_numpy(real),
-            id_weights=id_weights,
-        )
+        cat = lambda arrays: arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        real = cat([p.real for p in parts])
+        n = len(real)
+        extra = {"weights": cat([p.weights for p in parts])}
+        dense, labels = cat([p.dense for p in parts]), cat([p.labels for p in parts])
+        one_hot = not self.weighted and all(bool((p.ids[f][1] == 1).all()) for p in parts for f in range(features))
+        if one_hot:
+            ids = np.empty((features, n), np.int64)
+            for f in range(features):
+                ids[f] = cat([p.ids[f][0] for p in parts])
+            rows = Rows.one_hot(dense, ids, labels, extra)
+        else:
+            weights = None
+            if self.weighted:
+                weights = [cat([(w if w is not None else np.ones(len(v), np.float32)).astype(np.float32)
+                                for v, _, w in (p.ids[f] for p in parts)]) for f in range(features)]
+            rows = Rows.of(dense, [(cat([p.ids[f][0] for p in parts]), cat([p.ids[f][1] for p in parts]))
+                                   for f in range(features)], labels, extra, weights)
+        rows.real = None if real.all() else torch.from_numpy(real)
+        return rows
 
 
 def _rows_of(row_of: np.ndarray, flagged: np.ndarray, n: int) -> np.ndarray:
