@@ -13,9 +13,10 @@ Order, fixed for every model:
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -138,10 +139,34 @@ def cast_at_boundary(module: nn.Module, dtype: torch.dtype) -> None:
 
 
 class NoDataParallel(DataParallelWrapper):
-    """mesh=single: one process, dense modules left as they are."""
+    """One rank, dense modules unwrapped. With ``compute_dtype`` (mesh.param_dtype), each
+    dense block runs under ``torch.autocast``: its matmuls in that dtype from the fp32 master
+    weights, its outputs cast back to fp32 where they meet the fp32 embeddings and the loss,
+    as FSDP2's mixed precision does at a unit boundary (``cast_at_boundary``); the weights,
+    their gradients and the optimizer stay fp32."""
+
+    def __init__(self, compute_dtype: Optional[torch.dtype] = None) -> None:
+        self.compute_dtype = compute_dtype
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
         dmp.module.to(device)
+        if self.compute_dtype is not None:
+            for block in dmp.module.dense_units():
+                block.forward = autocast_forward(block.forward, device.type, self.compute_dtype)
+
+
+def autocast_forward(forward: Callable[..., Any], device_type: str, dtype: torch.dtype) -> Callable[..., Any]:
+    """``forward`` under ``torch.autocast(device_type, dtype)``, its floating outputs in fp32.
+    The block's forward, not the module, as torch.compile is applied: the module keeps its
+    class and parameter names, so plans and checkpoints do not change."""
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            out = forward(*args, **kwargs)
+        return floating_to(out, torch.float32)
+
+    return run
 
 
 def dense_layers(block: nn.Module) -> list[nn.Module]:
@@ -206,12 +231,13 @@ def dense_mode(mesh: DictConfig, world_size: int) -> DenseParallel:
     about a tenth of ctr's step on one CPU rank (README, Performance), so the dense part runs
     unwrapped, as mesh=single. The result is the same model: with one rank, FSDP2's shard is
     the whole tensor and both wrappers' gradient reduction is the identity; checkpoints load
-    across the change (DCP stores global tensors). FSDP2 stays when it does more than
-    communicate: mixed precision (mesh.param_dtype / reduce_dtype) and CPU offload."""
+    across the change (DCP stores global tensors). Mixed precision (mesh.param_dtype) runs
+    there too, by autocast around each dense block (``NoDataParallel``): the bf16 compute
+    without FSDP2's per-step cost (mesh.reduce_dtype has nothing to reduce). FSDP2 stays only
+    for CPU offload, which is more than communication."""
     if world_size > 1 or mesh.dense == DenseParallel.single:
         return mesh.dense
-    if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp) and (
-            mesh.param_dtype or mesh.reduce_dtype or mesh.cpu_offload):
+    if mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp) and mesh.cpu_offload:
         return mesh.dense
     return DenseParallel.single
 
@@ -256,7 +282,7 @@ def parallelize(
     elif dense == DenseParallel.ddp:
         wrapper = DefaultDataParallelWrapper()
     else:
-        wrapper = NoDataParallel()
+        wrapper = NoDataParallel(None if mesh.param_dtype is None else getattr(torch, mesh.param_dtype.value))
     if dims.embedding_replicas > 1:
         dmp: DistributedModelParallel = DMPCollection(
             module=model,

@@ -124,8 +124,9 @@ def test_the_2d_sync_has_one_owner():
     (["mesh=ddp"], 2, "ddp"),
     (["mesh=hsdp"], 4, "hsdp"),
     (["mesh=single"], 1, "single"),
-    # FSDP2 does more than communicate here: its mixed precision and its offload stay on one rank
-    (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 1, "fsdp"),
+    # mixed precision on one rank: autocast, no FSDP2; its CPU offload is more than communication
+    (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 1, "single"),
+    (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 2, "fsdp"),
     (["mesh=fsdp", "mesh.cpu_offload=true"], 1, "fsdp"),
 ])
 def test_the_dense_wrapper_a_job_runs(overrides, world, expected):

@@ -259,11 +259,13 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
             )
     if mesh.dense == DenseParallel.single and world_size != 1:
         raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
-    if (mesh.param_dtype or mesh.reduce_dtype) and mesh.dense not in (DenseParallel.fsdp, DenseParallel.hsdp):
+    fsdp = mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp)
+    if (mesh.param_dtype or mesh.reduce_dtype) and not (fsdp or mesh.dense == DenseParallel.single and
+                                                        not mesh.reduce_dtype):
         raise ValueError(
-            f"mesh.param_dtype / mesh.reduce_dtype are FSDP2's mixed-precision policy, and mesh={mesh.dense.value} "
-            f"does not use FSDP2 (its dense parameters and gradients stay fp32): use mesh=fsdp or mesh=hsdp "
-            f"for bf16 dense compute, or unset them"
+            f"mesh.param_dtype / mesh.reduce_dtype are the dense part's mixed precision (FSDP2's policy; on one "
+            f"rank, autocast), and mesh={mesh.dense.value} keeps its parameters and gradients fp32: use mesh=fsdp "
+            f"or mesh=hsdp (mesh=single: mesh.param_dtype only), or unset them"
         )
     if mesh.param_dtype == DType.float16:
         # fp16 gradients underflow without loss scaling, which hybridrec does not apply.

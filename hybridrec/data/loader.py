@@ -21,6 +21,7 @@ DataError, not as DataLoader's wrapped traceback.
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import re
@@ -34,6 +35,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hybridrec.compat import dataloader_worker_exits
 from hybridrec.data import DataError, RecBatch
 from hybridrec.distributed import Killed, signal_name
+
+log = logging.getLogger(__name__)
+from hybridrec.data.handoff import Handle, SlotRing, slot_bytes_for
 from hybridrec.data.source import Rows, Source
 
 
@@ -78,9 +82,10 @@ class _Stream(IterableDataset):
     """The pieces of this rank's batches, for the worker it runs in (all of them inline)."""
 
     def __init__(self, source: Source, split: str, ranges: list[tuple[int, int]], start: int,
-                 stop: Optional[int], per_epoch: Optional[int]) -> None:
+                 stop: Optional[int], per_epoch: Optional[int], ring: Optional[SlotRing] = None) -> None:
         self.source, self.split, self.ranges = source, split, ranges
         self.start, self.stop, self.per_epoch = start, stop, per_epoch
+        self.ring = ring
 
     def __iter__(self) -> Iterator[Union[_Piece, _Failed]]:
         info = get_worker_info()
@@ -104,7 +109,10 @@ class _Stream(IterableDataset):
                         o.end = True
                         yield o
                     return
-                yield from out
+                for o in out:
+                    if self.ring is not None and (handle := self.ring.put(worker, o.rows)) is not None:
+                        o.rows = handle  # only the slot's description crosses the queue
+                    yield o
                 index += 1
         except DataError as e:
             yield _Failed(str(e))
@@ -211,20 +219,27 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
     # sequential source with P pieces uses gcd(W, P) workers; a random-access one uses all W.
     workers = math.gcd(num_workers, len(ranges)) if source.sequential and num_workers else num_workers
     source.begin_pass(split, start // per_epoch if per_epoch else 0)
-    stream = _Stream(source, split, ranges, start, stop, per_epoch)
+    local = source.batch_size // world_size
+    per = local // len(ranges)
+    # A worker's pieces reach this process through shared-memory slots: at most ``prefetch``
+    # wait in DataLoader's queue per worker, one is being written, one spare.
+    ring = SlotRing(workers, prefetch + 2, _slot_bytes(source, per)) if workers else None
+    stream = _Stream(source, split, ranges, start, stop, per_epoch, ring)
     if workers:
         pieces: Iterator = _watched(iter(DataLoader(stream, batch_size=None, num_workers=workers,
                                                     prefetch_factor=prefetch, persistent_workers=False,
                                                     multiprocessing_context="fork")), rank)
     else:
         pieces = iter(stream)
-    local = source.batch_size // world_size
-    per = local // len(ranges)
     pending: dict[int, Rows] = {}
     index = None
     for item in pieces:
         if isinstance(item, _Failed):
             raise DataError(item.message)
+        if isinstance(item.rows, Handle):
+            item.rows = ring.take(item.rows)  # copied out at once: the worker's slot is free again
+        elif ring is not None and not item.end:
+            _said_oversized(item.rows, ring)
         if item.end:
             if item.rows.report is not None:
                 source.merge_report(item.rows.report)
@@ -239,6 +254,28 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
         pending[item.piece] = item.rows
     if pending:
         yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
+
+
+def _slot_bytes(source: Source, rows: int) -> int:
+    """A slot for ``rows`` rows of ``source``: its ids per row estimated by the features'
+    pooling factors (twice that for room)."""
+    ids = sum(f.pooling_factor for f in source.features)
+    return slot_bytes_for(rows, source.num_dense_features, len(source.features), ids, source.weighted,
+                          len(source.extra_fields))
+
+
+_oversized_said = False
+
+
+def _said_oversized(rows: Rows, ring: SlotRing) -> None:
+    """Rows a worker sent pickled, too large for its slot: said once per process."""
+    global _oversized_said
+    if not _oversized_said:
+        _oversized_said = True
+        size = sum(t.numel() * t.element_size() for t in (rows.dense, rows.values, rows.labels))
+        log.warning(f"data: a worker's rows ({size / 2**20:.1f} MiB, {len(rows.values):,} ids) did not fit its "
+                    f"shared-memory slot ({ring.slot_bytes / 2**20:.1f} MiB, sized by the features' expected ids "
+                    f"per row): such rows go through DataLoader's queue, pickled, slower but the same")
 
 
 def _watched(pieces: Iterator, rank: int) -> Iterator:

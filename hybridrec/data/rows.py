@@ -35,6 +35,21 @@ RANKING_FIELDS = ("relevance", "weights", "query", "log_q")
 """RecBatch's fields beside the Batch ones, in its order."""
 
 
+_ONES: dict[int, torch.Tensor] = {}
+
+
+def _ones(n: int) -> torch.Tensor:
+    """int32 ones of length ``n``: the lengths of one-hot rows, made once per size (a batch
+    shape recurs every step) and shared by the batches' KeyedJaggedTensors, which never write
+    their lengths (TorchRec's input distribution and pipelines copy or permute them)."""
+    ones = _ONES.get(n)
+    if ones is None:
+        if len(_ONES) >= 8:  # a few shapes per run (train, evaluated splits, their last batches)
+            _ONES.clear()
+        ones = _ONES[n] = torch.ones(n, dtype=torch.int32)
+    return ones
+
+
 def _tensor(a: np.ndarray, dtype: np.dtype) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
 
@@ -197,7 +212,7 @@ class Rows:
             weights = self.weights_or_ones()
         n = len(self)
         if self.lengths is None:
-            lengths = torch.ones(self.features * n, dtype=torch.int32)
+            lengths = _ones(self.features * n)
             per_key = [n] * self.features
         else:
             lengths = self.lengths.reshape(-1)
