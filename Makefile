@@ -24,6 +24,12 @@ TORCH  := torch==2.13.0+$(CUDA) fbgemm-gpu --extra-index-url $(TORCH_INDEX)
 else
 TORCH  := torch fbgemm-gpu-cpu
 endif
+# SYSTEM_TORCH=1 (with GPU=1): keep the CUDA torch the host already has (a GPU container's),
+# torch 2.11 to 2.13: .venv sees the system's packages, and fbgemm-gpu and torchrec are the
+# releases that load with that torch (`install_check.py --pairs`), not the pinned ones.
+SYSTEM_TORCH ?= 0
+VENV_FLAGS := $(if $(filter 1,$(SYSTEM_TORCH)),--system-site-packages,)
+HOST_PINS := $(VENV)/constraints-host.txt
 # The stamp records what was installed; it is rebuilt only when the pins, the package
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
@@ -42,8 +48,16 @@ help: ## list the targets
 install: $(STAMP) ## create .venv and install the pinned dependencies (GPU=1 for CUDA builds)
 
 $(STAMP): constraints.txt pyproject.toml hybridrec/install_check.py
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	rm -f $(VENV)/.installed-gpu*
+ifeq ($(SYSTEM_TORCH),1)
+	# the host's torch stays; its fbgemm-gpu and torchrec replace the pins of constraints.txt
+	grep -v -E '^(torch|fbgemm-gpu|fbgemm-gpu-cpu|torchrec)==' constraints.txt > $(HOST_PINS)
+	$(PY) -P hybridrec/install_check.py --gpu $(GPU) --pairs >> $(HOST_PINS)
+	$(PIP) install -c $(HOST_PINS) fbgemm-gpu
+	$(PIP) install -c $(HOST_PINS) -e '.[test]'
+	$(PIP) install -c $(HOST_PINS) --no-deps torchrec
+else
 	# Switching a .venv between CPU and GPU: first remove the other build's torch and fbgemm
 	# (fbgemm-gpu and fbgemm-gpu-cpu install the same module: one over the other mixes files).
 	other="$$($(CHECK) --other)"; if [ -n "$$other" ]; then $(PIP) uninstall -y $$other; fi
@@ -54,6 +68,7 @@ $(STAMP): constraints.txt pyproject.toml hybridrec/install_check.py
 	# in pyproject.toml), and pip checks dependencies only when it installs them, so no
 	# misleading "torchrec requires fbgemm-gpu" error is printed on a CPU machine.
 	$(PIP) install -c constraints.txt --no-deps torchrec
+endif
 	$(CHECK)  # fails when GPU=1 got a torch without CUDA, or when both fbgemm builds are present
 	touch $@
 

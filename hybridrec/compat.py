@@ -1,13 +1,20 @@
-"""Every use of a private TorchRec, torch or Hydra attribute, in one place.
+"""Every use of a private TorchRec, torch or Hydra attribute, in one place, and what an older
+torch lacks.
 
 The pins (constraints.txt: torch 2.13.0, torchrec 1.8.0, hydra-core 1.3.2) are what these were
 read against; a version bump breaks them here, not across the package. Each function says
 which public API is missing.
+
+hybridrec also runs on the torch a GPU host already has, 2.11 to 2.13 with the matching
+fbgemm-gpu and torchrec (1.6.x to 1.8.x; ``hybridrec/install_check.py --pairs`` names them):
+what 2.11 lacks is supplied here (``read_proc_state``, ``agent_kwargs``), each fallback
+tested by hiding the newer API (tests/test_compat.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -18,6 +25,11 @@ import torch
 from torch import nn
 from torch.distributed.elastic.agent.server.api import RunResult
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+try:  # torch >= 2.12
+    from torch.distributed.elastic.utils.process_state import read_proc_state as _torch_proc_state
+except ImportError:  # torch 2.11: the module does not exist
+    _torch_proc_state = None
 
 # ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
@@ -99,6 +111,36 @@ def failed_job_error(job_return: Any) -> BaseException:
     ``return_value`` re-raises it, after writing "Error executing job" to stderr, which a
     callback that only records the failure must not do; the dataclass keeps it in a field."""
     return job_return._return_value
+
+
+def read_proc_state(pid: int) -> str | None:
+    """The one-letter state of process ``pid`` (R, S, D, T, Z, ...) from /proc, None when it is
+    gone: torch's ``process_state.read_proc_state`` (torch >= 2.12), or the same reading of
+    ``/proc/<pid>/stat`` where torch has none."""
+    if _torch_proc_state is not None:
+        return _torch_proc_state(pid)
+    return own_proc_state(pid)
+
+
+def own_proc_state(pid: int) -> str | None:
+    """``/proc/<pid>/stat``'s state field: after the command name, which may hold spaces and
+    parentheses, hence the last ")"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(")") + 1:].split()
+    return rest[0] if rest else None
+
+
+def agent_kwargs(shutdown_timeout: int, cls: type = LocalElasticAgent) -> dict[str, Any]:
+    """Keyword arguments for torch's ``LocalElasticAgent`` (``cls``) that its torch accepts:
+    torch 2.12 added ``shutdown_timeout`` (the grace before a worker that ignores SIGTERM is
+    killed); an older agent keeps its fixed 30 s."""
+    if "shutdown_timeout" in inspect.signature(cls.__init__).parameters:
+        return {"shutdown_timeout": shutdown_timeout}
+    return {}
 
 
 class ExtensibleAgent(LocalElasticAgent):

@@ -18,6 +18,22 @@ import importlib.metadata as metadata
 import sys
 
 FBGEMM = {False: "fbgemm-gpu-cpu", True: "fbgemm-gpu"}
+# The fbgemm-gpu and torchrec that load with each torch (fbgemm's compiled ops are tied to
+# one torch ABI), for `make install GPU=1 SYSTEM_TORCH=1` on a host's own torch. 2.13: the
+# pins of constraints.txt, tested; 2.11: ran on an H100 (fbgemm-gpu 1.6.0, torchrec 1.6.1);
+# 2.12: the releases between them, not yet run.
+PAIRS = {"2.13": ("1.8.0", "1.8.0"), "2.12": ("1.7.0", "1.7.0"), "2.11": ("1.6.0", "1.6.1")}
+
+
+def pairs(torch_version: str) -> list[str]:
+    """The constraints for fbgemm-gpu and torchrec that fit ``torch_version`` (ValueError when
+    hybridrec has none for it)."""
+    minor = ".".join(torch_version.split("+")[0].split(".")[:2])
+    if minor not in PAIRS:
+        raise ValueError(f"torch {torch_version}: hybridrec runs on torch {', '.join(sorted(PAIRS))} (with their "
+                         f"fbgemm-gpu and torchrec); install one of them, or use the pinned build (no SYSTEM_TORCH)")
+    fbgemm, torchrec = PAIRS[minor]
+    return [f"fbgemm-gpu=={fbgemm}", f"torchrec=={torchrec}"]
 
 
 def installed(name: str) -> bool:
@@ -58,8 +74,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", type=int, choices=(0, 1), required=True)
     parser.add_argument("--other", action="store_true", help="print the other build's installed packages")
+    parser.add_argument("--pairs", action="store_true",
+                        help="print the fbgemm-gpu and torchrec constraints for the installed torch")
     args = parser.parse_args(argv)
     gpu = bool(args.gpu)
+    if args.pairs:
+        try:
+            print("\n".join(pairs(metadata.version("torch"))))
+        except (ValueError, metadata.PackageNotFoundError) as e:
+            print(f"hybridrec: install check: {e}", file=sys.stderr)
+            return 1
+        return 0
     if args.other:
         cuda = None
         if installed("torch"):

@@ -46,9 +46,8 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.utils.process_state import read_proc_state
 
-from hybridrec.compat import AgentFailureLogFilter, ExtensibleAgent
+from hybridrec.compat import AgentFailureLogFilter, ExtensibleAgent, agent_kwargs, read_proc_state
 from hybridrec.config import Device
 from hybridrec.config.validation import validate
 from hybridrec.distributed import Killed, as_launched_rank, signal_name, tie_forks_to_this_process
@@ -437,8 +436,8 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
         multiprocessing.set_forkserver_preload(["hybridrec.rank", fn.__module__, __name__])
     # Ranks end at once on the agent's SIGTERM; one that does not (stopped, or in the kernel)
     # is killed after 5 s rather than torch's 30.
-    agent = _Agent(spec, DefaultLogsSpecs(), start_method=method, shutdown_timeout=5, beats=beats,
-                   silence_s=silence_s)
+    agent = _Agent(spec, DefaultLogsSpecs(), start_method=method, beats=beats, silence_s=silence_s,
+                   **agent_kwargs(shutdown_timeout=5))
     # The agent sets handlers for these and leaves them: after it, a signal would raise its
     # exception anywhere in this process (the next job of a sweep).
     handlers = ({s: signal.getsignal(s) for s in _AGENT_SIGNALS}
