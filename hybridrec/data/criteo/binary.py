@@ -8,7 +8,6 @@ from typing import Optional
 
 import numpy as np
 from omegaconf import DictConfig
-from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.config import IdMapping
 from hybridrec.data.source import Rows, Source, check_table_sizes
@@ -33,7 +32,7 @@ class CriteoBinary(Source):
     """TorchRec's preprocessed Criteo format: ``X_dense.npy`` (n, 13) float32, already
     log-transformed, ``X_sparse.npy`` (n, 26) raw ids, ``X_labels.npy`` (n, 1), as written by
     ``torchrec.datasets.criteo.BinaryCriteoUtils.tsv_to_npys``. Each rank reads only its own
-    rows of each global batch (``BinaryCriteoUtils.load_npy_range``, memory-mapped)."""
+    rows of each global batch, from files memory-mapped once per process."""
 
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
@@ -138,7 +137,7 @@ class CriteoBinary(Source):
                                  for part in ("dense", "sparse", "labels"))
         stored = dense.reshape(-1, INT_FEATURES)
         with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf: named by the check
-            dense = stored.astype(np.float32, copy=False)  # a wider dtype is rounded here, and checked as rounded
+            dense = np.array(stored, dtype=np.float32)  # a copy (the file stays read-only); a wider dtype rounded
         self._check_values(split, first, dense, sparse.reshape(-1, CAT_FEATURES), labels.reshape(-1), stored)
         ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping, feature_major=True)
         return Rows.one_hot(dense, ids, labels.reshape(-1))
@@ -149,6 +148,10 @@ class CriteoBinary(Source):
         NaN or infinite dense value, a negative id. The layout's rows are taken by position
         (every global batch, at every world size), so a bad row cannot be skipped as the TSV
         reader skips it: the run stops, naming the file and row (0-based, as NumPy indexes)."""
+        # One pass each over the whole batch first; the row-by-row masks only when one fails.
+        if (np.isfinite(dense).all() and (sparse.dtype.kind != "i" or len(sparse) == 0 or sparse.min() >= 0)
+                and not ((labels != 0) & (labels != 1)).any()):
+            return
         checks = (("labels", (labels != 0) & (labels != 1)),
                   ("dense", ~np.isfinite(dense).all(axis=1)),
                   ("sparse", (sparse < 0).any(axis=1) if sparse.dtype.kind == "i" else np.zeros(len(sparse), bool)))
@@ -176,32 +179,40 @@ class CriteoBinary(Source):
             row -= rows
         raise IndexError(index)
 
-    @classmethod
-    def _rows(cls, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,
+    def _rows(self, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,
               count: int) -> np.ndarray:
-        """Rows [start, start + count) of a split whose rows are ``segments`` of the days."""
+        """Rows [start, start + count) of a split whose rows are ``segments`` of the days: a
+        view of the file when they are one range of one day, else one array."""
         out, offset = [], 0
         for first, n in segments:
             if count and start < offset + n:
                 lo = max(start - offset, 0)
                 take = min(n - lo, count)
-                out.append(cls._range(days, part, first + lo, take))
+                out += self._range(days, part, first + lo, take)
                 start, count = start + take, count - take
             offset += n
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+        return out[0] if len(out) == 1 else np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
-    @staticmethod
-    def _range(days: list[tuple[str, int]], part: str, start: int, count: int) -> np.ndarray:
-        """Rows [start, start + count) of the concatenated days, read as memory-mapped ranges."""
+    def _range(self, days: list[tuple[str, int]], part: str, start: int, count: int) -> list[np.ndarray]:
+        """Rows [start, start + count) of the concatenated days, as views of their memory-mapped
+        files. TorchRec's ``BinaryCriteoUtils.load_npy_range`` maps the file and parses its
+        header at every call, which cost more than the rest of a read: each file is mapped
+        once per process here (a forked worker inherits the mappings)."""
         out, offset = [], 0
         for prefix, rows in days:
             if count and start < offset + rows:
                 lo = max(start - offset, 0)
                 take = min(rows - lo, count)
-                out.append(BinaryCriteoUtils.load_npy_range(f"{prefix}_{part}.npy", lo, take, mmap_mode=True))
+                out.append(self._mapped(f"{prefix}_{part}.npy")[lo: lo + take])
                 start, count = start + take, count - take
             offset += rows
-        return np.concatenate(out)
+        return out
+
+    def _mapped(self, path: str) -> np.ndarray:
+        maps = self.__dict__.setdefault("_maps", {})
+        if (array := maps.get(path)) is None:
+            array = maps[path] = np.load(path, mmap_mode="r")
+        return array
 
 
 def _not_finite(value: np.floating) -> str:
