@@ -42,7 +42,10 @@ def keep_fitted(cfg: DictConfig, data: Source) -> None:
 def model_for(cfg: DictConfig, data: Source) -> Ranker:
     """The model of ``cfg.model`` with the loss of ``cfg.loss``, sized by what ``data`` declares
     (its tables, dense features and list size)."""
-    return build_model(cfg, data.features, data.num_dense_features, data.list_size)
+    model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
+    if data.next_item:  # the sampler's log-probabilities, for the loss's log-q correction
+        model.use_sampler(data.sampler_log_q(cfg.loss.get("in_batch", False)), data.negative_sampling == "popularity")
+    return model
 
 
 def plan_inputs(cfg: DictConfig, dims: ParallelDims, data: Source) -> PlanInputs:

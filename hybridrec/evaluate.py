@@ -60,7 +60,8 @@ def main(ev: DictConfig) -> float:
         result = launch(cfg, HydraConfig.get().runtime.output_dir, job)
     except (*USER_ERRORS, RankError, Killed) as e:  # raised inside a rank: bad rows, a checkpoint that does not load
         exit_user_error(e, f"hybridrec: {e}")
-    return result["eval"]["auc"]  # what a Hydra sweeper would maximize
+    metrics = result["eval"]
+    return metrics["auc"] if "auc" in metrics else metrics["ndcg@10"]  # what a Hydra sweeper would maximize
 
 
 if __name__ == "__main__":

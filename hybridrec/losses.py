@@ -37,6 +37,9 @@ class Loss(nn.Module):
     in_batch_negatives: ClassVar[bool] = False
     """Called with the towers, ``loss(user, item, batch)``: the model must declare
     ``Ranker.in_batch_negatives``."""
+    needs_next_item: ClassVar[bool] = False
+    """Called by a sequence ranker with positions and negatives (``NextItemSoftmax``): the
+    source must be a next-item one (``Source.next_item``)."""
     calibrated: ClassVar[bool] = False
     """The scores it trains are click logits, so NE, log loss, calibration and accuracy of
     sigmoid(score) are reported; otherwise evaluation reports ordering metrics only."""
@@ -181,6 +184,78 @@ class InBatchSoftmax(Loss):
         per_row = F.cross_entropy(logits, mine, reduction="none")
         positive = batch.labels * _weights(batch, batch.labels)
         return (per_row * positive).sum() / user.shape[0]
+
+
+class NextItemSoftmax(Loss):
+    """Next-item softmax of the sequence rankers (``loss=next_item``): at every position of a
+    history, its output must score the next item above the negatives. Called by the model as
+    ``loss(queries, positives, positive_ids, negatives, negative_ids, user, users, log_q)``:
+    the real positions' outputs ``[P, D]``, their next items' embeddings and ids, the batch's
+    negatives (sampled per global batch by the source, or the whole catalogue: then it is a
+    full softmax), each position's user (its row) and the rows of the batch.
+
+    With ``in_batch``, the next items of every position of the global batch (gathered from
+    all ranks, with autograd) are negatives too. A negative that is the position's own
+    positive is masked (an accidental hit). With ``logq_correction`` and a sampler that is
+    not uniform (the model's ``sampler_log_q``: training popularity), every candidate's
+    logit is lowered by the log of its sampling probability (Bengio & Senecal; what TF's
+    sampled softmax does), and in-batch negatives by their popularity. The loss is each
+    user's mean over its positions, summed and divided by the rows of the rank's batch: every
+    rank holds an equal share of the global batch, so the average over ranks is the global
+    batch's loss, whatever the world size (a row without a position counts 0)."""
+
+    needs_next_item = True
+
+    def __init__(self, list_size: Optional[int] = None, in_batch: bool = False, logq_correction: bool = True,
+                 temperature: float = 1.0) -> None:
+        super().__init__(list_size)
+        self.in_batch, self.logq_correction, self.temperature = in_batch, logq_correction, temperature
+
+    def forward(self, queries: torch.Tensor, positives: torch.Tensor, positive_ids: torch.Tensor,
+                negatives: torch.Tensor, negative_ids: torch.Tensor, user: torch.Tensor, users: int,
+                log_q: Optional[torch.Tensor] = None, sampled_by_popularity: bool = False) -> torch.Tensor:
+        candidates, candidate_ids = negatives, negative_ids
+        correct = self.logq_correction and log_q is not None
+        # Each candidate's correction is its own sampler's log-probability: popularity for
+        # in-batch negatives and the positives (distributed like the interactions), and for
+        # sampled negatives when drawn by popularity; uniformly drawn ones shift by a constant.
+        corrections = [log_q[negative_ids] if correct and sampled_by_popularity else
+                       torch.zeros(len(negative_ids), device=queries.device)]
+        if self.in_batch:
+            batch_items, batch_ids = positives, positive_ids
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                batch_items = _cat_gathered(dist_nn.all_gather(_padded_rows(positives, self._most(positives))),
+                                            _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)))
+                batch_ids = _cat_gathered(_all_gather_nograd(_padded_rows(positive_ids, self._most(positives))),
+                                          _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)))
+            candidates, candidate_ids = torch.cat([candidates, batch_items]), torch.cat([candidate_ids, batch_ids])
+            corrections.append(log_q[batch_ids] if correct else torch.zeros(len(batch_ids), device=queries.device))
+        positive = (queries * positives).sum(1, keepdim=True)
+        logits = torch.cat([positive, queries @ candidates.T], dim=1) / self.temperature
+        if correct and (self.in_batch or sampled_by_popularity):
+            logits = logits - torch.cat([log_q[positive_ids][:, None], torch.cat(corrections)[None, :].expand(
+                len(queries), -1)], dim=1)
+        logits[:, 1:] = logits[:, 1:].masked_fill(candidate_ids[None, :] == positive_ids[:, None], float("-inf"))
+        per_position = F.cross_entropy(logits, torch.zeros(len(queries), dtype=torch.long, device=queries.device),
+                                       reduction="none")
+        counts = torch.zeros(users, device=queries.device).index_add_(0, user, torch.ones_like(per_position))
+        per_user = torch.zeros(users, device=queries.device).index_add_(0, user, per_position)
+        return (per_user / counts.clamp(min=1)).sum() / users
+
+    @staticmethod
+    def _most(t: torch.Tensor) -> int:
+        """The most rows any rank holds (all_gather takes equal shapes)."""
+        size = torch.tensor([len(t)], device=t.device)
+        dist.all_reduce(size, op=dist.ReduceOp.MAX)
+        return int(size)
+
+
+def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros((rows - len(t), *t.shape[1:]))])
+
+
+def _cat_gathered(parts: list[torch.Tensor], sizes: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([part[: int(n)] for part, n in zip(parts, sizes)])
 
 
 def _all_gather_nograd(t: torch.Tensor) -> list[torch.Tensor]:

@@ -77,6 +77,22 @@ def ranking_metrics(scores: np.ndarray, relevance: np.ndarray, query: np.ndarray
     }
 
 
+def next_item_metrics(ranks: torch.Tensor, cutoffs: tuple[int, ...] = (10, 50, 200)) -> dict[str, float]:
+    """Hit rate and NDCG at each cut-off, and MRR, of each user's held-out item ranked among
+    the whole catalogue (``ranks``: 1 = first; one per user, every user once): one relevant
+    item per user, so NDCG@k = 1 / log2(rank + 1) when rank <= k, else 0, and HR@k is the
+    share of users whose item is in their top k. Means over users, in float64."""
+    r = ranks.double()
+    out: dict[str, float] = {}
+    for k in cutoffs:
+        hit = r <= k
+        out[f"ndcg@{k}"] = float(torch.where(hit, 1.0 / torch.log2(r + 1.0), 0.0).mean())
+        out[f"hr@{k}"] = float(hit.double().mean())
+    out["mrr"] = float((1.0 / r).mean())
+    out["n"] = int(r.numel())
+    return out
+
+
 def gather_to_first(t: torch.Tensor) -> Optional[torch.Tensor]:
     """Every rank's 1-D ``t`` (lengths may differ), concatenated in rank order on rank 0;
     None on the other ranks. Collective.

@@ -51,8 +51,14 @@ class Objective:
         return float(metrics[self.metric])
 
 
-def choices(calibrated: bool, ranking_k: Optional[int]) -> list[str]:
+NEXT_ITEM_METRICS = ("ndcg@10", "hr@10", "mrr", "ndcg@50", "hr@50", "ndcg@200", "hr@200")
+"""What a next-item evaluation reports (every item of the catalogue ranked per user)."""
+
+
+def choices(calibrated: bool, ranking_k: Optional[int], next_item: bool = False) -> list[str]:
     """The objectives a run with this loss and data can declare, ``auto``'s first."""
+    if next_item:
+        return [f"{SPLIT}.{n}" for n in NEXT_ITEM_METRICS]
     names = (["logloss", "ne"] if calibrated else []) + ([f"ndcg@{ranking_k}", "map", f"recall@{ranking_k}"]
                                                           if ranking_k else []) + ["auc"]
     if ranking_k and calibrated:  # a ranking source is judged by its ranking, first
@@ -60,10 +66,11 @@ def choices(calibrated: bool, ranking_k: Optional[int]) -> list[str]:
     return [f"{SPLIT}.{n}" for n in names] + ([f"{SPLIT}.accuracy"] if calibrated else [])
 
 
-def resolve(spec: str, calibrated: bool, ranking_k: Optional[int]) -> Objective:
+def resolve(spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bool = False) -> Objective:
     """``train.objective`` for a run whose loss is ``calibrated`` and whose source ranks
-    lists of ``ranking_k`` (None: rows). Raises ValueError naming the valid choices."""
-    valid = choices(calibrated, ranking_k)
+    lists of ``ranking_k`` (None: rows), or is a ``next_item`` source. Raises ValueError
+    naming the valid choices."""
+    valid = choices(calibrated, ranking_k, next_item)
     name = valid[0] if spec == "auto" else spec
     if name not in valid:
         why = ("the test split (eval) is scored once and never chosen on: use the validation split"
@@ -73,9 +80,9 @@ def resolve(spec: str, calibrated: bool, ranking_k: Optional[int]) -> Objective:
     return Objective(metric, maximize=metric not in _MINIMIZE)
 
 
-def direction(spec: str, calibrated: bool, ranking_k: Optional[int]) -> str:
+def direction(spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bool = False) -> str:
     """``resolve(...).direction``: for the shipped sweeper configs' interpolation."""
-    return resolve(spec, calibrated, ranking_k).direction
+    return resolve(spec, calibrated, ranking_k, next_item).direction
 
 
 @dataclass
@@ -116,7 +123,8 @@ def declared(cfg: Any) -> Objective:
     from hydra.utils import get_class
 
     calibrated = bool(getattr(get_class(cfg.loss._target_), "calibrated", False))
-    return resolve(cfg.train.objective, calibrated, cfg.data.get("ranking_k"))
+    next_item = bool(getattr(get_class(cfg.data._target_), "next_item", False))
+    return resolve(cfg.train.objective, calibrated, cfg.data.get("ranking_k"), next_item)
 
 
 def check(cfg: Any, splits: Sequence[str], asked: bool) -> None:

@@ -51,7 +51,7 @@ from hybridrec.config import (
 from hybridrec.optim import sparse_optimizer
 from hybridrec.parallel_dims import ParallelDims
 from hybridrec.models import Ranker
-from hybridrec.sharding import HybridEBCSharder, PlanInputs, plan_tables
+from hybridrec.sharding import PlanInputs, plan_tables, sharders
 
 
 class FSDP2Wrapper(DataParallelWrapper):
@@ -274,7 +274,7 @@ def parallelize(
             ),
             device=device,
         )
-    sharder = HybridEBCSharder(qcomm_codecs_registry=qcomms)
+    sharder = sharders(qcomms)
     plan, report = plan_tables(model, plan_inputs, sharder, pg)
     dense = dense_mode(mesh, dims.world_size)
     if dense in (DenseParallel.fsdp, DenseParallel.hsdp):
@@ -292,7 +292,7 @@ def parallelize(
             sharding_group_size=dims.embedding_group,
             global_pg=pg,
             node_group_size=dims.embedding_group_per_node,  # as planned: the group's ranks per node
-            sharders=[sharder],
+            sharders=sharder,
             data_parallel_wrapper=wrapper,
         )
     else:
@@ -301,7 +301,7 @@ def parallelize(
             env=ShardingEnv.from_process_group(pg),
             device=device,
             plan=plan,
-            sharders=[sharder],
+            sharders=sharder,
             data_parallel_wrapper=wrapper,
         )
     init_embeddings(dmp.module.sparse_module(), seed)

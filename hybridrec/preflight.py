@@ -20,7 +20,7 @@ from hybridrec.data.source import Source
 from hybridrec.devices import Cuda
 from hybridrec.launch import already_launched, world_size
 from hybridrec.parallel_dims import ParallelDims, job_dims
-from hybridrec.sharding import HybridEBCSharder, plan_tables
+from hybridrec.sharding import plan_tables, sharders
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool, data: Optional[S
     sizes from this machine (the check before a run here) rather than TorchRec's defaults
     (planning for another cluster). ``data``: the source, when the caller has built it."""
     data = data or build_source(cfg.data, cfg.seed)
-    _, report = plan_tables(model_for(cfg, data), plan_inputs(cfg, dims, data), HybridEBCSharder(), detect=detect)
+    _, report = plan_tables(model_for(cfg, data), plan_inputs(cfg, dims, data), sharders(), detect=detect)
     return report
 
 

@@ -76,16 +76,19 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
     ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
     if evals:
         steps = [r["step"] for r in evals]
-        ax_eval.plot(steps, [r["eval"]["auc"] for r in evals], "o-", color="tab:green", label=f"{curve} AUC")
+        # AUC where the scores are per row; a next-item run's is NDCG@10 over the catalogue
+        head = "auc" if "auc" in evals[0]["eval"] else "ndcg@10"
+        label = head.upper() if head == "auc" else "NDCG@10"
+        ax_eval.plot(steps, [r["eval"][head] for r in evals], "o-", color="tab:green", label=f"{curve} {label}")
         for r in test:
-            ax_eval.plot([r["step"]], [r["eval"]["auc"]], "*", markersize=12, color="black", label="test AUC")
-        ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel="AUC")
+            ax_eval.plot([r["step"]], [r["eval"][head]], "*", markersize=12, color="black", label=f"test {label}")
+        ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel=label)
         ax_ne = ax_eval.twinx()
         if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs
             ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
             ax_ne.set_ylabel("NE (lower is better)")
         ndcg = next((k for k in evals[0]["eval"] if k.startswith("ndcg")), None)
-        if ndcg:  # ranking sources
+        if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
         ax_eval.legend(handles=ax_eval.lines + ax_ne.lines, loc="center right")

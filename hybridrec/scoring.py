@@ -28,7 +28,7 @@ from hybridrec.build import build, rank_batches
 from hybridrec.data.loader import EvalBatch, padding_batch
 from hybridrec.data.source import Source
 from hybridrec.losses import Loss
-from hybridrec.metrics import binary_metrics, format_eval, gather_to_first, ranking_metrics
+from hybridrec.metrics import binary_metrics, format_eval, gather_to_first, next_item_metrics, ranking_metrics
 from hybridrec.runlog import write_json
 from hybridrec.summary import ScoreSummary, provenance, throughput
 
@@ -63,6 +63,7 @@ def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[Eva
     was_training = model.training
     model.eval()
     lists = "relevance" in source.extra_fields  # relevance, query, and padding inside lists (weight 0)
+    # A next-item model's "score" is the rank of the row's held-out item among the catalogue.
     names = ["score", "label", "real"] + (["relevance", "query"] if lists else []) + (["row"] if predictions else [])
     columns: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     count = 0
@@ -96,7 +97,8 @@ def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[Eva
     metrics: list[Any] = [None, None]
     if dist.get_rank() == 0:
         c = {name: t.cpu() for name, t in gathered.items()}
-        metrics[0] = split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
+        metrics[0] = (next_item_metrics(c["score"]) if source.next_item else
+                      split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query")))
         metrics[1] = bool(torch.isfinite(c["score"]).all())
     dist.broadcast_object_list(metrics, src=0)  # a few numbers: every rank reports the same
     table = None

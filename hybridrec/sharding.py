@@ -20,6 +20,7 @@ import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm as FbgemmCacheAlgorithm
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import (
@@ -63,6 +64,27 @@ class HybridEBCSharder(EmbeddingBagCollectionSharder):
         if compute_device_type == "cpu":
             types += [t.value for t in self._CPU_EXTRA if t.value not in types]
         return types
+
+
+class HybridECSharder(EmbeddingCollectionSharder):
+    """TorchRec's sharder of sequence embeddings (an ``EmbeddingCollection``: one vector per id,
+    no pooling), the sequence rankers' item table; its CPU options (data-parallel, table-,
+    column- and row-wise) are TorchRec's own."""
+
+
+def sharders(qcomm_codecs_registry: Optional[dict] = None) -> list:
+    """The sharders of every table kind a model holds: pooled (EmbeddingBagCollection) and
+    sequence (EmbeddingCollection) embeddings."""
+    return [HybridEBCSharder(qcomm_codecs_registry=qcomm_codecs_registry),
+            HybridECSharder(qcomm_codecs_registry=qcomm_codecs_registry)]
+
+
+def table_configs(module: nn.Module) -> list:
+    """The table configs of a model's sparse module: an EmbeddingBagCollection's or an
+    EmbeddingCollection's (each names its tables' rows, width and features)."""
+    if hasattr(module, "embedding_bag_configs"):
+        return module.embedding_bag_configs()
+    return module.embedding_configs()
 
 
 class PlanError(ValueError):
@@ -218,7 +240,7 @@ class PlanInputs:
 def plan_tables(
     model: Ranker,
     inputs: PlanInputs,
-    sharder: HybridEBCSharder,
+    sharder: list,
     pg: Optional[dist.ProcessGroup] = None,
     detect: bool = True,
 ) -> tuple[ShardingPlan, Optional[dict[str, Any]]]:
@@ -229,7 +251,7 @@ def plan_tables(
     mesh.embedding_replicas > 1 the plan is one sharding group's (DMPCollection's input).
     """
     topology, info = build_topology(inputs.topology, inputs.dims, detect)
-    tables = model.sparse_module().embedding_bag_configs()
+    tables = table_configs(model.sparse_module())
     constraints = build_constraints(inputs.sharding, tables, inputs.pooling)
     planner, recorder = make_planner(inputs.topology, topology, inputs.local_batch, constraints)
     sharding_plan = _plan(planner, model, sharder, pg)
@@ -264,28 +286,28 @@ def optimizer_notes(report: dict[str, Any], sparse_optimizer: str) -> list[str]:
 def _plan(
     planner: EmbeddingShardingPlanner,
     module: nn.Module,
-    sharder: HybridEBCSharder,
+    sharder: list,
     pg: Optional[dist.ProcessGroup],
 ) -> ShardingPlan:
     try:
         if pg is None:
-            return planner.plan(module, [sharder])
-        return planner.collective_plan(module, [sharder], pg)
+            return planner.plan(module, sharder)
+        return planner.collective_plan(module, sharder, pg)
     except PlannerError as e:
         raise PlanError(explain_planner_error(e, planner, module, sharder)) from e
 
 
 def explain_planner_error(
-    error: PlannerError, planner: EmbeddingShardingPlanner, module: nn.Module, sharder: HybridEBCSharder
+    error: PlannerError, planner: EmbeddingShardingPlanner, module: nn.Module, sharder: list
 ) -> str:
     """Turn TorchRec's PlannerError into what the user needs: which tables, how many GiB are
     missing and which knobs would make the plan fit. TorchRec's own text follows."""
     topology: Topology = planner_topology(planner)
-    options = planner_options(planner, module, [sharder])
+    options = planner_options(planner, module, sharder)
     by_table: dict[str, list[ShardingOption]] = {}
     for so in options:
         by_table.setdefault(so.name, []).append(so)
-    tables = [t.name for t in module.sparse_module().embedding_bag_configs()]
+    tables = [t.name for t in table_configs(module.sparse_module())]
     lines = ["the embedding planner found no plan."]
     if missing := [t for t in tables if t not in by_table]:
         lines.append(

@@ -67,7 +67,8 @@ class Trainer:
         self.runs = [checkpoint.new_run_id()]
         # The objective follows the validation split; without one the run reports its train loss.
         try:
-            self.objective = (resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k)
+            self.objective = (resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k,
+                                                self.data.next_item)
                               if "valid" in self.data.splits else None)
         except ValueError as e:  # checked before launch; under torchrun each rank checks here
             raise DataError(str(e)) from None

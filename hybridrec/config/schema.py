@@ -27,10 +27,10 @@ from omegaconf import MISSING, OmegaConf
 
 from hybridrec.objective import resolve
 from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the group schemas)
-    ModelConfig, DLRMConfig, DCNConfig, DeepFMConfig, TwoTowerConfig, LossConfig, ApproxNDCGConfig, InBatchSoftmaxConfig,
+    ModelConfig, DLRMConfig, DCNConfig, DeepFMConfig, TwoTowerConfig, LossConfig, ApproxNDCGConfig, InBatchSoftmaxConfig, SequenceConfig, SASRecConfig, HSTUConfig, NextItemConfig,
 )
 from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the group schemas)
-    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig,
+    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig, NegativeSampler, SequenceDataConfig, MovieLensSequencesConfig, ParquetSequencesConfig,
 )
 from hybridrec.config.schema_parallel import (  # noqa: F401  (re-exported: the group schemas)
     ShardingType, CacheAlgorithm, CacheConfig, TableConstraints, ShardingConfig, DenseParallel, DType, FSDPUnits, CommPrecision, Device, StorageReservation, MeshConfig, TopologyConfig, LauncherConfig,
@@ -192,15 +192,20 @@ def register_configs() -> None:
     cs.store(group="schema/model", name="dcn", node=DCNConfig)
     cs.store(group="schema/model", name="deepfm", node=DeepFMConfig)
     cs.store(group="schema/model", name="two_tower", node=TwoTowerConfig)
+    cs.store(group="schema/model", name="sasrec", node=SASRecConfig)
+    cs.store(group="schema/model", name="hstu", node=HSTUConfig)
     cs.store(group="schema/loss", name="loss", node=LossConfig)
     cs.store(group="schema/loss", name="approx_ndcg", node=ApproxNDCGConfig)
     cs.store(group="schema/loss", name="sampled_softmax", node=InBatchSoftmaxConfig)
+    cs.store(group="schema/loss", name="next_item", node=NextItemConfig)
     cs.store(group="schema/data", name="synthetic", node=SyntheticDataConfig)
     cs.store(group="schema/data", name="criteo", node=CriteoDataConfig)
     cs.store(group="schema/data", name="criteo_binary", node=CriteoBinaryDataConfig)
     cs.store(group="schema/data", name="movielens", node=MovieLensDataConfig)
     cs.store(group="schema/data", name="movielens_rank", node=MovieLensRankDataConfig)
     cs.store(group="schema/data", name="parquet", node=ParquetDataConfig)
+    cs.store(group="schema/data", name="movielens_seq", node=MovieLensSequencesConfig)
+    cs.store(group="schema/data", name="parquet_seq", node=ParquetSequencesConfig)
     cs.store(group="schema/sharding", name="sharding", node=ShardingConfig)
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
     cs.store(group="schema/topology", name="topology", node=TopologyConfig)
@@ -218,7 +223,9 @@ def register_configs() -> None:
     cs.store(name="hybridrec_evaluate_schema", node=evaluate)
 
 
-def _direction(objective: str, loss_target: str, ranking_k: Optional[int]) -> str:
-    return resolve(objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k).direction
+def _direction(objective: str, loss_target: str, ranking_k: Optional[int], data_target: Optional[str] = None) -> str:
+    next_item = bool(data_target and getattr(get_class(data_target), "next_item", False))
+    return resolve(objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k,
+                   next_item).direction
 
 

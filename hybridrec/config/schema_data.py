@@ -311,3 +311,44 @@ class ParquetDataConfig(DataConfig):
     A process keeps the last two decoded row groups of each shard it reads."""
 
 
+class NegativeSampler(str, Enum):
+    uniform = "uniform"
+    """Every item equally likely (no log-q correction needed)."""
+    popularity = "popularity"
+    """In proportion to the item's training interactions, log-q corrected by the loss."""
+
+
+@dataclass
+class SequenceDataConfig(DataConfig):
+    max_length: int = 200
+    """The most recent items of a history a row keeps (at most model.max_length)."""
+    train_negatives: int = 0
+    """Ids drawn per global batch for the training loss to score against; 0 = every item of
+    the catalogue (a full softmax, for small catalogues)."""
+    negative_sampling: NegativeSampler = NegativeSampler.uniform
+    bad_rows: BadRows = BadRows.skip
+    eval_batches: Optional[int] = None
+
+
+@dataclass
+class MovieLensSequencesConfig(SequenceDataConfig):
+    _target_: str = "hybridrec.data.sequences.MovieLensSequences"
+    path: str = "data/ml-100k"
+    """Directory with u.data (`make data-movielens`)."""
+
+
+@dataclass
+class ParquetSequencesConfig(SequenceDataConfig):
+    _target_: str = "hybridrec.data.sequences.ParquetSequences"
+    path: str = MISSING
+    """Parquet of one row per user: a file, a directory (its *.parquet) or a glob."""
+    items_column: str = MISSING
+    """A list of item ids, oldest first (or ordered by times_column)."""
+    num_items: int = MISSING
+    """Rows of the item table: ids 1..num_items-1 (id_mapping=none), or the rows ids hash into."""
+    times_column: Optional[str] = None
+    """A list of timestamps, one per id (HSTU's time bias); unset = positions."""
+    id_mapping: ParquetIdMapping = ParquetIdMapping.none
+    """none: ids are table rows; hash: seeded splitmix64 into rows 1..num_items-1."""
+    hash_seed: int = 0
+

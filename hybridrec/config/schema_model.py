@@ -62,6 +62,45 @@ class TwoTowerConfig(ModelConfig):
     free_on_resume: ClassVar[tuple[str, ...]] = ("normalize", "temperature")  # no weights of their own
 
 
+@dataclass
+class SequenceConfig(ModelConfig):
+    """What SASRec and HSTU share (``hybridrec.models.sequential``)."""
+
+    max_length: int = 200
+    """Positions of the transformer: the most recent items of a history (data.max_length
+    must be at most this)."""
+    num_blocks: int = 2
+    """Transformer blocks (each an FSDP2 unit with mesh.units=arch)."""
+    num_heads: int = 1
+    dropout: float = 0.2
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward instead of keeping them: less
+    memory for a longer history or more blocks, one more forward of the blocks."""
+    mask_history: bool = False
+    """Evaluation: leave the items of the user's history out of the ranking (the held-out
+    item is always ranked). Off by default: the published figures rank every item."""
+
+    free_on_resume: ClassVar[tuple[str, ...]] = ("dropout", "activation_checkpointing", "mask_history")
+
+
+@dataclass
+class SASRecConfig(SequenceConfig):
+    _target_: str = "hybridrec.models.sequential.SASRec"
+    embedding_dim: int = 64
+
+
+@dataclass
+class HSTUConfig(SequenceConfig):
+    _target_: str = "hybridrec.models.sequential.HSTU"
+    embedding_dim: int = 64
+    attention_dim: int = 32
+    """Width of each head's query and key."""
+    linear_dim: int = 32
+    """Width of each head's value and gate (U)."""
+    time_buckets: int = 128
+    """Log buckets of the time difference in the relative attention bias."""
+
+
 # ---------------------------------------------------------------------------- loss
 @dataclass
 class LossConfig:
@@ -83,3 +122,12 @@ class InBatchSoftmaxConfig(LossConfig):
     of using other rows' items as negatives."""
 
 
+@dataclass
+class NextItemConfig(LossConfig):
+    _target_: str = "hybridrec.losses.NextItemSoftmax"
+    in_batch: bool = False
+    """The next items of the whole global batch are negatives too."""
+    logq_correction: bool = True
+    """Lower each candidate's logit by log(its sampling probability) when the negatives are
+    drawn by popularity (data.negative_sampling=popularity) or in-batch."""
+    temperature: float = 1.0

@@ -61,6 +61,14 @@ def _validate_loss(cfg: DictConfig) -> None:
     if loss.in_batch_negatives and not model.in_batch_negatives:
         raise ValueError(f"loss={name(loss)} scores users against in-batch items: it needs a model with user and "
                          f"item towers (model=two_tower), not model={name(model)}")
+    if (loss.needs_next_item or model.needs_next_item or source.next_item) and not (
+            loss.needs_next_item and model.needs_next_item and source.next_item):
+        raise ValueError(f"next-item training takes a sequence model (model=sasrec or hstu), a next-item source "
+                         f"(data=movielens_seq or parquet_seq) and loss=next_item together (+experiment=sequences); "
+                         f"got model={name(model)}, data={name(source)}, loss={name(loss)}")
+    if source.next_item and cfg.data.max_length > cfg.model.max_length:
+        raise ValueError(f"data.max_length={cfg.data.max_length} is more history than the model has positions "
+                         f"(model.max_length={cfg.model.max_length}): lower data.max_length or raise model.max_length")
     if model.needs_user_item_features and not source.user_item_features:
         raise ValueError(f"model={name(model)} needs user and item features: data={name(source)} has none; "
                          f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)")
@@ -124,6 +132,10 @@ def _check_positive(cfg: DictConfig) -> None:
         raise ValueError(f"data.batch_size must be >= 1, got {cfg.data.batch_size}")
     if cfg.model.embedding_dim < 1:
         raise ValueError(f"model.embedding_dim must be >= 1, got {cfg.model.embedding_dim}")
+    if cfg.model.embedding_dim % 4:
+        raise ValueError(f"model.embedding_dim={cfg.model.embedding_dim}: TorchRec's fused embedding kernels (fbgemm) "
+                         f"take widths that are multiples of 4; use {cfg.model.embedding_dim // 4 * 4 or 4} or "
+                         f"{cfg.model.embedding_dim // 4 * 4 + 4}")
     for group, key in (("mesh", "replicate"), ("mesh", "shard"), ("topology", "world_size"),
                        ("topology", "local_world_size")):
         if cfg[group][key] is not None and cfg[group][key] < 1:

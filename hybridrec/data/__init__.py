@@ -138,6 +138,9 @@ class RecBatch(Batch):
     log_q: Optional[torch.Tensor] = None
     """log of the row's item frequency among training rows: the log-q correction of
     in-batch sampled softmax."""
+    times: Optional[torch.Tensor] = None
+    """int64 ``[B, max_length]``: the timestamp of each item of a row's history (next-item
+    sources), left-aligned with its ids, 0 after the history's end."""
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "RecBatch":
         return RecBatch(**{f.name: v if (v := getattr(self, f.name)) is None

@@ -256,12 +256,19 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
         yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
 
 
+def _no_rows(source: Source, key: str) -> torch.Tensor:
+    """No rows of the ranking or sequence field ``key``: its dtype and row shape."""
+    if key == "times":
+        return torch.zeros(0, source.max_length, dtype=torch.int64)
+    return torch.zeros(0, dtype=torch.int64 if key == "query" else torch.float32)
+
+
 def _slot_bytes(source: Source, rows: int) -> int:
     """A slot for ``rows`` rows of ``source``: its ids per row estimated by the features'
     pooling factors (twice that for room)."""
     ids = sum(f.pooling_factor for f in source.features)
-    return slot_bytes_for(rows, source.num_dense_features, len(source.features), ids, source.weighted,
-                          len(source.extra_fields))
+    extra = len(source.extra_fields) + (source.max_length - 1 if "times" in source.extra_fields else 0)
+    return slot_bytes_for(rows, source.num_dense_features, len(source.features), ids, source.weighted, extra)
 
 
 _oversized_said = False
@@ -335,7 +342,7 @@ def padding_batch(source: Source, world_size: int) -> EvalBatch:
     n = source.batch_size // world_size
     rows = Rows(torch.zeros(0, source.num_dense_features), torch.zeros(0, dtype=torch.int64), None, torch.zeros(0),
                 len(source.features),
-                {k: torch.zeros(0, dtype=torch.int64 if k == "query" else torch.float32) for k in source.extra_fields},
+                {k: _no_rows(source, k) for k in source.extra_fields},
                 id_weights=torch.zeros(0) if source.weighted else None)
     rows = rows.padded(n)
     return EvalBatch(rows.batch(source.keys, source.weighted), rows.real_mask(),

@@ -36,6 +36,60 @@ COLUMN_NAMES = {0: "user id", 1: "item id", 2: "rating"}
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
 
 
+def read_table(path: str, sep: str, columns: int, numeric, ranges: Optional[dict[int, tuple[int, int]]],
+               fail: bool, report: ReadReport) -> list[np.ndarray]:
+    """A MovieLens file's columns (int64 where ``numeric``, else str), bad rows counted or
+    failing: a wrong number of fields, a non-integer where an integer belongs, or an
+    integer outside its column's ``ranges`` (inclusive)."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path} is missing (side files need u.user and u.item; or data.side_features=false)")
+
+    fatal: list[str] = []
+
+    def wrong_fields(row: pacsv.InvalidRow) -> str:
+        # PyArrow swallows exceptions raised here: record, and let the reader stop.
+        reason = f"{row.actual_columns} fields, expected {row.expected_columns}"
+        if fail:
+            fatal.append(f"{path}:{row.number}: {reason}")
+            return "error"
+        report.bad(path, row.number, reason)
+        return "skip"
+
+    names = [f"c{i}" for i in range(columns)]
+    try:
+        table = pacsv.read_csv(
+            path,
+            # MovieLens-100k is latin-1 (accented titles)
+            read_options=pacsv.ReadOptions(column_names=names, encoding="latin-1", use_threads=False),
+            parse_options=pacsv.ParseOptions(delimiter=sep, quote_char=False, invalid_row_handler=wrong_fields),
+            convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}),
+        )
+    except pa.ArrowInvalid as e:
+        raise DataError(fatal[0] if fatal else f"{path}: {e}") from None
+    ok = np.ones(table.num_rows, dtype=bool)
+    for j in numeric:
+        ok &= np.asarray(pc.match_substring_regex(table.column(j), r"^\d+$").combine_chunks())
+    reasons = {int(i): "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
+               for i in np.flatnonzero(~ok)}
+    for j, (lo, hi) in (ranges or {}).items():
+        value = np.asarray(pc.cast(pc.if_else(pa.array(ok), table.column(j), "0"), pa.int64()))
+        outside = ok & ((value < lo) | (value > hi))
+        for i in np.flatnonzero(outside):
+            reasons[int(i)] = f"{COLUMN_NAMES.get(j, f'field {j + 1}')} {value[i]} is outside {lo}..{hi}"
+        ok &= ~outside
+    for i in sorted(reasons):
+        if fail:
+            raise DataError(f"{path}:{i + 1}: {reasons[i]}")
+        report.bad(path, i + 1, reasons[i])  # (line numbers assume no skipped rows)
+    report.good(path, int(ok.sum()))
+    table = table.filter(pa.array(ok))
+    return [
+        np.asarray(pc.cast(table.column(j), pa.int64())) if j in numeric
+        else np.array(table.column(j).to_pylist(), dtype=object)
+        for j in range(columns)
+    ]
+
+
 class MovieLens(UserItemSource):
     extra_fields = RANKING_FIELDS
 
@@ -94,56 +148,7 @@ class MovieLens(UserItemSource):
     # -- reading -----------------------------------------------------------------------
     def _read_table(self, path: str, sep: str, columns: int, numeric,
                     ranges: Optional[dict[int, tuple[int, int]]] = None) -> list[np.ndarray]:
-        """A MovieLens file's columns (int64 where ``numeric``, else str), bad rows counted or
-        failing: a wrong number of fields, a non-integer where an integer belongs, or an
-        integer outside its column's ``ranges`` (inclusive)."""
-        if not os.path.isfile(path):
-            raise DataError(f"{path} is missing (side files need u.user and u.item; or data.side_features=false)")
-
-        fatal: list[str] = []
-
-        def wrong_fields(row: pacsv.InvalidRow) -> str:
-            # PyArrow swallows exceptions raised here: record, and let the reader stop.
-            reason = f"{row.actual_columns} fields, expected {row.expected_columns}"
-            if self.fail:
-                fatal.append(f"{path}:{row.number}: {reason}")
-                return "error"
-            self._report.bad(path, row.number, reason)
-            return "skip"
-
-        names = [f"c{i}" for i in range(columns)]
-        try:
-            table = pacsv.read_csv(
-                path,
-                # MovieLens-100k is latin-1 (accented titles)
-                read_options=pacsv.ReadOptions(column_names=names, encoding="latin-1", use_threads=False),
-                parse_options=pacsv.ParseOptions(delimiter=sep, quote_char=False, invalid_row_handler=wrong_fields),
-                convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names}),
-            )
-        except pa.ArrowInvalid as e:
-            raise DataError(fatal[0] if fatal else f"{path}: {e}") from None
-        ok = np.ones(table.num_rows, dtype=bool)
-        for j in numeric:
-            ok &= np.asarray(pc.match_substring_regex(table.column(j), r"^\d+$").combine_chunks())
-        reasons = {int(i): "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
-                   for i in np.flatnonzero(~ok)}
-        for j, (lo, hi) in (ranges or {}).items():
-            value = np.asarray(pc.cast(pc.if_else(pa.array(ok), table.column(j), "0"), pa.int64()))
-            outside = ok & ((value < lo) | (value > hi))
-            for i in np.flatnonzero(outside):
-                reasons[int(i)] = f"{COLUMN_NAMES.get(j, f'field {j + 1}')} {value[i]} is outside {lo}..{hi}"
-            ok &= ~outside
-        for i in sorted(reasons):
-            if self.fail:
-                raise DataError(f"{path}:{i + 1}: {reasons[i]}")
-            self._report.bad(path, i + 1, reasons[i])  # (line numbers assume no skipped rows)
-        self._report.good(path, int(ok.sum()))
-        table = table.filter(pa.array(ok))
-        return [
-            np.asarray(pc.cast(table.column(j), pa.int64())) if j in numeric
-            else np.array(table.column(j).to_pylist(), dtype=object)
-            for j in range(columns)
-        ]
+        return read_table(path, sep, columns, numeric, ranges, self.fail, self._report)
 
     def _side(self, users, items, user, item) -> None:
         """Per-user and per-item side tables, from the user and item files."""

@@ -32,7 +32,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from hybridrec.data import ReadReport, RecBatch
 
 RANKING_FIELDS = ("relevance", "weights", "query", "log_q")
-"""RecBatch's fields beside the Batch ones, in its order."""
+"""RecBatch's fields beside the Batch ones, in its order, that list sources set."""
+SEQUENCE_FIELDS = ("times",)
+"""The RecBatch field next-item sources set beside the ids: each history item's time."""
 
 
 _ONES: dict[int, torch.Tensor] = {}
@@ -55,8 +57,8 @@ def _tensor(a: np.ndarray, dtype: np.dtype) -> torch.Tensor:
 
 
 def _extra_dtype(key: str) -> type:
-    """The dtype of a ranking field: the query (a user id) is an integer, the rest floats."""
-    return np.int64 if key == "query" else np.float32
+    """The dtype of a ranking field: the query (a user id) and times are integers, the rest floats."""
+    return np.int64 if key in ("query", "times") else np.float32
 
 
 @dataclass

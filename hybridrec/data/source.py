@@ -66,6 +66,10 @@ class Source(ABC):
     """Each rank reads, and so counts, rows no other rank reads (its own shards): the run's
     read report is the sum of the ranks' reports. False = every rank reads the same files
     and rank 0's report is the run's."""
+    next_item: ClassVar[bool] = False
+    """Rows are users' histories and their next items (``hybridrec.data.sequences``): batches
+    carry ``history``, ``next`` and ``negatives`` ids of one item table, and evaluation ranks
+    the whole catalogue for each user's held-out item."""
     ranking_k: Optional[int] = None
     """Set: evaluation scores each query's list with NDCG, MAP and recall at this cut-off."""
     threshold: Optional[float] = None

@@ -131,6 +131,9 @@ class Ranker(nn.Module, ABC):
     needs_user_item_features: ClassVar[bool] = False
     """The model splits the features into a user side and an item side: the source must
     declare ``Source.user_item_features``."""
+    needs_next_item: ClassVar[bool] = False
+    """A sequence ranker: its rows are histories (``Source.next_item``); evaluation gets the
+    rank of each row's held-out item among the catalogue instead of a score."""
 
     def __init__(self, loss: Loss) -> None:
         super().__init__()

@@ -1,0 +1,338 @@
+"""Sequence rankers: a user's history of items, looked up in one sharded item table, run
+through a causal transformer stack; the output at each position scores the next item.
+
+- ``SASRec`` (Kang & McAuley 2018): learned positions, causal softmax self-attention and a
+  pointwise feed-forward layer per block (the original's layout: the attention's query is
+  the normalized input, which is also its residual).
+- ``HSTU`` (Zhai et al. 2024, "Actions Speak Louder than Words"): per block, one projection
+  gives U, V, Q, K through SiLU; attention is pointwise, SiLU(QK^T + relative bias) divided by
+  the sequence length, not a softmax; the relative bias is learned per relative position
+  and per log-bucketed time difference; the output is Linear(LayerNorm(AV) * U), added to
+  the input.
+
+The item table is a TorchRec ``EmbeddingCollection`` (one vector per id, no pooling) that
+TorchRec's planner places and shards like any table; the batch's ``history``, ``next`` and
+``negatives`` features all look it up, so inputs and outputs share it. The blocks are the
+model's dense units: FSDP2 wraps each (``mesh.units=arch``, the default of the sequence
+experiments), then the root; ``model.activation_checkpointing`` recomputes each block's
+activations in the backward instead of keeping them.
+
+Histories are jagged in the batch and padded to ``max_length`` inside the model, right of
+the history: with causal attention a real position never attends a padded one, so the
+padding changes no output, and every rank pads alike (the shapes do not depend on the world
+size). Training: every position's output against its next item and the batch's negatives
+(``loss=next_item``). Evaluation: the last position's output ranks every item of the
+catalogue for the user's held-out item; the model returns that item's rank (1 = first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.sparse.jagged_tensor import JaggedTensor
+
+from hybridrec.data import RecBatch, SparseFeature
+from hybridrec.losses import Loss
+from hybridrec.models import Ranker
+
+FEATURES = ("history", "next", "negatives")
+
+
+def item_table(features: list[SparseFeature], embedding_dim: int) -> EmbeddingCollection:
+    """The one item table every feature looks up, on ``meta`` (the planner places it)."""
+    f = features if isinstance(features[0], SparseFeature) else [SparseFeature(**x) for x in features]
+    names = [x.name for x in f]
+    if sorted(names) != sorted(FEATURES) or len({x.table_name for x in f}) != 1:
+        raise ValueError(f"a sequence ranker takes the features {', '.join(FEATURES)} of one item table "
+                         f"(data=movielens_seq or data=parquet_seq), got {names}")
+    return EmbeddingCollection([EmbeddingConfig(name=f[0].table_name, embedding_dim=embedding_dim,
+                                                num_embeddings=f[0].num_embeddings, feature_names=names)],
+                               device=torch.device("meta"))
+
+
+def padded(jt: JaggedTensor, length: int) -> torch.Tensor:
+    """A jagged ``[sum(lengths), D]`` as ``[B, length, D]``, each row's values first (its
+    lengths are at most ``length``), zeros after."""
+    lengths = jt.lengths().long()
+    values = jt.values()
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=values.device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    position = torch.arange(len(values), device=values.device) - torch.repeat_interleave(starts, lengths)
+    out = values.new_zeros(len(lengths), length, values.shape[-1])
+    return out.index_put((rows, position), values)
+
+
+class Stack(nn.Module):
+    """The dense side of a sequence ranker: padded history embeddings ``[B, L, D]`` in, every
+    position's output out (padded positions zeros). Its blocks are the model's FSDP2 units;
+    training, scoring and the exported user encoder run the same stack."""
+
+    def __init__(self, dim: int, max_length: int, blocks: list[nn.Module], dropout: float, positions: bool,
+                 activation_checkpointing: bool) -> None:
+        super().__init__()
+        self.dim, self.max_length, self.activation_checkpointing = dim, max_length, activation_checkpointing
+        self.positions = nn.Embedding(max_length, dim) if positions else None
+        self.blocks = nn.ModuleList(blocks)
+        self.dropout = nn.Dropout(dropout)
+        self.final_norm = nn.LayerNorm(dim)
+
+    def forward(self, embedded: torch.Tensor, lengths: torch.Tensor, times: Optional[torch.Tensor]) -> torch.Tensor:
+        real = torch.arange(self.max_length, device=embedded.device)[None, :] < lengths[:, None]
+        x = embedded * math.sqrt(self.dim)  # the item embedding's scale, as SASRec's
+        if self.positions is not None:
+            x = x + self.positions.weight[None, : x.shape[1]]
+        x = self.dropout(x) * real[..., None]
+        if times is None:
+            times = torch.zeros(real.shape, dtype=torch.int64, device=x.device)
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, times, use_reentrant=False)
+            else:
+                x = block(x, times)
+            x = x * real[..., None]
+        return self.final_norm(x) * real[..., None]
+
+
+class SequenceRanker(Ranker):
+    """What SASRec and HSTU share: the item table, the padding, the loss and the ranking. A
+    subclass gives the stack's blocks (each ``block(x, times)`` -> x, ``[B, L, D]``) and
+    whether it adds learned positions."""
+
+    needs_next_item = True
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        for key in ("num_blocks", "num_heads", "max_length"):
+            if cfg[key] < 1:
+                raise ValueError(f"model.{key}={cfg[key]}: must be >= 1")
+        if not 0 <= cfg.dropout < 1:
+            raise ValueError(f"model.dropout={cfg.dropout}: must be in [0, 1)")
+
+    def __init__(self, features: list[SparseFeature], embedding_dim: int, max_length: int, blocks: list[nn.Module],
+                 positions: bool, dropout: float, activation_checkpointing: bool, mask_history: bool,
+                 loss: Loss) -> None:
+        super().__init__(loss)
+        self.items = item_table(features, embedding_dim)
+        self.max_length, self.mask_history = max_length, mask_history
+        self.stack = Stack(embedding_dim, max_length, blocks, dropout, positions, activation_checkpointing)
+
+    def encode(self, history: JaggedTensor, times: Optional[torch.Tensor]) -> torch.Tensor:
+        """Every position's output ``[B, L, D]`` for the histories (padded positions: zeros)."""
+        return self.stack(padded(history, self.max_length), history.lengths().long(), times)
+
+    # -- the Ranker contract -----------------------------------------------------------------
+    def forward(self, batch: RecBatch):
+        # TorchRec's pipeline traces forward with torch.fx to find the sharded table's input;
+        # what follows the lookup (jagged padding, data-dependent shapes) is one opaque call.
+        return _after_lookup(self, self.items(batch.sparse_features), batch)
+
+    def after_lookup(self, looked_up: dict[str, JaggedTensor], batch: RecBatch):
+        """Training: the loss; evaluation: each row's held-out item's rank (see forward)."""
+        history, nxt, negatives = (looked_up[name] for name in FEATURES)
+        out = self.encode(history, batch.times)
+        if self.training:
+            loss = self._loss(out, history, nxt, negatives, batch)
+            zeros = batch.labels.new_zeros(batch.labels.shape)
+            return loss, (loss.detach(), zeros, zeros)
+        ranks = self._ranks(out, history, nxt, negatives, batch)
+        loss = ranks.new_zeros(())
+        return loss, (loss, ranks, batch.labels.detach())
+
+    def _loss(self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor,
+              batch: RecBatch) -> torch.Tensor:
+        """Every real position's output against its next item (``nxt``, aligned with the
+        history) and the negatives the batch carries (in its first row)."""
+        lengths = history.lengths().long()
+        real = torch.arange(self.max_length, device=out.device)[None, :] < lengths[:, None]
+        queries = out[real]  # [P, D], row by row, position by position: the jagged order
+        user = torch.repeat_interleave(torch.arange(len(lengths), device=out.device), lengths)
+        first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
+        features = batch.sparse_features.to_dict()
+        return self.loss(queries, nxt.values(), features["next"].values(), negatives.values()[:first],
+                         features["negatives"].values()[:first], user, len(lengths),
+                         getattr(self, "sampler_log_q", None), getattr(self, "sampled_by_popularity", False))
+
+    @torch.no_grad()
+    def _ranks(self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor,
+               batch: RecBatch) -> torch.Tensor:
+        """The rank (1 = first) of each row's held-out item among every item of the catalogue
+        (the negatives of an evaluated batch, in its first row), by the last position's
+        output; ties count against it. With ``mask_history``, the items of the user's
+        history are not ranked (the held-out item always is)."""
+        lengths = history.lengths().long()
+        last = out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)]
+        first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
+        catalogue = negatives.values()[:first]  # [N - 1, D]: items 1..N-1, in id order
+        scores = last @ catalogue.T  # [B, N - 1]
+        # the held-out item's own score, from the same product: compared with itself, a
+        # separately computed dot product could differ in the last bit and beat it
+        target_ids = batch.sparse_features.to_dict()["next"].values()
+        target = scores.gather(1, (target_ids - 1).clamp(0, first - 1)[:, None])[:, 0]
+        beaten = scores > target[:, None]
+        if self.mask_history:
+            ids = batch.sparse_features.to_dict()["history"].values()
+            rows = torch.repeat_interleave(torch.arange(len(lengths), device=out.device), lengths)
+            seen = torch.zeros_like(beaten)
+            keep = (ids >= 1) & (ids <= first) & (ids != target_ids[rows])
+            seen[rows[keep], ids[keep] - 1] = True
+            beaten &= ~seen
+        ranks = 1.0 + beaten.sum(1).to(out.dtype)
+        # a diverged model's NaN scores beat nothing: say NaN, not rank 1 (evaluation's finite check)
+        finite = torch.isfinite(target) & torch.isfinite(scores).all(1)
+        return torch.where(finite, ranks, torch.full_like(ranks, float("nan")))
+
+    def score(self, batch: RecBatch) -> torch.Tensor:  # the Ranker contract: one score per row
+        """The last position's score of each row's ``next`` item (the held-out one)."""
+        looked_up = self.items(batch.sparse_features)
+        out = self.encode(looked_up["history"], batch.times)
+        lengths = looked_up["history"].lengths().long()
+        last = out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)]
+        return (last * looked_up["next"].values()[: len(lengths)]).sum(1)
+
+    def use_sampler(self, log_q: Optional[torch.Tensor], by_popularity: bool) -> None:
+        """Each item's log training popularity, for the loss's log-q correction of in-batch
+        negatives and of negatives ``by_popularity`` (None: uniform sampling, no correction).
+        Not part of the checkpoint: the data's, and scoring needs none."""
+        self.register_buffer("sampler_log_q", None if log_q is None else log_q.to(torch.float32), persistent=False)
+        self.sampled_by_popularity = by_popularity
+
+    def encoder(self) -> "UserEncoder":
+        """The user side alone, for export: padded histories in, the last position's output
+        out, the item table a plain ``nn.Embedding`` (its weights, unsharded)."""
+        return UserEncoder(self)
+
+    def item_vectors(self, with_row_0: bool = False) -> torch.Tensor:
+        """``[N - 1, D]``: every item's vector, rows 1..N-1 of the (unsharded) table; with
+        ``with_row_0``, the whole table (row 0: no item, what padding looks up)."""
+        weight = self.items.embeddings[next(iter(self.items.embeddings))].weight.detach()
+        return weight if with_row_0 else weight[1:]
+
+    def sparse_module(self) -> nn.Module:
+        return self.items
+
+    def dense_units(self) -> list[nn.Module]:
+        return list(self.stack.blocks)
+
+
+class UserEncoder(nn.Module):
+    """``forward(history, lengths, times) -> [B, D]``: ``history`` int64 ``[B, max_length]``,
+    each row's items oldest first and 0 after them, ``lengths`` int64 ``[B]`` (>= 1), ``times``
+    int64 ``[B, max_length]`` (HSTU's time bias; zeros do for SASRec). Scores are
+    ``user @ item_vectors.T``: the catalogue's top k is ``torch.topk`` of them."""
+
+    def __init__(self, model: SequenceRanker) -> None:
+        super().__init__()
+        self.table = nn.Embedding.from_pretrained(model.item_vectors(with_row_0=True).clone(), freeze=True)
+        self.stack = model.stack
+
+    def forward(self, history: torch.Tensor, lengths: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        out = self.stack(self.table(history), lengths, times)
+        return out[torch.arange(len(lengths), device=out.device), lengths - 1]
+
+
+@torch.fx.wrap
+def _after_lookup(model: SequenceRanker, looked_up: dict[str, JaggedTensor], batch: RecBatch):
+    return model.after_lookup(looked_up, batch)
+
+
+class SASRecBlock(nn.Module):
+    """One SASRec block: causal multi-head self-attention whose query is the normalized input
+    (and its residual), then a pointwise two-layer feed-forward with its own residual."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim),
+                                 nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)  # True: not attended
+        q = self.attn_norm(x)
+        attended, _ = self.attn(q, x, x, attn_mask=causal, need_weights=False)
+        x = self.ffn_norm(q + attended)
+        return x + self.ffn(x)
+
+
+class SASRec(SequenceRanker):
+    """model=sasrec: item embedding (scaled by sqrt(D)) plus a learned position embedding,
+    ``num_blocks`` SASRec blocks, a final LayerNorm."""
+
+    def __init__(self, features: list[SparseFeature], num_dense_features: int, embedding_dim: int, max_length: int,
+                 num_blocks: int, num_heads: int, dropout: float, activation_checkpointing: bool,
+                 mask_history: bool, loss: Loss) -> None:
+        if embedding_dim % num_heads:
+            raise ValueError(f"model.embedding_dim={embedding_dim} must divide into model.num_heads={num_heads}")
+        blocks = [SASRecBlock(embedding_dim, num_heads, dropout) for _ in range(num_blocks)]
+        super().__init__(features, embedding_dim, max_length, blocks, True, dropout, activation_checkpointing,
+                         mask_history, loss)
+
+
+class RelativeBias(nn.Module):
+    """HSTU's relative attention bias: a learned value per relative position (j - i) and per
+    bucket of |t_i - t_j| (log buckets: floor(ln(max(dt, 1)) / 0.301), as generative-recommenders
+    buckets seconds), summed."""
+
+    def __init__(self, max_length: int, time_buckets: int) -> None:
+        super().__init__()
+        self.max_length, self.time_buckets = max_length, time_buckets
+        self.position = nn.Parameter(torch.zeros(2 * max_length - 1))
+        self.time = nn.Parameter(torch.zeros(time_buckets + 1))
+
+    def forward(self, times: torch.Tensor) -> torch.Tensor:
+        length = times.shape[1]
+        idx = torch.arange(length, device=times.device)
+        position = self.position[idx[None, :] - idx[:, None] + self.max_length - 1]  # [L, L]
+        dt = (times[:, :, None] - times[:, None, :]).abs().clamp(min=1).to(torch.float32)
+        bucket = (torch.log(dt) / 0.301).long().clamp(max=self.time_buckets)
+        return position[None] + self.time[bucket]  # [B, L, L]
+
+
+class HSTUBlock(nn.Module):
+    """One HSTU layer: U, V, Q, K = split(SiLU(Linear(LayerNorm(x)))); A = SiLU(QK^T + rab) / n
+    under the causal mask; x + Linear(Dropout(LayerNorm(AV) * U))."""
+
+    def __init__(self, dim: int, heads: int, attention_dim: int, linear_dim: int, dropout: float, max_length: int,
+                 time_buckets: int) -> None:
+        super().__init__()
+        self.heads, self.attention_dim, self.linear_dim, self.max_length = heads, attention_dim, linear_dim, max_length
+        self.norm = nn.LayerNorm(dim)
+        self.uvqk = nn.Linear(dim, heads * (2 * linear_dim + 2 * attention_dim))
+        self.out_norm = nn.LayerNorm(heads * linear_dim)
+        self.out = nn.Linear(heads * linear_dim, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.bias = RelativeBias(max_length, time_buckets)
+
+    def forward(self, x: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        B, L, _ = x.shape
+        H, a, d = self.heads, self.attention_dim, self.linear_dim
+        u, v, q, k = torch.split(F.silu(self.uvqk(self.norm(x))), [H * d, H * d, H * a, H * a], dim=-1)
+        q, k, v = q.view(B, L, H, a), k.view(B, L, H, a), v.view(B, L, H, d)
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) + self.bias(times)[:, None]
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        attention = F.silu(scores) * causal / self.max_length
+        av = torch.einsum("bhij,bjhd->bihd", attention, v).reshape(B, L, H * d)
+        return x + self.out(self.dropout(self.out_norm(av) * u))
+
+
+class HSTU(SequenceRanker):
+    """model=hstu: item embeddings (no position embedding: the relative bias carries position
+    and time), ``num_blocks`` HSTU layers, a final LayerNorm."""
+
+    def __init__(self, features: list[SparseFeature], num_dense_features: int, embedding_dim: int, max_length: int,
+                 num_blocks: int, num_heads: int, dropout: float, activation_checkpointing: bool,
+                 mask_history: bool, attention_dim: int, linear_dim: int, time_buckets: int, loss: Loss) -> None:
+        blocks = [HSTUBlock(embedding_dim, num_heads, attention_dim, linear_dim, dropout, max_length, time_buckets)
+                  for _ in range(num_blocks)]
+        super().__init__(features, embedding_dim, max_length, blocks, False, dropout, activation_checkpointing,
+                         mask_history, loss)
