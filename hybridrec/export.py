@@ -60,6 +60,8 @@ from hybridrec.compat import size_oblivious_export
 from hybridrec.data import RecBatch, SparseFeature, build_source
 from hybridrec.data.source import UserItemSource
 from hybridrec.models import Ranker, build_model
+from hybridrec.export_sequences import write_user_encoder
+from hybridrec.models.sequential import SequenceRanker
 from hybridrec.models.two_tower import TwoTower
 
 PROGRAM, SPEC = "model.pt2", "model.json"
@@ -135,9 +137,14 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     features = [SparseFeature(**f) for f in train_state.features]
     os.makedirs(out, exist_ok=True)
     cfg = saved_config(checkpoint, trusted)
-    spec = write_program(model, features, train_state.num_dense_features, out,
-                         {"model": cfg.model._target_, "loss": cfg.loss._target_,
-                          "checkpoint": os.path.abspath(checkpoint), "step": train_state.step})
+    about = {"model": cfg.model._target_, "loss": cfg.loss._target_, "checkpoint": os.path.abspath(checkpoint),
+             "step": train_state.step}
+    if isinstance(model, SequenceRanker):  # retrieval: a user encoder and the item vectors
+        spec = write_user_encoder(model, out, about, _write)
+        _check_archive(os.path.join(out, PROGRAM))
+        _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
+        return spec
+    spec = write_program(model, features, train_state.num_dense_features, out, about)
     if isinstance(model, TwoTower):
         data = build_source(cfg.data, cfg.seed)
         if not isinstance(data, UserItemSource):  # training refused it (TwoTower.needs_user_item_features)
@@ -284,6 +291,10 @@ def main(argv: list[str]) -> None:
         sys.exit(f"hybridrec.export: {e}")
     except OSError as e:  # disk full, a file named like the directory
         sys.exit(f"hybridrec.export: cannot write {e}")
+    if "features" not in spec:  # a sequence ranker's user encoder
+        print(f"hybridrec.export: user encoder -> {os.path.join(out, PROGRAM)}, {spec['catalogue']:,} item vectors -> "
+              f"{os.path.join(out, spec['item_vectors'])} (how to score: {os.path.join(out, SPEC)})")
+        return
     print(f"hybridrec.export: {len(spec['features'])} sparse and {spec['num_dense_features']} dense features -> "
           f"{os.path.join(out, PROGRAM)} (outputs a {spec['output']}; inputs in {os.path.join(out, SPEC)})")
 

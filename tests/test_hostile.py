@@ -83,6 +83,19 @@ CONFIG_CASES = [
     ([*CTR, "mesh.forward_prefetch=-1"], "mesh.forward_prefetch=-1: must be >= 0"),
     ([*CTR, "topology.host_memory_gb=-1"], "topology.host_memory_gb must be > 0"),
     ([*CTR, "+train.stepz=30"], "unknown key train.stepz (did you mean train.steps?)"),
+    ([*CTR, "model.embedding_dim=50"], "model.embedding_dim=50: TorchRec's fused embedding kernels (fbgemm) take widths "
+                                       "that are multiples of 4; use 48 or 52"),
+    # sequence rankers
+    (["+experiment=sequences", "model=dlrm"], "next-item training takes a sequence model (model=sasrec or hstu), a "
+                                              "next-item source"),
+    (["+experiment=sequences", "loss=pointwise"], "got model=SASRec, data=MovieLensSequences, loss=BCE"),
+    (["+experiment=ctr", "model=sasrec", "loss=next_item"], "data=SyntheticClickLog"),
+    (["+experiment=sequences", "data.max_length=300"], "data.max_length=300 is more history than the model has "
+                                                        "positions (model.max_length=200)"),
+    (["+experiment=sequences", "data.max_length=0"], "data.max_length=0: the most recent items a history keeps, >= 1"),
+    (["+experiment=sequences", "data.train_negatives=-1"], "data.train_negatives=-1: ids drawn per batch"),
+    (["+experiment=sequences", "model.num_blocks=0"], "model.num_blocks=0: must be >= 1"),
+    (["+experiment=sequences", "model.dropout=1.5"], "model.dropout=1.5: must be in [0, 1)"),
 ]
 
 

@@ -1,0 +1,223 @@
+"""Sequence rankers: histories split leave-one-out, the next-item loss and metrics against
+hand-computed values, padding that changes no output, the exported user encoder, and SASRec
+and HSTU trained on 2 gloo ranks (the item table sharded, each block an FSDP2 unit) as on
+one process."""
+
+import math
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import compose_cfg
+from dist_helpers import spawn, train_and_gather
+from shared import TOL, assert_same_training
+
+from hybridrec.build import model_for
+from hybridrec.data import DataError, loader
+from hybridrec.data.sequences import MovieLensSequences, ParquetSequences
+from hybridrec.losses import NextItemSoftmax
+from hybridrec.metrics import next_item_metrics
+
+
+def _ratings(d, rows):
+    """u.data of (user, item, rating, time) rows, in the order given."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "u.data"), "w") as f:
+        f.writelines(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows)
+    return str(d)
+
+
+def _source(d, batch_size=2, max_length=3, **kw):
+    args = dict(batch_size=batch_size, path=d, max_length=max_length, train_negatives=0,
+                negative_sampling="uniform", bad_rows="fail", eval_batches=None, seed=0)
+    return MovieLensSequences(**{**args, **kw})
+
+
+def _rows(source, split, world=1, rank=0):
+    """Per row of the split's first batch: history ids, next ids, times (as lists)."""
+    item = next(iter(loader.batches(source, split, rank, world, 1)))
+    batch = getattr(item, "batch", item)
+    features = batch.sparse_features.to_dict()
+    out = []
+    for r, (h, n) in enumerate(zip(features["history"].to_dense(), features["next"].to_dense())):
+        out.append((h.tolist(), n.tolist(), batch.times[r, : len(h)].tolist()))
+    return out, features["negatives"], getattr(item, "real", None)
+
+
+@pytest.mark.unit
+def test_histories_are_in_time_order_and_split_leave_one_out(tmp_path):
+    # user 1: items 11..16 at times 1..6, given out of order; items 15 and 14 share time 5
+    # (the file's order decides: 15 then 14); user 2: three items; user 3: two (left out)
+    rows = [(1, 13, 4, 3), (1, 11, 4, 1), (1, 15, 4, 5), (1, 12, 4, 2), (1, 14, 4, 5), (1, 16, 4, 6),
+            (2, 21, 3, 10), (2, 22, 3, 20), (2, 23, 3, 30), (3, 31, 5, 1), (3, 32, 5, 2)]
+    source = _source(_ratings(tmp_path, rows))
+    assert source.users == 2 and source.report()["users_left_out"] == 1
+    # user 1 in time order: 11 12 13 15 14 16 (ties keep the file's order)
+    test, negatives, real = _rows(source, "eval")
+    assert test[0] == ([13, 15, 14], [16], [3, 5, 5]) and test[1] == ([21, 22], [23], [10, 20])
+    assert negatives.lengths().tolist() == [source.catalogue - 1, 0]  # every item, in the first row
+    assert negatives.values().tolist() == list(range(1, source.catalogue))
+    valid, _, _ = _rows(source, "valid")
+    assert valid[0] == ([12, 13, 15], [14], [2, 3, 5]) and valid[1] == ([21], [22], [10])
+    # training: items before the last two, max_length + 1 most recent: each position's target
+    # is the next item; user 2 has one training item, no transition
+    train, _, _ = _rows(source, "train")
+    by_user = {tuple(r[0]): r for r in train}
+    assert (([11, 12, 13], [12, 13, 15], [1, 2, 3]) in train) and ([], [], []) in train, by_user
+
+
+@pytest.mark.unit
+def test_negatives_are_drawn_per_global_batch_alike_on_every_rank(tmp_path):
+    rows = [(u, 1 + (u * 7 + k) % 40, 4, k) for u in range(1, 9) for k in range(6)]
+    source = _source(_ratings(tmp_path, rows), batch_size=4, train_negatives=5)
+    _, one, _ = _rows(source, "train")
+    for rank in (0, 1):
+        _, part, _ = _rows(source, "train", world=2, rank=rank)
+        assert part.lengths().tolist() == [5, 0] and part.values().tolist() == one.values().tolist()
+    popular = _source(tmp_path, batch_size=4, train_negatives=2000, negative_sampling="popularity")
+    drawn = np.bincount(_rows(popular, "train")[1].values().numpy(), minlength=popular.catalogue)
+    assert drawn[0] == 0 and np.corrcoef(drawn, popular.popularity)[0, 1] > 0.8
+
+
+@pytest.mark.unit
+def test_next_item_metrics_by_hand():
+    m = next_item_metrics(torch.tensor([1.0, 3.0, 11.0, 60.0]))
+    assert m["hr@10"] == 0.5 and m["hr@50"] == 0.75 and m["hr@200"] == 1.0
+    assert m["ndcg@10"] == pytest.approx((1 + 1 / math.log2(4)) / 4)
+    assert m["ndcg@50"] == pytest.approx((1 + 1 / math.log2(4) + 1 / math.log2(12)) / 4)
+    assert m["mrr"] == pytest.approx((1 + 1 / 3 + 1 / 11 + 1 / 60) / 4) and m["n"] == 4
+
+
+@pytest.mark.unit
+def test_the_objective_of_a_next_item_run_is_its_ranking():
+    from hybridrec import objective
+
+    auto = objective.declared(compose_cfg(["+experiment=sequences"]))
+    assert auto.name == "valid.ndcg@10" and auto.direction == "maximize"
+    assert objective.declared(compose_cfg(["+experiment=sequences", "train.objective=valid.mrr"])).maximize
+    with pytest.raises(ValueError, match="train.objective=valid.auc: it must be auto or one of valid.ndcg@10, "
+                                         "valid.hr@10, valid.mrr"):
+        objective.declared(compose_cfg(["+experiment=sequences", "train.objective=valid.auc"]))
+
+
+@pytest.mark.unit
+def test_the_full_softmax_is_cross_entropy_over_the_catalogue():
+    torch.manual_seed(0)
+    items, dim = 9, 4
+    table = torch.randn(items, dim)
+    queries = torch.randn(5, dim)
+    positive_ids = torch.tensor([3, 1, 8, 3, 2])
+    user = torch.tensor([0, 0, 1, 2, 2])  # 3 users; a 4th row of the batch has no position
+    catalogue = torch.arange(1, items)
+    loss = NextItemSoftmax()(queries, table[positive_ids], positive_ids, table[catalogue], catalogue, user, 4)
+    per_position = F.cross_entropy(queries @ table[1:].T, positive_ids - 1, reduction="none")
+    expected = (per_position[:2].mean() + per_position[2] + per_position[3:].mean()) / 4
+    torch.testing.assert_close(loss, expected)
+    # sampled: a negative equal to the position's positive does not count against it
+    negatives = torch.tensor([3, 5])
+    sampled = NextItemSoftmax()(queries[:1], table[3:4], torch.tensor([3]), table[negatives], negatives,
+                                torch.tensor([0]), 1)
+    logits = torch.stack([queries[0] @ table[3], queries[0] @ table[5]])
+    torch.testing.assert_close(sampled, -torch.log_softmax(logits, 0)[0])
+
+
+def _tiny(model="sasrec", *extra):
+    return ["+experiment=sequences", f"model={model}", "data.batch_size=8", "data.max_length=6",
+            "model.max_length=6", "model.embedding_dim=8", "model.num_blocks=2", "model.num_heads=2",
+            "model.dropout=0", "train.steps=4", "train.log_every=1", "train.eval_every=0",
+            "optimizer.sparse.lr=0.1", "optimizer.dense.lr=0.01", *extra]
+
+
+def _built(tmp_path, model="sasrec"):
+    from shared import tables
+    from hybridrec.data.fetch_movielens import write_layout
+
+    write_layout(tables(400, seed=3), str(tmp_path))
+    cfg = compose_cfg(_tiny(model, f"data.path={tmp_path}"))
+    from hybridrec.data import build_source
+
+    data = build_source(cfg.data, 0)
+    torch.manual_seed(0)
+    m = model_for(cfg, data)
+    m.items.to_empty(device="cpu")
+    torch.nn.init.normal_(m.items.embeddings["t_items"].weight, std=0.3)
+    return cfg, data, m.eval()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["sasrec", "hstu"])
+def test_padding_and_the_other_rows_change_no_real_output(tmp_path, model):
+    cfg, data, m = _built(tmp_path, model)
+    batch = next(iter(loader.batches(data, "eval", 0, 1, 1))).batch
+    history = m.items(batch.sparse_features)["history"]
+    together = m.encode(history, batch.times)
+    lengths = history.lengths().long()
+    for row in range(3):
+        from torchrec.sparse.jagged_tensor import JaggedTensor
+
+        start = int(lengths[:row].sum())
+        alone = JaggedTensor(values=history.values()[start: start + lengths[row]], lengths=lengths[row: row + 1])
+        out = m.encode(alone, batch.times[row: row + 1])
+        torch.testing.assert_close(out[0, : lengths[row]], together[row, : lengths[row]], **TOL)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["sasrec", "hstu"])
+def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, model):
+    cfg, data, m = _built(tmp_path, model)
+    item = next(iter(loader.batches(data, "eval", 0, 1, 1)))
+    _, (_, ranks, _) = m(item.batch)
+    features = item.batch.sparse_features.to_dict()
+    lengths = features["history"].lengths().long()
+    history = features["history"].to_padded_dense(desired_length=cfg.data.max_length, padding_value=0)
+    users = m.encoder().eval()(history, lengths, item.batch.times)
+    scores = users @ m.item_vectors().T
+    target = features["next"].values() - 1
+    expected = 1 + (scores > scores.gather(1, target[:, None])).sum(1)
+    assert torch.equal(expected.float(), ranks)
+
+
+@pytest.mark.unit
+def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
+    table = pa.table({"items": pa.array([[1, 2, 3, 4], None, [5, 99, 6], [7, 8, 9], [1, None, 2], [3, 4, 5]],
+                                        pa.list_(pa.int64())),
+                      "ts": pa.array([[1, 2, 3, 4], [1], [1, 2, 3], [3, 2], [1, 2, 3], [5, 6, 7]],
+                                     pa.list_(pa.int64()))})
+    pq.write_table(table, tmp_path / "h.parquet")
+    args = dict(batch_size=2, path=str(tmp_path / "h.parquet"), items_column="items", num_items=20, max_length=5,
+                train_negatives=0, negative_sampling="uniform", eval_batches=None, seed=0, times_column="ts")
+    source = ParquetSequences(bad_rows="skip", **args)
+    errors = [e.split(": ", 1)[1] for f in source.report()["files"].values() for e in f["errors"]]
+    assert errors == ["items is null", "items: id 99 is outside the table's rows 1..19 (id_mapping=none)",
+                      "ts has 2 times for 3 ids", "items has a null id"]
+    assert source.users == 2 and source.report()["bad_rows"] == 4
+    with pytest.raises(DataError, match=r"h.parquet:1: items is null \(data.bad_rows=fail\)"):
+        ParquetSequences(bad_rows="fail", **args)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both)."""
+    from shared import tables
+    from hybridrec.data.fetch_movielens import write_layout
+
+    d = tmp_path_factory.mktemp("ml")
+    write_layout(tables(400, seed=3), str(d))
+    cfgs = [compose_cfg(_tiny(m, f"data.path={d}", "sharding=row_wise")) for m in ("sasrec", "hstu")]
+    cfgs.append(compose_cfg(_tiny("sasrec", f"data.path={d}", "sharding=row_wise", "loss.in_batch=true",
+                                  "data.train_negatives=7", "data.negative_sampling=popularity")))
+    return {world: spawn(train_and_gather, world, cfgs, str(tmp_path_factory.mktemp(f"w{world}")))
+            for world in (1, 2)}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("run", [0, 1, 2], ids=["sasrec", "hstu", "sasrec sampled in-batch"])
+def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
+    one, two = trained[1][run], trained[2][run]
+    assert one["losses"][-1] < one["losses"][0]  # it learns
+    assert_same_training(one, two)
+    assert one["summary"]["eval"] == pytest.approx(two["summary"]["eval"], abs=1e-9)  # the same ranks, the same metrics
