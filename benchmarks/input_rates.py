@@ -135,7 +135,7 @@ def table(res: dict[str, Any]) -> list[str]:
     L = []
     for batch in BATCHES:
         train = res["training"][str(batch)]
-        L += [f"### {batch:,} rows per step", "",
+        L += [f"## {batch:,} rows per step", "",
               f"Training consumes {train:,.0f} rows/s (`ctr`, one rank, one pre-built batch). Rows/s of the input "
               f"alone (median of the repetitions), and the input / training ratio:", "",
               "| source | " + " | ".join(res["modes"]) + " | 2 workers / inline |" + (
@@ -167,17 +167,24 @@ def main() -> None:
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "hybridrec-input-rates"),
                         help="where the benchmark's files are written once (kept between runs)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--report", action="store_true", help="rewrite INPUT_RATES.md from input_rates.json")
     args = parser.parse_args()
-    os.makedirs(args.data, exist_ok=True)
-    _makers(args.data)  # write the files once, before any measurement
-    res = measure(args.reps, args.quick, args.baseline and os.path.abspath(args.baseline), args.data)
-    res["machine"] = machine()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "input_rates.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    if args.report:
+        with open(os.path.join(args.out, "input_rates.json")) as f:
+            res = json.load(f)
+    else:
+        os.makedirs(args.data, exist_ok=True)
+        _makers(args.data)  # write the files once, before any measurement
+        res = measure(args.reps, args.quick, args.baseline and os.path.abspath(args.baseline), args.data)
+        res["machine"] = machine()
+        res["settings"] = {"reps": args.reps, "quick": args.quick}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "input_rates.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    args.reps, args.quick = res.get("settings", {}).get("reps", args.reps), res.get("settings", {}).get("quick", args.quick)
     cpu = res["machine"].get("cpu", "?")
     text = "\n".join([f"# Input rates\n\n`python benchmarks/input_rates.py --reps {args.reps}"
-                      + (" --quick" if args.quick else "") + (" --baseline <checkout>" if args.baseline else "")
+                      + (" --quick" if args.quick else "") + (" --baseline <checkout>" if res.get("baseline") else "")
                       + f"` on {cpu}, {os.cpu_count()} cores.\n", *table(res)])
     with open(os.path.join(args.out, "INPUT_RATES.md"), "w") as f:
         f.write(text + "\n")
