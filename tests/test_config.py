@@ -17,10 +17,10 @@ from hybridrec.config.validation import validate
 from hybridrec.models import build_model
 
 GROUPS = {
-    "model": ["dlrm", "dcn", "deepfm", "two_tower"],
-    "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax"],
+    "model": ["dlrm", "dcn", "deepfm", "two_tower", "sasrec", "hstu"],
+    "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax", "next_item"],
     "data": ["synthetic", "synthetic_criteo", "criteo", "criteo_binary", "movielens", "movielens_rank", "parquet",
-             "example_log"],
+             "example_log", "movielens_seq", "parquet_seq"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
                  "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd", "adam"],
@@ -46,9 +46,13 @@ def test_every_group_option_is_shipped():
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_validates(group, option):
     paths = ["data.train_path=x", "data.eval_path=x"] if option.startswith("criteo") else []
+    if option == "parquet_seq":
+        paths = ["data.path=x", "data.items_column=items", "data.num_items=100"]
     experiment = {"movielens": "movielens", "sampled_softmax": "movielens_retrieval"}.get(option, "ctr")
     if option in ("movielens_rank", "two_tower", "mse", "pairwise", "listwise", "approx_ndcg"):
         experiment = "movielens_rank"  # ctr is Criteo-shaped: no ratings, no lists, no user/item
+    if option in ("sasrec", "hstu", "next_item", "movielens_seq", "parquet_seq"):
+        experiment = "sequences"  # next-item training: a sequence model, source and loss together
     cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}", *paths])
     validate(cfg, world_size=1 if option == "single" else 2)
 

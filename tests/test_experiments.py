@@ -32,10 +32,14 @@ def test_experiment_composes_with_model(experiment, model):
     ranker, loss, source = (get_class(cfg[g]._target_) for g in ("model", "loss", "data"))
     # The only pairs that may be refused are those the declared contracts rule out; the
     # refusal says why and names the experiment or model that fits.
-    if ranker.needs_user_item_features and not source.user_item_features:
-        expected = r"needs user and item features: .*\+experiment=movielens_retrieval"
-    elif loss.in_batch_negatives and not ranker.in_batch_negatives:
+    next_item = (ranker.needs_next_item, loss.needs_next_item, source.next_item)
+    # (in the order validation checks them: the first problem found is the one reported)
+    if loss.in_batch_negatives and not ranker.in_batch_negatives:
         expected = r"scores users against in-batch items: .*\(model=two_tower\)"
+    elif any(next_item) and not all(next_item):
+        expected = r"next-item training takes a sequence model .*\+experiment=sequences"
+    elif ranker.needs_user_item_features and not source.user_item_features:
+        expected = r"needs user and item features: .*\+experiment=movielens_retrieval"
     else:
         validate(cfg, cfg.launcher.nproc_per_node)
         return

@@ -16,10 +16,10 @@ import subprocess
 import sys
 import time
 
-import blake3
 import pytest
 import torch
 from conftest import compose_cfg
+from shared import rehash
 
 from hybridrec import export
 from hybridrec.checkpoint import (
@@ -73,16 +73,6 @@ class _Payload:
         return os.system, (f"touch {self.marker}",)
 
 
-def _rehash(step_dir):
-    """Fix the checksums up, as an attacker who knows the format would."""
-    fields = json.load(open(step_dir / STATE_JSON))
-    fields.pop("state_blake3", None)
-    for name in fields.get("files", {}):
-        fields["files"][name] = blake3.blake3((step_dir / name).read_bytes()).hexdigest()
-    fields["state_blake3"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-    json.dump(fields, open(step_dir / STATE_JSON, "w"))
-
-
 def _plant(kind, step_dir, marker):
     config = step_dir / "config.yaml"
     if kind == "nested_target":  # the eval-in-a-layer-list payload
@@ -108,7 +98,7 @@ def _plant(kind, step_dir, marker):
         with open(step_dir / info.relative_path, "r+b") as f:
             f.seek(info.offset)
             f.write(buf.getvalue())
-    _rehash(step_dir)
+    rehash(step_dir)
 
 
 PAYLOADS = ["nested_target", "loss_target", "data_target", "yaml_tag", "metadata_pickle", "distcp_pickle"]
@@ -307,13 +297,13 @@ DAMAGE = [  # (case, edit(step, tmp), rehash, fragment)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("edit, rehash, fragment", [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE])
-def test_damage_edits_and_escapes_are_refused_by_every_reader_in_one_line(trained, tmp_path, edit, rehash, fragment):
+@pytest.mark.parametrize("edit, rehashed, fragment", [c[1:] for c in DAMAGE], ids=[c[0] for c in DAMAGE])
+def test_damage_edits_and_escapes_are_refused_by_every_reader_in_one_line(trained, tmp_path, edit, rehashed, fragment):
     step = tmp_path / "ckpt" / "step_00000004"
     shutil.copytree(trained / "step_00000004", step)
     edit(step, tmp_path)
-    if rehash:
-        _rehash(step)
+    if rehashed:
+        rehash(step)
     for read in (lambda: check_complete(str(step)), lambda: check_before_launch(compose_cfg(
             [*TINY, "train.steps=6", f"checkpoint.resume={step}"]))):
         with pytest.raises(CheckpointError) as refused:  # never a config error, never a traceback

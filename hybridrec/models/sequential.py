@@ -245,22 +245,35 @@ def _after_lookup(model: SequenceRanker, looked_up: dict[str, JaggedTensor], bat
 
 class SASRecBlock(nn.Module):
     """One SASRec block: causal multi-head self-attention whose query is the normalized input
-    (and its residual), then a pointwise two-layer feed-forward with its own residual."""
+    (and its residual), then a pointwise two-layer feed-forward with its own residual.
+
+    Written over ``F.scaled_dot_product_attention`` rather than ``nn.MultiheadAttention``, whose
+    packed input projection gives the keys a bias: a key bias adds ``q . b`` to every score of
+    a query's row, which the softmax cancels, so its gradient is zero up to rounding, and an
+    adaptive optimizer (Adam, Adagrad) turns that rounding into full-size steps of a parameter
+    that does nothing, different on every world size. The keys here have no bias."""
 
     def __init__(self, dim: int, heads: int, dropout: float) -> None:
         super().__init__()
+        self.heads, self.dropout = heads, dropout
         self.attn_norm = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim),
                                  nn.Dropout(dropout))
 
     def forward(self, x: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
-        length = x.shape[1]
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)  # True: not attended
+        B, L, D = x.shape
+        heads = lambda t: t.view(B, L, self.heads, D // self.heads).transpose(1, 2)  # [B, H, L, D/H]
         q = self.attn_norm(x)
-        attended, _ = self.attn(q, x, x, attn_mask=causal, need_weights=False)
-        x = self.ffn_norm(q + attended)
+        # histories are right-padded, so the causal mask alone keeps every real position off
+        # the padding after it (what padding's own positions compute is never read)
+        attended = F.scaled_dot_product_attention(heads(self.q(q)), heads(self.k(x)), heads(self.v(x)),
+                                                  dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        x = self.ffn_norm(q + self.out(attended.transpose(1, 2).reshape(B, L, D)))
         return x + self.ffn(x)
 
 
