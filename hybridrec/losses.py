@@ -230,16 +230,46 @@ class NextItemSoftmax(Loss):
                                           _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)))
             candidates, candidate_ids = torch.cat([candidates, batch_items]), torch.cat([candidate_ids, batch_ids])
             corrections.append(log_q[batch_ids] if correct else torch.zeros(len(batch_ids), device=queries.device))
-        positive = (queries * positives).sum(1, keepdim=True)
-        logits = torch.cat([positive, queries @ candidates.T], dim=1) / self.temperature
+        queries = queries / self.temperature
+        target = None if self.in_batch or (correct and sampled_by_popularity) else self._column(candidate_ids,
+                                                                                                positive_ids)
+        if target is not None:  # the full softmax: every positive is a candidate, once
+            per_position = F.cross_entropy(queries @ candidates.T, target, reduction="none")
+            return self._per_user_mean(per_position, user, users)
+        # The softmax over [positive, candidates] without building that [P, 1 + C] matrix: the
+        # candidates' logsumexp, then logaddexp with the positive. With a full softmax C is the
+        # catalogue, and concatenating, dividing and slicing the logits cost more than the
+        # matmul (each a copy of P x C floats, and another in the backward).
+        positive = (queries * positives).sum(1)
+        logits = queries @ candidates.T
         if correct and (self.in_batch or sampled_by_popularity):
-            logits = logits - torch.cat([log_q[positive_ids][:, None], torch.cat(corrections)[None, :].expand(
-                len(queries), -1)], dim=1)
-        logits[:, 1:] = logits[:, 1:].masked_fill(candidate_ids[None, :] == positive_ids[:, None], float("-inf"))
-        per_position = F.cross_entropy(logits, torch.zeros(len(queries), dtype=torch.long, device=queries.device),
-                                       reduction="none")
-        counts = torch.zeros(users, device=queries.device).index_add_(0, user, torch.ones_like(per_position))
-        per_user = torch.zeros(users, device=queries.device).index_add_(0, user, per_position)
+            positive = positive - log_q[positive_ids]
+            logits = logits - torch.cat(corrections)[None, :]
+        # in place: mm's backward keeps its inputs, not its output
+        logits.masked_fill_(candidate_ids[None, :] == positive_ids[:, None], float("-inf"))
+        per_position = torch.logaddexp(positive, torch.logsumexp(logits, dim=1)) - positive
+        return self._per_user_mean(per_position, user, users)
+
+    @staticmethod
+    def _column(candidate_ids: torch.Tensor, positive_ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """Each positive's column among the candidates when they are consecutive ids (the
+        whole catalogue: a full softmax) holding every positive, else None. Then the softmax
+        over the candidates with the positive's own column as the target is the same loss
+        (the same set of logits), and cross-entropy's fused kernel computes it in fewer
+        passes over the [P, C] logits than masking the positive out and adding it back."""
+        n = len(candidate_ids)
+        if not n or len(positive_ids) == 0:
+            return None
+        first = candidate_ids[0]
+        if not torch.equal(candidate_ids, torch.arange(n, device=candidate_ids.device) + first):
+            return None
+        target = positive_ids - first
+        return target if bool(((target >= 0) & (target < n)).all()) else None
+
+    @staticmethod
+    def _per_user_mean(per_position: torch.Tensor, user: torch.Tensor, users: int) -> torch.Tensor:
+        counts = torch.zeros(users, device=per_position.device).index_add_(0, user, torch.ones_like(per_position))
+        per_user = torch.zeros(users, device=per_position.device).index_add_(0, user, per_position)
         return (per_user / counts.clamp(min=1)).sum() / users
 
     @staticmethod

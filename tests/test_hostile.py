@@ -91,7 +91,7 @@ CONFIG_CASES = [
     (["+experiment=sequences", "loss=pointwise"], "got model=SASRec, data=MovieLensSequences, loss=BCE"),
     (["+experiment=ctr", "model=sasrec", "loss=next_item"], "data=SyntheticClickLog"),
     (["+experiment=sequences", "data.max_length=300"], "data.max_length=300 is more history than the model has "
-                                                        "positions (model.max_length=200)"),
+                                                        "positions (model.max_length=50)"),
     (["+experiment=sequences", "data.max_length=0"], "data.max_length=0: the most recent items a history keeps, >= 1"),
     (["+experiment=sequences", "data.train_negatives=-1"], "data.train_negatives=-1: ids drawn per batch"),
     (["+experiment=sequences", "model.num_blocks=0"], "model.num_blocks=0: must be >= 1"),

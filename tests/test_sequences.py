@@ -117,6 +117,11 @@ def test_the_full_softmax_is_cross_entropy_over_the_catalogue():
     per_position = F.cross_entropy(queries @ table[1:].T, positive_ids - 1, reduction="none")
     expected = (per_position[:2].mean() + per_position[2] + per_position[3:].mean()) / 4
     torch.testing.assert_close(loss, expected)
+    # the catalogue in another order takes the general path (positive apart, its own column
+    # masked): the same loss
+    shuffled = catalogue[torch.randperm(len(catalogue))]
+    general = NextItemSoftmax()(queries, table[positive_ids], positive_ids, table[shuffled], shuffled, user, 4)
+    torch.testing.assert_close(general, expected)
     # sampled: a negative equal to the position's positive does not count against it
     negatives = torch.tensor([3, 5])
     sampled = NextItemSoftmax()(queries[:1], table[3:4], torch.tensor([3]), table[negatives], negatives,
