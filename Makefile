@@ -78,7 +78,7 @@ train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hy
 test: install $(MOVIELENS) ## run the whole test suite, every tier (fetches MovieLens-100k first: the experiments are tested on it)
 	$(PYTEST) $(ARGS)
 
-test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute)
+test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (about 1.5 min on 2 cores)
 	$(PYTEST) -m unit $(ARGS)
 
 test-gpu: install ## on a CUDA machine (not yet run on one): the gpu tier, then the 2-rank suites on NCCL; skipped with the reason elsewhere
