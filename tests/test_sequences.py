@@ -226,3 +226,30 @@ def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
     assert one["losses"][-1] < one["losses"][0]  # it learns
     assert_same_training(one, two)
     assert one["summary"]["eval"] == pytest.approx(two["summary"]["eval"], abs=1e-9)  # the same ranks, the same metrics
+
+
+@pytest.mark.dist
+def test_a_sequence_ranker_resumes_exactly_and_reshards_from_two_ranks_to_one(tmp_path):
+    """HSTU on 2 ranks (item table row-wise, blocks as FSDP2 units): stopped after step 2 and
+    resumed, it trains bit for bit as the uninterrupted run; its step-2 checkpoint continued
+    on 1 rank trains as the 2-rank run does (at the suite's tolerance)."""
+    from shared import tables
+    from hybridrec.data.fetch_movielens import write_layout
+
+    write_layout(tables(400, seed=3), str(tmp_path / "ml"))
+    run = lambda *extra: compose_cfg(_tiny("hstu", f"data.path={tmp_path / 'ml'}", "sharding=row_wise",
+                                           "checkpoint.every_n_steps=2", *extra))
+    a, b = tmp_path / "a", tmp_path / "b"
+    uninterrupted, _, resumed = spawn(train_and_gather, 2, [
+        run(f"checkpoint.dir={a}"), run(f"checkpoint.dir={b}", "train.steps=2"), run(f"checkpoint.dir={b}")],
+        str(tmp_path / "two"))
+    assert resumed["summary"]["train"]["resumed_from_step"] == 2
+    assert resumed["losses"] == uninterrupted["losses"]  # bit for bit
+    for key, value in uninterrupted["state"].items():
+        assert torch.equal(resumed["state"][key], value), key
+    (one,) = spawn(train_and_gather, 1, [run(f"checkpoint.dir={tmp_path / 'c'}",
+                                            f"checkpoint.resume={a / 'step_00000002'}")], str(tmp_path / "one"))
+    assert one["summary"]["train"]["resumed_from_step"] == 2
+    torch.testing.assert_close(torch.tensor(one["losses"]), torch.tensor(uninterrupted["losses"]), **TOL)
+    assert_same_training(one, uninterrupted)
+    assert one["summary"]["eval"] == pytest.approx(uninterrupted["summary"]["eval"], abs=1e-9)
