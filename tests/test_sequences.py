@@ -200,6 +200,11 @@ def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
     assert errors == ["items is null", "items: id 99 is outside the table's rows 1..19 (id_mapping=none)",
                       "ts has 2 times for 3 ids", "items has a null id"]
     assert source.users == 2 and source.report()["bad_rows"] == 4
+    # an empty history and one of one item are no bad rows: users with nothing to hold out, counted
+    pq.write_table(pa.table({"items": pa.array([[], [5], *([[1, 2, 3]] * 3)], pa.list_(pa.int64()))}),
+                   tmp_path / "short.parquet")
+    short = ParquetSequences(bad_rows="fail", **{**args, "path": str(tmp_path / "short.parquet"), "times_column": None})
+    assert short.users == 3 and short.report()["users_left_out"] == 2 and short.report()["bad_rows"] == 0
     with pytest.raises(DataError, match=r"h.parquet:1: items is null \(data.bad_rows=fail\)"):
         ParquetSequences(bad_rows="fail", **args)
 

@@ -240,7 +240,7 @@ class ParquetSequences(NextItemSource):
         super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed)
         fail, mapping = BadRows(bad_rows) == BadRows.fail, str(getattr(id_mapping, "value", id_mapping))
         users, items, times = [], [], []
-        user = 0
+        user = empty = 0
         for file in resolve_paths(path, "data.path", "*.parquet"):
             try:
                 table = pq.read_table(file, columns=[c for c in (items_column, times_column) if c])
@@ -260,6 +260,9 @@ class ParquetSequences(NextItemSource):
                     self._report.bad(file, i, why)
                     continue
                 self._report.good(file, 1)
+                if len(ids) == 0:  # an empty history: a user with nothing to train or hold out
+                    empty += 1
+                    continue
                 users.append(np.full(len(ids), user))
                 items.append(ids)
                 times.append(ts)
@@ -267,6 +270,7 @@ class ParquetSequences(NextItemSource):
         if not users:
             raise DataError(f"data.path={path}: no usable history")
         self._sequences(np.concatenate(users), np.concatenate(items), np.concatenate(times), path, num_items)
+        self.short_users += empty  # left out like the histories of 1 or 2 items, and counted with them
 
     @staticmethod
     def _rows(table: pa.Table, items_column: str, times_column: Optional[str], file: str) -> Any:
