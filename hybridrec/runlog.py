@@ -83,15 +83,17 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
         for r in test:
             ax_eval.plot([r["step"]], [r["eval"][head]], "*", markersize=12, color="black", label=f"test {label}")
         ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel=label)
-        ax_ne = ax_eval.twinx()
-        if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs
+        extra = []
+        if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs; no second axis for the others
+            ax_ne = ax_eval.twinx()
             ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
             ax_ne.set_ylabel("NE (lower is better)")
+            extra = ax_ne.lines
         ndcg = next((k for k in evals[0]["eval"] if k.startswith("ndcg")), None)
         if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
-        ax_eval.legend(handles=ax_eval.lines + ax_ne.lines, loc="center right")
+        ax_eval.legend(handles=ax_eval.lines + extra, loc="center right")
     ax_rate.plot([r["step"] for r in train], [r["samples_per_second"] for r in train], color="tab:purple")
     ax_rate.set(title="throughput (cumulative)", xlabel="step", ylabel="samples/s")
     for ax in (ax_loss, ax_eval, ax_rate):
