@@ -71,7 +71,12 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
     curve = "valid" if "valid" in splits else "eval"
     evals = [r for r in records if "eval" in r and r.get("split", "eval") == curve]
     test = [r for r in records if "eval" in r and r.get("split", "eval") == "eval"] if curve == "valid" else []
-    fig, (ax_loss, ax_eval, ax_rate) = plt.subplots(1, 3, figsize=(15, 4))
+    progressive = [r for r in records if r.get("split") == "progressive" and "eval" in r]
+    panels = 4 if progressive else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    ax_loss, ax_eval, ax_rate = axes[:3]
+    if progressive:
+        _plot_freshness(axes[3], progressive)
     ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
     ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
     if evals:
@@ -96,8 +101,38 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
         ax_eval.legend(handles=ax_eval.lines + extra, loc="center right")
     ax_rate.plot([r["step"] for r in train], [r["samples_per_second"] for r in train], color="tab:purple")
     ax_rate.set(title="throughput (cumulative)", xlabel="step", ylabel="samples/s")
-    for ax in (ax_loss, ax_eval, ax_rate):
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:
+    """A continuous run's freshness: each partition's progressive AUC (scored before it was
+    trained on), trained partitions and scored-only ones apart, and its new ids."""
+    x = list(range(len(records)))
+    auc = [r["eval"]["auc"] for r in records]
+    trained = [r.get("trained", True) for r in records]
+    # The first partition is scored by an untrained model (AUC near 0.5): drawn, it would
+    # flatten every later day's differences; it is named in the title instead.
+    first = records[0]
+    if len(records) > 1:
+        x, auc, trained = x[1:], auc[1:], trained[1:]
+    ax.plot(x, auc, "-", color="tab:green", alpha=0.5)
+    ax.plot([i for i, t in zip(x, trained) if t], [a for a, t in zip(auc, trained) if t], "o", color="tab:green",
+            label="progressive AUC (then trained on)")
+    if not all(trained):
+        ax.plot([i for i, t in zip(x, trained) if not t], [a for a, t in zip(auc, trained) if not t], "s",
+                color="tab:orange", label="scored only (after train_until)")
+    ax.set(title=f"freshness (first partition, untrained model: AUC {first['eval']['auc']:.3f})", ylabel="AUC")
+    step = max(1, len(records) // 7)
+    ax.set_xticks(range(len(records))[::step], [r["partition"].split("=")[-1] for r in records][::step], rotation=30, fontsize=8)
+    new = [sum(r.get("new_ids", {}).values()) for r in records]
+    if any(new):
+        ax_new = ax.twinx()
+        ax_new.bar(range(len(records)), new, color="tab:gray", alpha=0.25, label="new ids (all features)")
+        ax_new.set_ylabel("new ids")
+        ax.set_zorder(ax_new.get_zorder() + 1)
+        ax.patch.set_visible(False)
+    ax.legend(loc="lower right", fontsize=8)

@@ -204,6 +204,9 @@ class RunSummary(TypedDict):
     data: NotRequired[dict[str, Any]]
     """File sources: what was read (``hybridrec.data.ReadReport.to_dict``: rows, bad_rows,
     unreadable, files, dropped_tail_rows, collisions), summed over ranks."""
+    freshness: NotRequired[dict[str, Any]]
+    """train.schedule=continuous: each partition's progressive evaluation and counts, and
+    their means (``hybridrec.continuous.freshness_summary``)."""
 
 
 class ScoreSummary(TypedDict):
@@ -298,6 +301,7 @@ def run_summary(
     profiled: bool,
     objective: Optional[ObjectiveBlock] = None,
     data: Optional[dict[str, Any]] = None,
+    freshness: Optional[dict[str, Any]] = None,
 ) -> RunSummary:
     """summary.json from what a run measured.
 
@@ -309,7 +313,8 @@ def run_summary(
     0's; None on the other ranks); ``ranks``: every rank's measurement, in rank order;
     ``profiled``: profiling was on (the summary then has every rank's profile);
     ``objective``: the run's objective block (None: the train loss, minimized); ``data``:
-    the source's read report (file sources), or None."""
+    the source's read report (file sources), or None; ``freshness``: a continuous run's
+    progressive evaluations (``hybridrec.continuous.freshness_summary``), or None."""
     steps = len(losses)
     tail = losses[-max(1, steps // 10) :]
     train_loss = sum(tail) / len(tail)  # mean of the last 10% of steps
@@ -359,6 +364,8 @@ def run_summary(
         summary["profile"] = [m.profile for m in ranks]
     if data is not None:
         summary["data"] = data
+    if freshness is not None:
+        summary["freshness"] = freshness
     return summary
 
 
@@ -375,6 +382,7 @@ def format_summary(s: RunSummary) -> str:
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
         ("objective", _format_objective(s["objective"])),
+        *([("progressive (after day 1)", _format_freshness(s["freshness"]))] if "freshness" in s else []),
         *([("valid", format_eval(s["valid"]))] if "valid" in s else []),
         ("eval (test)" if "valid" in s else "eval", format_eval(e)),
         ("peak RSS per rank", ", ".join(f"{m:,.0f} MB" for m in s["peak_rss_mb"])),
@@ -389,6 +397,17 @@ def format_summary(s: RunSummary) -> str:
         rows.append(("comm share of step time per rank", shares))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _format_freshness(f: dict[str, Any]) -> str:
+    """A continuous run's progressive scores: trained partitions and scored-only ones apart."""
+    parts = []
+    for key, what in (("mean_trained", "trained"), ("mean_scored_only", "scored only")):
+        m = f[key]
+        if m.get("auc") is not None:
+            n = sum(1 for r in f["partitions"][1:] if "eval" in r and r["trained"] == (key == "mean_trained"))
+            parts.append(f"{what} ({n}): AUC {m['auc']:.4f}" + (f", NE {m['ne']:.4f}" if m.get("ne") is not None else ""))
+    return "; ".join(parts) or "no partition scored after the first"
 
 
 def _format_objective(o: ObjectiveBlock) -> str:

@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrec import checkpoint
 from hybridrec.build import build, rank_batches
 from hybridrec.config import Logger
+from hybridrec.config.schema import TrainSchedule
+from hybridrec.continuous import Stream, freshness_summary, progressive_metric
 from hybridrec.data import DataError, ReadReport
 from hybridrec.logs import Progress
 from hybridrec.metrics import format_eval
@@ -69,14 +71,15 @@ class Trainer:
         try:
             self.objective = (resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k,
                                                 self.data.next_item)
-                              if "valid" in self.data.splits else None)
+                              if "valid" in self.data.splits and cfg.train.schedule != TrainSchedule.continuous else None)
         except ValueError as e:  # checked before launch; under torchrun each rank checks here
             raise DataError(str(e)) from None
         self.selection = Selection()
         self.stopped_early_at: Optional[int] = None
         self.last_evaluation: tuple[int, Optional[Evaluation]] = (-1, None)  # step, validation result
+        self.stream_state: dict[str, Any] = {}  # train.schedule=continuous: the Stream's, saved with the run
         live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
-                                    self.losses, self.runs, self.selection)
+                                    self.losses, self.runs, self.selection, self.stream_state)
         self.resumed_from: Optional[ResumedFrom] = None
         # Rank 0 picks the checkpoint (verifying its checksums, warning when a damaged newer
         # one is skipped, again after each restart) and every rank loads that one.
@@ -88,21 +91,26 @@ class Trainer:
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
             log.info(f"resumed from {path} at step {self.start_step}")
         self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
+        self.stream: Optional[Stream] = None
+        if cfg.train.schedule == TrainSchedule.continuous:
+            self.stream = Stream(self.data, self.stream_state, self.rank)
+            cfg.train.steps = self.stream.start()  # the partitions' global batches
 
     def step(self, batches: Iterator, step: int) -> torch.Tensor:
         """Training step ``step`` (1-based) on the next batch of ``batches``: TorchRec's
         pipeline (forward, backward, fused sparse and dense optimizer), then parallelism's
         per-step work. Returns this rank's loss (a tensor: reading it would sync the device)."""
         loss, _logits, _labels = self.pipeline.progress(batches)
-        self.parallel.after_step(step, last=step == self.cfg.train.steps)
+        # the last step of a partition is followed by an evaluation and a save, as the last one is
+        self.parallel.after_step(step, last=step == self.cfg.train.steps
+                                 or (self.stream is not None and self.stream.ends_partition(step)))
         return loss
 
     def train(self) -> RunSummary:
-        cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
-        batches = self._batches("train", cfg.steps, start=self.start_step)
+        cfg = self.cfg.train
         # Grown as steps run (doubling), not sized by train.steps: an absurd step count must
         # not allocate memory for steps that never run.
-        self.local_losses = torch.zeros(min(cfg.steps, 4096), device=self.device)
+        self.local_losses = torch.zeros(max(1, min(cfg.steps, 4096)), device=self.device)
         progress = Progress(cfg.steps, self.start_step, enabled=self.rank == 0, logger=log)
         profiler = self._profiler()
         self.start = time.perf_counter()
@@ -111,45 +119,77 @@ class Trainer:
             self.stopped_early_at = last = self.start_step
         try:
             with progress.logging():
-                for step in range(self.start_step + 1, last + 1):
-                    tick = time.perf_counter()
-                    while step > len(self.local_losses):
-                        self.local_losses = torch.cat([self.local_losses, torch.zeros_like(self.local_losses)])
-                    self.local_losses[step - 1] = self.step(batches, step)
-                    self.step_times.append(time.perf_counter() - tick)
-                    progress.advance(step)
-                    if profiler:
-                        profiler.step()
-                    save = self.checkpointer and (step == cfg.steps or (every and step % every == 0))
-                    # at the last step too: the evaluation is then part of the last save's state
-                    evaluate = cfg.eval_every and step % cfg.eval_every == 0
-                    if step % cfg.log_every == 0 or step == cfg.steps or save:
-                        self._log(step, progress)  # also checks the losses are finite
-                    elif evaluate or (self.checkpointer and self.checkpointer.pending):
-                        # a save is committed once a later step's loss is finite; one may follow an evaluation
-                        self._check_losses(step)
-                    if self.checkpointer:
-                        self.checkpointer.confirm(step, self.losses)
-                    if evaluate:
-                        improved = self._evaluate_and_select(step)
-                        save = save or (improved and self.cfg.checkpoint.keep_best)
-                        if self._patience_spent():
-                            self.stopped_early_at = last = step
-                            save = bool(self.checkpointer)
-                            if self.rank == 0:
-                                log.info(f"early stop at step {step}: {self.objective.name} has not improved on "
-                                         f"{self.selection.best_value:.4f} (step {self.selection.best_step}) for "
-                                         f"{cfg.early_stop_patience} evaluations")
-                    if save:
-                        self.checkpointer.save(step)
-                    if self.stopped_early_at:
+                first = self.start_step + 1
+                while True:
+                    last = self._train_steps(first, last, progress, profiler)
+                    if not self.stream:
                         break
+                    self.stream.score(last, self._score, self.metrics)  # partitions after the last trained
+                    if self.checkpointer:  # nothing may wait uncommitted while the run waits for data
+                        self.checkpointer.settle(not self._exploded_at_end())
+                    if not self.stream.follow():
+                        break
+                    first, last = last + 1, self.data.num_batches("train")
+                    cfg.steps = progress.total = last
         finally:
             progress.close()  # the bar's last state first, then whatever reports an error
-        wall = time.perf_counter() - self.start - self.eval_seconds
+        # evaluations and a follower's waits for data are not training time
+        wall = time.perf_counter() - self.start - self.eval_seconds - (self.stream.waited_s if self.stream else 0.0)
         if profiler:
             profiler.stop()
         return self._finish(wall, self._final_evaluation(last))
+
+    def _train_steps(self, first: int, last: int, progress: Progress, profiler: Any) -> int:
+        """Steps ``first`` .. ``last``: train, log, evaluate, save; returns the last step done
+        (an early stop's)."""
+        cfg, every = self.cfg.train, self.cfg.checkpoint.every_n_steps
+        batches = self._batches("train", last, start=first - 1)
+        for step in range(first, last + 1):
+            if self.stream:  # progressive validation: a partition is scored before it is trained on
+                self.stream.score(step - 1, self._score, self.metrics)
+            tick = time.perf_counter()
+            while step > len(self.local_losses):
+                self.local_losses = torch.cat([self.local_losses, torch.zeros_like(self.local_losses)])
+            self.local_losses[step - 1] = self.step(batches, step)
+            self.step_times.append(time.perf_counter() - tick)
+            progress.advance(step)
+            if profiler:
+                profiler.step()
+            save = self.checkpointer and (step == cfg.steps or (every and step % every == 0)
+                                          or (self.stream is not None and self.stream.ends_partition(step)))
+            # at the last step too: the evaluation is then part of the last save's state
+            evaluate = cfg.eval_every and step % cfg.eval_every == 0
+            if step % cfg.log_every == 0 or step == cfg.steps or save:
+                self._log(step, progress)  # also checks the losses are finite
+            elif evaluate or (self.checkpointer and self.checkpointer.pending):
+                # a save is committed once a later step's loss is finite; one may follow an evaluation
+                self._check_losses(step)
+            if self.checkpointer:
+                self.checkpointer.confirm(step, self.losses)
+            if evaluate:
+                improved = self._evaluate_and_select(step)
+                save = save or (improved and self.cfg.checkpoint.keep_best)
+                if self._patience_spent():
+                    self.stopped_early_at = last = step
+                    save = bool(self.checkpointer)
+                    if self.rank == 0:
+                        log.info(f"early stop at step {step}: {self.objective.name} has not improved on "
+                                 f"{self.selection.best_value:.4f} (step {self.selection.best_step}) for "
+                                 f"{cfg.early_stop_patience} evaluations")
+            if save:
+                if self.stream:
+                    self.stream_state["position"] = self.stream.position(step)
+                self.checkpointer.save(step)
+            if self.stopped_early_at:
+                break
+        return last
+
+    def _score(self, split: str) -> Evaluation:
+        """A continuous run's progressive evaluation of one partition's split (every rank)."""
+        tick = time.perf_counter()
+        evaluation = self.evaluate(split)
+        self.eval_seconds += time.perf_counter() - tick
+        return evaluation
 
     def _patience_spent(self) -> bool:
         patience = self.cfg.train.early_stop_patience
@@ -211,7 +251,10 @@ class Trainer:
         return final
 
     def objective_block(self, final: dict[str, Metrics]) -> Optional[ObjectiveBlock]:
-        """summary.json's ``objective``; None without a validation split (the train loss)."""
+        """summary.json's ``objective``; None without a validation split (the train loss). A
+        continuous run's is the mean progressive metric (``hybridrec.continuous``)."""
+        if self.stream:
+            return self.stream.objective(progressive_metric(self.cfg.train.objective))
         if not self.objective:
             return None
         best = self.selection.best_checkpoint if self.cfg.checkpoint.keep_best else None
@@ -256,7 +299,7 @@ class Trainer:
         self._check_losses(step)
         window = self.losses[self.logged :]  # the steps since the last report
         self.logged = len(self.losses)
-        elapsed = time.perf_counter() - self.start - self.eval_seconds
+        elapsed = time.perf_counter() - self.start - self.eval_seconds - (self.stream.waited_s if self.stream else 0.0)
         rate = (step - self.start_step) * self.cfg.data.batch_size / elapsed
         progress.report(step, self.losses[-1], rate, elapsed)
         extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
@@ -338,7 +381,7 @@ class Trainer:
             world_size=self.world_size, device=str(self.device), dense_parallel=self.parallel.dense.value,
             dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
             plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, objective=self.objective_block(final),
-            data=read,
+            data=read, freshness=freshness_summary(self.stream.records) if self.stream else None,
         )
         if self.rank == 0:
             warn_read_problems(read)

@@ -20,7 +20,7 @@ GROUPS = {
     "model": ["dlrm", "dcn", "deepfm", "two_tower", "sasrec", "hstu"],
     "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax", "next_item"],
     "data": ["synthetic", "synthetic_criteo", "criteo", "criteo_binary", "movielens", "movielens_rank", "parquet",
-             "example_log", "movielens_seq", "parquet_seq"],
+             "example_log", "example_days", "movielens_seq", "parquet_seq"],
     "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
                  "table_column_wise", "data_parallel", "grid"],
     "optimizer": ["adagrad", "sgd", "adam"],

@@ -90,7 +90,9 @@ def test_optional_keys_appear_only_when_given():
                "comm_share": 0.25, "comm_ms_by_kind": {"embedding all-to-all": 25.0}, "breakdown_ms": {"other": 20.0}}
     report = {"rows": 300, "bad_rows": 1, "unreadable": [], "files": {}, "dropped_tail_rows": {"train": 4},
               "collisions": {}}
-    full = summarize(final={"valid": valid, "eval": EVAL}, profiled=True, data=report,
+    freshness = {"partitions": [], "mean_after_first": {"auc": 0.71, "ne": 0.9, "logloss": 0.5},
+                 "mean_trained": {"auc": 0.71, "ne": 0.9, "logloss": 0.5}, "mean_scored_only": {}}
+    full = summarize(final={"valid": valid, "eval": EVAL}, profiled=True, data=report, freshness=freshness,
                      ranks=[RankMeasurement(900.5, {}, profile), RankMeasurement(1010.2, {}, None)])
     assert list(full) == list(RunSummary.__annotations__)  # every key, in the schema's order
     assert full["valid"] == valid and full["eval"] == EVAL
@@ -104,3 +106,4 @@ def test_optional_keys_appear_only_when_given():
     assert full["train"]["steady_samples_per_second"] == pytest.approx(640) and full["train"]["first_steps_s"] == pytest.approx(1.0)
     assert rows["valid"].startswith("AUC 0.7000") and rows["eval (test)"].startswith("AUC 0.7500")
     assert rows["comm share of step time per rank"] == "25%, not reached"
+    assert rows["progressive (after day 1)"] == "trained (0): AUC 0.7100, NE 0.9000"

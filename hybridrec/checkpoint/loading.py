@@ -42,6 +42,8 @@ def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
     live.losses[:] = extra.losses.tolist()
     live.runs[:] = extra.runs + live.runs[-1:]  # this run continues those: their checkpoints are its own
     vars(live.selection).update(vars(Selection.from_dict(extra.selection)))
+    live.stream.clear()
+    live.stream.update(extra.stream)
     return extra
 
 

@@ -14,7 +14,7 @@ import shutil
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Optional
 
 import torch
@@ -55,6 +55,9 @@ class Resumable:
     """This run's id after the ids of the runs it continues: what keep_last may delete."""
     selection: Selection
     """The best validation evaluation so far (keep_best, early stopping)."""
+    stream: dict[str, Any] = field(default_factory=dict)
+    """train.schedule=continuous: the stream's state (``hybridrec.continuous.Stream.state``),
+    kept current by the trainer; empty otherwise."""
 
     def dcp_state(self) -> dict[str, Any]:
         """What DCP saves and loads in place: the sharded model and optimizer state."""
@@ -73,6 +76,7 @@ class Resumable:
             losses=torch.tensor(self.losses, dtype=torch.float64),
             runs=list(self.runs),
             selection=self.selection.to_dict(),
+            stream=copy.deepcopy(self.stream),
         )
 
 
@@ -176,11 +180,16 @@ class Checkpointer:
     def finish(self, ok: bool) -> None:
         """The end of training: commit the last save if ``ok`` (the final evaluation's scores
         were finite), else drop it."""
+        self.settle(ok)
+        self.writer.shutdown()
+
+    def settle(self, ok: bool) -> None:
+        """Commit the last save now if ``ok``, else drop it, with no later step to confirm it:
+        the end of training, or a continuous run about to wait for data (collective)."""
         if self.pending and ok:
             self.pending.confirmed = True
             self.commit()
         self.discard()
-        self.writer.shutdown()
 
     def discard(self) -> None:
         """Drop a save that will not be committed (the training diverged after it)."""

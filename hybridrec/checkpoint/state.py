@@ -56,6 +56,10 @@ class TrainState:
     selection: dict[str, Any] = field(default_factory=dict)
     """``objective.Selection``: the best validation evaluation so far and the evaluations
     since (keep_best, early stopping). Empty in checkpoints written before the field existed."""
+    stream: dict[str, Any] = field(default_factory=dict)
+    """train.schedule=continuous (``hybridrec.continuous.Stream``): the partitions trained so
+    far in order, the position (partition, row) and the progressive evaluations. Empty for
+    other schedules."""
     files: dict[str, str] = field(default_factory=dict)
     """BLAKE3 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
     that wrote them), trainer_state.pt and config.yaml. Empty only in checkpoints written
@@ -69,7 +73,7 @@ class TrainState:
         self.files.update(hash_files(directory, [STATE_TENSORS, CONFIG_YAML]))
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
                   "num_dense_features": self.num_dense_features, "runs": self.runs, "selection": self.selection,
-                  "files": dict(sorted(self.files.items()))}
+                  **({"stream": self.stream} if self.stream else {}), "files": dict(sorted(self.files.items()))}
         fields["state_blake3"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
@@ -121,7 +125,7 @@ class TrainState:
         return cls(step=fields["step"], schedulers=fields["schedulers"], features=fields["features"],
                    num_dense_features=fields["num_dense_features"], rng=tensors["rng"], losses=tensors["losses"],
                    runs=list(fields.get("runs", [])), selection=dict(fields.get("selection") or {}),
-                   files=dict(fields.get("files") or {}))
+                   stream=dict(fields.get("stream") or {}), files=dict(fields.get("files") or {}))
 
 
 _FEATURE_FIELDS = {f.name for f in dataclasses.fields(SparseFeature)}
@@ -165,8 +169,9 @@ def _check_fields(fields: dict[str, Any], json_path: str) -> None:
     runs = fields.get("runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
         bad("runs", runs, "a list of run ids")
-    if not isinstance(fields.get("selection") or {}, dict):
-        bad("selection", fields["selection"], "an object")
+    for key in ("selection", "stream"):
+        if not isinstance(fields.get(key) or {}, dict):
+            bad(key, fields[key], "an object")
     files = fields.get("files") or {}
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and _DIGEST.fullmatch(v)
                                               for k, v in files.items()):

@@ -30,7 +30,7 @@ from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the gro
     ModelConfig, DLRMConfig, DCNConfig, DeepFMConfig, TwoTowerConfig, LossConfig, ApproxNDCGConfig, InBatchSoftmaxConfig, SequenceConfig, SASRecConfig, HSTUConfig, NextItemConfig,
 )
 from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the group schemas)
-    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig, NegativeSampler, SequenceDataConfig, MovieLensSequencesConfig, ParquetSequencesConfig,
+    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig, PartitionsConfig, NegativeSampler, SequenceDataConfig, MovieLensSequencesConfig, ParquetSequencesConfig,
 )
 from hybridrec.config.schema_parallel import (  # noqa: F401  (re-exported: the group schemas)
     ShardingType, CacheAlgorithm, CacheConfig, TableConstraints, ShardingConfig, DenseParallel, DType, FSDPUnits, CommPrecision, Device, StorageReservation, MeshConfig, TopologyConfig, LauncherConfig,
@@ -49,10 +49,21 @@ class Pipeline(str, Enum):
     """TorchRec's TrainPipelineBase: one batch at a time, nothing overlapped (a baseline)."""
 
 
+class TrainSchedule(str, Enum):
+    steps = "steps"
+    """train.steps global batches over the train split, pass after pass."""
+    continuous = "continuous"
+    """One pass over each time partition (data.partitions) in order, each scored by the model
+    before it trains on it (progressive validation; hybridrec.continuous); train.steps is the
+    partitions' global batches, set when the run starts."""
+
+
 @dataclass
 class TrainConfig:
     steps: int = 100
     """Optimizer steps (global batches) to train."""
+    schedule: TrainSchedule = TrainSchedule.steps
+    """steps, or continuous: day by day over a partitioned log (see TrainSchedule)."""
     log_every: int = 10
     """Steps between loss reports: one all-reduce of the window's losses (not one per step), a
     metrics.jsonl record and, when stderr is not a terminal, one progress line."""

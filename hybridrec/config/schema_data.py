@@ -275,6 +275,29 @@ class ParquetSparseConfig:
 
 
 @dataclass
+class PartitionsConfig:
+    """``data.partitions``: data.train_path is a directory of time partitions
+    (``hybridrec.data.parquet.partitions``), read in the order of their times."""
+
+    pattern: str = "day=%Y-%m-%d"
+    """A partition directory's name, with strftime codes (%Y, %m, %d, %H) where its time is."""
+    ready_marker: Optional[str] = None
+    """A file a complete partition holds (Spark's _SUCCESS): partitions without it are not read
+    yet. None = every partition present is complete."""
+    train_until: Optional[str] = None
+    """The last partition to train on: its name or its date (2026-11-07); later ones are
+    scored only, by the model as it was then. None = train on every partition."""
+    follow: bool = False
+    """With train.schedule=continuous: after the last partition, wait for new ones (checked
+    every poll_s) and train on each as it completes: a run that is a service."""
+    poll_s: float = 60.0
+    """Seconds between looks at data.train_path when following."""
+    stop_after_idle_s: Optional[float] = None
+    """Following: stop (with the final evaluation) when no partition arrived for this long;
+    None = never (stop it with SIGTERM: it ends as a signalled run does, its last save kept)."""
+
+
+@dataclass
 class ParquetDataConfig(DataConfig):
     _target_: str = "hybridrec.data.parquet.ParquetSource"
     train_path: str = MISSING
@@ -309,6 +332,9 @@ class ParquetDataConfig(DataConfig):
     k is B/S rows of each; a rank reads only its shards (a multiple of the world size, dividing
     data.batch_size), so its cost stays flat. The batches depend on S, not on the world size.
     A process keeps the last two decoded row groups of each shard it reads."""
+    partitions: Optional[PartitionsConfig] = None
+    """Set: data.train_path is a directory of time partitions, trained in time order
+    (train.schedule=continuous trains on each and scores it first); None = its files."""
 
 
 class NegativeSampler(str, Enum):

@@ -13,7 +13,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridrec.config.retype import refuse_key
-from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule
+from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule, TrainSchedule
 from hybridrec.parallel_dims import ParallelDims
 
 
@@ -202,6 +202,8 @@ def _validate_run(cfg: DictConfig) -> None:
         raise ValueError(f"checkpoint.max_loss_ratio={ck.max_loss_ratio} would call a loss exploded at or below the "
                          f"run's typical loss: it must be >= 1 (5 by default), or null to check only that losses "
                          f"are finite")
+    if cfg.train.schedule == TrainSchedule.continuous:
+        _validate_continuous(cfg)
     prof = cfg.profile
     if prof.enabled and (prof.steps < 1 or prof.start_step < 0 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(
@@ -216,6 +218,21 @@ def _validate_run(cfg: DictConfig) -> None:
                 "logger=tensorboard needs the optional tensorboard package: "
                 "pip install -c constraints.txt -e '.[tensorboard]'"
             ) from None
+
+
+def _validate_continuous(cfg: DictConfig) -> None:
+    """train.schedule=continuous: a partitioned log, judged by progressive validation."""
+    from hybridrec.continuous import progressive_metric
+
+    if cfg.data.get("partitions") is None:
+        raise ValueError("train.schedule=continuous trains day by day over a partitioned log: set data.partitions "
+                         "(data=parquet, data.train_path a directory of partitions like day=2026-11-26/), or "
+                         "use train.schedule=steps")
+    progressive_metric(cfg.train.objective)
+    if cfg.train.early_stop_patience or cfg.checkpoint.keep_best:
+        raise ValueError("train.early_stop_patience and checkpoint.keep_best choose a step by validation; a "
+                         "continuous run ships its latest model, judged by progressive validation: unset them "
+                         "with train.schedule=continuous")
 
 
 def _validate_launcher(cfg: DictConfig, world_size: int) -> None:

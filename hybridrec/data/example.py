@@ -24,6 +24,14 @@ position bias, and price and tenure effects. Users and items are Zipf-popular an
 the impressions show an item of the user's own cluster, as a recommender would, so the
 features carry real signal: AUC well above 0.5 after a short training run.
 
+With ``--layout days`` the log is the one continuous training reads (``data=example_days``,
+``+experiment=continuous``): ``<out>/train/day=YYYY-MM-DD/part-00000.parquet`` and a
+``_SUCCESS`` marker per day for the fourteen days, then ``valid/`` and ``eval/`` (one day
+each), and the world drifts: 30% of the items are new, appearing on days 1 to 15 with a
+novelty boost (popularity and click bias) that fades over about three days, and every item's
+popularity and click bias follow a trend of their own. A model trained once falls behind; one
+trained day by day follows.
+
 Everything comes from ``--seed`` through NumPy's seeded generators: the same seed writes the
 same bytes.
 """
@@ -31,6 +39,7 @@ same bytes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -158,6 +167,41 @@ class World:
         return out
 
 
+@dataclass
+class Drift:
+    """How the world changes from day to day in the ``days`` layout."""
+
+    birth: np.ndarray  # the day each item appears (0: from the start)
+    pop_trend: np.ndarray  # log-popularity change per day
+    bias_trend: np.ndarray  # click-bias change per day
+
+    NEW_SHARE, NEW_DAYS = 0.3, 15  # items appearing on days 1 .. NEW_DAYS
+    NOVELTY_POP, NOVELTY_BIAS, NOVELTY_DAYS = 3.0, 0.8, 3.0
+
+    @staticmethod
+    def build(rng: np.random.Generator) -> "Drift":
+        birth = np.where(rng.random(ITEMS) < Drift.NEW_SHARE, rng.integers(1, Drift.NEW_DAYS + 1, ITEMS), 0)
+        return Drift(birth, rng.normal(0, 0.15, ITEMS), rng.normal(0, 0.06, ITEMS))
+
+    def on_day(self, world: World, day: int) -> World:
+        """The world of ``day``: unborn items never shown, new ones boosted, trends applied."""
+        age = day - self.birth
+        fresh = np.where(age >= 0, np.exp(-np.maximum(age, 0) / self.NOVELTY_DAYS), 0.0)
+        pop = np.where(age >= 0, world.item_pop * np.exp(self.pop_trend * day + np.log1p(self.NOVELTY_POP) * fresh), 0)
+        pop /= pop.sum()
+        cluster_items = []
+        for k in range(CLUSTERS):
+            items = np.flatnonzero((world.item_cluster == k) & (age >= 0))
+            cluster_items.append((items, pop[items] / pop[items].sum() if len(items) else pop[items]))
+        bias = world.item_bias + self.bias_trend * day + self.NOVELTY_BIAS * fresh
+        return dataclasses.replace(world, item_pop=pop, item_bias=bias, cluster_items=cluster_items)
+
+
+def day_name(day: int) -> str:
+    """The partition directory of ``day`` (Hive's day=YYYY-MM-DD; day 0 is START's date)."""
+    return "day=" + time.strftime("%Y-%m-%d", time.gmtime(START + day * DAY))
+
+
 def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
 
@@ -229,6 +273,45 @@ def split_rows(rows: int, split: str) -> int:
     return rows if split == "train" else max(1, rows // 10)
 
 
+def _write(table: pa.Table, path: str) -> None:
+    # Written under another name and renamed whole: a glob of *.parquet never picks up a file
+    # still being written.
+    pq.write_table(table, fresh(path + _PARTIAL), row_group_size=ROW_GROUP_SIZE)
+    os.replace(path + _PARTIAL, path)
+
+
+def day_outputs(out: str) -> dict[str, list[tuple[str, int]]]:
+    """The ``days`` layout: per split, (file, day) of each file."""
+    train = [(os.path.join(out, "train", day_name(d), "part-00000.parquet"), d) for d in range(14)]
+    return {"train": train, "valid": [(os.path.join(out, "valid", "part-00000.parquet"), 14)],
+            "eval": [(os.path.join(out, "eval", "part-00000.parquet"), 15)]}
+
+
+def generate_days(out: str, rows: int = 200_000, seed: int = 0, overwrite: bool = False) -> dict[str, int]:
+    """Write the drifting log, one partition per day (``--layout days``); returns rows per split."""
+    plan = day_outputs(out)
+    existing = [path for files in plan.values() for path, _ in files if os.path.exists(path)]
+    if existing and not overwrite:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise Refused(f"{existing[0]} exists{more}: pass --overwrite to replace")
+    streams = np.random.SeedSequence(seed).spawn(3)
+    world = World.build(np.random.default_rng(streams[0]))
+    drift = Drift.build(np.random.default_rng(streams[1]))
+    days = np.random.default_rng(streams[2]).spawn(16)
+    per_day = max(1, rows // 14)
+    counts: dict[str, int] = {}
+    for split, files in plan.items():
+        for path, day in files:
+            table = split_table(drift.on_day(world, day), days[day], per_day, day, 1)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _write(table, path)
+            if split == "train":  # the day is complete: a follower may read it
+                with open(fresh(os.path.join(os.path.dirname(path), "_SUCCESS")), "w"):
+                    pass
+            counts[split] = counts.get(split, 0) + table.num_rows
+    return counts
+
+
 def generate(out: str, rows: int = 200_000, seed: int = 0, overwrite: bool = False) -> dict[str, int]:
     """Write the log into ``out``; returns the rows of each split."""
     plan = outputs(out, rows)
@@ -243,10 +326,7 @@ def generate(out: str, rows: int = 200_000, seed: int = 0, overwrite: bool = Fal
         table = split_table(world, np.random.default_rng(stream), split_rows(rows, name), first_day, days)
         os.makedirs(os.path.join(out, name), exist_ok=True)
         for path, first, n in plan[name]:
-            # Written under another name and renamed whole: a glob of *.parquet never picks up
-            # a file still being written.
-            pq.write_table(table.slice(first, n), fresh(path + _PARTIAL), row_group_size=ROW_GROUP_SIZE)
-            os.replace(path + _PARTIAL, path)
+            _write(table.slice(first, n), path)
         counts[name] = table.num_rows
     return counts
 
@@ -271,12 +351,15 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="training rows (default: 200,000); validation and test get a tenth each")
     parser.add_argument("--seed", type=int, default=0, help="the seed of everything generated (default: 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace files that exist")
+    parser.add_argument("--layout", choices=("splits", "days"), default="splits",
+                        help="splits: train/valid/eval files (default); days: one partition per day, a drifting "
+                             "world (continuous training)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise Refused(f"--out {args.out}: exists and is not a directory")
-        counts = generate(args.out, args.rows, args.seed, args.overwrite)
+        counts = (generate_days if args.layout == "days" else generate)(args.out, args.rows, args.seed, args.overwrite)
     except Refused as e:
         _stop(str(e), 2)
     except OSError as e:

@@ -203,7 +203,7 @@ def ahead(items: Iterator, depth: int) -> Iterator:
 def _batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int], start: int,
              num_workers: int, prefetch: int, pin_memory: bool) -> Iterator[Union[RecBatch, EvalBatch]]:
     train = split == "train"
-    if split not in source.splits:
+    if not source.has_split(split):
         raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
     per_epoch = source.num_batches(split)
     if per_epoch == 0:

@@ -91,6 +91,11 @@ class Source(ABC):
         """Rows [lo, hi) of global batch ``index`` of pass ``epoch`` of ``split``. Calls come
         in increasing ``index`` within a pass (a sequential reader may rely on it)."""
 
+    def has_split(self, split: str) -> bool:
+        """Whether ``split`` can be read: one of ``splits``, or one the source adds (a
+        partitioned log's ``partition:<name>``)."""
+        return split in self.splits
+
     def has_rows(self, split: str) -> bool:
         """Whether a split of unknown length has at least one row (checked before training)."""
         return True

@@ -23,6 +23,7 @@ from hybridrec.data.source import Rows, Source
 from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _Part, _floats, _is_list, _kind, _plain_array
 from hybridrec.data.parquet.config import _Dense, _Sparse, _dense_list, _plain, _sparse_list, _value
 from hybridrec.data.parquet.layout import _File, _Open, _Split
+from hybridrec.data.parquet.partitions import Partition, list_partitions, parse_until, pattern_regex
 from hybridrec.data.parquet.vocabulary import Vocabulary
 
 log = logging.getLogger("hybridrec.data.parquet")  # the package's name: its log lines read as before the split
@@ -32,6 +33,8 @@ HOLDOUT_RUN = 4096
 contiguous ranges of a row group."""
 SAMPLE_ROWS = 100_000
 """Training rows (the first ones) on which pooling factors and collisions are estimated."""
+PARTITION = "partition:"
+"""The evaluated split of one partition: ``partition:<name>``."""
 _CACHED_GROUPS = 2  # per reader: a rank's slice (or one shard's chunk) can straddle two row groups
 _OPEN_FILES = 8  # open ParquetFile handles kept per process, per reader
 
@@ -57,6 +60,8 @@ class ParquetSource(_Columns, Source):
         if fraction and c.get("valid_path"):
             raise ValueError("data.valid_path and data.valid_fraction are both set: choose one source of "
                              "validation rows")
+        if (parts := c.get("partitions")) is not None:
+            check_partitions(parts, fraction, shards)
         label = c.get("label") or {}
         if not label.get("column"):
             raise ValueError("data.label.column is not set: name the label column")
@@ -127,6 +132,7 @@ class ParquetSource(_Columns, Source):
         bad_rows: BadRows = BadRows.skip,
         eval_batches: Optional[int] = None,
         shards: Optional[int] = None,
+        partitions: Any = None,
     ) -> None:
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
         self.shards = shards
@@ -140,7 +146,17 @@ class ParquetSource(_Columns, Source):
         self.num_dense_features = len(self.dense)
         self.valid_fraction = validation_fraction(valid_path, valid_fraction)
         specs = {"train": train_path, "eval": eval_path, **({"valid": valid_path} if valid_path else {})}
-        paths = {split: resolve_paths(spec, f"data.{split}_path", "*.parquet") for split, spec in specs.items()}
+        self.partitioning = _plain(partitions) if partitions is not None else None
+        self.train_root = train_path
+        listed: list[Partition] = []
+        if self.partitioning:  # train_path is a directory of time partitions (partitions.py)
+            listed = list_partitions(train_path, self.partitioning["pattern"], self.partitioning.get("ready_marker"))
+            if not any(p.files for p in listed):
+                raise DataError(f"data.train_path={train_path}: no partition with Parquet files (names like "
+                                f"{self.partitioning['pattern']!r}" + (f", holding {self.partitioning['ready_marker']}"
+                                if self.partitioning.get("ready_marker") else "") + ")")
+        paths = {split: [f for p in listed for f in p.files] if split == "train" and self.partitioning
+                 else resolve_paths(spec, f"data.{split}_path", "*.parquet") for split, spec in specs.items()}
         check_disjoint({f"data.{split}_path": p for split, p in paths.items()})
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.columns = list(dict.fromkeys(
@@ -158,14 +174,23 @@ class ParquetSource(_Columns, Source):
         files = {split: [self._index(p, f"data.{split}_path") for p in ps] for split, ps in paths.items()}
         for split, fs in files.items():
             self._splits[split] = self._layout(fs, None)
+        self.partitions: list[dict[str, Any]] = []
+        self._indexed = {f.path: f for f in files["train"]}
+        if self.partitioning:
+            self.set_partitions(listed)
         if self.valid_fraction:
             self._splits["train"] = self._layout(files["train"], False)
             self._splits["valid"] = self._layout(files["train"], True)
         for split, sp in self._splits.items():
-            if (sp.total < batch_size) if split == "train" else sp.total == 0:
+            if split.startswith(PARTITION):
+                continue  # a partition without rows is a day without rows: reported, not refused
+            if (sp.total < (1 if self.partitioning else batch_size)) if split == "train" else sp.total == 0:
                 carved = split != "eval" and self.valid_fraction
                 raise DataError(f"the {split} split has {sp.total} rows" + (
-                    f" (data.train_path less data.valid_fraction={self.valid_fraction})" if carved else "")
+                    f" (data.train_path less data.valid_fraction={self.valid_fraction})" if carved else
+                    f" in its partitions (data.train_path={train_path}" + (
+                        f", up to data.partitions.train_until={self.partitioning['train_until']}"
+                        if self.partitioning.get("train_until") else "") + ")" if self.partitioning else "")
                     + (f": fewer than one global batch (data.batch_size={batch_size})" if split == "train"
                        else ": nothing to evaluate"))
         self._open: Optional[_Open] = None
@@ -247,7 +272,10 @@ class ParquetSource(_Columns, Source):
             return False
         columns = list(dict.fromkeys(self.dense[i].column for i in todo))
         stats = {c: (0, 0.0, 0.0) for c in columns}
-        for _, _, table in self._ranges("train", 0, self._splits["train"].total, columns):
+        # Partitioned: fitted on the first partition with rows, the data a run has when it
+        # starts; later days would leak into the scores of the days before them.
+        split = next((PARTITION + p["name"] for p in self.partitions if p["rows"]), "train")
+        for _, _, table in self._ranges(split, 0, self._splits[split].total, columns):
             for c in columns:
                 x, _ = _floats(_plain_array(table.column(c)))
                 x = x[np.isfinite(x)]
@@ -324,10 +352,56 @@ class ParquetSource(_Columns, Source):
                                           pooling=f.pooling, weighted=f.weights_column is not None))
         return features
 
+    # -- partitions ------------------------------------------------------------------------
+    def set_partitions(self, listed: list[Partition]) -> None:
+        """Lay the train split out as ``listed``, in order, each partition in global batches
+        of its own (its last one padded with rows of weight 0: every row is trained on, and
+        no batch mixes two days), none of a partition after ``train_until``. Each partition
+        is also an evaluated split, ``partition:<name>``: what progressive validation scores.
+        Called at build and again when partitions arrive (every rank with the same list)."""
+        until = self.partitioning.get("train_until")
+        until = parse_until(str(until), pattern_regex(self.partitioning["pattern"])) if until else None
+        trained_files: list[_File] = []
+        self.partitions = []
+        first = 0
+        for p in listed:
+            fs = []
+            for path in p.files:
+                if path not in self._indexed:
+                    self._indexed[path] = self._index(path, "data.train_path")
+                fs.append(self._indexed[path])
+            self._splits[PARTITION + p.name] = whole = self._layout(fs, None)
+            trained = until is None or p.time <= until
+            batches = -(-whole.total // self.batch_size) if trained else 0
+            self.partitions.append({"name": p.name, "rows": whole.total, "batches": batches, "trained": trained,
+                                    "first_batch": first, "files": list(p.files)})
+            first += batches
+            trained_files += fs if trained else []
+        # The trained rows end to end: what the pooling factors are estimated on.
+        self._splits["train"] = self._layout(trained_files, None)
+        self._batch_starts = np.array([q["first_batch"] for q in self.partitions if q["batches"]], np.int64)
+        self._batch_parts = [q for q in self.partitions if q["batches"]]
+        if hasattr(self, "_counting"):  # arrived partitions: the train split's new rows are counted too
+            self._counting.pop("train", None)
+
+    def _partition_rows(self, index: int, lo: int, hi: int, report: Optional[ReadReport]) -> Rows:
+        """Rows [lo, hi) of global batch ``index`` of a partitioned train split: the
+        partition's rows, padded at its end (weight 0)."""
+        p = self._batch_parts[int(np.searchsorted(self._batch_starts, index, side="right")) - 1]
+        split, at = PARTITION + p["name"], (index - p["first_batch"]) * self.batch_size
+        total = self._splits[split].total
+        ranges = list(self._ranges(split, min(at + lo, total), min(at + hi, total), self.columns))
+        return self._rows(self._convert_all(ranges, report)).padded(hi - lo)
+
     # -- the Source contract ---------------------------------------------------------------
+    def has_split(self, split: str) -> bool:
+        return split in self.splits or split in self._splits
+
     def num_batches(self, split: str) -> int:
         """Train: full global batches (the partial last one is dropped, and counted); evaluated
         splits: every row, the last batch padded by the loader."""
+        if split == "train" and self.partitioning:
+            return sum(p["batches"] for p in self.partitions)
         total = self._splits[split].total
         if self.shards:  # per shard: its rows in chunks of B/S (the shortest shard bounds training)
             chunk, shortest, longest = self.batch_size // self.shards, total // self.shards, -(-total // self.shards)
@@ -367,8 +441,13 @@ class ParquetSource(_Columns, Source):
         """Rows [lo, hi) of global batch ``index``: split rows index * B + [lo, hi), fewer at
         the end of an evaluated split. The same rows every epoch (the files' order)."""
         sp = self._splits[split]
-        counting = self._counting.get(split, epoch) == epoch
+        # a partition's rows are counted when training reads them, not again when it is scored
+        counting = self._counting.get(split, epoch) == epoch and not split.startswith(PARTITION)
         report = ReadReport() if counting else None
+        if split == "train" and self.partitioning:
+            rows = self._partition_rows(index, lo, hi, report)
+            rows.report = report
+            return rows
         spans = self._spans(split, index, lo, hi)
         if len(spans) > 1 and any(b - a < want for a, b, want in spans):
             # The end of an evaluated split, shard by shard: each shard's rows padded in place,
@@ -378,7 +457,7 @@ class ParquetSource(_Columns, Source):
         else:
             ranges = [r for a, b, _ in spans for r in self._ranges(split, a, b, self.columns)]
             rows = self._rows(self._convert_all(ranges, report))
-        if counting and split == "train" and lo == 0 and index == self.num_batches(split) - 1:
+        if counting and split == "train" and lo == 0 and index == self.num_batches(split) - 1 and not self.partitioning:
             # reported once per run: by the rank whose slice starts the batch (the report is a sum over ranks)
             report.dropped_tail_rows["train"] = sp.total - self.num_batches(split) * self.batch_size
         rows.report = report
@@ -453,3 +532,27 @@ class ParquetSource(_Columns, Source):
             else:
                 return [self._convert(table, [(f, first, t.num_rows) for f, first, t in ranges], report)]
         return [self._convert(t, [(f, first, t.num_rows)], report) for f, first, t in ranges]
+
+
+def check_partitions(parts: dict[str, Any], valid_fraction: float, shards: Optional[int]) -> None:
+    """``data.partitions``'s rules (a ValueError naming the key)."""
+    regex = pattern_regex(parts.get("pattern") or "")
+    if valid_fraction:
+        raise ValueError("data.valid_fraction carves validation out of the training files; with data.partitions "
+                         "every partition is scored before it is trained on (progressive validation): unset "
+                         "data.valid_fraction, or give data.valid_path (the days after the log)")
+    if shards:
+        raise ValueError("data.shards and data.partitions do not go together yet: unset data.shards")
+    until = parts.get("train_until")
+    if until is not None and parse_until(str(until), regex) is None:
+        raise ValueError(f"data.partitions.train_until={until!r} is neither a partition name of the pattern "
+                         f"{parts.get('pattern')!r} nor a date (2026-11-07)")
+    if parts.get("follow") and not parts.get("ready_marker"):
+        raise ValueError("data.partitions.follow=true reads partitions while they are written: set "
+                         "data.partitions.ready_marker (the file a writer leaves in a complete partition, "
+                         "Spark's _SUCCESS) so that none is read half-written")
+    for key in ("poll_s", "stop_after_idle_s"):
+        value = parts.get(key)
+        if value is not None and not value > 0:
+            raise ValueError(f"data.partitions.{key} must be > 0" + (", or null: never stop" if key != "poll_s"
+                                                                     else "") + f", got {value}")

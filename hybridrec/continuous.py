@@ -1,0 +1,273 @@
+"""Continuous training (``train.schedule=continuous``): a model that follows the days of a
+partitioned log (``data.partitions``: ``hybridrec.data.parquet.partitions``).
+
+The train split is the partitions in time order, each in global batches of its own (its last
+one padded with rows of weight 0, so no batch mixes two days; ``ParquetSource.set_partitions``),
+so a global step names one partition and a row in it, the same for every world size. Before the model trains on a partition it scores all of it
+(progressive validation: every row is judged by a model that has not seen it), and after the
+partition's last step the trainer saves a checkpoint. The checkpoint's ``stream`` state holds
+the partitions trained so far (names, files and rows), the position and the progressive
+scores: a resumed run continues at the next unread global batch, with the same partitions,
+or refuses to if one of them changed.
+
+Partitions that are not trained (after ``data.partitions.train_until``) are scored by the
+model as it was at the end of training: the "trained once" comparison. With ``follow``, the
+run then waits for new partitions (rank 0 looks every ``poll_s``; all ranks take what it
+saw) and trains on each as it completes. A partition that arrives with a time before one
+already trained is left out with a warning: training on it would not be in time order, and
+scoring it would not be progressive.
+
+The freshness report is a ``progressive`` record per partition in metrics.jsonl, a panel of
+report.png, ``freshness`` in summary.json, and the objective: the mean progressive metric
+over the partitions after the first (the first is scored by an untrained model).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch.distributed as dist
+
+from hybridrec.data import DataError
+from hybridrec.data.parquet.partitions import Partition, list_partitions
+from hybridrec.data.parquet.source import PARTITION, ParquetSource
+from hybridrec.metrics import format_eval
+
+log = logging.getLogger(__name__)
+
+OBJECTIVE_PREFIX = "progressive."
+METRICS = ("auc", "logloss", "ne")
+"""What a progressive objective can be: the pointwise metrics every partition's score has."""
+
+
+def progressive_metric(objective: str) -> str:
+    """The metric of ``train.objective`` under the continuous schedule: ``auto`` is AUC (what
+    a team compares across days: NE and log loss move with each day's click rate), else
+    ``progressive.<metric>``; anything else is a ValueError naming the key."""
+    if objective == "auto":
+        return "auc"
+    metric = objective[len(OBJECTIVE_PREFIX):] if objective.startswith(OBJECTIVE_PREFIX) else None
+    if metric not in METRICS:
+        raise ValueError(f"train.objective={objective}: a continuous run is judged by its progressive validation; "
+                         f"use auto (progressive.auc) or one of " + ", ".join(OBJECTIVE_PREFIX + m for m in METRICS))
+    return metric
+
+
+class Stream:
+    """The continuous schedule of one rank: which partitions the train split holds, which are
+    scored, and what a checkpoint records. ``state`` is the dict the checkpoint saves (the
+    trainer's ``Resumable.stream``): filled on resume before ``start``."""
+
+    def __init__(self, source: ParquetSource, state: dict[str, Any], rank: int) -> None:
+        if not isinstance(source, ParquetSource) or not source.partitioning:
+            raise DataError("train.schedule=continuous needs a partitioned log: data=parquet with data.partitions")
+        self.source, self.state, self.rank = source, state, rank
+        self.spec = source.partitioning
+        self.root = source.train_root
+        self._warned: set[str] = set()
+        self.waited_s = 0.0  # following: time spent waiting for partitions (not training time)
+        self._seen_ids: dict[str, set] = {}  # rank 0: raw ids of the partitions before _folded, per feature
+        self._folded = 0
+
+    # -- the partitions ------------------------------------------------------------------
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The progressive evaluation of each partition scored so far, in order."""
+        return self.state.setdefault("freshness", [])
+
+    def start(self) -> int:
+        """Agree on the partitions (rank 0 lists, every rank takes its list), check them
+        against a resumed checkpoint's, and lay out the train split; returns its global batches."""
+        chosen = [self._reconcile(list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"),
+                                                  warned=self._warned)) if self.rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0)
+        if isinstance(chosen[0], str):  # rank 0's refusal, raised on every rank
+            raise DataError(chosen[0])
+        self.source.set_partitions(chosen[0])
+        saved = self.state.get("partitions", [])
+        for old, new in zip(saved, self.source.partitions):
+            if (old["name"], old["rows"], old["batches"]) != (new["name"], new["rows"], new["batches"]):
+                raise DataError(
+                    f"partition {old['name']} of {self.root} changed since the checkpoint was saved ({old['rows']:,} "
+                    f"rows then, {new['rows']:,} now): a resumed run must read the partitions it trained on. "
+                    f"Restore it, or start a new run in another checkpoint.dir")
+        self._record_partitions()
+        return self.source.num_batches("train")
+
+    def _reconcile(self, listed: list[Partition]) -> Any:
+        """The partitions to lay out: a resumed run's own, in their order, then the listed
+        ones after the last of them; those that arrived out of order are left out (warned).
+        A string: why the run cannot go on (a partition it trained on is gone)."""
+        saved = self.state.get("partitions", [])
+        by_name = {p.name: p for p in listed}
+        kept = []
+        for old in saved:
+            if old["name"] not in by_name:
+                return (f"partition {old['name']} of {self.root}, trained on before the checkpoint, is gone: a "
+                        f"resumed run must read the partitions it trained on. Restore it, or start a new run in "
+                        f"another checkpoint.dir")
+            kept.append(by_name[old["name"]])
+        last = kept[-1].time if kept else None
+        for p in listed:
+            if p.name in {k.name for k in kept}:
+                continue
+            if last is not None and p.time <= last:
+                if p.name not in self._warned:
+                    self._warned.add(p.name)
+                    log.warning(f"data: partition {p.name} arrived after {kept[-1].name} was read: it is before "
+                                f"that in time, so it is left out (training on it now would not be in time order)")
+                continue
+            kept.append(p)
+        return kept
+
+    def _record_partitions(self) -> None:
+        parts = self.source.partitions
+        self.state["partitions"] = [{k: p[k] for k in ("name", "rows", "batches", "trained")} for p in parts]
+        # looked up at every step: sets, not a walk over every partition of a long log
+        self._starts = {p["first_batch"] for p in parts}
+        self._ends = {p["first_batch"] + p["batches"] for p in parts if p["batches"]}
+
+    def follow(self) -> bool:
+        """Wait for partitions after the last one (``data.partitions.follow``); True when some
+        arrived and the train split was extended (every rank), False when the run should end:
+        not following, or no partition for ``stop_after_idle_s``."""
+        if not self.spec.get("follow"):
+            return False
+        tick = time.perf_counter()
+        try:
+            return self._wait()
+        finally:
+            self.waited_s += time.perf_counter() - tick
+
+    def _wait(self) -> bool:
+        """``follow``'s loop: rank 0 looks, every rank takes what it saw."""
+        poll, idle_limit = float(self.spec["poll_s"]), self.spec.get("stop_after_idle_s")
+        waited = 0.0
+        if self.rank == 0:
+            log.info(f"following {self.root}: looking for partitions after {self.source.partitions[-1]['name']} every "
+                     f"{poll:g} s" + (f", stopping after {idle_limit:g} s without one" if idle_limit else ""))
+        while True:
+            fresh = None
+            if self.rank == 0:
+                time.sleep(poll)
+                waited += poll
+                listed = list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"), strict=False,
+                                         warned=self._warned)
+                kept = self._reconcile(listed)
+                fresh = kept if not isinstance(kept, str) and len(kept) > len(self.source.partitions) else None
+                if fresh is None and idle_limit is not None and waited >= idle_limit:
+                    fresh = "stop"
+            box = [fresh]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] == "stop":
+                if self.rank == 0:
+                    log.info(f"following: no new partition for {waited:g} s (data.partitions.stop_after_idle_s): done")
+                return False
+            if box[0] is not None:
+                self.source.set_partitions(box[0])
+                self._record_partitions()
+                return True
+
+    # -- where a step is ---------------------------------------------------------------------
+    def position(self, step: int) -> dict[str, Any]:
+        """The next row to read after ``step`` steps: the partition and the row in it (a
+        partition's last global batch is padded: the next one starts a partition)."""
+        B = self.source.batch_size
+        for p in self.source.partitions:
+            if p["batches"] and step < p["first_batch"] + p["batches"]:
+                return {"partition": p["name"], "row": (step - p["first_batch"]) * B}
+        return {"partition": None, "row": 0}
+
+    def ends_partition(self, step: int) -> bool:
+        """``step`` is the last step of a partition: its checkpoint is the partition's."""
+        return step in self._ends
+
+    def due(self, done: int) -> list[dict[str, Any]]:
+        """The partitions to score now, after ``done`` steps: those not yet scored whose first
+        step is the next one (or, training none of it, whose place has been reached)."""
+        scored = {r["partition"] for r in self.records}
+        return [p for p in self.source.partitions if p["name"] not in scored and p["first_batch"] <= done
+                and (not p["batches"] or p["first_batch"] + p["batches"] > done)]
+
+    def score(self, done: int, evaluate: Callable[[str], Any], metrics_log: Any) -> None:
+        """Progressive validation: score each partition ``due`` after ``done`` steps with the
+        current model (every rank), record it (the checkpoint's state) and log it (rank 0)."""
+        if done not in self._starts and done < self.source.num_batches("train"):
+            return  # not a partition's first step: nothing is due
+        for p in self.due(done):
+            new_ids = self._new_ids(p) if self.rank == 0 else {}
+            record: dict[str, Any] = {"partition": p["name"], "step": done, "rows": p["rows"],
+                                      "steps": p["batches"], "trained": p["trained"], "new_ids": new_ids}
+            if p["rows"]:
+                record["eval"] = evaluate(PARTITION + p["name"]).metrics
+            self.records.append(record)
+            metrics_log.log(step=done, split="progressive", **{k: v for k, v in record.items() if k != "step"})
+            if self.rank == 0:
+                what = format_eval(record["eval"]) if p["rows"] else "no rows"
+                log.info(f"progressive {p['name']} @ step {done}: {what}  ({p['rows']:,} rows"
+                         + ("" if p["trained"] else ", scored only: after data.partitions.train_until")
+                         + (", new ids " + ", ".join(f"{k} {v:,}" for k, v in new_ids.items()) if new_ids else "")
+                         + ")")
+
+    def _new_ids(self, p: dict[str, Any]) -> dict[str, int]:
+        """Distinct raw ids of each sparse feature in partition ``p`` that no partition before
+        it had (its first partition: all of them). Exact: the raw ids seen are kept in memory,
+        which grows with the distinct ids of the log; a resumed run reads the partitions
+        before its position again to know them."""
+        parts = self.source.partitions
+        at = next(i for i, q in enumerate(parts) if q["name"] == p["name"])
+        for q in parts[self._folded:at]:
+            self._fold(q)
+        out = {name: len(ids - self._seen_ids.get(name, set())) for name, ids in self._ids(p).items()}
+        self._fold(p)
+        self._folded = at + 1
+        return out
+
+    def _ids(self, p: dict[str, Any]) -> dict[str, set]:
+        out = {}
+        for f in self.source.sparse:
+            ids: set = set()
+            for path in p["files"]:
+                column = pq.read_table(path, columns=[f.column]).column(f.column)
+                if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                    column = pc.list_flatten(column)
+                ids.update(pc.unique(column.drop_null()).to_pylist())
+            out[f.name] = ids
+        return out
+
+    def _fold(self, p: dict[str, Any]) -> None:
+        for name, ids in self._ids(p).items():
+            self._seen_ids.setdefault(name, set()).update(ids)
+
+    # -- the report ----------------------------------------------------------------------------
+    def objective(self, metric: str) -> dict[str, Any]:
+        """summary.json's objective: the mean progressive ``metric`` over the partitions after
+        the first that have rows (the first is scored by an untrained model)."""
+        values = [r["eval"][metric] for r in self.records[1:] if "eval" in r and metric in r["eval"]]
+        value = float(np.mean(values)) if values else math.nan
+        maximize = metric not in ("logloss", "ne")
+        return {"name": OBJECTIVE_PREFIX + metric, "direction": "maximize" if maximize else "minimize",
+                "value": value, "best_step": None, "best_value": None, "best_checkpoint": None,
+                "stopped_early_at": None}
+
+
+def freshness_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's ``freshness``: per partition, its progressive scores and counts, and
+    the means over the partitions after the first, trained and scored-only apart."""
+    def mean(rs: list[dict[str, Any]], key: str) -> Optional[float]:
+        xs = [r["eval"][key] for r in rs if "eval" in r and key in r["eval"]]
+        return float(np.mean(xs)) if xs else None
+
+    later = records[1:]
+    keys = ("auc", "ne", "logloss")
+    return {"partitions": records,
+            "mean_after_first": {k: mean(later, k) for k in keys},
+            "mean_trained": {k: mean([r for r in later if r["trained"]], k) for k in keys},
+            "mean_scored_only": {k: mean([r for r in later if not r["trained"]], k) for k in keys}}

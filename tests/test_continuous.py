@@ -1,0 +1,207 @@
+"""Continuous training over a partitioned log: the partitions' listing and what it refuses,
+progressive validation (each partition scored before it is trained on), 2 ranks as one
+process, an exact resume from the middle of a partition, a run that follows the directory as
+partitions arrive, and the one-line refusals of bad partitions and configs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from conftest import compose_cfg
+from dist_helpers import spawn, train_and_gather
+from shared import assert_same_training
+
+from hybridrec.config.validation import validate
+from hybridrec.data import DataError
+from hybridrec.data.example import day_name, generate_days
+from hybridrec.data.parquet.partitions import list_partitions
+
+PATTERN = "day=%Y-%m-%d"
+
+
+def _log(d, rows=2800):
+    """The drifting example log, 200 rows a day (2800 rows over 14 days)."""
+    generate_days(str(d), rows=rows, seed=1)
+    return d
+
+
+def _cfg(d, *extra):
+    return compose_cfg(["+experiment=continuous", f"data.train_path={d}/train", f"data.valid_path={d}/valid",
+                        f"data.eval_path={d}/eval", "data.batch_size=64", "model.embedding_dim=8",
+                        "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]",
+                        "train.log_every=2", "launcher.device=cpu", *extra])
+
+
+# --------------------------------------------------------------------------- the listing
+@pytest.mark.unit
+def test_partitions_are_ordered_by_their_time_and_incomplete_ones_wait(tmp_path):
+    for name in ("hour=2026-11-26-10", "hour=2026-11-26-9", "hour=2026-11-25-23"):
+        os.makedirs(tmp_path / name)
+        (tmp_path / name / "part-0.parquet").write_bytes(b"")
+        (tmp_path / name / "_SUCCESS").write_bytes(b"")
+    os.makedirs(tmp_path / "hour=2026-11-26-11")  # being written: no marker yet
+    (tmp_path / "_temporary").mkdir()  # a writer's scratch: never a partition
+    listed = list_partitions(str(tmp_path), "hour=%Y-%m-%d-%H", ready_marker="_SUCCESS")
+    assert [p.name for p in listed] == ["hour=2026-11-25-23", "hour=2026-11-26-9", "hour=2026-11-26-10"]
+    assert len(list_partitions(str(tmp_path), "hour=%Y-%m-%d-%H")) == 4  # no marker asked: all complete
+
+
+@pytest.mark.unit
+def test_a_malformed_or_duplicated_partition_is_one_line(tmp_path):
+    os.makedirs(tmp_path / "day=2026-11-04")
+    os.makedirs(tmp_path / "day=2026-13-45")
+    with pytest.raises(DataError, match=r"day=2026-13-45: the partition name does not match "
+                                        r"data.partitions.pattern='day=%Y-%m-%d' \(or is no real time\)"):
+        list_partitions(str(tmp_path), PATTERN)
+    warned = set()
+    assert [p.name for p in list_partitions(str(tmp_path), PATTERN, strict=False, warned=warned)] == ["day=2026-11-04"]
+    assert warned == {"day=2026-13-45"}
+    shutil.rmtree(tmp_path / "day=2026-13-45")
+    os.makedirs(tmp_path / "day=2026-11-4")
+    with pytest.raises(DataError, match=r"day=2026-11-4 and .*day=2026-11-04 name the same time"):
+        list_partitions(str(tmp_path), PATTERN)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("override, message", [
+    (["train.schedule=continuous", "data=example_log"], "train.schedule=continuous trains day by day over a "
+                                                        "partitioned log: set data.partitions"),
+    (["data.partitions.follow=true", "data.partitions.ready_marker=null"], "data.partitions.follow=true reads "
+                                                                           "partitions while they are written"),
+    (["data.partitions.train_until=someday"], "data.partitions.train_until='someday' is neither a partition name"),
+    (["data.partitions.pattern=d%d"], "needs %Y"),
+    (["train.objective=valid.auc"], "a continuous run is judged by its progressive validation"),
+    (["train.early_stop_patience=2", "train.eval_every=5"], "a continuous run ships its latest model"),
+    (["data.valid_fraction=0.1", "data.valid_path=null"], "every partition is scored before it is trained on"),
+])
+def test_a_bad_continuous_config_is_refused_before_launch(override, message):
+    cfg = compose_cfg(["+experiment=continuous", *override])
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        validate(cfg, 1)
+
+
+# ------------------------------------------------------------------------------ training
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The small log trained day by day on 1 and on 2 ranks, and trained on its first 7 days."""
+    d = _log(tmp_path_factory.mktemp("log"))
+    cfgs = [_cfg(d, "sharding=row_wise"), _cfg(d, "sharding=row_wise", "data.partitions.train_until=2023-11-20")]
+    return {world: spawn(train_and_gather, world, cfgs, str(tmp_path_factory.mktemp(f"w{world}")))
+            for world in (1, 2)}
+
+
+@pytest.mark.dist
+def test_each_partition_is_scored_before_it_is_trained_on(runs):
+    continuous, once = runs[1]
+    f = continuous["summary"]["freshness"]["partitions"]
+    assert [r["partition"] for r in f] == [day_name(d) for d in range(14)]
+    # 200 rows a day in global batches of 64: 4 steps, the last padded (every row trained on)
+    assert [r["step"] for r in f] == [4 * d for d in range(14)] and continuous["summary"]["steps"] == 56
+    assert all(r["rows"] == 200 and r["steps"] == 4 and r["trained"] for r in f)
+    assert f[0]["new_ids"]["user"] > 0 and all(r["new_ids"]["item"] >= 0 for r in f)
+    objective = continuous["summary"]["objective"]
+    assert objective["name"] == "progressive.auc" and objective["direction"] == "maximize"
+    assert objective["value"] == pytest.approx(sum(r["eval"]["auc"] for r in f[1:]) / 13)
+    # trained once on 7 days: the later days are scored by the day-7 model, none trained on
+    g = once["summary"]["freshness"]["partitions"]
+    assert once["summary"]["steps"] == 28 and [r["trained"] for r in g] == [True] * 7 + [False] * 7
+    assert [r["step"] for r in g[7:]] == [28] * 7
+    assert once["losses"] == continuous["losses"][:28]  # the same first 7 days
+
+
+@pytest.mark.dist
+def test_two_ranks_train_day_by_day_as_one(runs):
+    for one, two in zip(runs[1], runs[2]):
+        assert_same_training(one, two)
+        a, b = (r["summary"]["freshness"]["partitions"] for r in (one, two))
+        for x, y in zip(a, b):
+            assert {k: v for k, v in x.items() if k not in ("eval", "new_ids")} == \
+                   {k: v for k, v in y.items() if k not in ("eval", "new_ids")}
+            assert x["eval"] == pytest.approx(y["eval"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.dist
+def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(tmp_path):
+    """Checkpoints every 3 steps: a run whose newest checkpoint is step 6 (the middle of day 2,
+    as after a kill -9 right after that save) resumes there and ends with the weights, losses
+    and progressive scores of the run never stopped."""
+    d = _log(tmp_path / "log")
+    a, b = tmp_path / "a", tmp_path / "b"
+    run = lambda ck, *extra: _cfg(d, f"checkpoint.dir={ck}", "checkpoint.every_n_steps=3", "checkpoint.keep_last=50",
+                                  *extra)
+    (uninterrupted,) = spawn(train_and_gather, 1, [run(a)], str(tmp_path / "w1"))
+    shutil.copytree(a / "step_00000006", b / "step_00000006")
+    state = json.loads((b / "step_00000006" / "trainer_state.json").read_text())
+    assert state["stream"]["position"] == {"partition": day_name(1), "row": 128}
+    (resumed,) = spawn(train_and_gather, 1, [run(b)], str(tmp_path / "w2"))
+    assert resumed["summary"]["train"]["resumed_from_step"] == 6
+    assert resumed["losses"] == uninterrupted["losses"]
+    for key, value in uninterrupted["state"].items():
+        assert torch.equal(resumed["state"][key], value), key
+    assert resumed["summary"]["freshness"] == uninterrupted["summary"]["freshness"]
+    # a partition the checkpoint trained on changed: one line, nothing trained
+    shutil.rmtree(b)
+    shutil.copytree(a / "step_00000006", b / "step_00000006")
+    generate_days(str(tmp_path / "other"), rows=1400, seed=2)
+    shutil.copy(tmp_path / "other" / "train" / day_name(0) / "part-00000.parquet",
+                d / "train" / day_name(0) / "part-00000.parquet")
+    with pytest.raises(Exception, match=r"partition day=2023-11-14 of .* changed since the checkpoint was saved "
+                                        r"\(200 rows then, 100 now\)"):
+        spawn(train_and_gather, 1, [run(b)], str(tmp_path / "w3"))
+
+
+@pytest.mark.slow
+def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
+    """A run that follows its directory (python -m hybridrec.train, one process): a day that
+    completes while it waits is trained on; one that arrives with an earlier date, and a
+    malformed name, are each warned about in one line and left out; it stops once no
+    partition arrived for stop_after_idle_s."""
+    d = _log(tmp_path / "log")
+    later = tmp_path / "later"
+    for day in (12, 13):  # held back: they arrive while the run waits
+        shutil.move(str(d / "train" / day_name(day)), str(later / day_name(day)))
+    early = d / "train" / day_name(5)
+    shutil.move(str(early), str(later / "early"))
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "hybridrec.train", "+experiment=continuous", f"hydra.run.dir={run_dir}",
+            f"data.train_path={d}/train", f"data.valid_path={d}/valid", f"data.eval_path={d}/eval",
+            "data.batch_size=64", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
+            "launcher.device=cpu", "data.partitions.follow=true",
+            "data.partitions.poll_s=0.5", "data.partitions.stop_after_idle_s=6"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    lines = []
+
+    def arrive():
+        deadline = time.time() + 120
+        while time.time() < deadline and not any("following" in line for line in list(lines)):
+            if proc.poll() is not None:
+                return
+            time.sleep(0.2)
+        shutil.copytree(later / day_name(12), d / "train" / day_name(12), ignore=shutil.ignore_patterns("_SUCCESS"))
+        time.sleep(1.5)  # incomplete for a few polls: not read
+        (d / "train" / day_name(12) / "_SUCCESS").write_bytes(b"")
+        shutil.copytree(later / "early", d / "train" / day_name(5))  # out of order: after day 12 was listed
+        os.makedirs(d / "train" / "day=2023-13-01")  # malformed: warned, left out
+
+    mover = threading.Thread(target=arrive)
+    mover.start()
+    for line in proc.stdout:
+        lines.append(line)
+    proc.wait(timeout=300)
+    mover.join()
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    names = [r["partition"] for r in summary["freshness"]["partitions"]]
+    assert names == [day_name(x) for x in (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12)]
+    assert summary["steps"] == 12 * 4
+    assert f"partition {day_name(5)} arrived after" in out and "left out" in out
+    assert "day=2023-13-01: the partition name does not match" in out
+    assert "Traceback" not in out
