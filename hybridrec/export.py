@@ -17,6 +17,10 @@ writes into ``out`` (default ``<checkpoint>/export``):
   (``torch.load(path, weights_only=True)``), for a nearest-neighbour index. They need the
   run's data, to build the features.
 
+``python -m hybridrec.export checkpoint=<later checkpoint> delta=<export dir>`` writes only
+what changed since that export (``hybridrec.delta``): the changed rows of each table and the
+dense tensors, which the export plus its deltas turns into exactly the later weights.
+
 Why ``torch.export``: it traces TorchRec's EmbeddingBagCollection, KeyedJaggedTensor
 included, into aten ``embedding_bag`` calls (tested for every model), so the file runs
 with torch alone, at any batch size, and stores the weights as raw tensor bytes beside a
@@ -55,6 +59,7 @@ from hybridrec.checkpoint import (
     saved_config,
     refusal,
 )
+from hybridrec import delta
 from hybridrec.atomic import replace_file
 from hybridrec.compat import size_oblivious_export
 from hybridrec.data import RecBatch, SparseFeature, build_source
@@ -119,8 +124,10 @@ def export_program(model: Ranker, features: list[SparseFeature], num_dense_featu
         return torch.export.export(scorer, example, dynamic_shapes=shapes, strict=False)
 
 
-def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverified: bool = False) -> dict[str, Any]:
-    """Write ``out``'s files (see the module docstring); returns ``model.json``'s content."""
+def load_weights_of(checkpoint: str, trusted: Iterable[str] = (),
+                    allow_unverified: bool = False) -> tuple[Ranker, list[SparseFeature], int]:
+    """The checkpoint's model with its weights, unsharded, on CPU, in eval mode; its features
+    and its step."""
     model = load_model(checkpoint, trusted, allow_unverified)
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # DCP notes that it loads in one process: what no_dist asks for
@@ -134,7 +141,13 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     model.load_state_dict(state["model"])
     model.eval()
     train_state = TrainState.from_files(checkpoint, allow_unverified)
-    features = [SparseFeature(**f) for f in train_state.features]
+    return model, [SparseFeature(**f) for f in train_state.features], train_state.step
+
+
+def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverified: bool = False) -> dict[str, Any]:
+    """Write ``out``'s files (see the module docstring); returns ``model.json``'s content."""
+    model, features, _ = load_weights_of(checkpoint, trusted, allow_unverified)
+    train_state = TrainState.from_files(checkpoint, allow_unverified)
     os.makedirs(out, exist_ok=True)
     cfg = saved_config(checkpoint, trusted)
     about = {"model": cfg.model._target_, "loss": cfg.loss._target_, "checkpoint": os.path.abspath(checkpoint),
@@ -263,10 +276,11 @@ def check_export_dir(checkpoint: str, out: str) -> None:
 
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified"} or [a for a in argv if "=" not in a]
-    if "checkpoint" not in args or unknown:
-        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir>] [trusted_targets=<class>,...] "
-                 f"[allow_unverified=true] (unknown: {sorted(unknown)})")
+    unknown = (set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified", "delta"}
+               or [a for a in argv if "=" not in a])
+    if "checkpoint" not in args or unknown or ("delta" in args and "out" in args):
+        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>] "
+                 f"[trusted_targets=<class>,...] [allow_unverified=true] (unknown: {sorted(unknown)})")
     ckpt = args["checkpoint"]
     # Classes of the user's own that the checkpoint's config may name (never read from it).
     trusted = [t for t in args.get("trusted_targets", "").strip("[]").split(",") if t]
@@ -281,6 +295,18 @@ def main(argv: list[str]) -> None:
             check_export_dir(ckpt, out)
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
+    if "delta" in args:  # what changed since that export (hybridrec.delta)
+        _quiet_tracing()
+        try:
+            path = delta.write(ckpt, args["delta"], trusted, allow == "true")
+        except (CheckpointError, delta.DeltaError) as e:
+            sys.exit(f"hybridrec.export: {e}")
+        except OSError as e:
+            sys.exit(f"hybridrec.export: cannot write {e}")
+        d = delta.read(path)
+        state, _ = delta.exported_state(args["delta"])
+        print(f"hybridrec.export: delta {delta.describe(d, state)} -> {path} ({os.path.getsize(path) / 2**20:.2f} MB)")
+        return
     folder = out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         sys.exit(f"hybridrec.export: out={out}: {folder} is not a writable directory")

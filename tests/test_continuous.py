@@ -205,3 +205,53 @@ def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
     assert f"partition {day_name(5)} arrived after" in out and "left out" in out
     assert "day=2023-13-01: the partition name does not match" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.dist
+def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(tmp_path):
+    """Checkpoints after days 2, 3 and 4: the day-2 export with the deltas to day 3 and day 4
+    holds the bytes of the day-4 export and scores as it does; a delta applied to another
+    export, twice, or damaged is refused in one line."""
+    from hybridrec import delta
+    from hybridrec.export import export
+
+    d = _log(tmp_path / "log")
+    ck = tmp_path / "ck"
+    spawn(train_and_gather, 1, [_cfg(d, f"checkpoint.dir={ck}", "checkpoint.keep_last=50")], str(tmp_path / "w"))
+    step = lambda n: str(ck / f"step_{n:08d}")
+    base, full = tmp_path / "base", tmp_path / "full"
+    export(step(8), str(base))
+    export(step(16), str(full))
+    first = delta.write(step(12), str(base))
+    second = delta.write(step(16), str(base))
+    assert [os.path.basename(p) for p in delta.deltas_of(str(base))] == ["delta_00001.pt", "delta_00002.pt"]
+    d1 = delta.read(first)
+    # only the rows day 3 looked up changed: a fraction of the user table
+    rows = d1["rows"]["model.model.sparse_arch.embedding_bag_collection.embedding_bags.t_user.weight"]
+    assert 0 < len(rows) < 1000
+    patched, reference = delta.load(str(base)), torch.export.load(str(full / "model.pt2")).module()
+    a, b = patched.state_dict(), reference.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    n = 5
+    inputs = (torch.rand(n, 3), torch.zeros(n * 4, dtype=torch.int64), torch.ones(n * 4, dtype=torch.int32),
+              torch.ones(n * 4))
+    assert torch.equal(patched(*inputs), reference(*inputs))
+    with pytest.raises(delta.DeltaError, match="nothing changed"):
+        delta.write(step(16), str(base))
+    # the deltas of one export put beside another's: the first is refused, nothing applied
+    os.makedirs(full / "deltas")
+    shutil.copy(first, full / "deltas" / "delta_00001.pt")
+    with pytest.raises(delta.DeltaError, match=r"delta_00001.pt was made for other weights \(base \w+, step 8\)"):
+        delta.load(str(full))
+    # damaged: a changed value, or a file that is not a delta
+    shutil.rmtree(full / "deltas")
+    broken = delta.read(second)
+    name = next(iter(broken["dense"]))
+    broken["dense"][name] = broken["dense"][name] + 1
+    torch.save(broken, second)
+    with pytest.raises(delta.DeltaError, match="delta_00002.pt is damaged: the weights it gives are not those"):
+        delta.load(str(base))
+    with open(second, "wb") as f:
+        f.write(b"not a zip")
+    with pytest.raises(delta.DeltaError, match="delta_00002.pt is damaged or not a delta"):
+        delta.load(str(base))
