@@ -205,6 +205,8 @@ class Stream:
             new_ids = self._new_ids(p) if self.rank == 0 else {}
             record: dict[str, Any] = {"partition": p["name"], "step": done, "rows": p["rows"],
                                       "steps": p["batches"], "trained": p["trained"], "new_ids": new_ids}
+            if self.source.managed and self.rank == 0:  # each managed table's lookups of the partition
+                record["managed_ids"] = self.source.managed_stats(p["index"])
             if p["rows"]:
                 record["eval"] = evaluate(PARTITION + p["name"]).metrics
             self.records.append(record)
@@ -214,6 +216,9 @@ class Stream:
                 log.info(f"progressive {p['name']} @ step {done}: {what}  ({p['rows']:,} rows"
                          + ("" if p["trained"] else ", scored only: after data.partitions.train_until")
                          + (", new ids " + ", ".join(f"{k} {v:,}" for k, v in new_ids.items()) if new_ids else "")
+                         + "".join(f"; {t}: {m['rows_used']:,}/{m['rows']:,} rows used, {m['hits']:,} hits, "
+                                   f"{m['misses']:,} misses, {m['admitted']:,} admitted, {m['evicted']:,} evicted"
+                                   for t, m in record.get("managed_ids", {}).items())
                          + ")")
 
     def _new_ids(self, p: dict[str, Any]) -> dict[str, int]:

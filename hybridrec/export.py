@@ -62,6 +62,7 @@ from hybridrec.checkpoint import (
 from hybridrec import delta
 from hybridrec.atomic import replace_file
 from hybridrec.compat import size_oblivious_export
+from hybridrec.config.schema import ParquetIdMapping
 from hybridrec.data import RecBatch, SparseFeature, build_source
 from hybridrec.data.source import UserItemSource
 from hybridrec.models import Ranker, build_model
@@ -158,6 +159,9 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
         _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
         return spec
     spec = write_program(model, features, train_state.num_dense_features, out, about)
+    if managed := write_managed_ids(cfg, train_state, out):
+        spec["managed_ids"] = managed
+        _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
     if isinstance(model, TwoTower):
         data = build_source(cfg.data, cfg.seed)
         if not isinstance(data, UserItemSource):  # training refused it (TwoTower.needs_user_item_features)
@@ -170,6 +174,51 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
             _write(path, lambda p: torch.save({f"{side}_ids": torch.from_numpy(ids), "vectors": vectors}, p))
             print(f"hybridrec.export: {len(ids):,} {side} vectors of width {vectors.shape[1]} -> {path}")
     return spec
+
+
+def write_managed_ids(cfg: Any, state: TrainState, out: str) -> Optional[dict[str, Any]]:
+    """For a model with managed ids (``hybridrec.data.parquet.managed``): ``managed_ids.parquet``,
+    the rows its ids had in the last partition it trained on (columns table, key, row), made
+    again from the run's partitions (the checkpoint names them). None without managed ids."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hybridrec.data.parquet.partitions import list_partitions
+
+    if not any(getattr(m := f.get("id_mapping"), "value", m) == ParquetIdMapping.managed.value
+               for f in cfg.data.get("sparse") or []):
+        return None
+    # the last partition the checkpoint's steps trained on (the step's position in the ledger)
+    done, last = 0, None
+    for i, p in enumerate(state.stream.get("partitions", [])):
+        if p["batches"] and done < state.step:
+            last = i
+        done += p["batches"]
+    if last is None:
+        raise CheckpointError("the checkpoint records no partition trained on: its managed ids have no rows to export")
+    source = build_source(cfg.data, cfg.seed)
+    listed = {p.name: p for p in list_partitions(source.train_root, source.partitioning["pattern"],
+                                                 source.partitioning.get("ready_marker"))}
+    names = [p["name"] for p in state.stream["partitions"]]
+    if missing := [n for n in names if n not in listed]:
+        raise CheckpointError(f"partition {missing[0]} of {source.train_root}, which the checkpoint trained on, is "
+                              f"gone: the managed ids' rows are made from the partitions")
+    source.set_partitions([listed[n] for n in names])
+    tables, keys, rows = [], [], []
+    for table in source.managed.tables:
+        v = source.managed.version(table, last)
+        tables += [table] * len(v.keys)
+        keys.append(v.keys)
+        rows.append(v.rows)
+    path = os.path.join(out, "managed_ids.parquet")
+    data = pa.table({"table": pa.array(tables, pa.string()), "key": pa.array(np.concatenate(keys), pa.uint64()),
+                     "row": pa.array(np.concatenate(rows), pa.int64())})
+    _write(path, lambda p: pq.write_table(data, p))
+    return {"file": "managed_ids.parquet", "partition": names[last],
+            "key": f"the id's 64-bit key (hybridrec.data.parquet.hash_ints / hash_strings, "
+                   f"data.hash_seed={source.hash_seed}); a key not in the file reads row 0",
+            "rows_used": {t: int(n) for t, n in zip(*np.unique(np.array(tables), return_counts=True))}}
 
 
 def write_program(model: Ranker, features: list[SparseFeature], num_dense_features: int, out: str,

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from conftest import compose_cfg
@@ -23,6 +24,8 @@ from hybridrec.data.example import day_name, generate_days
 from hybridrec.data.parquet.partitions import list_partitions
 
 PATTERN = "day=%Y-%m-%d"
+# The item table (managed) with 63 rows to give for the few hundred items of the small log: evictions every day
+SMALL_ITEMS = ["data.sparse.1.num_embeddings=64", "data.sparse.2.num_embeddings=64"]
 
 
 def _log(d, rows=2800):
@@ -91,14 +94,15 @@ def test_a_bad_continuous_config_is_refused_before_launch(override, message):
 def runs(tmp_path_factory):
     """The small log trained day by day on 1 and on 2 ranks, and trained on its first 7 days."""
     d = _log(tmp_path_factory.mktemp("log"))
-    cfgs = [_cfg(d, "sharding=row_wise"), _cfg(d, "sharding=row_wise", "data.partitions.train_until=2023-11-20")]
+    cfgs = [_cfg(d, "sharding=row_wise"), _cfg(d, "sharding=row_wise", "data.partitions.train_until=2023-11-20"),
+            _cfg(d, "sharding=row_wise", *SMALL_ITEMS)]
     return {world: spawn(train_and_gather, world, cfgs, str(tmp_path_factory.mktemp(f"w{world}")))
             for world in (1, 2)}
 
 
 @pytest.mark.dist
 def test_each_partition_is_scored_before_it_is_trained_on(runs):
-    continuous, once = runs[1]
+    continuous, once, small = runs[1]
     f = continuous["summary"]["freshness"]["partitions"]
     assert [r["partition"] for r in f] == [day_name(d) for d in range(14)]
     # 200 rows a day in global batches of 64: 4 steps, the last padded (every row trained on)
@@ -113,6 +117,11 @@ def test_each_partition_is_scored_before_it_is_trained_on(runs):
     assert once["summary"]["steps"] == 28 and [r["trained"] for r in g] == [True] * 7 + [False] * 7
     assert [r["step"] for r in g[7:]] == [28] * 7
     assert once["losses"] == continuous["losses"][:28]  # the same first 7 days
+    # managed item ids: every id seen has a row in the big table; the small one evicts, row 0 takes the rest
+    big = [r["managed_ids"]["item_table"] for r in f]
+    assert all(m["misses"] == 0 and m["evicted"] == 0 for m in big) and big[0]["rows_used"] > 63
+    tight = [r["managed_ids"]["item_table"] for r in small["summary"]["freshness"]["partitions"]]
+    assert all(m["rows_used"] == 63 and m["misses"] > 0 for m in tight) and sum(m["evicted"] for m in tight) > 0
 
 
 @pytest.mark.dist
@@ -134,7 +143,7 @@ def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(tmp_path):
     d = _log(tmp_path / "log")
     a, b = tmp_path / "a", tmp_path / "b"
     run = lambda ck, *extra: _cfg(d, f"checkpoint.dir={ck}", "checkpoint.every_n_steps=3", "checkpoint.keep_last=50",
-                                  *extra)
+                                  *SMALL_ITEMS, *extra)
     (uninterrupted,) = spawn(train_and_gather, 1, [run(a)], str(tmp_path / "w1"))
     shutil.copytree(a / "step_00000006", b / "step_00000006")
     state = json.loads((b / "step_00000006" / "trainer_state.json").read_text())
@@ -225,6 +234,13 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(tmp_path):
     first = delta.write(step(12), str(base))
     second = delta.write(step(16), str(base))
     assert [os.path.basename(p) for p in delta.deltas_of(str(base))] == ["delta_00001.pt", "delta_00002.pt"]
+    # the managed item ids' rows travel with the export: those of day 2, the last one step 8 trained on
+    import pyarrow.parquet as pq
+
+    ids = pq.read_table(base / "managed_ids.parquet").to_pydict()
+    spec = json.loads((base / "model.json").read_text())["managed_ids"]
+    assert spec["partition"] == day_name(1) and set(ids["table"]) == {"item_table"}
+    assert len(ids["row"]) == len(set(ids["row"])) == spec["rows_used"]["item_table"] and 0 not in ids["row"]
     d1 = delta.read(first)
     # only the rows day 3 looked up changed: a fraction of the user table
     rows = d1["rows"]["model.model.sparse_arch.embedding_bag_collection.embedding_bags.t_user.weight"]
@@ -255,3 +271,49 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(tmp_path):
         f.write(b"not a zip")
     with pytest.raises(delta.DeltaError, match="delta_00002.pt is damaged or not a delta"):
         delta.load(str(base))
+
+
+# ---------------------------------------------------------------------------- managed ids
+def _managed(parts, capacity, min_count=1, eviction="lfu"):
+    from hybridrec.data.parquet.managed import ManagedIds
+
+    return ManagedIds({"t": capacity}, min_count, eviction,
+                      lambda p: {"t": np.array(parts[p], np.uint64)})
+
+
+@pytest.mark.unit
+def test_managed_ids_get_a_row_of_their_own_in_the_partition_they_reach_min_count():
+    m = _managed([[5, 5, 7], [7, 9], [9, 9, 11]], capacity=10, min_count=2)
+    rows = lambda p, keys: m.rows("t", np.array(keys, np.uint64), p).tolist()
+    assert rows(0, [5, 7, 9]) == [1, 0, 0]  # 5 seen twice on day 0; 7 once: no row yet (row 0)
+    assert rows(1, [5, 7, 9]) == [1, 2, 0]  # 7 reaches 2 on day 1
+    assert rows(2, [5, 7, 9, 11]) == [1, 2, 3, 0]  # rows never change hands with room to spare
+    assert m.stats("t", 2, np.array([9, 9, 11], np.uint64)) == {
+        "rows_used": 3, "rows": 10, "hits": 2, "misses": 1, "admitted": 1, "evicted": 0}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("eviction, day2", [("lfu", [1, 2, 0, 0]), ("lru", [0, 2, 1, 0])])
+def test_a_full_table_evicts_the_lowest_ranked_id_and_never_gives_row_0(eviction, day2):
+    # 2 rows to give (3 rows: row 0 + 2). Day 0: id 1 three times, 2 once; day 1: 3 twice (it ranks
+    # above 2 either way); day 2: 4 once. lfu keeps 1 (3 times) and 3 (twice); lru keeps the ids seen
+    # last, 4 (day 2) and 3 (day 1), and 4 takes the row 1 held.
+    m = _managed([[1, 1, 1, 2], [3, 3], [4]], capacity=3, eviction=eviction)
+    assert m.rows("t", np.array([1, 2], np.uint64), 0).tolist() == [1, 2]
+    assert m.rows("t", np.array([1, 3, 2], np.uint64), 1).tolist() == [1, 2, 0]  # 3 took 2's row
+    assert m.rows("t", np.array([1, 3, 4, 2], np.uint64), 2).tolist() == day2
+    v = m.version("t", 2)
+    assert 0 not in v.rows.tolist() and len(set(v.rows.tolist())) == len(v.rows)
+
+
+@pytest.mark.unit
+def test_managed_versions_are_a_pure_function_of_the_partitions():
+    rng = np.random.default_rng(0)
+    parts = [rng.zipf(1.5, 500).astype(np.uint64) for _ in range(6)]
+    a, b = _managed(parts, capacity=40), _managed(parts, capacity=40)
+    b.version("t", 5)  # made in one go, or step by step: the same rows
+    for p in range(6):
+        keys = np.unique(np.concatenate(parts))
+        assert a.rows("t", keys, p).tolist() == b.rows("t", keys, p).tolist()
+    a.reset()
+    assert a.rows("t", keys, 5).tolist() == b.rows("t", keys, 5).tolist()

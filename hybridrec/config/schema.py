@@ -30,7 +30,7 @@ from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the gro
     ModelConfig, DLRMConfig, DCNConfig, DeepFMConfig, TwoTowerConfig, LossConfig, ApproxNDCGConfig, InBatchSoftmaxConfig, SequenceConfig, SASRecConfig, HSTUConfig, NextItemConfig,
 )
 from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the group schemas)
-    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig, PartitionsConfig, NegativeSampler, SequenceDataConfig, MovieLensSequencesConfig, ParquetSequencesConfig,
+    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig, PartitionsConfig, ManagedIdsConfig, Eviction, NegativeSampler, SequenceDataConfig, MovieLensSequencesConfig, ParquetSequencesConfig,
 )
 from hybridrec.config.schema_parallel import (  # noqa: F401  (re-exported: the group schemas)
     ShardingType, CacheAlgorithm, CacheConfig, TableConstraints, ShardingConfig, DenseParallel, DType, FSDPUnits, CommPrecision, Device, StorageReservation, MeshConfig, TopologyConfig, LauncherConfig,

@@ -211,6 +211,10 @@ class ParquetIdMapping(str, Enum):
     vocabulary = "vocabulary"
     """row = 1 + the id's position in a vocabulary file (``python -m hybridrec.data.vocab``);
     an id not in it goes to row 0, the out-of-vocabulary row."""
+    managed = "managed"
+    """A row of its own per id the log has shown, given at partition boundaries, with
+    eviction when the table is full (data.managed_ids; needs data.partitions); an id
+    without a row reads row 0."""
 
 
 class NullIds(str, Enum):
@@ -274,6 +278,23 @@ class ParquetSparseConfig:
     once) or a bad row (bad). A null inside a list is always a bad row."""
 
 
+class Eviction(str, Enum):
+    lfu = "lfu"
+    """When the table is full, the id seen least often so far gives up its row."""
+    lru = "lru"
+    """When the table is full, the id not seen for the most partitions gives up its row."""
+
+
+@dataclass
+class ManagedIdsConfig:
+    """``data.managed_ids``: how id_mapping=managed tables give and take back rows
+    (``hybridrec.data.parquet.managed``)."""
+
+    min_count: int = 1
+    """Occurrences (over the partitions read so far) before an id gets a row."""
+    eviction: Eviction = Eviction.lfu
+
+
 @dataclass
 class PartitionsConfig:
     """``data.partitions``: data.train_path is a directory of time partitions
@@ -332,6 +353,8 @@ class ParquetDataConfig(DataConfig):
     k is B/S rows of each; a rank reads only its shards (a multiple of the world size, dividing
     data.batch_size), so its cost stays flat. The batches depend on S, not on the world size.
     A process keeps the last two decoded row groups of each shard it reads."""
+    managed_ids: ManagedIdsConfig = field(default_factory=ManagedIdsConfig)
+    """The rows of id_mapping=managed features: when an id gets one, which id gives one up."""
     partitions: Optional[PartitionsConfig] = None
     """Set: data.train_path is a directory of time partitions, trained in time order
     (train.schedule=continuous trains on each and scores it first); None = its files."""

@@ -240,20 +240,27 @@ class _Columns:
                             f"0..{f.num_embeddings - 1} (id_mapping=none)")
                 checks.append((_rows_of(row_of, outside, n), why))
                 values = np.where(outside, 0, values)
-        elif f.id_mapping == ParquetIdMapping.hash.value:
-            if kind == "int":
-                key = hash_ints(np.asarray(pc.cast(flat, pa.int64(), safe=False), dtype=np.int64), self.hash_seed)
-            elif len(flat):
-                encoded = pc.dictionary_encode(flat)
-                key = hash_strings(encoded.dictionary, self.hash_seed)[np.asarray(encoded.indices, dtype=np.int64)]
-            else:
-                key = np.zeros(0, np.uint64)
-            values = (key % np.uint64(f.num_embeddings)).astype(np.int64)
+        elif f.id_mapping in (ParquetIdMapping.hash.value, ParquetIdMapping.managed.value):
+            key = self._keys(flat, kind)
+            if f.id_mapping == ParquetIdMapping.hash.value:
+                values = (key % np.uint64(f.num_embeddings)).astype(np.int64)
+            else:  # the rows of the version the read is made with (ParquetSource._version); none to sample
+                values = np.zeros(len(key), np.int64) if sample else self.managed.rows(f.table_name, key,
+                                                                                        self._version())
         else:
             values = self.vocabularies[f.index].rows(flat)
             key = values.astype(np.uint64)
         weights = self._id_weights(f, table, listed, lengths, offsets, row_of, checks) if f.weights_column else None
         return values, lengths.astype(np.int32), weights, key if sample else None, checks
+
+    def _keys(self, flat: pa.Array, kind: str) -> np.ndarray:
+        """64-bit keys of ids (hash and managed mapping), under data.hash_seed."""
+        if kind == "int":
+            return hash_ints(np.asarray(pc.cast(flat, pa.int64(), safe=False), dtype=np.int64), self.hash_seed)
+        if len(flat):
+            encoded = pc.dictionary_encode(flat)
+            return hash_strings(encoded.dictionary, self.hash_seed)[np.asarray(encoded.indices, dtype=np.int64)]
+        return np.zeros(0, np.uint64)
 
     def _id_weights(self, f: _Sparse, table: pa.Table, listed: bool, lengths: np.ndarray, offsets: np.ndarray,
                     row_of: np.ndarray, checks: list[_Check]) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import zlib
 from typing import Any, Callable, Iterator, Optional
 
@@ -23,7 +24,9 @@ from hybridrec.data.source import Rows, Source
 from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _Part, _floats, _is_list, _kind, _plain_array
 from hybridrec.data.parquet.config import _Dense, _Sparse, _dense_list, _plain, _sparse_list, _value
 from hybridrec.data.parquet.layout import _File, _Open, _Split
-from hybridrec.data.parquet.partitions import Partition, list_partitions, parse_until, pattern_regex
+from hybridrec.data.parquet.managed import ManagedIds
+from hybridrec.data.parquet.partitioned import PARTITION, _Partitioned, check_partitions
+from hybridrec.data.parquet.partitions import Partition, list_partitions
 from hybridrec.data.parquet.vocabulary import Vocabulary
 
 log = logging.getLogger("hybridrec.data.parquet")  # the package's name: its log lines read as before the split
@@ -33,13 +36,11 @@ HOLDOUT_RUN = 4096
 contiguous ranges of a row group."""
 SAMPLE_ROWS = 100_000
 """Training rows (the first ones) on which pooling factors and collisions are estimated."""
-PARTITION = "partition:"
-"""The evaluated split of one partition: ``partition:<name>``."""
 _CACHED_GROUPS = 2  # per reader: a rank's slice (or one shard's chunk) can straddle two row groups
 _OPEN_FILES = 8  # open ParquetFile handles kept per process, per reader
 
 
-class ParquetSource(_Columns, Source):
+class ParquetSource(_Columns, _Partitioned, Source):
     """Rows of Parquet files, read by random access (see the module docstring)."""
 
     per_rank_report = True  # a rank reads, and counts, only its slice of each batch
@@ -62,6 +63,16 @@ class ParquetSource(_Columns, Source):
                              "validation rows")
         if (parts := c.get("partitions")) is not None:
             check_partitions(parts, fraction, shards)
+        managed = [f for f in _sparse_list(c.get("sparse")) if f.id_mapping == ParquetIdMapping.managed.value]
+        if managed and parts is None:
+            raise ValueError(f"data.sparse[{managed[0].index}].id_mapping=managed gives rows partition by partition: "
+                             f"set data.partitions (a directory of time partitions), or use id_mapping=hash")
+        if managed and not (c.get("managed_ids") or {}).get("min_count", 1) >= 1:
+            raise ValueError(f"data.managed_ids.min_count must be >= 1, got {c['managed_ids']['min_count']}")
+        for f in managed:
+            if f.num_embeddings < 2:
+                raise ValueError(f"data.sparse[{f.index}].num_embeddings={f.num_embeddings}: a managed table needs "
+                                 f"row 0 (ids without a row) and at least one row to give")
         label = c.get("label") or {}
         if not label.get("column"):
             raise ValueError("data.label.column is not set: name the label column")
@@ -133,6 +144,7 @@ class ParquetSource(_Columns, Source):
         eval_batches: Optional[int] = None,
         shards: Optional[int] = None,
         partitions: Any = None,
+        managed_ids: Any = None,
     ) -> None:
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
         self.shards = shards
@@ -176,6 +188,13 @@ class ParquetSource(_Columns, Source):
             self._splits[split] = self._layout(fs, None)
         self.partitions: list[dict[str, Any]] = []
         self._indexed = {f.path: f for f in files["train"]}
+        self._local = threading.local()  # the managed-id version of the read in progress, per thread
+        self.managed: Optional[ManagedIds] = None
+        tables = {f.table_name: f.num_embeddings for f in self.sparse if f.id_mapping == ParquetIdMapping.managed.value}
+        if tables:
+            m = _plain(managed_ids) or {}
+            self.managed = ManagedIds(tables, int(m.get("min_count", 1)), m.get("eviction") or "lfu",
+                                      self.partition_keys)
         if self.partitioning:
             self.set_partitions(listed)
         if self.valid_fraction:
@@ -225,7 +244,7 @@ class ParquetSource(_Columns, Source):
             need(d.column, f"data.dense[{i}].column", numeric, "numbers or booleans")
         for f in self.sparse:
             key_ = f"data.sparse[{f.index}].column"
-            kinds = {"none": ("int",), "hash": ("int", "str")}.get(
+            kinds = {"none": ("int",), "hash": ("int", "str"), "managed": ("int", "str")}.get(
                 f.id_mapping, (self.vocabularies[f.index].kind,) if f.index in self.vocabularies else ())
             element = lambda t: t.value_type if _is_list(t) else t
             t = need(f.column, key_, lambda t: _kind(element(t)) in kinds,
@@ -326,8 +345,8 @@ class ParquetSource(_Columns, Source):
                     keys[f.index].append((part.keys[f.index][keep], values[keep]))
         collisions = {}
         for f in self.sparse:
-            if not keys[f.index]:
-                continue
+            if not keys[f.index] or f.id_mapping == ParquetIdMapping.managed.value:
+                continue  # a managed id has a row of its own or none: reported per partition instead
             raw, rows = (np.concatenate(a) for a in zip(*keys[f.index]))
             if f.id_mapping == "hash":
                 pairs = np.unique(np.stack([rows.astype(np.uint64), raw]), axis=1)
@@ -351,47 +370,6 @@ class ParquetSource(_Columns, Source):
             features.append(SparseFeature(f.name, f.num_embeddings, max(pooling_factor, 0.01), table=f.table,
                                           pooling=f.pooling, weighted=f.weights_column is not None))
         return features
-
-    # -- partitions ------------------------------------------------------------------------
-    def set_partitions(self, listed: list[Partition]) -> None:
-        """Lay the train split out as ``listed``, in order, each partition in global batches
-        of its own (its last one padded with rows of weight 0: every row is trained on, and
-        no batch mixes two days), none of a partition after ``train_until``. Each partition
-        is also an evaluated split, ``partition:<name>``: what progressive validation scores.
-        Called at build and again when partitions arrive (every rank with the same list)."""
-        until = self.partitioning.get("train_until")
-        until = parse_until(str(until), pattern_regex(self.partitioning["pattern"])) if until else None
-        trained_files: list[_File] = []
-        self.partitions = []
-        first = 0
-        for p in listed:
-            fs = []
-            for path in p.files:
-                if path not in self._indexed:
-                    self._indexed[path] = self._index(path, "data.train_path")
-                fs.append(self._indexed[path])
-            self._splits[PARTITION + p.name] = whole = self._layout(fs, None)
-            trained = until is None or p.time <= until
-            batches = -(-whole.total // self.batch_size) if trained else 0
-            self.partitions.append({"name": p.name, "rows": whole.total, "batches": batches, "trained": trained,
-                                    "first_batch": first, "files": list(p.files)})
-            first += batches
-            trained_files += fs if trained else []
-        # The trained rows end to end: what the pooling factors are estimated on.
-        self._splits["train"] = self._layout(trained_files, None)
-        self._batch_starts = np.array([q["first_batch"] for q in self.partitions if q["batches"]], np.int64)
-        self._batch_parts = [q for q in self.partitions if q["batches"]]
-        if hasattr(self, "_counting"):  # arrived partitions: the train split's new rows are counted too
-            self._counting.pop("train", None)
-
-    def _partition_rows(self, index: int, lo: int, hi: int, report: Optional[ReadReport]) -> Rows:
-        """Rows [lo, hi) of global batch ``index`` of a partitioned train split: the
-        partition's rows, padded at its end (weight 0)."""
-        p = self._batch_parts[int(np.searchsorted(self._batch_starts, index, side="right")) - 1]
-        split, at = PARTITION + p["name"], (index - p["first_batch"]) * self.batch_size
-        total = self._splits[split].total
-        ranges = list(self._ranges(split, min(at + lo, total), min(at + hi, total), self.columns))
-        return self._rows(self._convert_all(ranges, report)).padded(hi - lo)
 
     # -- the Source contract ---------------------------------------------------------------
     def has_split(self, split: str) -> bool:
@@ -441,6 +419,8 @@ class ParquetSource(_Columns, Source):
         """Rows [lo, hi) of global batch ``index``: split rows index * B + [lo, hi), fewer at
         the end of an evaluated split. The same rows every epoch (the files' order)."""
         sp = self._splits[split]
+        if self.managed:
+            self._local.version = self._version_of(split, index)
         # a partition's rows are counted when training reads them, not again when it is scored
         counting = self._counting.get(split, epoch) == epoch and not split.startswith(PARTITION)
         report = ReadReport() if counting else None
@@ -533,26 +513,3 @@ class ParquetSource(_Columns, Source):
                 return [self._convert(table, [(f, first, t.num_rows) for f, first, t in ranges], report)]
         return [self._convert(t, [(f, first, t.num_rows)], report) for f, first, t in ranges]
 
-
-def check_partitions(parts: dict[str, Any], valid_fraction: float, shards: Optional[int]) -> None:
-    """``data.partitions``'s rules (a ValueError naming the key)."""
-    regex = pattern_regex(parts.get("pattern") or "")
-    if valid_fraction:
-        raise ValueError("data.valid_fraction carves validation out of the training files; with data.partitions "
-                         "every partition is scored before it is trained on (progressive validation): unset "
-                         "data.valid_fraction, or give data.valid_path (the days after the log)")
-    if shards:
-        raise ValueError("data.shards and data.partitions do not go together yet: unset data.shards")
-    until = parts.get("train_until")
-    if until is not None and parse_until(str(until), regex) is None:
-        raise ValueError(f"data.partitions.train_until={until!r} is neither a partition name of the pattern "
-                         f"{parts.get('pattern')!r} nor a date (2026-11-07)")
-    if parts.get("follow") and not parts.get("ready_marker"):
-        raise ValueError("data.partitions.follow=true reads partitions while they are written: set "
-                         "data.partitions.ready_marker (the file a writer leaves in a complete partition, "
-                         "Spark's _SUCCESS) so that none is read half-written")
-    for key in ("poll_s", "stop_after_idle_s"):
-        value = parts.get(key)
-        if value is not None and not value > 0:
-            raise ValueError(f"data.partitions.{key} must be > 0" + (", or null: never stop" if key != "poll_s"
-                                                                     else "") + f", got {value}")
