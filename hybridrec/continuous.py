@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from typing import Any, Callable, Optional
 
@@ -276,3 +277,35 @@ def freshness_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_after_first": {k: mean(later, k) for k in keys},
             "mean_trained": {k: mean([r for r in later if r["trained"]], k) for k in keys},
             "mean_scored_only": {k: mean([r for r in later if not r["trained"]], k) for k in keys}}
+
+
+class Serving:
+    """``checkpoint.export_deltas``: keeps ``<checkpoint.dir>/serving`` current as partitions
+    are trained (rank 0, after each commit at a partition's end): a full export the first time,
+    then a delta per partition (``hybridrec.delta``). The weights the export and its deltas
+    hold are kept in memory, so a delta costs reading one checkpoint, not the whole history."""
+
+    def __init__(self, folder: str, stream: Stream, trusted: list[str]) -> None:
+        self.folder, self.stream, self.trusted = folder, stream, trusted
+        self.weights: Optional[tuple[dict[str, Any], int]] = None
+
+    def commit(self, step: int, checkpoint: str) -> None:
+        from hybridrec import delta
+        from hybridrec.export import PROGRAM, export
+
+        if not self.stream.ends_partition(step):
+            return  # checkpoint.every_n_steps inside a partition: serving follows whole partitions
+        tick = time.perf_counter()
+        if not os.path.isfile(os.path.join(self.folder, PROGRAM)):
+            export(checkpoint, self.folder, self.trusted)
+            log.info(f"serving: exported step {step} to {self.folder} ({time.perf_counter() - tick:.1f} s)")
+            return
+        try:
+            path, weights = delta.write(checkpoint, self.folder, self.trusted, base=self.weights)
+        except delta.DeltaError as e:
+            if "nothing changed" in str(e):
+                return
+            raise
+        self.weights = (weights, step)
+        log.info(f"serving: {os.path.relpath(path, self.folder)} (step {step}, {os.path.getsize(path) / 2**20:.2f} MB, "
+                 f"{time.perf_counter() - tick:.1f} s)")

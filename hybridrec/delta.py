@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import blake3
 import torch
@@ -155,14 +155,20 @@ def load(export_dir: str) -> nn.Module:
     return module
 
 
-def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_unverified: bool = False) -> str:
-    """Write the delta from ``export_dir`` (with its deltas) to ``checkpoint``; returns its path."""
+def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_unverified: bool = False,
+          base: Optional[tuple[dict[str, torch.Tensor], int]] = None) -> tuple[str, dict[str, torch.Tensor]]:
+    """Write the delta from ``export_dir`` (with its deltas) to ``checkpoint``; returns its path
+    and the weights it gives. ``base``: those weights and their step when the caller has them
+    (a training run writing a delta per partition), else they are read from ``export_dir``.
+    An export with managed ids also gets the checkpoint's ids, whole, beside the delta
+    (``managed_ids_NNNNN.parquet``: 16 bytes a row)."""
+    import json
+
     from hybridrec.atomic import replace_file
-    from hybridrec.export import Scorer, SPEC, load_weights_of
+    from hybridrec.checkpoint import TrainState, saved_config
+    from hybridrec.export import SPEC, Scorer, load_weights_of, write_managed_ids
     from hybridrec.models.sequential import SequenceRanker
     from hybridrec.models.two_tower import TwoTower
-
-    import json
 
     with open(os.path.join(export_dir, SPEC)) as f:
         spec = json.load(f)
@@ -173,8 +179,9 @@ def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_u
         raise DeltaError(f"{checkpoint}: deltas cover the scoring programs of click and ranking models, not "
                          f"{type(model).__name__}'s vectors")
     new = Scorer(model, [f.name for f in features], model.loss.calibrated, any(f.weighted for f in features)).state_dict()
-    base, base_step = exported_state(export_dir)
-    delta = make(base, {k: v.detach() for k, v in new.items()}, step, base_step)
+    before, base_step = base if base is not None else exported_state(export_dir)
+    after = {k: v.detach().clone() for k, v in new.items()}
+    delta = make(before, after, step, base_step)
     if delta["base"] == delta["result"]:
         raise DeltaError(f"{checkpoint} holds the weights of {export_dir} with its deltas (step {base_step}): "
                          f"nothing changed, no delta written")
@@ -182,9 +189,13 @@ def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_u
     if os.path.islink(folder):
         raise DeltaError(f"{folder} is a symbolic link: deltas are written into the export's own directory")
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"delta_{len(deltas_of(export_dir)) + 1:05d}.pt")
+    number = len(deltas_of(export_dir)) + 1
+    path = os.path.join(folder, f"delta_{number:05d}.pt")
+    if os.path.isfile(os.path.join(export_dir, "managed_ids.parquet")):  # the ids first: the delta names them
+        write_managed_ids(saved_config(checkpoint, trusted), TrainState.from_files(checkpoint, allow_unverified),
+                          folder, f"managed_ids_{number:05d}.parquet")
     replace_file(path, lambda p: torch.save(delta, p))
-    return path
+    return path, after
 
 
 def describe(delta: dict[str, Any], state: dict[str, torch.Tensor]) -> str:

@@ -176,7 +176,7 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     return spec
 
 
-def write_managed_ids(cfg: Any, state: TrainState, out: str) -> Optional[dict[str, Any]]:
+def write_managed_ids(cfg: Any, state: TrainState, out: str, name: str = "managed_ids.parquet") -> Optional[dict[str, Any]]:
     """For a model with managed ids (``hybridrec.data.parquet.managed``): ``managed_ids.parquet``,
     the rows its ids had in the last partition it trained on (columns table, key, row), made
     again from the run's partitions (the checkpoint names them). None without managed ids."""
@@ -211,11 +211,11 @@ def write_managed_ids(cfg: Any, state: TrainState, out: str) -> Optional[dict[st
         tables += [table] * len(v.keys)
         keys.append(v.keys)
         rows.append(v.rows)
-    path = os.path.join(out, "managed_ids.parquet")
+    path = os.path.join(out, name)
     data = pa.table({"table": pa.array(tables, pa.string()), "key": pa.array(np.concatenate(keys), pa.uint64()),
                      "row": pa.array(np.concatenate(rows), pa.int64())})
     _write(path, lambda p: pq.write_table(data, p))
-    return {"file": "managed_ids.parquet", "partition": names[last],
+    return {"file": name, "partition": names[last],
             "key": f"the id's 64-bit key (hybridrec.data.parquet.hash_ints / hash_strings, "
                    f"data.hash_seed={source.hash_seed}); a key not in the file reads row 0",
             "rows_used": {t: int(n) for t, n in zip(*np.unique(np.array(tables), return_counts=True))}}
@@ -347,7 +347,7 @@ def main(argv: list[str]) -> None:
     if "delta" in args:  # what changed since that export (hybridrec.delta)
         _quiet_tracing()
         try:
-            path = delta.write(ckpt, args["delta"], trusted, allow == "true")
+            path, _ = delta.write(ckpt, args["delta"], trusted, allow == "true")
         except (CheckpointError, delta.DeltaError) as e:
             sys.exit(f"hybridrec.export: {e}")
         except OSError as e:

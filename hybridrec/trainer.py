@@ -21,7 +21,7 @@ from hybridrec import checkpoint
 from hybridrec.build import build, rank_batches
 from hybridrec.config import Logger
 from hybridrec.config.schema import TrainSchedule
-from hybridrec.continuous import Stream, freshness_summary, progressive_metric
+from hybridrec.continuous import Serving, Stream, freshness_summary, progressive_metric
 from hybridrec.data import DataError, ReadReport
 from hybridrec.logs import Progress
 from hybridrec.metrics import format_eval
@@ -95,6 +95,10 @@ class Trainer:
         if cfg.train.schedule == TrainSchedule.continuous:
             self.stream = Stream(self.data, self.stream_state, self.rank)
             cfg.train.steps = self.stream.start()  # the partitions' global batches
+            if self.checkpointer and cfg.checkpoint.export_deltas:
+                self.serving = Serving(os.path.join(cfg.checkpoint.dir, "serving"), self.stream,
+                                       list(cfg.checkpoint.trusted_targets))
+                self.checkpointer.on_commit = self.serving.commit
 
     def step(self, batches: Iterator, step: int) -> torch.Tensor:
         """Training step ``step`` (1-based) on the next batch of ``batches``: TorchRec's

@@ -226,13 +226,14 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(tmp_path):
 
     d = _log(tmp_path / "log")
     ck = tmp_path / "ck"
-    spawn(train_and_gather, 1, [_cfg(d, f"checkpoint.dir={ck}", "checkpoint.keep_last=50")], str(tmp_path / "w"))
+    spawn(train_and_gather, 1, [_cfg(d, f"checkpoint.dir={ck}", "checkpoint.keep_last=50",
+                                     "checkpoint.export_deltas=true")], str(tmp_path / "w"))
     step = lambda n: str(ck / f"step_{n:08d}")
     base, full = tmp_path / "base", tmp_path / "full"
     export(step(8), str(base))
     export(step(16), str(full))
-    first = delta.write(step(12), str(base))
-    second = delta.write(step(16), str(base))
+    first, _ = delta.write(step(12), str(base))
+    second, _ = delta.write(step(16), str(base))
     assert [os.path.basename(p) for p in delta.deltas_of(str(base))] == ["delta_00001.pt", "delta_00002.pt"]
     # the managed item ids' rows travel with the export: those of day 2, the last one step 8 trained on
     import pyarrow.parquet as pq
@@ -254,6 +255,15 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(tmp_path):
     assert torch.equal(patched(*inputs), reference(*inputs))
     with pytest.raises(delta.DeltaError, match="nothing changed"):
         delta.write(step(16), str(base))
+    # checkpoint.export_deltas: the run kept ck/serving current, an export then a delta per day,
+    # which end at the weights and managed ids of the last checkpoint
+    serving = ck / "serving"
+    assert len(delta.deltas_of(str(serving))) == 13
+    export(step(56), str(tmp_path / "last"))
+    a, b = delta.load(str(serving)).state_dict(), torch.export.load(str(tmp_path / "last" / "model.pt2")).module().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert pq.read_table(serving / "deltas" / "managed_ids_00013.parquet").equals(
+        pq.read_table(tmp_path / "last" / "managed_ids.parquet"))
     # the deltas of one export put beside another's: the first is refused, nothing applied
     os.makedirs(full / "deltas")
     shutil.copy(first, full / "deltas" / "delta_00001.pt")

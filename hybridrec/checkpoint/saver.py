@@ -15,7 +15,7 @@ import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -118,6 +118,9 @@ class Checkpointer:
         self.writer = ThreadPoolExecutor(max_workers=1, initializer=_use_device, initargs=(device,),
                                          thread_name_prefix="hybridrec-ckpt")
         self.pending: Optional[_Pending] = None
+        # Called on rank 0 after each commit, with the step and the checkpoint (a continuous
+        # run's export of deltas to serving); the other ranks wait for it at the barrier.
+        self.on_commit: Optional[Callable[[int, str], None]] = None
         self.last: Optional[str] = resumed_from  # the newest committed checkpoint of this run's training
         # Checkpoints known loadable without hashing them again: those this process committed
         # or verified (keep_last counts only loadable ones).
@@ -246,6 +249,8 @@ class Checkpointer:
                 self._abandon(step, partial, e)
             self.loadable.add(os.path.realpath(final))
             self._prune()
+            if self.on_commit:
+                self.on_commit(step, final)
         self.last = final
         dist.barrier()
         log.info(f"checkpoint committed: {final}")

@@ -108,6 +108,10 @@ class CheckpointConfig:
     """Resume a checkpoint whose trainer_state.json records no checksums: only checkpoints
     written by a hybridrec older than checksums lack them. Every other checkpoint without
     them is refused as damaged or edited (a removed manifest would otherwise hide any change)."""
+    export_deltas: bool = False
+    """train.schedule=continuous: after each partition's checkpoint commits, keep
+    <checkpoint.dir>/serving current: a full export the first time, then a delta per partition
+    (hybridrec.delta: the changed table rows and dense tensors, and the managed ids)."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that a checkpoint's config.yaml may name in a ``_target_`` (model,
     loss, data, optimizers) besides the ones hybridrec ships and this run's own. Given here,
@@ -168,6 +172,10 @@ class EvaluateConfig:
     allow_unverified: bool = False
     """Score a checkpoint written by a hybridrec older than checksums (checkpoint.allow_unverified
     in training); any other checkpoint without them is refused as damaged or edited."""
+    export_deltas: bool = False
+    """train.schedule=continuous: after each partition's checkpoint commits, keep
+    <checkpoint.dir>/serving current: a full export the first time, then a delta per partition
+    (hybridrec.delta: the changed table rows and dense tensors, and the managed ids)."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that the checkpoint's config.yaml may name in a ``_target_``,
     besides the ones hybridrec ships (checkpoint.trusted_targets in training)."""

@@ -204,6 +204,9 @@ def _validate_run(cfg: DictConfig) -> None:
                          f"are finite")
     if cfg.train.schedule == TrainSchedule.continuous:
         _validate_continuous(cfg)
+    if ck.export_deltas and (cfg.train.schedule != TrainSchedule.continuous or not ck.dir):
+        raise ValueError("checkpoint.export_deltas=true exports each partition's checkpoint to serving: it needs "
+                         "train.schedule=continuous and checkpoint.dir")
     prof = cfg.profile
     if prof.enabled and (prof.steps < 1 or prof.start_step < 0 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(
