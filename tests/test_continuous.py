@@ -327,3 +327,30 @@ def test_managed_versions_are_a_pure_function_of_the_partitions():
         assert a.rows("t", keys, p).tolist() == b.rows("t", keys, p).tolist()
     a.reset()
     assert a.rows("t", keys, 5).tolist() == b.rows("t", keys, 5).tolist()
+
+
+@pytest.mark.unit
+def test_a_partition_linked_to_another_is_refused(tmp_path):
+    os.makedirs(tmp_path / "day=2026-11-04")
+    (tmp_path / "day=2026-11-04" / "part-0.parquet").write_bytes(b"")
+    os.symlink(tmp_path / "day=2026-11-04", tmp_path / "day=2026-11-05")
+    with pytest.raises(DataError, match=r"day=2026-11-05/part-0.parquet is also .*day=2026-11-04/part-0.parquet: "
+                                        r"two partitions hold the same file"):
+        list_partitions(str(tmp_path), PATTERN)
+
+
+@pytest.mark.dist
+def test_an_empty_partition_is_a_day_without_rows(tmp_path):
+    """A day whose partition holds no Parquet file, and one whose file has no rows: each is
+    scored as 0 rows, trains no step, and the days around it train as before."""
+    import pyarrow.parquet as pq
+
+    d = _log(tmp_path / "log")
+    os.remove(d / "train" / day_name(3) / "part-00000.parquet")
+    table = pq.read_table(d / "train" / day_name(5) / "part-00000.parquet")
+    pq.write_table(table.slice(0, 0), d / "train" / day_name(5) / "part-00000.parquet")
+    (run,) = spawn(train_and_gather, 1, [_cfg(d)], str(tmp_path / "w"))
+    f = run["summary"]["freshness"]["partitions"]
+    assert [r["partition"] for r in f] == [day_name(x) for x in range(14)]
+    assert [(r["rows"], r["steps"], "eval" in r) for r in (f[3], f[5])] == [(0, 0, False), (0, 0, False)]
+    assert run["summary"]["steps"] == 12 * 4 and [r["step"] for r in f][2:7] == [8, 12, 12, 16, 16]

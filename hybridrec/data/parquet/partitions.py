@@ -8,7 +8,8 @@ names' bytes (``hour=9`` before ``hour=10``). What it refuses or leaves out, eac
 - a directory whose name does not match the pattern (``day=2026-13-45``, ``day=yesterday``):
   refused when the run starts (a partition that cannot be ordered cannot be trained in
   order); when following, warned once and left out;
-- two names that say the same time (``day=2026-11-04`` and ``day=2026-11-4``): refused;
+- two names that say the same time (``day=2026-11-04`` and ``day=2026-11-4``), or two
+  partitions holding the same file (a link): refused;
 - with ``ready_marker`` (Spark's ``_SUCCESS``), a partition without it: still being written,
   left out until it has it, so a reader never sees half a partition;
 - a partition without rows: kept (it is a day that happened), trained on for no step and
@@ -125,4 +126,13 @@ def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None,
         files = tuple(sorted(p for p in glob.glob(os.path.join(path, "*.parquet"))
                              if os.path.isfile(p) and not os.path.basename(p).startswith((".", "_"))))
         found[time] = Partition(name, time, files)
-    return [found[t] for t in sorted(found)]
+    listed = [found[t] for t in sorted(found)]
+    owner: dict[str, str] = {}
+    for p in listed:  # a partition linked to another's files (or a copy made by a link) trains them twice
+        for f in p.files:
+            real = os.path.realpath(f)
+            if real in owner:
+                raise DataError(f"{f} is also {owner[real]}: two partitions hold the same file (a link); a day's "
+                                f"rows are trained on once: remove the duplicate")
+            owner[real] = f
+    return listed
