@@ -36,8 +36,13 @@ class MetricsLog:
         self._f.write(json.dumps(record) + "\n")
         self._f.flush()
         if self._tb:
-            for key, value in _flatten(record).items():
-                if key != "step" and isinstance(value, (int, float)):
+            # an evaluation's metrics go under its split's tag (valid/auc, test/auc,
+            # progressive/auc): one tag for every split would hold two values at one step
+            split = {"eval": "test"}.get(record.get("split"), record.get("split"))
+            for key, value in _flatten({k: v for k, v in record.items() if k != "split"}).items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if split and key.startswith("eval/"):
+                        key = f"{split}/{key[5:]}"
                     self._tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:

@@ -115,3 +115,23 @@ def test_the_planner_info_lines_are_held_back_unless_asked_for(library_levels):
         assert not logging.getLogger("torchrec.distributed.planner.enumerators").isEnabledFor(logging.WARNING)
     finally:
         with_info_root.setLevel(level)
+
+
+@pytest.mark.unit
+def test_tensorboard_keeps_each_split_under_its_own_tag(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hybridrec.runlog import MetricsLog
+
+    log = MetricsLog(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tb"))
+    log.log(step=30, loss=0.5, loss_mean=0.5)
+    log.log(step=30, split="valid", eval={"auc": 0.6683})
+    log.log(step=30, split="eval", eval={"auc": 0.6627})
+    log.log(step=14, split="progressive", partition="day=2026-11-26", eval={"auc": 0.7}, trained=True)
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    value = lambda tag: [(e.step, round(e.value, 4)) for e in events.Scalars(tag)]
+    assert value("valid/auc") == [(30, 0.6683)] and value("test/auc") == [(30, 0.6627)]
+    assert value("progressive/auc") == [(14, 0.7)] and value("loss") == [(30, 0.5)]
+    assert "eval/auc" not in events.Tags()["scalars"] and "trained" not in events.Tags()["scalars"]
