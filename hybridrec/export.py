@@ -1,6 +1,7 @@
 """Export a checkpoint for inference outside hybridrec:
 
     python -m hybridrec.export checkpoint=<checkpoint dir> [out=<dir>]
+    python -m hybridrec.export checkpoint=<later checkpoint> delta=<export dir>
 
 writes into ``out`` (default ``<checkpoint>/export``):
 
@@ -180,13 +181,19 @@ def check_export_dir(checkpoint: str, out: str) -> None:
                               f"out=<dir> to write elsewhere")
 
 
+USAGE = ("usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>] "
+         "[trusted_targets=<class>,...] [allow_unverified=true]")
+
+
 def main(argv: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"{USAGE}\n\n{__doc__.strip()}")
+        return
     args = dict(a.split("=", 1) for a in argv if "=" in a)
     unknown = (set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified", "delta"}
                or [a for a in argv if "=" not in a])
     if "checkpoint" not in args or unknown or ("delta" in args and "out" in args):
-        sys.exit(f"usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>] "
-                 f"[trusted_targets=<class>,...] [allow_unverified=true] (unknown: {sorted(unknown)})")
+        sys.exit(f"{USAGE} (unknown: {sorted(unknown)}; --help says more)")
     ckpt = args["checkpoint"]
     # Classes of the user's own that the checkpoint's config may name (never read from it).
     trusted = [t for t in args.get("trusted_targets", "").strip("[]").split(",") if t]

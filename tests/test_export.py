@@ -120,3 +120,15 @@ def test_the_readme_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     with torch.no_grad():
         expected = torch.sigmoid(model.score(row))
     assert printed.startswith("probability tensor([") and f"{expected.item():.4f}" in printed
+
+
+@pytest.mark.unit
+def test_export_help_says_how_and_exits_zero(capsys):
+    from hybridrec.export import main
+
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>]")
+    assert "delta=<export dir>" in out and "model.json" in out
+    with pytest.raises(SystemExit, match=r"usage: .* \(unknown: \['chekpoint'\]; --help says more\)"):
+        main(["chekpoint=x"])
