@@ -122,7 +122,6 @@ def test_the_readme_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     assert printed.startswith("probability tensor([") and f"{expected.item():.4f}" in printed
 
 
-@pytest.mark.unit
 def test_export_help_says_how_and_exits_zero(capsys):
     from hybridrec.export import main
 
