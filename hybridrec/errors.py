@@ -45,3 +45,18 @@ def exit_user_error(error: BaseException, message: str) -> NoReturn:
         print(message, file=sys.stderr, flush=True)
         sys.exit(error.exit_code)
     sys.exit(message)
+
+
+def check_command_line(config_name: str) -> None:
+    """Before Hydra: a mistyped key or group option among the command line's overrides is
+    one line with the nearest name (``config.overrides``), not Hydra's advice to append it.
+    Command lines with flags (-m sweeps, --config-dir, --help) are Hydra's to read."""
+    from hybridrec.config import overrides
+
+    argv = sys.argv[1:]
+    if not argv or any(a.startswith("-") for a in argv):
+        return
+    try:
+        overrides.check(argv, config_name)
+    except ValueError as e:
+        exit_user_error(e, user_message(e))

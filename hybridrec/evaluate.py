@@ -21,7 +21,7 @@ from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, 
 from hybridrec.config import evaluation_config, register_configs
 from hybridrec.data import DataError, build_source
 from hybridrec.distributed import Killed
-from hybridrec.errors import USER_ERRORS, exit_user_error, user_message
+from hybridrec.errors import USER_ERRORS, check_command_line, exit_user_error, user_message
 from hybridrec.launch import RankError, launch, quiet_secondary_ranks
 from hybridrec.logs import hydra_verbose, quiet_libraries
 from hybridrec.preflight import check_job, plan_before_launch
@@ -66,4 +66,5 @@ def main(ev: DictConfig) -> float:
 
 if __name__ == "__main__":
     quiet_secondary_ranks()
+    check_command_line("evaluate")
     main()

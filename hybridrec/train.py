@@ -32,7 +32,7 @@ from hybridrec.config import register_configs
 from hybridrec.build import keep_fitted
 from hybridrec.data import build_source
 from hybridrec.distributed import Killed
-from hybridrec.errors import USER_ERRORS, exit_user_error, full_errors, user_message
+from hybridrec.errors import USER_ERRORS, check_command_line, exit_user_error, full_errors, user_message
 from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
                               quiet_secondary_ranks)
 from hybridrec.logs import hydra_verbose, quiet_libraries
@@ -142,4 +142,5 @@ class _Failure:
 
 if __name__ == "__main__":
     quiet_secondary_ranks()
+    check_command_line("config")
     main()

@@ -289,3 +289,17 @@ def test_full_error_shows_the_traceback(tmp_path):
          f"hydra.run.dir={tmp_path / 'run'}"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "hybridrec.data.DataError" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, line", [
+    ("train.stpes=100", "hybridrec: invalid config: unknown key train.stpes (did you mean train.steps?): the keys of "
+                        "train are steps, schedule,"),
+    ("sharding=rowwise", "hybridrec: invalid config: sharding=rowwise is not an option of sharding (did you mean "
+                         "sharding=row_wise?): the options are auto,"),
+])
+def test_a_mistyped_key_or_option_is_named_before_hydra_advises_appending_it(override, line):
+    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", override], capture_output=True, text=True,
+                          timeout=120)
+    assert _one_line_error(proc).startswith(line)
+    assert "+train" not in proc.stderr and "Config search path" not in proc.stderr

@@ -60,8 +60,10 @@ def _jobs(args: list[str]) -> list[list[str]]:
 def _check(app: str, overrides: list[str]) -> None:
     """Compose as the command does, and validate for the ranks it would start (raises the
     ValueError whose message the command prints)."""
+    from hybridrec.config import overrides as command_line
     from hybridrec.config.validation import validate
 
+    command_line.check(overrides, "evaluate" if app == "hybridrec.evaluate" else "config")  # before Hydra, as the CLI
     hydra_keys = any(o.startswith("hydra") for o in overrides)
     if app == "hybridrec.evaluate":  # its own config; the checkpoint's is read at run time
         compose_cfg(overrides, config_name="evaluate")

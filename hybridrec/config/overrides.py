@@ -1,0 +1,86 @@
+"""Command-line overrides checked before Hydra composes them, for the mistakes Hydra answers
+with the wrong advice: a mistyped key (``train.stpes=100``: Hydra suggests appending it with
+``+train.stpes=100``, which only moves the error) and a mistyped group option
+(``sharding=rowwise``: Hydra lists the options among its config search path). Each becomes
+one line with the nearest name (``difflib``, as ``retype.refuse_key`` words unknown keys).
+
+``check(overrides)`` composes the config the way the entry point will (Hydra's compose API:
+the same config tree, the same grammar), and only when that fails looks at why; anything it
+does not recognize is left to Hydra's own report.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from hybridrec.config.retype import refuse_key
+
+_KEY = re.compile(r"Could not override '([^']+)'")
+_OPTION = re.compile(r"Could not find '([^']+)/([^'/]+)'")
+
+
+def check(overrides: list[str], config_name: str = "config") -> None:
+    """Raise a ValueError (one line, the nearest name) when ``overrides`` mistype a key or a
+    group option; return quietly otherwise, whatever else Hydra may say about them."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    from hybridrec.config.schema import CONF_DIR
+
+    mine = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    if GlobalHydra.instance().is_initialized():  # a test's, or a caller's: composed in it
+        _explain(compose, config_name, mine, HydraException, CONF_DIR)
+    else:
+        with initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3"):
+            _explain(compose, config_name, mine, HydraException, CONF_DIR)
+
+
+def _explain(compose, config_name: str, mine: list[str], errors: type, conf_dir: str) -> None:
+    error = _compose(compose, config_name, mine, errors)
+    if error is None:
+        return
+    if m := _KEY.search(error):
+        key = m.group(1)
+        parent, _, name = key.rpartition(".")
+        rest = [o for o in mine if o.split("=", 1)[0] != key]
+        node = _node(compose, config_name, rest, parent, errors)
+        if isinstance(node, DictConfig):
+            refuse_key(name, [str(k) for k in node.keys()], parent)
+    elif m := _OPTION.search(error):
+        group, option = m.group(1), m.group(2)
+        folder = os.path.join(conf_dir, group)
+        if os.path.isdir(folder) and not group.startswith(("schema", "experiment_model")):
+            options = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
+            near = difflib.get_close_matches(option, options, n=1)
+            key = group.replace("/", ".") if group != "experiment" else "+experiment"
+            raise ValueError(f"{key}={option} is not an option of {group}"
+                             + (f" (did you mean {key}={near[0]}?)" if near else "")
+                             + f": the options are {', '.join(options)}")
+
+
+def _compose(compose, config_name: str, overrides: list[str], errors: type) -> Optional[str]:
+    try:
+        compose(config_name=config_name, overrides=overrides)
+    except errors as e:
+        return str(e)
+    return None
+
+
+def _node(compose, config_name: str, overrides: list[str], path: str, errors: type) -> Optional[object]:
+    """The node at ``path`` of the config composed with ``overrides`` (None if that fails)."""
+    try:
+        cfg = compose(config_name=config_name, overrides=overrides)
+    except errors:
+        return None
+    node = cfg
+    for part in [p for p in path.split(".") if p]:
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node[part]
+    return node
