@@ -290,3 +290,35 @@ def test_cli_errors_are_one_line(tmp_path):
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1].startswith(
             f"hybridrec: invalid config: launcher.device=cuda but torch {torch.__version__} is a CPU-only build")
+
+
+@pytest.mark.unit
+def test_the_help_lists_every_group_option_and_no_internal_group():
+    """`python -m hybridrec.train --help` (conf/hydra/help/hybridrec.yaml) names every option
+    of every group a user picks, and no internal group (schema/*, experiment_model/*)."""
+    import re
+
+    import yaml
+
+    conf = os.path.join(os.path.dirname(__file__), "..", "conf")
+    with open(os.path.join(conf, "hydra", "help", "hybridrec.yaml")) as f:
+        help_text = yaml.safe_load(f)["template"]
+    section = lambda title: help_text.split(title, 1)[1].split("\n", 1)[1].split("\n==", 1)[0]
+    experiments = section("== Experiments")
+    for name in os.listdir(os.path.join(conf, "experiment")):
+        assert re.search(rf"^\s+{name[:-5]}\s", experiments, re.M), name
+    groups = section("== Config groups")
+    lines = {}
+    for line in groups.splitlines():  # a group's line and its continuations
+        if m := re.match(r"\s{2}(\w+)\s+(.*)", line):
+            current = m.group(1)
+            lines[current] = m.group(2)
+        elif line.strip() and lines:
+            lines[current] += " " + line.strip()
+    for group, options in GROUPS.items():
+        for option in options:
+            assert re.search(rf"\b{option}\b", lines[group]), f"{group}={option} is not in the help"
+    for sub in ("sparse", "dense"):
+        for f in os.listdir(os.path.join(conf, "optimizer", sub)):
+            assert f[:-5] in lines["optimizer"], f"optimizer/{sub}={f[:-5]}"
+    assert "schema" not in help_text and "experiment_model" not in help_text
