@@ -31,9 +31,7 @@ import time
 from typing import Any, Callable, Optional
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch.distributed as dist
 
 from hybridrec.data import DataError
@@ -237,16 +235,9 @@ class Stream:
         return out
 
     def _ids(self, p: dict[str, Any]) -> dict[str, set]:
-        out = {}
-        for f in self.source.sparse:
-            ids: set = set()
-            for path in p["files"]:
-                column = pq.read_table(path, columns=[f.column]).column(f.column)
-                if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-                    column = pc.list_flatten(column)
-                ids.update(pc.unique(column.drop_null()).to_pylist())
-            out[f.name] = ids
-        return out
+        """Partition p's distinct raw ids per feature (whole lists: every id the log shows)."""
+        return {f.name: {i for ids in self.source.partition_ids(p["index"], f, as_read=False)
+                         for i in pc.unique(ids).to_pylist()} for f in self.source.sparse}
 
     def _fold(self, p: dict[str, Any]) -> None:
         for name, ids in self._ids(p).items():

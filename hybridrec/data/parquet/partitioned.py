@@ -82,21 +82,28 @@ class _Partitioned:
             p = self._last_trained
         return min(p, self._last_trained)
 
+    def partition_ids(self, p: int, f: Any, as_read: bool = True) -> list[pa.Array]:
+        """Every id of feature ``f`` in partition p, flat, nulls left out, one array per file
+        (files may type their ids differently); ``as_read``: lists cut to max_length where
+        truncate is set, as training reads them."""
+        parts = []
+        for path in self.partitions[p]["files"]:
+            column = _plain_array(pq.read_table(path, columns=[f.column]).column(f.column))
+            if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                if as_read and f.truncate:
+                    column = pc.list_slice(column, 0, f.max_length)
+                column = _plain_array(pc.list_flatten(column))
+            parts.append(column.drop_null())
+        return parts
+
     def partition_keys(self, p: int) -> dict[str, np.ndarray]:
         """The 64-bit keys of partition p's ids, per managed table (every occurrence, as
-        training reads them: lists cut to max_length where truncate is set)."""
+        training reads them)."""
         out: dict[str, list[np.ndarray]] = {}
         for f in self.sparse:
-            if f.id_mapping != ParquetIdMapping.managed.value:
-                continue
-            for path in self.partitions[p]["files"]:
-                column = _plain_array(pq.read_table(path, columns=[f.column]).column(f.column))
-                if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-                    if f.truncate:
-                        column = pc.list_slice(column, 0, f.max_length)
-                    column = _plain_array(pc.list_flatten(column))
-                column = column.drop_null()
-                out.setdefault(f.table_name, []).append(self._keys(column, _kind(column.type)))
+            if f.id_mapping == ParquetIdMapping.managed.value:
+                for ids in self.partition_ids(p, f):
+                    out.setdefault(f.table_name, []).append(self._keys(ids, _kind(ids.type)))
         return {t: np.concatenate(k) for t, k in out.items()}
 
     def managed_stats(self, p: int) -> dict[str, dict[str, int]]:
