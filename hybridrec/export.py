@@ -13,6 +13,14 @@ writes into ``out`` (default ``<checkpoint>/export``):
 - ``model.json``: what the program takes and returns: the input layout, the sparse
   features in input order with their tables, sizes, pooling and weighting, the number of
   dense features, and whether the output is a probability.
+- ``preprocessing.json`` (named by ``model.json``'s ``preprocessing``): how a raw row, as the
+  training data holds it, becomes the program's inputs: per dense feature its column and
+  steps (log1p, clamp, the fitted standardize mean and std), per sparse feature its column,
+  list layout, weights column and id mapping (hash function and seed, vocabulary, managed
+  ids), and the inputs' order. Data only; the files it names travel in the export with their
+  sha256 (vocabularies, MovieLens' user and item side tables). ``hybridrec.serving``
+  applies it from the export directory alone: ``program(*Preprocessor.load(out)(rows))``,
+  rows being a pyarrow Table, a Parquet file or ``{column: values}``.
 - two-tower models: ``item_vectors.pt`` (every catalogue item's id and item-tower vector)
   and ``user_vectors.pt`` (every user of the data's ratings), tensors only
   (``torch.load(path, weights_only=True)``), for a nearest-neighbour index. They need the
@@ -39,16 +47,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
+import pyarrow.parquet as pq
 import torch
 
 from hybridrec import delta
 from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint, saved_config
 from hybridrec.compat import size_oblivious_export
-from hybridrec.data import SparseFeature, build_source
-from hybridrec.data.source import UserItemSource
+from hybridrec.data import DataError, SparseFeature, build_source
+from hybridrec.data.raw_inputs import FORMAT
+from hybridrec.data.source import Source, UserItemSource
 from hybridrec.export_sequences import write_user_encoder
 from hybridrec.exported import (  # noqa: F401  (load_model, Scorer, _check_archive: this module's names too)
     PROGRAM,
@@ -62,6 +73,7 @@ from hybridrec.exported import (  # noqa: F401  (load_model, Scorer, _check_arch
     write_managed_ids,
 )
 from hybridrec.models import Ranker
+from hybridrec.serving import PREPROCESSING, sha256
 from hybridrec.models.sequential import SequenceRanker
 from hybridrec.models.two_tower import TwoTower
 
@@ -99,9 +111,19 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     spec = write_program(model, features, train_state.num_dense_features, out, about)
     if managed := write_managed_ids(cfg, train_state, out):
         spec["managed_ids"] = managed
-        _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
-    if isinstance(model, TwoTower):
+    try:
         data = build_source(cfg.data, cfg.seed)
+    except DataError as e:  # the preprocessing is read from the training data's config and files
+        raise CheckpointError(f"the training data (config.yaml's data) cannot be read to describe its "
+                              f"preprocessing: {e}") from None
+    if write_preprocessing(data, any(f.weighted for f in features), out):
+        spec["preprocessing"] = PREPROCESSING
+    else:
+        spec["preprocessing"] = None
+        spec["preprocessing_missing"] = (f"data={type(data).__name__} does not describe its raw rows: its inputs "
+                                         f"are the rows the source reads (model.json's inputs)")
+    _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
+    if isinstance(model, TwoTower):
         if not isinstance(data, UserItemSource):  # training refused it (TwoTower.needs_user_item_features)
             raise CheckpointError(f"{checkpoint}: data={type(data).__name__} has no users and items to export "
                                   f"vectors of")
@@ -126,6 +148,35 @@ def write_program(model: Ranker, features: list[SparseFeature], num_dense_featur
     return spec
 
 
+def write_preprocessing(source: Source, weighted: bool, out: str) -> Optional[dict[str, Any]]:
+    """``preprocessing.json`` and the files it names, from ``source.raw_inputs()``; returns its
+    content, or None when the source does not describe its raw rows.
+
+    A sidecar rather than more keys of ``model.json``: ``model.json`` is the program's tensor
+    contract, which a delta leaves as it is, while this is the raw rows' contract, which
+    brings files with it (each with its sha256, checked by ``hybridrec.serving`` before use)."""
+    raw = source.raw_inputs()
+    if raw is None:
+        return None
+    for name, path in raw.copies.items():
+        _write(os.path.join(out, name), lambda p, path=path: shutil.copyfile(path, p))
+    for name, table in raw.tables.items():
+        _write(os.path.join(out, name), lambda p, table=table: pq.write_table(table, p))
+    spec = {
+        "format": FORMAT,
+        "doc": "how a raw row becomes the inputs of model.pt2 (hybridrec.data.raw_inputs describes every step and "
+               "mapping; hybridrec.serving.Preprocessor applies them)",
+        "rows": raw.doc,
+        "program_inputs": ["dense", "values", "lengths"] + (["weights"] if weighted else []),
+        "dense": raw.dense,
+        "sparse": raw.sparse,
+        "joins": raw.joins,
+        "files": {name: sha256(os.path.join(out, name)) for name in (*raw.copies, *raw.tables)},
+    }
+    _write(os.path.join(out, PREPROCESSING), lambda path: _write_text(path, json.dumps(spec, indent=1)))
+    return spec
+
+
 def program_spec(features: list[SparseFeature], num_dense_features: int, calibrated: bool) -> dict[str, Any]:
     """``model.json``: how to call ``model.pt2`` without hybridrec."""
     inputs = {
@@ -146,6 +197,7 @@ def program_spec(features: list[SparseFeature], num_dense_features: int, calibra
         "program": PROGRAM,
         "load": "torch.export.load(path).module()",
         "inputs": inputs,
+        "input_order": list(inputs),  # the program's positional arguments
         "features": [{"name": f.name, "num_embeddings": f.num_embeddings, "table": f.table_name,
                       "pooling": f.pooling, "weighted": f.weighted} for f in features],
         "num_dense_features": num_dense_features,
@@ -236,6 +288,11 @@ def main(argv: list[str]) -> None:
         return
     print(f"hybridrec.export: {len(spec['features'])} sparse and {spec['num_dense_features']} dense features -> "
           f"{os.path.join(out, PROGRAM)} (outputs a {spec['output']}; inputs in {os.path.join(out, SPEC)})")
+    if spec["preprocessing"]:
+        print(f"hybridrec.export: raw rows -> inputs: {os.path.join(out, PREPROCESSING)} "
+              f"(hybridrec.serving.Preprocessor.load({out!r}))")
+    else:
+        print(f"hybridrec.export: no {PREPROCESSING}: {spec['preprocessing_missing']}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from hybridrec.atomic import replace_file
 from hybridrec.checkpoint import CheckpointError, TrainState, refusal, root_cause, safe_load, saved_config
 from hybridrec.config.schema import ParquetIdMapping
 from hybridrec.data import RecBatch, SparseFeature, build_source
+from hybridrec.data.raw_inputs import MANAGED_FILE
 from hybridrec.models import Ranker, build_model
 
 PROGRAM, SPEC = "model.pt2", "model.json"
@@ -83,7 +84,7 @@ def load_weights_of(checkpoint: str, trusted: Iterable[str] = (),
     return model, [SparseFeature(**f) for f in train_state.features], train_state.step
 
 
-def write_managed_ids(cfg: Any, state: TrainState, out: str, name: str = "managed_ids.parquet") -> Optional[dict[str, Any]]:
+def write_managed_ids(cfg: Any, state: TrainState, out: str, name: str = MANAGED_FILE) -> Optional[dict[str, Any]]:
     """For a model with managed ids (``hybridrec.data.parquet.managed``): ``managed_ids.parquet``,
     the rows its ids had in the last partition it trained on (columns table, key, row), made
     again from the run's partitions (the checkpoint names them). None without managed ids."""

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from hybridrec.config import BadRows, EvalItems, NegativeSampling, SplitKind
 from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, shorten
+from hybridrec.data.raw_inputs import RawInputs, dense_input, join, sparse_input
 from hybridrec.data.source import RANKING_FIELDS, Rows, UserItemSource
 
 GENRES = 19
@@ -190,6 +191,40 @@ class MovieLens(UserItemSource):
                     np.array([len(g) for g in per_row], dtype=np.int32)))
         dense = np.stack([self.user_age[user] / 100.0, (self.item_year[item] - 1900.0) / 100.0], axis=1)
         return dense, ids, ["user", "item", *self.user_side, "genres"]
+
+    def raw_inputs(self) -> RawInputs:
+        """A raw row is a rating's ``user_id`` and ``item_id`` (u.data's ids). They are the
+        user and item tables' rows; an id outside a table reads row 0, the row of no such user
+        or item (the two-tower exports' input). The side features are looked up in two joins
+        the export carries, made from u.user and u.item as training made them: per user the
+        age (years, for the dense input) and the rows of its age bucket, gender, occupation
+        and zip prefix; per item the release year and its genres; a user or item that the
+        files lack has age 0 and rows 0, release year 1990 and no genres, as in training."""
+        outside = {"kind": "row", "outside": "row_0"}
+        sparse = [sparse_input(f.name, f"{f.name}_id", f.table_name, f.num_embeddings, f.pooling, outside, "one id")
+                  for f in self.features[:2]]
+        doc = "a rating's user_id and item_id (integers, u.data's ids)"
+        if not self.side_features:
+            return RawInputs(doc, [dense_input(None, [{"op": "constant", "value": 1.0}])], sparse)
+        row = {"kind": "row", "outside": "error"}  # the joins hold table rows
+        side = {f.name: f for f in self.features}
+        sparse += [sparse_input(name, name, side[name].table_name, side[name].num_embeddings, side[name].pooling, row, "one id",
+                                join="users") for name in self.user_side]
+        sparse.append(sparse_input("genres", "genres", side["genres"].table_name, GENRES, side["genres"].pooling, row, "list",
+                                   join="items"))
+        dense = [dense_input("age_years", [{"op": "standardize", "mean": 0.0, "std": 100.0}], join="users"),
+                 dense_input("release_year", [{"op": "standardize", "mean": 1900.0, "std": 100.0}], join="items")]
+        users = pa.table({"user_id": np.arange(len(self.user_age), dtype=np.int64),
+                          "age_years": self.user_age.astype(np.float64),
+                          **{name: rows.astype(np.int64) for name, rows in self.user_side.items()}})
+        items = pa.table({"item_id": np.arange(len(self.item_year), dtype=np.int64),
+                          "release_year": self.item_year.astype(np.float64),
+                          "genres": pa.array([g.tolist() for g in self.item_genres], pa.list_(pa.int64()))})
+        joins = [join("users", "movielens_users.parquet", "user_id",
+                      {"age_years": 0.0, **{name: 0 for name in self.user_side}}),
+                 join("items", "movielens_items.parquet", "item_id", {"release_year": 1990.0, "genres": None})]
+        return RawInputs(doc, dense, sparse, joins,
+                         tables={"movielens_users.parquet": users, "movielens_items.parquet": items})
 
     def _split(self, kind: SplitKind, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
         kind = SplitKind(kind)

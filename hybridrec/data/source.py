@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 from omegaconf import DictConfig
 from hybridrec.data import ReadReport, RecBatch, SparseFeature
+from hybridrec.data.raw_inputs import RawInputs
 from hybridrec.data.rows import RANKING_FIELDS, Rows  # noqa: F401  (re-exported: the contract's row type)
 
 SPLITS = ("train", "valid", "eval")
@@ -123,6 +124,13 @@ class Source(ABC):
         into the run's data config (``hybridrec.build.keep_fitted``), so that the ranks, the
         checkpoints' config.yaml and evaluation use the same numbers."""
         return {}
+
+    def raw_inputs(self) -> Optional[RawInputs]:
+        """How this source's raw rows become the model's inputs, as data
+        (``hybridrec.data.raw_inputs``): what an export writes into ``preprocessing.json`` so
+        that serving rebuilds the inputs from raw rows. None: the source's rows have no raw
+        form a server would hold (the export then says so in ``model.json``)."""
+        return None
 
     def begin_pass(self, split: str, epoch: int) -> None:
         """Called in the training process before each pass: a source counts a split's

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from hybridrec.config import DenseDistribution
 from hybridrec.data import DataError, SparseFeature
+from hybridrec.data.raw_inputs import RawInputs, dense_input, sparse_input
 from hybridrec.data.source import Rows, Source, check_table_sizes
 
 # Each split draws from its own random streams: validation and test rows are new samples of
@@ -218,3 +219,15 @@ class SyntheticClickLog(Source):
     def report(self) -> None:
         """Nothing is read from files: no read report."""
         return None
+
+    def raw_inputs(self) -> RawInputs:
+        """A generated row is already what the model reads: dense columns ``dense_<j>`` as
+        drawn, and each feature's ids (column ``cat_<i>``, its name) already table rows."""
+        row = {"kind": "row", "outside": "error"}  # the generator never draws a row outside its table
+        return RawInputs(
+            doc=f"a synthetic row: columns dense_0 .. dense_{self.num_dense_features - 1} (float, as generated) and, "
+                f"per sparse feature, its table rows (cat_<i>: one id, or a list of "
+                f"data.multi_hot_sizes[i] ids)",
+            dense=[dense_input(f"dense_{j}", []) for j in range(self.num_dense_features)],
+            sparse=[sparse_input(f.name, f.name, f.table_name, f.num_embeddings, f.pooling, row,
+                                 "one id" if k == 1 else "list") for f, k in zip(self.features, self._sizes)])

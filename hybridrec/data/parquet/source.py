@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from hybridrec.config.schema import BadRows, DenseTransform, ParquetIdMapping
 from hybridrec.data import DataError, ReadReport, SparseFeature, check_disjoint, holdout
 from hybridrec.data.criteo import resolve_paths, validation_fraction
+from hybridrec.data.raw_inputs import MANAGED_FILE, RawInputs, dense_input, sparse_input
 from hybridrec.data.source import Rows, Source
 from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _Part, _floats, _is_list, _kind, _plain_array
 from hybridrec.data.parquet.config import _Dense, _Sparse, _dense_list, _plain, _sparse_list, _value
@@ -328,6 +329,35 @@ class ParquetSource(_Columns, _Partitioned, Source):
             return {}
         return {"dense": [{"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std}
                           for d in self.dense]}
+
+    def raw_inputs(self) -> RawInputs:
+        """A raw row is a row of the log: the dense and sparse columns of the data config,
+        converted as ``_Columns._convert`` converts them (the fitted standardize values, the
+        hash seed, the vocabulary files, copied into the export, and the managed ids' file);
+        a row training would have made padding (a null dense value, an id outside a table
+        with id_mapping=none) is refused."""
+        steps = {"log1p": [{"op": "clamp", "min": 0.0}, {"op": "log1p"}], "none": []}
+        dense = [dense_input(d.column, steps[d.transform] if d.transform in steps
+                             else [{"op": "standardize", "mean": d.mean, "std": d.std}]) for d in self.dense]
+        schema = pq.read_schema(self._splits["train"].files[0].path)  # the layout the training files have
+        sparse, copies = [], {}
+        for f in self.sparse:
+            if f.id_mapping == ParquetIdMapping.none.value:
+                ids: dict[str, Any] = {"kind": "row", "outside": "error"}
+            elif f.id_mapping == ParquetIdMapping.hash.value:
+                ids = {"kind": "hash", "function": "splitmix64", "seed": self.hash_seed, "modulo": f.num_embeddings}
+            elif f.id_mapping == ParquetIdMapping.managed.value:
+                ids = {"kind": "managed", "file": MANAGED_FILE, "table": f.table_name, "function": "splitmix64",
+                       "seed": self.hash_seed}
+            else:  # features sharing a table share its vocabulary (check_config): one file per table
+                ids = {"kind": "vocabulary", "file": f"vocabulary_{f.table_name}.parquet"}
+                copies[ids["file"]] = f.vocabulary
+            layout = "list" if f.max_length is not None or _is_list(schema.field(f.column).type) else "one id or list"
+            sparse.append(sparse_input(f.name, f.column, f.table_name, f.num_embeddings, f.pooling, ids, layout,
+                                       weights_column=f.weights_column, max_length=f.max_length, truncate=f.truncate,
+                                       null_rows="error" if f.null_ids == "bad" else "empty"))
+        return RawInputs(f"a row of the feature log: columns {', '.join(c for c in self.columns if c not in (self.label_column, self.weight_column))}",
+                         dense, sparse, copies=copies)
 
     def _features(self) -> list[SparseFeature]:
         """The features, with pooling factors (mean ids per row) and collisions estimated on

@@ -1,0 +1,105 @@
+"""How a source turns its raw rows into model inputs, written as data: what a source declares
+(``Source.raw_inputs``) and ``hybridrec.export`` writes into ``preprocessing.json``, so that
+``hybridrec.serving`` can rebuild the program's inputs from raw rows with the export
+directory alone.
+
+A raw row is a row as the training data holds it (a feature log's columns, a rating's user
+and item, a synthetic row's generated values). Each dense feature is a column (or a
+constant) and a list of steps; each sparse feature is a column of one id or a list of ids
+per row and a mapping of ids to table rows. The steps and mappings are a closed vocabulary
+(``DENSE_OPS``, ``ID_MAPPINGS``), each with its parameters, never code: the export is read
+without running anything from it.
+
+Dense steps, applied in order on float64 values (the result is cast to float32, as every
+source casts its dense array):
+
+- ``{"op": "fill_null", "value": v}``: a missing value becomes ``v`` (without it, a missing
+  value is refused);
+- ``{"op": "clamp", "min": m}``: ``max(x, m)``;
+- ``{"op": "log1p"}``: ``log(1 + x)``;
+- ``{"op": "standardize", "mean": m, "std": s}``: ``(x - m) / s``, the fitted values;
+- ``{"op": "constant", "value": v}``: every row ``v``, no column read (a bias input).
+
+Id mappings (``ids``), from a raw id to a table row:
+
+- ``{"kind": "row", "outside": "error" | "row_0"}``: the id is the row; an id outside the
+  table is refused, or reads row 0 (the source's row for ids it has never seen);
+- ``{"kind": "hash", "function": "splitmix64", "seed": s, "modulo": n}``: the id's 64-bit
+  key (``hybridrec.data.parquet.hash_ints`` for integers, ``hash_strings`` for strings,
+  under seed ``s``) modulo the table's rows;
+- ``{"kind": "vocabulary", "file": f}``: the id's position in the vocabulary file ``f``
+  (column ``id``) plus 1; row 0 for an id not in it;
+- ``{"kind": "managed", "file": "managed_ids.parquet", "table": t, "function": "splitmix64",
+  "seed": s}``: the row the id's 64-bit key holds in table ``t`` of the managed ids' file;
+  row 0 for a key without one.
+
+A feature or dense column may be read from a join instead of the raw row (``"join": name``):
+the join's file holds one row per key (its ``on`` column, which the raw rows carry too);
+a key that is not in it takes the join's ``missing`` values (a list column: no ids).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pyarrow as pa
+
+FORMAT = 1
+"""preprocessing.json's format version: a reader refuses another one."""
+DENSE_OPS = ("fill_null", "clamp", "log1p", "standardize", "constant")
+ID_MAPPINGS = ("row", "hash", "vocabulary", "managed")
+LAYOUTS = ("one id", "list", "one id or list")
+MANAGED_FILE = "managed_ids.parquet"
+"""The managed ids' file of an export (``hybridrec.exported.write_managed_ids`` writes it)."""
+
+
+@dataclass(frozen=True)
+class RawInputs:
+    """What ``Source.raw_inputs`` returns: the raw rows' description and the files it names."""
+
+    doc: str
+    """What a raw row of this source is, in a sentence."""
+    dense: list[dict[str, Any]]
+    """One entry per dense feature, in the model's order (``dense_input``)."""
+    sparse: list[dict[str, Any]]
+    """One entry per sparse feature, in the model's order (``sparse_input``)."""
+    joins: list[dict[str, Any]] = field(default_factory=list)
+    """Tables the rows are joined with (``join``)."""
+    copies: dict[str, str] = field(default_factory=dict)
+    """File name in the export -> the file copied there (a vocabulary)."""
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    """File name in the export -> a table written there as Parquet (a join's)."""
+
+
+def dense_input(column: Optional[str], steps: list[dict[str, Any]], join: Optional[str] = None) -> dict[str, Any]:
+    """A dense feature: ``column`` of the raw row (or of ``join``'s file) through ``steps``."""
+    for step in steps:
+        if step["op"] not in DENSE_OPS:
+            raise ValueError(f"dense step {step}: the op is one of {DENSE_OPS}")
+    return {"column": column, "join": join, "steps": steps}
+
+
+def sparse_input(name: str, column: str, table: str, num_embeddings: int, pooling: str, ids: dict[str, Any],
+                 layout: str, *, weights_column: Optional[str] = None, max_length: Optional[int] = None, truncate: bool = False,
+                 null_rows: str = "empty", join: Optional[str] = None) -> dict[str, Any]:
+    """A sparse feature: the ids of ``column`` (``layout``: "one id" per row, a "list" per
+    row, or "one id or list" as the training files had it: the reader takes either, both
+    read the same; ``null_rows``: a null is a row without ids, "empty", or refused, "error"), cut to ``max_length`` when
+    ``truncate`` (refused when longer otherwise), mapped by ``ids``; ``weights_column``: one
+    weight per id, in the same layout."""
+    if ids["kind"] not in ID_MAPPINGS:
+        raise ValueError(f"sparse feature {name}: ids {ids}: the kind is one of {ID_MAPPINGS}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"sparse feature {name}: layout={layout!r}, expected one of {LAYOUTS}")
+    if null_rows not in ("empty", "error"):
+        raise ValueError(f"sparse feature {name}: null_rows={null_rows!r}, expected empty or error")
+    return {"name": name, "column": column, "join": join, "table": table, "num_embeddings": int(num_embeddings),
+            "pooling": pooling, "layout": layout, "weights_column": weights_column,
+            "max_length": max_length, "truncate": truncate, "null_rows": null_rows, "ids": ids}
+
+
+def join(name: str, file: str, on: str, missing: dict[str, Any]) -> dict[str, Any]:
+    """A join: ``file`` (in the export) holds one row per value of its column ``on``;
+    ``missing``: the values of its other columns for a key it does not hold (None: no ids)."""
+    return {"name": name, "file": file, "on": on, "missing": missing}
