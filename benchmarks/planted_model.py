@@ -1,0 +1,82 @@
+"""The synthetic click log's planted model, scored on an experiment's validation and test
+splits: the best any model can do on that log, and the reference its experiment config
+quotes (``train.references``).
+
+The generator draws each label as Bernoulli(sigmoid(planted logit)); scoring every row with
+that very probability gives the Bayes-optimal AUC and log loss of the split's rows. The logit
+is recomputed here from the generator's own pieces (its uniforms, Zipf ids, planted weights
+and dense weights), and every label is checked against it: a generator whose planted model
+changed fails here instead of quoting a stale number.
+
+    python benchmarks/planted_model.py              # +experiment=ctr
+    python benchmarks/planted_model.py data.seed=1  # any override of the experiment
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+from hybridrec.data import build_source
+from hybridrec.data.synthetic import SyntheticClickLog
+from hybridrec.metrics import binary_metrics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def experiment_config(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from hybridrec.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=os.path.join(HERE, "..", "hybridrec", "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=["+experiment=ctr", *overrides])
+
+
+def planted_probabilities(source: SyntheticClickLog, split: str, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """The planted click probability and the label of every row of global batch ``index``.
+    Raises RuntimeError if a label is not the generator's draw from that probability."""
+    n = source.batch_size
+    u = source._uniforms(split, index, 0, n)
+    dense, ids, labels = source._arrays(split, index, 0, n)
+    if source.dense_distribution.value == "normal":
+        signal = dense
+    elif source.dense_distribution.value == "lognormal":
+        signal = (dense - 1.0) / 0.8
+    else:
+        signal = (dense - 0.5) * 3.4
+    weights = source._planted_weights(ids)
+    logit = -1.0 + 1.5 * signal.astype(np.float64) @ source._dense_w
+    for first, k in zip(source._offsets, source._sizes):
+        block = weights[first: first + k]
+        mean = block[0] if k == 1 else np.ascontiguousarray(block.T).mean(axis=1)
+        logit += 3.0 * mean / np.sqrt(len(source._sizes))
+    probs = 1 / (1 + np.exp(-logit))
+    if not np.array_equal(u[-1] < probs, labels):
+        raise RuntimeError(f"{split} batch {index}: the labels are not draws from the recomputed planted model: "
+                           f"update planted_probabilities to hybridrec.data.synthetic's planted logit")
+    return probs, labels
+
+
+def score(source: SyntheticClickLog, split: str) -> dict[str, float]:
+    parts = [planted_probabilities(source, split, i) for i in range(source.num_batches(split))]
+    probs = torch.from_numpy(np.concatenate([p for p, _ in parts]))
+    labels = torch.from_numpy(np.concatenate([y for _, y in parts]).astype(np.float64))
+    return {k: round(v, 4) for k, v in binary_metrics(probs, labels).items()}
+
+
+def main() -> None:
+    cfg = experiment_config(sys.argv[1:])
+    source = build_source(cfg.data, cfg.seed)
+    if not isinstance(source, SyntheticClickLog):
+        raise SystemExit(f"data={cfg.data._target_}: only the synthetic click log has a planted model")
+    print(json.dumps({split: score(source, split) for split in source.splits if split != "train"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
