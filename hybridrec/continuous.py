@@ -252,7 +252,7 @@ class Stream:
         maximize = metric not in ("logloss", "ne")
         return {"name": OBJECTIVE_PREFIX + metric, "direction": "maximize" if maximize else "minimize",
                 "value": value, "best_step": None, "best_value": None, "best_checkpoint": None,
-                "stopped_early_at": None}
+                "stopped_early_at": None, "early_stop_patience": 0}
 
 
 def freshness_summary(records: list[dict[str, Any]]) -> dict[str, Any]:

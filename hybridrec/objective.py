@@ -116,6 +116,13 @@ class Selection:
                       if k in fields})
 
 
+def keeps_best(keep_best: Optional[bool], checkpoints: bool, validates: bool) -> bool:
+    """``checkpoint.keep_best``: true or false as given; auto (None) keeps the best checkpoint
+    whenever there is one to keep: the run saves ``checkpoints`` and ``validates`` (every
+    train.eval_every steps, on a validation split, not a continuous run's progressive scores)."""
+    return keep_best if keep_best is not None else checkpoints and validates
+
+
 def declared(cfg: Any) -> Objective:
     """The objective a run's config declares, from the config alone (the loss class's
     ``calibrated`` and the data's ``ranking_k``): what the sweeper configs' direction and a

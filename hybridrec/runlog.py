@@ -1,12 +1,20 @@
 """A run's output files as it goes: ``metrics.jsonl`` (and TensorBoard events), JSON files
 written whole, and ``report.png``, the loss and evaluation curves. (summary.json's schema is
-``hybridrec.summary``.)"""
+``hybridrec.summary``.)
+
+A resumed run's outputs hold the whole training: every checkpoint carries the records of
+metrics.jsonl up to its step (``TrainState.history``), and a run resumed from it writes
+them first, then a ``{"event": "resume", "step": N, "path": <checkpoint>}`` record, then its
+own. The checkpoint is the source, not an earlier run directory: that may be gone, and it
+may hold steps after the checkpoint, which the resumed run trains again."""
 
 from __future__ import annotations
 
 import json
 import os
 from typing import Any, Optional
+
+from hybridrec.summary import ObjectiveBlock, ReferenceResult, RunSummary
 
 def write_json(path: str, obj: Any) -> None:
     """Write through a temporary file and rename, so a reader never sees half a file."""
@@ -16,18 +24,49 @@ def write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+RESUME = "resume"
+"""The ``event`` of the record a resumed run writes after the history it continues."""
+
+
+def resume_record(step: int, path: str) -> dict[str, Any]:
+    """metrics.jsonl's mark of a resume: training went on after ``step`` from checkpoint ``path``."""
+    return {"event": RESUME, "step": step, "path": path}
+
+
+def resumes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The resumes of a history, oldest first: ``{"step", "path"}`` each."""
+    return [{"step": r["step"], "path": r["path"]} for r in records if r.get("event") == RESUME]
+
+
+def evaluations(records: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    """The evaluations of ``split`` in a history, as summary.json's ``eval_history`` lists them."""
+    return [{"step": r["step"], "split": split, **r["eval"]} for r in records if r.get("split") == split
+            and "eval" in r]
+
+
 class MetricsLog:
-    """``metrics.jsonl``: one JSON object per logged step and per eval, for scripts; the same
-    scalars as TensorBoard events when ``tensorboard_dir`` is given. Rank 0 only."""
+    """``metrics.jsonl``: one JSON object per logged step, per eval and per resume, for
+    scripts; the same scalars as TensorBoard events when ``tensorboard_dir`` is given. Rank 0
+    only. The file is written anew: a run's history is what it trained, its resumed part
+    included (``replay``), so a restart in the same run directory leaves no step twice."""
 
     def __init__(self, path: Optional[str], tensorboard_dir: Optional[str] = None) -> None:
-        self._f = open(path, "a") if path else None
+        self._f = open(path, "w") if path else None
         self._tb = None
         if path and tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter  # optional dependency
 
-            self._tb = SummaryWriter(tensorboard_dir)
+            # purge_step=0: TensorBoard hides the events of earlier writers in this directory
+            # from step 0 on (a restart in the same run directory), as the file above forgets them
+            self._tb = SummaryWriter(tensorboard_dir, purge_step=0)
         self.records: list[dict[str, Any]] = []
+
+    def replay(self, history: list[dict[str, Any]], step: int, path: str) -> None:
+        """Write the ``history`` a checkpoint carries (its records up to ``step``), then the mark
+        of this resume from it (at ``path``)."""
+        for record in history:
+            self.log(**record)
+        self.log(**resume_record(step, path))
 
     def log(self, **record: Any) -> None:
         if not self._f:
@@ -35,7 +74,9 @@ class MetricsLog:
         self.records.append(record)
         self._f.write(json.dumps(record) + "\n")
         self._f.flush()
-        if self._tb:
+        if self._tb and record.get("event") == RESUME:
+            self._tb.add_text("events", f"resumed from {record['path']}", record["step"])
+        elif self._tb:
             # an evaluation's metrics go under its split's tag (valid/auc, test/auc,
             # progressive/auc): one tag for every split would hold two values at one step
             split = {"eval": "test"}.get(record.get("split"), record.get("split"))
@@ -62,8 +103,11 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def plot_report(records: list[dict[str, Any]], path: str) -> None:
-    """report.png: training loss, eval AUC and NE, and samples/s over steps."""
+def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunSummary] = None) -> None:
+    """report.png: training loss, the objective (its best step, an early stop, the
+    references on its metric), eval AUC and NE, and samples/s over the steps of the whole
+    training; a resume is a dotted vertical line in each panel. ``summary``: the run's
+    summary.json, whose objective and references the plot marks (None: curves only)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -77,13 +121,20 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
     evals = [r for r in records if "eval" in r and r.get("split", "eval") == curve]
     test = [r for r in records if "eval" in r and r.get("split", "eval") == "eval"] if curve == "valid" else []
     progressive = [r for r in records if r.get("split") == "progressive" and "eval" in r]
-    panels = 4 if progressive else 3
+    objective = summary["objective"] if summary else None
+    references = summary.get("references", []) if summary else []
+    # the objective's own panel: a validation metric (not the train loss, not a progressive mean)
+    judged = objective is not None and objective["name"].startswith("valid.") and bool(evals) \
+        and objective["name"][6:] in evals[0]["eval"]
+    panels = 3 + judged + bool(progressive)
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
-    ax_loss, ax_eval, ax_rate = axes[:3]
+    ax_loss, ax_eval, ax_rate = axes[0], axes[1 + judged], axes[2 + judged]
     if progressive:
-        _plot_freshness(axes[3], progressive)
+        _plot_freshness(axes[-1], progressive)
     ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
     ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
+    if judged:
+        _plot_objective(axes[1], objective, evals, test, references)
     if evals:
         steps = [r["step"] for r in evals]
         # AUC where the scores are per row; a next-item run's is NDCG@10 over the catalogue
@@ -92,6 +143,8 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
         ax_eval.plot(steps, [r["eval"][head] for r in evals], "o-", color="tab:green", label=f"{curve} {label}")
         for r in test:
             ax_eval.plot([r["step"]], [r["eval"][head]], "*", markersize=12, color="black", label=f"test {label}")
+        if not (judged and objective["name"] == f"valid.{head}"):  # else drawn in the objective's panel
+            _plot_references(ax_eval, references, head)
         ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel=label)
         extra = []
         if "ne" in evals[0]["eval"]:  # calibrated (BCE) runs; no second axis for the others
@@ -103,14 +156,54 @@ def plot_report(records: list[dict[str, Any]], path: str) -> None:
         if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
-        ax_eval.legend(handles=ax_eval.lines + extra, loc="center right")
-    ax_rate.plot([r["step"] for r in train], [r["samples_per_second"] for r in train], color="tab:purple")
-    ax_rate.set(title="throughput (cumulative)", xlabel="step", ylabel="samples/s")
+        ax_eval.legend(handles=ax_eval.lines + extra, loc="lower right", fontsize=8)
+    # samples/s is cumulative since the process started: each run of a resumed training is
+    # its own segment, never one line across a restart
+    bounds = [0] + [r["step"] for r in records if r.get("event") == RESUME] + [float("inf")]
+    for lo, hi in zip(bounds, bounds[1:]):
+        part = [r for r in train if lo < r["step"] <= hi]
+        ax_rate.plot([r["step"] for r in part], [r["samples_per_second"] for r in part], color="tab:purple")
+    ax_rate.set(title="throughput (cumulative, per run)", xlabel="step", ylabel="samples/s")
+    for ax in axes[: panels - bool(progressive)]:  # the freshness panel's x axis is partitions, not steps
+        for i, step in enumerate(bounds[1:-1]):
+            ax.axvline(step, color="gray", linestyle=":", label="resumed" if i == 0 and ax is ax_loss else None)
+    if len(bounds) > 2:
+        ax_loss.legend(loc="upper right", fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_objective(ax: Any, objective: ObjectiveBlock, evals: list[dict[str, Any]], test: list[dict[str, Any]],
+                    references: list[ReferenceResult]) -> None:
+    """The objective's validation curve, its best step, an early stop, and the references on
+    its metric: the panel that says whether the run is good."""
+    metric = objective["name"][6:]
+    ax.plot([r["step"] for r in evals], [r["eval"][metric] for r in evals], "o-", color="tab:green",
+            label=objective["name"])
+    for r in test:
+        if metric in r["eval"]:
+            ax.plot([r["step"]], [r["eval"][metric]], "*", markersize=12, color="black", label=f"test {metric}")
+    if objective["best_step"] is not None:
+        ax.plot([objective["best_step"]], [objective["best_value"]], "o", markersize=12, markerfacecolor="none",
+                markeredgecolor="tab:orange", markeredgewidth=2,
+                label=f"best {objective['best_value']:.4f} at step {objective['best_step']}")
+    if objective["stopped_early_at"] is not None:
+        ax.axvline(objective["stopped_early_at"], color="tab:red", linestyle="--",
+                   label=f"early stop (patience {objective['early_stop_patience']})")
+    _plot_references(ax, references, metric)
+    ax.set(title=f"objective: {objective['name']} ({objective['direction']})", xlabel="step", ylabel=metric)
+    ax.legend(loc="best", fontsize=8)
+
+
+def _plot_references(ax: Any, references: list[ReferenceResult], metric: str) -> None:
+    """The references measured on ``metric`` (of either split), as horizontal lines."""
+    for i, ref in enumerate(r for r in references if r["metric"].split(".", 1)[1] == metric):
+        split = "test" if ref["metric"].startswith("eval.") else "valid"
+        ax.axhline(ref["value"], color="tab:gray", linestyle=("--", "-.", ":")[i % 3],
+                   label=f"{ref['name']} ({split}): {ref['value']:.4f}")
 
 
 def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:

@@ -155,6 +155,27 @@ class ObjectiveBlock(TypedDict):
     evaluation scored."""
     stopped_early_at: Optional[int]
     """The step early stopping ended the run at (``train.early_stop_patience``), else None."""
+    early_stop_patience: int
+    """``train.early_stop_patience``: evaluations without improvement that stop the run (0: off)."""
+
+
+class ReferenceResult(TypedDict):
+    """A known score of the experiment (``train.references``) beside the run's own: how far
+    the run is from what it should reach."""
+
+    name: str
+    """What scored it: ``planted model`` (the synthetic generator's own probabilities),
+    ``logistic regression``, ..."""
+    metric: str
+    """``valid.<metric>`` or ``eval.<metric>`` (the test split)."""
+    value: float
+    """The reference's score."""
+    source: str
+    """Where the value was measured (a benchmark script or results file)."""
+    run_value: Optional[float]
+    """The run's final score on the same split and metric (None: the run does not report it)."""
+    difference: Optional[float]
+    """run_value - value (None with run_value)."""
 
 
 class RunSummary(TypedDict):
@@ -180,6 +201,12 @@ class RunSummary(TypedDict):
     """Mean global training loss over the last 10% of steps (at least the last one)."""
     objective: ObjectiveBlock
     """The validation objective and where its best was found."""
+    references: list[ReferenceResult]
+    """The experiment's references (``train.references``) beside the run's scores; empty
+    when it declares none."""
+    resumes: list[ResumedFrom]
+    """Every resume of the training, oldest first: the step and the checkpoint it went on
+    from (metrics.jsonl's ``resume`` records); empty for a training never interrupted."""
     dense_parameters: int
     """Parameters outside the embedding tables, the whole model's on any world size."""
     train: TrainBlock
@@ -300,6 +327,8 @@ def run_summary(
     ranks: Sequence[RankMeasurement],
     profiled: bool,
     objective: Optional[ObjectiveBlock] = None,
+    references: Sequence[Mapping[str, Any]] = (),
+    resumes: Sequence[ResumedFrom] = (),
     data: Optional[dict[str, Any]] = None,
     freshness: Optional[dict[str, Any]] = None,
 ) -> RunSummary:
@@ -312,14 +341,17 @@ def run_summary(
     end (``eval``, and ``valid`` when the source has it); ``plan``: the plan report (rank
     0's; None on the other ranks); ``ranks``: every rank's measurement, in rank order;
     ``profiled``: profiling was on (the summary then has every rank's profile);
-    ``objective``: the run's objective block (None: the train loss, minimized); ``data``:
+    ``objective``: the run's objective block (None: the train loss, minimized);
+    ``references``: the experiment's ``train.references`` (name, metric, value, source),
+    each compared with ``final``; ``resumes``: the training's resumes, oldest first; ``data``:
     the source's read report (file sources), or None; ``freshness``: a continuous run's
     progressive evaluations (``hybridrec.continuous.freshness_summary``), or None."""
     steps = len(losses)
     tail = losses[-max(1, steps // 10) :]
     train_loss = sum(tail) / len(tail)  # mean of the last 10% of steps
     objective = objective or {"name": "train_loss", "direction": "minimize", "value": train_loss, "best_step": None,
-                              "best_value": None, "best_checkpoint": None, "stopped_early_at": None}
+                              "best_value": None, "best_checkpoint": None, "stopped_early_at": None,
+                              "early_stop_patience": 0}
     run_samples = (steps - start_step) * global_batch_size  # timed by this process
     train: TrainBlock = {**throughput(steps, steps * global_batch_size, wall_s, run_samples),
                          "resumed_from_step": start_step, **percentiles_ms(list(step_times))}
@@ -340,6 +372,8 @@ def run_summary(
         "global_batch_size": global_batch_size,
         "train_loss": train_loss,
         "objective": objective,
+        "references": [compare(ref, final) for ref in references],
+        "resumes": list(resumes),
         "dense_parameters": dense_parameters,
         "train": train,
         "eval": final["eval"],  # the test split: scored once, at the end
@@ -369,19 +403,34 @@ def run_summary(
     return summary
 
 
+def compare(reference: Mapping[str, Any], final: Mapping[str, Metrics]) -> ReferenceResult:
+    """A reference (``train.references``) beside the run's final score on its split and metric."""
+    split, metric = reference["metric"].split(".", 1)
+    score = final.get(split, {}).get(metric)
+    run_value = None if score is None else float(score)
+    return {"name": reference["name"], "metric": reference["metric"], "value": float(reference["value"]),
+            "source": reference["source"], "run_value": run_value,
+            "difference": None if run_value is None else run_value - float(reference["value"])}
+
+
 def format_summary(s: RunSummary) -> str:
     """The final table rank 0 prints."""
     e, t = s["eval"], s["train"]
     rows = [
         ("world size / device", f"{s['world_size']} / {s['device']}, dense {s['dense_parallel']}"),
         ("steps / samples", f"{t['steps']:,} / {t['samples']:,}"),
-        ("wall time", f"{t['wall_time_s']:.1f} s"),
+        # a resumed run timed only its own steps: its wall time and rate say which
+        ("wall time", f"{t['wall_time_s']:.1f} s" + (
+            f" (this run's steps {t['resumed_from_step'] + 1}-{t['steps']})" if t["resumed_from_step"] else "")),
         ("samples/s", f"{t['samples_per_second']:,.0f}" + (
             f" (after the first {WARMUP_STEPS} steps: {t['steady_samples_per_second']:,.0f})"
             if "steady_samples_per_second" in t else "")),
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
         ("objective", _format_objective(s["objective"])),
+        *((f"vs {r['name']}", _format_reference(r)) for r in s["references"]),
+        *([("resumed", ", ".join(f"at step {r['step']} from {r['path']}" for r in s["resumes"]))]
+          if s["resumes"] else []),
         *([("progressive (after day 1)", _format_freshness(s["freshness"]))] if "freshness" in s else []),
         *([("valid", format_eval(s["valid"]))] if "valid" in s else []),
         ("eval (test)" if "valid" in s else "eval", format_eval(e)),
@@ -417,5 +466,30 @@ def _format_objective(o: ObjectiveBlock) -> str:
     if o["best_checkpoint"]:
         line += f", kept in {o['best_checkpoint']} (the final evaluation's weights)"
     if o["stopped_early_at"] is not None:
-        line += f", stopped early at step {o['stopped_early_at']}"
+        line += f", stopped early at step {o['stopped_early_at']} (patience {o['early_stop_patience']})"
     return line
+
+
+def _format_reference(r: ReferenceResult) -> str:
+    split = "test" if r["metric"].startswith("eval.") else "valid"
+    ours = "not reported by this run" if r["run_value"] is None else \
+        f"this run {r['run_value']:.4f} ({r['difference']:+.4f})"
+    return f"{r['metric']} {r['value']:.4f} on {split} ({r['source']}); {ours}"
+
+
+def headline(s: RunSummary) -> str:
+    """The run in one line: steps, speed, train loss, the objective and where it was best,
+    an early stop, the references, the test score."""
+    o = s["objective"]
+    start = s["train"]["resumed_from_step"]
+    line = (f"{s['steps']} steps" + (f" (resumed at {start})" if start else "") +
+            f", {s['samples_per_second']:,.0f} samples/s, train loss {s['train_loss']:.4f}, "
+            f"{o['name']} {o['value']:.4f}")
+    if o["best_step"] is not None:
+        line += f" (best at step {o['best_step']})"
+    if o["stopped_early_at"] is not None:
+        line += f", stopped early at step {o['stopped_early_at']}"
+    for r in s["references"]:  # the ones on the objective's own metric; the table has them all
+        if r["difference"] is not None and r["metric"] == o["name"]:
+            line += f", {r['metric']} {r['difference']:+.4f} vs {r['name']}"
+    return line + f", eval {format_eval(s['eval'])}"

@@ -25,11 +25,11 @@ from hybridrec.continuous import Serving, Stream, freshness_summary, progressive
 from hybridrec.data import DataError, ReadReport
 from hybridrec.logs import Progress
 from hybridrec.metrics import format_eval
-from hybridrec.objective import Selection
+from hybridrec.objective import Selection, keeps_best
 from hybridrec.objective import resolve as resolve_objective
 from hybridrec.optim import TrainOptimizer
 from hybridrec.profiling import comm_compute_split, peak_device_mb, peak_rss_mb, step_breakdown
-from hybridrec.runlog import MetricsLog, plot_report, write_json
+from hybridrec.runlog import MetricsLog, evaluations, plot_report, resumes, write_json
 from hybridrec.scoring import Evaluation, evaluate
 from hybridrec.summary import (
     EvalRecord,
@@ -40,6 +40,7 @@ from hybridrec.summary import (
     ResumedFrom,
     RunSummary,
     format_summary,
+    headline,
     provenance,
     run_summary,
 )
@@ -74,21 +75,33 @@ class Trainer:
                               if "valid" in self.data.splits and cfg.train.schedule != TrainSchedule.continuous else None)
         except ValueError as e:  # checked before launch; under torchrun each rank checks here
             raise DataError(str(e)) from None
+        ck = cfg.checkpoint
+        # resolved here, where the validation split is known; the checkpointer and the saved
+        # config.yaml then read true or false
+        ck.keep_best = keeps_best(ck.keep_best, bool(ck.dir), bool(self.objective and cfg.train.eval_every))
+        self.references = self._references()
         self.selection = Selection()
         self.stopped_early_at: Optional[int] = None
         self.last_evaluation: tuple[int, Optional[Evaluation]] = (-1, None)  # step, validation result
         self.stream_state: dict[str, Any] = {}  # train.schedule=continuous: the Stream's, saved with the run
         live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
-                                    self.losses, self.runs, self.selection, self.stream_state)
+                                    self.losses, self.runs, self.selection, self.stream_state, self.metrics.records)
         self.resumed_from: Optional[ResumedFrom] = None
+        self.resumes: list[ResumedFrom] = []  # every resume of the training, this one last
         # Rank 0 picks the checkpoint (verifying its checksums, warning when a damaged newer
         # one is skipped, again after each restart) and every rank loads that one.
         chosen = [checkpoint.resume_path(cfg, warn=True) if self.rank == 0 else None]
         dist.broadcast_object_list(chosen, src=0)
         if path := chosen[0]:
-            self.start_step = checkpoint.load(cfg, path, live).step
+            state = checkpoint.load(cfg, path, live)
+            self.start_step = state.step
             self.logged = len(self.losses)
             self.resumed_from = {"path": os.path.abspath(path), "step": self.start_step}
+            # The outputs go on from the checkpoint's history (rank 0 writes it); every rank
+            # reads it, so the summary is the same on every rank.
+            self.metrics.replay(state.history, self.start_step, self.resumed_from["path"])
+            self.eval_history = evaluations(state.history, self.select_split)
+            self.resumes = [*resumes(state.history), self.resumed_from]
             log.info(f"resumed from {path} at step {self.start_step}")
         self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
         self.stream: Optional[Stream] = None
@@ -99,6 +112,17 @@ class Trainer:
                 self.serving = Serving(os.path.join(cfg.checkpoint.dir, "serving"), self.stream,
                                        list(cfg.checkpoint.trusted_targets))
                 self.checkpointer.on_commit = self.serving.commit
+
+    def _references(self) -> list[dict[str, Any]]:
+        """train.references measured on this run's data source; the others are named once."""
+        source = self.cfg.data._target_
+        refs: list[dict[str, Any]] = OmegaConf.to_container(self.cfg.train.references, resolve=True)
+        if self.rank == 0:
+            for ref in refs:
+                if ref["data"] != source:
+                    log.info(f"train.references: {ref['name']} ({ref['metric']} {ref['value']}) was measured on "
+                             f"{ref['data']}, this run reads {source}: not compared")
+        return [ref for ref in refs if ref["data"] == source]
 
     def step(self, batches: Iterator, step: int) -> torch.Tensor:
         """Training step ``step`` (1-based) on the next batch of ``batches``: TorchRec's
@@ -265,7 +289,8 @@ class Trainer:
         return {"name": self.objective.name, "direction": self.objective.direction,
                 "value": self.objective.value(final["valid"]), "best_step": self.selection.best_step,
                 "best_value": self.selection.best_value, "best_checkpoint": best and os.path.abspath(best),
-                "stopped_early_at": self.stopped_early_at}
+                "stopped_early_at": self.stopped_early_at,
+                "early_stop_patience": self.cfg.train.early_stop_patience}
 
     def _exploded_at_end(self) -> Optional[str]:
         """Why the run ends diverged though every loss was finite, or None: the median of its
@@ -385,11 +410,11 @@ class Trainer:
             world_size=self.world_size, device=str(self.device), dense_parallel=self.parallel.dense.value,
             dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
             plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, objective=self.objective_block(final),
-            data=read, freshness=freshness_summary(self.stream.records) if self.stream else None,
+            references=self.references, resumes=self.resumes, data=read, freshness=freshness_summary(self.stream.records) if self.stream else None,
         )
         if self.rank == 0:
             warn_read_problems(read)
-            plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"))
+            plot_report(self.metrics.records, os.path.join(self.run_dir, "report.png"), summary)
             log.info("summary\n" + format_summary(summary))
         return summary
 
@@ -435,10 +460,7 @@ def train_job(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary
     summary = Trainer(cfg, run_dir, device).train()
     if dist.get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
-        log.info(
-            f"{summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
-            f"train loss {summary['train_loss']:.4f}, eval {format_eval(summary['eval'])}"
-        )
+        log.info(headline(summary))
         print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
     return summary
 

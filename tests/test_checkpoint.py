@@ -307,3 +307,21 @@ def test_resized_tables_layers_and_optimizers_are_refused(tmp_path):
         f"Adagrad, run SGD): resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
         f"(its config: {path}/config.yaml)"
     )
+
+
+@pytest.mark.unit
+def test_the_state_carries_the_metrics_history_up_to_its_step(tmp_path):
+    """The records of metrics.jsonl travel in trainer_state.json (JSON, under its checksum); a
+    record after the checkpoint's step is refused: the resumed run would train it again."""
+    path, state = _saved(tmp_path, BASE)
+    state.losses = torch.zeros(10, dtype=torch.float64)
+    state.history = [{"step": 10, "loss": 0.5, "loss_mean": 0.6, "lr": {"dense": 0.1}},
+                     {"step": 10, "split": "valid", "eval": {"auc": 0.7, "n": 64}},
+                     {"event": "resume", "step": 5, "path": "/ck/step_00000005"}]
+    state.to_files(path)
+    assert TrainState.from_files(path).history == state.history
+    state.history = [{"step": 11, "loss": 0.5}]  # written after the checkpoint's step
+    state.to_files(path)
+    with pytest.raises(CheckpointError, match=r"field 'history\[0\]' is .* expected a metrics record with a step "
+                                              r"from 0 to 10"):
+        TrainState.from_files(path)

@@ -135,3 +135,52 @@ def test_tensorboard_keeps_each_split_under_its_own_tag(tmp_path):
     assert value("valid/auc") == [(30, 0.6683)] and value("test/auc") == [(30, 0.6627)]
     assert value("progressive/auc") == [(14, 0.7)] and value("loss") == [(30, 0.5)]
     assert "eval/auc" not in events.Tags()["scalars"] and "trained" not in events.Tags()["scalars"]
+
+
+@pytest.mark.unit
+def test_a_resumed_run_writes_the_checkpoints_history_then_the_resume_then_its_own(tmp_path):
+    """metrics.jsonl is written anew from the history the checkpoint carries: a file left in
+    the same run directory by a run killed after the checkpoint (steps 30 and 40 here) is not
+    kept, so no step appears twice."""
+    import json
+
+    from hybridrec.runlog import MetricsLog, evaluations, resumes
+
+    path = tmp_path / "metrics.jsonl"
+    killed = MetricsLog(str(path))
+    for step in (10, 20, 30, 40):
+        killed.log(step=step, loss=1.0, loss_mean=1.0)
+    killed.close()
+    history = [{"step": 10, "loss": 1.0, "loss_mean": 1.0}, {"step": 20, "loss": 1.0, "loss_mean": 1.0},
+               {"step": 20, "split": "valid", "eval": {"auc": 0.6}}]
+    resumed = MetricsLog(str(path))
+    resumed.replay(history, 20, "/ck/step_00000020")
+    resumed.log(step=30, loss=0.9, loss_mean=0.9)
+    resumed.close()
+    records = [json.loads(line) for line in open(path)]
+    assert records == resumed.records == [*history, {"event": "resume", "step": 20, "path": "/ck/step_00000020"},
+                                          {"step": 30, "loss": 0.9, "loss_mean": 0.9}]
+    assert resumes(records) == [{"step": 20, "path": "/ck/step_00000020"}]
+    assert evaluations(records, "valid") == [{"step": 20, "split": "valid", "auc": 0.6}]
+    assert MetricsLog(None).records == []  # other ranks: nothing kept, nothing saved
+
+
+@pytest.mark.unit
+def test_tensorboard_of_a_resumed_run_holds_each_step_once(tmp_path):
+    """A restart in the same run directory: TensorBoard hides the first writer's events (from
+    step 0, purge_step) and shows the history the checkpoint carried, then the new steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hybridrec.runlog import MetricsLog
+
+    first = MetricsLog(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tb"))
+    for step in (10, 20, 30):
+        first.log(step=step, loss=1.0)
+    first.close()
+    again = MetricsLog(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tb"))
+    again.replay([{"step": 10, "loss": 1.0}], 10, "/ck/step_00000010")
+    again.log(step=20, loss=0.5)
+    again.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(10, 1.0), (20, 0.5)]

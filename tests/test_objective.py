@@ -127,3 +127,76 @@ def test_an_optuna_study_chooses_on_validation_and_survives_a_failed_trial(tmp_p
     summary = json.load(open(sweep / chosen["dir"] / "summary.json"))
     assert summary["objective"]["value"] == summary["valid"]["logloss"] == study.best_value
     assert summary["objective"]["best_checkpoint"].startswith(str(sweep / chosen["dir"] / "ckpt" / "step_"))
+
+
+@pytest.mark.unit
+def test_keep_best_by_default_wherever_there_is_a_best_checkpoint_to_keep(tmp_path):
+    """checkpoint.keep_best=null (auto): on with checkpoints and validation, off without
+    either; true and false decide. Auto passes validation everywhere, continuous runs included,
+    where an explicit true is still refused."""
+    from hybridrec.config.validation import validate
+    from hybridrec.objective import keeps_best
+
+    assert keeps_best(None, checkpoints=True, validates=True) is True
+    assert keeps_best(None, checkpoints=False, validates=True) is False
+    assert keeps_best(None, checkpoints=True, validates=False) is False  # no eval_every, no valid split, continuous
+    assert keeps_best(False, checkpoints=True, validates=True) is False
+    assert keeps_best(True, checkpoints=True, validates=True) is True
+    assert compose_cfg(TINY).checkpoint.keep_best is None
+    validate(compose_cfg([*TINY, f"checkpoint.dir={tmp_path}"]), 1)
+    with pytest.raises(ValueError, match="checkpoint.keep_best=true keeps the checkpoint of the best"):
+        validate(compose_cfg([*TINY, "checkpoint.keep_best=true", "train.eval_every=0", f"checkpoint.dir={tmp_path}"]), 1)
+
+
+@pytest.mark.unit
+def test_references_name_a_split_and_a_metric_the_run_reports():
+    from hybridrec.config.validation import validate
+
+    ctr = compose_cfg(TINY)
+    assert [(r.name, r.metric) for r in ctr.train.references] == [
+        ("planted model", "valid.logloss"), ("planted model", "valid.auc"), ("planted model", "eval.auc")]
+    validate(ctr, 1)
+    ref = "{name: x, metric: %s, value: %s, source: s, data: hybridrec.data.synthetic.SyntheticClickLog}"
+    for metric, value, message in (("train.auc", 1, "must be valid.<metric> or eval.<metric>"),
+                                   ("valid.ndcg@10", 1, "a metric this loss and data report: logloss, ne, auc"),
+                                   ("valid.auc", "nan", r"train.references.0.value=nan is not a finite number")):
+        with pytest.raises(ValueError, match=message):
+            validate(compose_cfg([*TINY, f"train.references=[{ref % (metric, value)}]"]), 1)
+    with pytest.raises(ValueError, match=r"train.references\[0\].value.* not set"):
+        validate(compose_cfg([*TINY, "train.references=[{name: x, metric: valid.auc, source: s, data: d}]"]), 1)
+
+
+RESUMABLE = ["train.eval_every=20", "train.log_every=10", "checkpoint.every_n_steps=20"]
+
+
+@pytest.mark.slow
+def test_a_resumed_training_reports_every_step_once_with_the_resume_marked(tmp_path):
+    """A run killed after its checkpoint at step 40 (its outputs reach step 60; the checkpoint
+    of step 60 is lost), resumed to step 100: metrics.jsonl, summary.json and report.png hold
+    steps 1 to 100 once each, the resume marked; the throughput is the resumed run's own."""
+    ck = tmp_path / "ck"
+    _train(tmp_path, "killed", *RESUMABLE, "train.steps=60", f"checkpoint.dir={ck}")
+    import shutil
+
+    shutil.rmtree(ck / "step_00000060")  # killed between the save of step 40 and the commit of step 60
+    s = _train(tmp_path, "resumed", *RESUMABLE, "train.steps=100", f"checkpoint.dir={ck}")
+    records = [json.loads(line) for line in open(tmp_path / "resumed" / "metrics.jsonl")]
+    resume = {"event": "resume", "step": 40, "path": str(ck / "step_00000040")}
+    assert [r["step"] for r in records if "loss" in r] == list(range(10, 101, 10))
+    assert [r["step"] for r in records if r.get("split") == "valid"] == [20, 40, 60, 80, 100]
+    assert records.index(resume) == 6  # after the checkpoint's history (4 losses, 2 validations)
+    assert s["resumes"] == [{"step": 40, "path": str(ck / "step_00000040")}]
+    assert [e["step"] for e in s["eval_history"]] == [20, 40, 60, 80, 100]
+    killed = [json.loads(line) for line in open(tmp_path / "killed" / "metrics.jsonl")]
+    assert records[:6] == killed[:6]  # the history as it was written, up to the checkpoint
+    assert s["train"]["resumed_from_step"] == 40 and s["steps"] == 100
+    assert s["samples_per_second"] == pytest.approx(60 * 64 / s["wall_time_s"], rel=0.01)
+    assert (tmp_path / "resumed" / "report.png").stat().st_size > 0
+    # keep_best's default: the best validation's checkpoint is kept and scored
+    assert s["objective"]["best_checkpoint"] == str(ck / f"step_{s['objective']['best_step']:08d}")
+    assert s["references"][0]["name"] == "planted model" and s["references"][0]["run_value"] == s["valid"]["logloss"]
+    # resumed once more: both resumes, in order, and still each step once
+    s = _train(tmp_path, "again", *RESUMABLE, "train.steps=120", f"checkpoint.dir={ck}")
+    records = [json.loads(line) for line in open(tmp_path / "again" / "metrics.jsonl")]
+    assert [r["step"] for r in records if "loss" in r] == list(range(10, 121, 10))
+    assert [r["step"] for r in s["resumes"]] == [40, 100]

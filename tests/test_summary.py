@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from hybridrec.summary import MemoryRow, RankMeasurement, RunSummary, TrainBlock, format_summary, run_summary
+from hybridrec.summary import (MemoryRow, RankMeasurement, RunSummary, TrainBlock, format_summary, headline,
+                              run_summary)
 
 pytestmark = pytest.mark.unit
 
@@ -107,3 +108,65 @@ def test_optional_keys_appear_only_when_given():
     assert rows["valid"].startswith("AUC 0.7000") and rows["eval (test)"].startswith("AUC 0.7500")
     assert rows["comm share of step time per rank"] == "25%, not reached"
     assert rows["progressive (after day 1)"] == "trained (0): AUC 0.7100, NE 0.9000"
+
+
+OBJECTIVE = {"name": "valid.logloss", "direction": "minimize", "value": 0.45, "best_step": 300, "best_value": 0.45,
+             "best_checkpoint": "/ck/step_00000300", "stopped_early_at": 400, "early_stop_patience": 2}
+PLANTED = [{"name": "planted model", "metric": "valid.logloss", "value": 0.412, "source": "benchmarks/planted_model.py"},
+           {"name": "planted model", "metric": "eval.auc", "value": 0.8779, "source": "benchmarks/planted_model.py"},
+           {"name": "a ranker", "metric": "eval.ndcg@10", "value": 0.3, "source": "results"}]
+
+
+def test_the_summary_says_whether_the_run_is_good():
+    """The objective, its best step, the early stop with its patience, and each reference
+    beside the run's own final score on the same split and metric."""
+    s = summarize(final={"valid": {"logloss": 0.45, "auc": 0.85, "n": 8}, "eval": {"auc": 0.86, "logloss": 0.44, "n": 8}},
+                  objective=OBJECTIVE, references=PLANTED)
+    assert s["objective"] == OBJECTIVE
+    logloss, auc, ndcg = s["references"]
+    assert logloss["run_value"] == 0.45 and logloss["difference"] == pytest.approx(0.038)
+    assert auc["run_value"] == 0.86 and auc["difference"] == pytest.approx(0.86 - 0.8779)
+    assert ndcg["run_value"] is None and ndcg["difference"] is None  # this run does not report it
+    table = format_summary(s)
+    assert "valid.logloss 0.4500 (minimize), best 0.4500 at step 300, kept in /ck/step_00000300" in table
+    assert "stopped early at step 400 (patience 2)" in table
+    assert re.search(r"vs planted model +valid.logloss 0.4120 on valid \(benchmarks/planted_model.py\); this run "
+                     r"0.4500 \(\+0.0380\)", table)
+    assert "eval.auc 0.8779 on test (benchmarks/planted_model.py); this run 0.8600 (-0.0179)" in table
+    assert "eval.ndcg@10 0.3000 on test (results); not reported by this run" in table
+    line = headline(s)
+    assert line.startswith("20 steps, 640 samples/s, train loss 1.0000, valid.logloss 0.4500 (best at step 300), "
+                           "stopped early at step 400, valid.logloss +0.0380 vs planted model, eval AUC")
+
+
+def test_a_resumed_training_lists_its_resumes_and_times_only_its_own_steps():
+    resumes = [{"path": "/ck/step_00000040", "step": 40}, {"path": "/ck/step_00000080", "step": 80}]
+    s = summarize(losses=[1.0] * 100, start_step=80, step_times=[0.1] * 20, resumes=resumes)
+    assert s["resumes"] == resumes and s["train"]["samples_per_second"] == 20 * 64 / 2.0
+    assert re.search(r"resumed +at step 40 from /ck/step_00000040, at step 80 from /ck/step_00000080",
+                     format_summary(s))
+    assert re.search(r"wall time +2.0 s \(this run's steps 81-100\)", format_summary(s))
+    assert headline(s).startswith("100 steps (resumed at 80), 640 samples/s")
+    assert summarize()["resumes"] == [] and summarize()["references"] == []
+
+
+def test_report_png_marks_the_objective_the_references_and_the_resumes(tmp_path):
+    """report.png of a resumed, early-stopped run with references: drawn without error, with
+    one panel more (the objective's) than a run without validation."""
+    import matplotlib.image
+
+    from hybridrec.runlog import plot_report, resume_record
+
+    records = [{"step": s, "loss": 0.7 - s / 1000, "loss_mean": 0.7 - s / 1000, "samples_per_second": 100.0}
+               for s in range(10, 210, 10)]
+    records += [{"step": s, "split": "valid", "eval": {"auc": 0.7 + s / 2000, "ne": 0.9, "logloss": 0.5 - s / 2000}}
+                for s in range(50, 250, 50)]
+    records.insert(10, resume_record(100, "/ck/step_00000100"))
+    records.append({"step": 150, "split": "eval", "eval": {"auc": 0.8, "ne": 0.9, "logloss": 0.42}})
+    s = summarize(final={"valid": {"logloss": 0.4, "auc": 0.8}, "eval": {"auc": 0.8}},
+                  objective=OBJECTIVE | {"best_step": 150, "best_value": 0.425, "stopped_early_at": 200},
+                  references=PLANTED[:2])
+    plot_report(records, str(tmp_path / "report.png"), s)
+    plot_report([r for r in records if "eval" not in r], str(tmp_path / "plain.png"))
+    judged, plain = (matplotlib.image.imread(tmp_path / name) for name in ("report.png", "plain.png"))
+    assert judged.shape[1] == plain.shape[1] * 4 // 3  # 5 inches per panel

@@ -58,6 +58,9 @@ class Resumable:
     stream: dict[str, Any] = field(default_factory=dict)
     """train.schedule=continuous: the stream's state (``hybridrec.continuous.Stream.state``),
     kept current by the trainer; empty otherwise."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Rank 0: the run's metrics.jsonl records so far (``hybridrec.runlog.MetricsLog.records``),
+    saved with each checkpoint as they are at its step; empty on the other ranks."""
 
     def dcp_state(self) -> dict[str, Any]:
         """What DCP saves and loads in place: the sharded model and optimizer state."""
@@ -77,6 +80,7 @@ class Resumable:
             runs=list(self.runs),
             selection=self.selection.to_dict(),
             stream=copy.deepcopy(self.stream),
+            history=copy.deepcopy(self.history),  # as at this step: later records are not this checkpoint's
         )
 
 

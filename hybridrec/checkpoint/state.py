@@ -60,6 +60,11 @@ class TrainState:
     """train.schedule=continuous (``hybridrec.continuous.Stream``): the partitions trained so
     far in order, the position (partition, row) and the progressive evaluations. Empty for
     other schedules."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """The run's ``metrics.jsonl`` records up to ``step``, in order (rank 0's: loss reports,
+    evaluations, earlier resumes), so that a run resumed from this checkpoint writes the
+    whole training's history and no record of steps after it. Empty in checkpoints written
+    before the field existed."""
     files: dict[str, str] = field(default_factory=dict)
     """BLAKE3 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
     that wrote them), trainer_state.pt and config.yaml. Empty only in checkpoints written
@@ -73,7 +78,8 @@ class TrainState:
         self.files.update(hash_files(directory, [STATE_TENSORS, CONFIG_YAML]))
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
                   "num_dense_features": self.num_dense_features, "runs": self.runs, "selection": self.selection,
-                  **({"stream": self.stream} if self.stream else {}), "files": dict(sorted(self.files.items()))}
+                  **({"stream": self.stream} if self.stream else {}), "history": self.history,
+                  "files": dict(sorted(self.files.items()))}
         fields["state_blake3"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
@@ -125,7 +131,8 @@ class TrainState:
         return cls(step=fields["step"], schedulers=fields["schedulers"], features=fields["features"],
                    num_dense_features=fields["num_dense_features"], rng=tensors["rng"], losses=tensors["losses"],
                    runs=list(fields.get("runs", [])), selection=dict(fields.get("selection") or {}),
-                   stream=dict(fields.get("stream") or {}), files=dict(fields.get("files") or {}))
+                   stream=dict(fields.get("stream") or {}), history=list(fields.get("history") or []),
+                   files=dict(fields.get("files") or {}))
 
 
 _FEATURE_FIELDS = {f.name for f in dataclasses.fields(SparseFeature)}
@@ -172,6 +179,14 @@ def _check_fields(fields: dict[str, Any], json_path: str) -> None:
     for key in ("selection", "stream"):
         if not isinstance(fields.get(key) or {}, dict):
             bad(key, fields[key], "an object")
+    history = fields.get("history") or []
+    if not isinstance(history, list):
+        bad("history", history, "a list of metrics records")
+    for i, record in enumerate(history):
+        step = record.get("step") if isinstance(record, dict) else None
+        # a record after the checkpoint's step would show steps the resumed run trains again
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= fields["step"]:
+            bad(f"history[{i}]", record, f"a metrics record with a step from 0 to {fields['step']}")
     files = fields.get("files") or {}
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and _DIGEST.fullmatch(v)
                                               for k, v in files.items()):

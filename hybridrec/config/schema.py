@@ -59,6 +59,23 @@ class TrainSchedule(str, Enum):
 
 
 @dataclass
+class ReferenceConfig:
+    """A known score of an experiment: what its summary and report.png put the run beside."""
+
+    name: str = MISSING
+    """What scored it: planted model, logistic regression, ..."""
+    metric: str = MISSING
+    """valid.<metric> or eval.<metric> (the test split): a key the run's metrics block has."""
+    value: float = MISSING
+    """Its score."""
+    source: str = MISSING
+    """Where it was measured: the script or results file that reproduces it."""
+    data: str = MISSING
+    """The data source it was measured on (data._target_): a run that reads another source
+    (``+experiment=ctr data=criteo``) is not compared with it."""
+
+
+@dataclass
 class TrainConfig:
     steps: int = 100
     """Optimizer steps (global batches) to train."""
@@ -80,6 +97,10 @@ class TrainConfig:
     early_stop_patience: int = 0
     """Stop after this many evaluations (every train.eval_every steps) without the objective
     improving; 0 = train every step."""
+    references: list[ReferenceConfig] = field(default_factory=list)
+    """Known scores of the experiment (the synthetic log's planted model, a baseline from
+    benchmarks/results): summary.json, the end-of-run lines and report.png show the run
+    beside them."""
 
 
 @dataclass
@@ -94,9 +115,11 @@ class CheckpointConfig:
     """auto = newest complete checkpoint in dir if any; never; or a checkpoint path."""
     async_save: bool = False
     """Write checkpoints in the background (DCP async_save) while training continues."""
-    keep_best: bool = False
+    keep_best: Optional[bool] = None
     """Also keep the checkpoint with the best objective seen at train.eval_every (beside the
-    keep_last newest), and score the test split with its weights at the end."""
+    keep_last newest), and score the test split with its weights at the end. null (auto): on
+    when the run checkpoints (checkpoint.dir) and validates (train.eval_every and a validation
+    split), off otherwise and under train.schedule=continuous; true or false decide."""
     max_loss_ratio: Optional[float] = 5.0
     """A save is committed only if the loss of the step after it is finite and at most this many
     times the run's typical loss (the lowest of the median of its losses so far, that of its

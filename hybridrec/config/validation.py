@@ -158,6 +158,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_data(cfg, world_size)
     _validate_model(cfg)
     _validate_loss(cfg)
+    _validate_references(cfg)
     _validate_optimizers(cfg)
 
 
@@ -177,6 +178,26 @@ def _validate_structure(cfg: DictConfig) -> None:
     _check_positive(cfg)
 
 
+def _validate_references(cfg: DictConfig) -> None:
+    """train.references: each names a split and a metric this run's loss and data report
+    (its value is finite: ``_check_finite``); the ones of another data source are left out at the end, not refused
+    (an experiment's reference stays in its file when data= swaps the source)."""
+    from hybridrec.objective import choices
+
+    loss, source = get_class(cfg.loss._target_), get_class(cfg.data._target_)
+    offered = [c.split(".", 1)[1] for c in choices(bool(getattr(loss, "calibrated", False)), cfg.data.get("ranking_k"),
+                                                   bool(getattr(source, "next_item", False)))]
+    for i, ref in enumerate(cfg.train.references):
+        if unset := sorted(OmegaConf.missing_keys(ref)):  # the structure check walks mappings, not lists
+            raise ValueError(f"{', '.join(unset)} not set: a reference (train.references[{i}]) gives name, metric, "
+                             f"value, source and data")
+        split, _, metric = ref.metric.partition(".")
+        if split not in ("valid", "eval") or metric not in offered:
+            raise ValueError(f"train.references[{i}].metric={ref.metric} ({ref.name}): must be valid.<metric> or "
+                             f"eval.<metric> (the test split) with a metric this loss and data report: "
+                             f"{', '.join(offered)}")
+
+
 def _validate_run(cfg: DictConfig) -> None:
     """train, checkpoint, profile and logger."""
     if cfg.train.steps < 1:
@@ -192,7 +213,7 @@ def _validate_run(cfg: DictConfig) -> None:
         raise ValueError(f"checkpoint.keep_last={ck.keep_last}: must be >= 1 (the checkpoints kept)")
     if ck.every_n_steps and not ck.dir:
         raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
-    if ck.keep_best and not (ck.dir and cfg.train.eval_every):
+    if ck.keep_best is True and not (ck.dir and cfg.train.eval_every):
         raise ValueError("checkpoint.keep_best=true keeps the checkpoint of the best validation evaluation: it needs "
                          "checkpoint.dir and train.eval_every > 0")
     if cfg.train.early_stop_patience < 0 or cfg.train.early_stop_patience and not cfg.train.eval_every:
@@ -232,7 +253,7 @@ def _validate_continuous(cfg: DictConfig) -> None:
                          "(data=parquet, data.train_path a directory of partitions like day=2026-11-26/), or "
                          "use train.schedule=steps")
     progressive_metric(cfg.train.objective)
-    if cfg.train.early_stop_patience or cfg.checkpoint.keep_best:
+    if cfg.train.early_stop_patience or cfg.checkpoint.keep_best is True:  # auto (null) is off here
         raise ValueError("train.early_stop_patience and checkpoint.keep_best choose a step by validation; a "
                          "continuous run ships its latest model, judged by progressive validation: unset them "
                          "with train.schedule=continuous")
