@@ -156,7 +156,7 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
-        ax_eval.legend(handles=ax_eval.lines + extra, loc="lower right", fontsize=8)
+        ax_eval.legend(handles=ax_eval.lines + extra, loc="best", fontsize=8)
     # samples/s is cumulative since the process started: each run of a resumed training is
     # its own segment, never one line across a restart
     bounds = [0] + [r["step"] for r in records if r.get("event") == RESUME] + [float("inf")]
