@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, saved_config
+from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, resolve_checkpoint, saved_config
 from hybridrec.config import evaluation_config, register_configs
 from hybridrec.data import DataError, build_source
 from hybridrec.distributed import Killed
@@ -37,17 +37,20 @@ def main(ev: DictConfig) -> float:
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     try:
         if OmegaConf.is_missing(ev, "checkpoint"):
-            raise CheckpointError("checkpoint is not set: give checkpoint=<dir>, a step_<N> directory that "
-                                  "training wrote under its checkpoint.dir")
-        state = check_checkpoint(ev.checkpoint, ev.allow_unverified)
+            raise CheckpointError("checkpoint is not set: give checkpoint=<dir>, a training run's checkpoint.dir "
+                                  "(its newest loadable checkpoint) or one of its step_<N> directories")
+        path, which = resolve_checkpoint(ev.checkpoint, ev.allow_unverified)
+        if which:
+            log.info(which)
+        state = check_checkpoint(path, ev.allow_unverified)
         if ev.launcher.max_restarts:
             raise ValueError("launcher.max_restarts restarts training from its checkpoints; an evaluation "
                              "that fails is run again as a whole: leave it 0")
-        saved = saved_config(ev.checkpoint, ev.trusted_targets)  # refuses a config that would run code
+        saved = saved_config(path, ev.trusted_targets)  # refuses a config that would run code
         cfg = evaluation_config(saved, ev, data_option=HydraConfig.get().runtime.choices.get("data") is not None)
         dims = check_job(cfg)
         data = build_source(cfg.data, cfg.seed)
-        check_fits(state, data.features, data.num_dense_features, ev.checkpoint)
+        check_fits(state, data.features, data.num_dense_features, path)
         scored = [s for s in data.splits if s != "train"]
         if ev.split not in scored:
             raise DataError(f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
@@ -55,7 +58,7 @@ def main(ev: DictConfig) -> float:
         plan_before_launch(cfg, dims, data)
     except ValueError as e:  # CheckpointError, LaunchError, DataError and PlanError included
         exit_user_error(e, user_message(e))
-    job = ScoreCheckpoint(ev.checkpoint, ev.split, ev.predictions, ev.allow_unverified)
+    job = ScoreCheckpoint(path, ev.split, ev.predictions, ev.allow_unverified)
     try:
         result = launch(cfg, HydraConfig.get().runtime.output_dir, job)
     except (*USER_ERRORS, RankError, Killed) as e:  # raised inside a rank: bad rows, a checkpoint that does not load

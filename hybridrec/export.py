@@ -1,9 +1,10 @@
 """Export a checkpoint for inference outside hybridrec:
 
-    python -m hybridrec.export checkpoint=<checkpoint dir> [out=<dir>]
+    python -m hybridrec.export checkpoint=<checkpoint> [out=<dir>]
     python -m hybridrec.export checkpoint=<later checkpoint> delta=<export dir>
 
-writes into ``out`` (default ``<checkpoint>/export``):
+``checkpoint`` is a ``step_<N>`` directory, or a run's ``checkpoint.dir``, which stands for
+its newest loadable checkpoint. Writes into ``out`` (default ``<checkpoint>/export``):
 
 - ``model.pt2``: the model as a ``torch.export`` program over plain tensors,
   ``program(dense, values, lengths) -> scores``, and ``program(dense, values, lengths,
@@ -55,7 +56,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hybridrec import delta
-from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint, saved_config
+from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint, resolve_checkpoint, saved_config
 from hybridrec.compat import size_oblivious_export
 from hybridrec.data import DataError, SparseFeature, build_source
 from hybridrec.data.raw_inputs import FORMAT
@@ -246,15 +247,18 @@ def main(argv: list[str]) -> None:
                or [a for a in argv if "=" not in a])
     if "checkpoint" not in args or unknown or ("delta" in args and "out" in args):
         sys.exit(f"{USAGE} (unknown: {sorted(unknown)}; --help says more)")
-    ckpt = args["checkpoint"]
     # Classes of the user's own that the checkpoint's config may name (never read from it).
     trusted = [t for t in args.get("trusted_targets", "").strip("[]").split(",") if t]
     allow = args.get("allow_unverified", "false").lower()
     if allow not in ("true", "false"):
         sys.exit(f"hybridrec.export: allow_unverified={args['allow_unverified']}: give true or false")
-    out = args.get("out", os.path.join(ckpt, "export"))
     # Checked before anything is loaded: each failure is one line naming the file.
     try:
+        # a checkpoint.dir stands for its newest loadable checkpoint
+        ckpt, which = resolve_checkpoint(args["checkpoint"], allow == "true")
+        if which:
+            print(f"hybridrec.export: {which}")
+        out = args.get("out", os.path.join(ckpt, "export"))
         check_checkpoint(ckpt, allow == "true")
         if "out" not in args:
             check_export_dir(ckpt, out)

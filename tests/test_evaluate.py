@@ -4,6 +4,7 @@ checkpoint, and the refusals before launch."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -172,7 +173,12 @@ def _evaluate(checkpoint, out, *args):
 @pytest.mark.dist
 def test_a_checkpoint_scores_as_training_scored_it_on_1_and_2_ranks(trained, tmp_path):
     checkpoint, summary = trained["clicks"]
-    one, p1, proc = _evaluate(checkpoint, tmp_path / "one")
+    # given as its checkpoint.dir: the newest loadable checkpoint, a damaged newer one passed over
+    shutil.copytree(checkpoint.parent, tmp_path / "ckpt")
+    os.makedirs(tmp_path / "ckpt" / "step_00000009")
+    one, p1, proc = _evaluate(tmp_path / "ckpt", tmp_path / "one")
+    assert f"its newest loadable checkpoint, {tmp_path / 'ckpt' / checkpoint.name} (newer, not loadable: " \
+           f"{tmp_path / 'ckpt' / 'step_00000009'})" in proc.stdout + proc.stderr
     two, p2, _ = _evaluate(checkpoint, tmp_path / "two", "launcher.nproc_per_node=2")
     final = summary["eval"]  # the training run's own final evaluation, of the same weights
     assert one["eval"] == final and one["checkpoint"]["step"] == 8 and one["split"] == "eval"
@@ -207,11 +213,25 @@ def test_a_ranking_checkpoint_gets_per_query_metrics_and_query_ids(trained, tmp_
 
 @pytest.mark.slow
 def test_refusals_before_launch_are_one_line(tmp_path):
-    """No checkpoint given, a checkpoint.dir given for a checkpoint: one line each, no rank."""
+    """No checkpoint given, a checkpoint.dir without a loadable checkpoint: one line each, no rank."""
     os.makedirs(tmp_path / "ckpt" / "step_00000002")
     for args, message in (([], "hybridrec: checkpoint is not set: give checkpoint=<dir>"),
-                          ([f"checkpoint={tmp_path / 'ckpt'}"], "is a checkpoint.dir, not one checkpoint")):
+                          ([f"checkpoint={tmp_path / 'ckpt'}"], "holds no loadable checkpoint")):
         proc = subprocess.run([sys.executable, "-m", "hybridrec.evaluate", *args, f"hydra.run.dir={tmp_path / 'run'}"],
                               capture_output=True, text=True, timeout=120)
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode != 0 and "Traceback" not in proc.stderr and message in last, proc.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_a_checkpoint_dir_stands_for_its_newest_loadable_checkpoint(tmp_path):
+    """evaluate and export take a run's checkpoint.dir for its newest loadable checkpoint
+    (with real checkpoints: test_a_checkpoint_scores_as_training_scored_it_on_1_and_2_ranks)."""
+    from hybridrec.checkpoint import resolve_checkpoint
+
+    step = str(tmp_path / "ckpt" / "step_00000002")
+    assert resolve_checkpoint(step) == (step, "")  # a step directory is taken as given
+    assert resolve_checkpoint(str(tmp_path / "nope")) == (str(tmp_path / "nope"), "")  # check_checkpoint refuses it
+    os.makedirs(step)  # committed, but without DCP's metadata: not loadable
+    with pytest.raises(CheckpointError, match="holds no loadable checkpoint"):
+        resolve_checkpoint(str(tmp_path / "ckpt"))

@@ -55,13 +55,13 @@ from hybridrec.checkpoint.safety import (CONFIG_YAML, METADATA, SafeLoadPlanner,
 from hybridrec.checkpoint.saver import LOCK, Checkpointer, DirLock, Resumable, exploded, typical_loss
 from hybridrec.checkpoint.state import (STATE_JSON, STATE_TENSORS, TrainState, check_checkpoint, check_complete,
                                         committed, hash_files, latest, new_run_id, own_files, probe_writable,
-                                        resume_path, verify)
+                                        resolve_checkpoint, resume_path, verify)
 
 __all__ = [
     "CONFIG_YAML", "LOCK", "METADATA", "STATE_JSON", "STATE_TENSORS", "CheckpointError", "Checkpointer",
     "DirLock", "Diverged", "Resumable", "SafeLoadPlanner", "SafeReader", "TrainState", "UnsafeCheckpoint",
     "check_checkpoint", "check_compatible", "exploded", "typical_loss", "check_complete", "check_dir", "check_fits", "committed",
     "hash_files", "latest", "layout_differences", "load", "load_weights", "new_run_id", "own_files",
-    "probe_writable", "read_metadata", "refusal", "resume_path", "root_cause", "run_targets", "safe_load", "saved_config",
+    "probe_writable", "read_metadata", "refusal", "resolve_checkpoint", "resume_path", "root_cause", "run_targets", "safe_load", "saved_config",
     "verify",
 ]

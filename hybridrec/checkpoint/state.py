@@ -354,6 +354,24 @@ def check_checkpoint(path: str, allow_unverified: bool = False) -> TrainState:
     return check_complete(path, allow_unverified=allow_unverified)
 
 
+def resolve_checkpoint(path: str, allow_unverified: bool = False) -> tuple[str, str]:
+    """``checkpoint=`` of ``hybridrec.evaluate`` and ``hybridrec.export``: a ``step_<N>``
+    directory, or a ``checkpoint.dir``, which stands for its newest loadable checkpoint (what a
+    resumed run would continue), so that the commands after training need not know its last
+    step. Returns the checkpoint and a line saying which one a directory stood for ("" for a
+    step directory, returned as given and checked by ``check_checkpoint``)."""
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, METADATA)) or not committed(path):
+        return path, ""
+    newest = latest(path, verify_content=False, allow_unverified=allow_unverified)  # check_checkpoint verifies it
+    if newest is None:
+        raise CheckpointError(f"checkpoint={path} holds no loadable checkpoint: give a step_<N> directory")
+    steps = committed(path)
+    step = next(s for s, p in steps if p == newest)
+    skipped = [p for s, p in steps if s > step]
+    return newest, (f"checkpoint={path}: its newest loadable checkpoint, {newest}"
+                    + (f" (newer, not loadable: {', '.join(skipped)})" if skipped else ""))
+
+
 def latest(directory: str, warn: bool = False, verify_content: bool = True,
            allow_unverified: bool = False) -> Optional[str]:
     """The newest loadable checkpoint in ``directory``, or None if there is none. Damaged newer
