@@ -231,3 +231,15 @@ def dataloader_worker_exits(iterator: Any) -> list[tuple[int, int]]:
 def pipeline_model(pipeline: Any) -> nn.Module:
     """The model a TorchRec train pipeline drives (kept only in its private ``_model``)."""
     return pipeline._model
+
+
+def stop_rendezvous_heartbeats(handler: Any) -> None:
+    """Stop a c10d rendezvous handler's keep-alive thread, from this thread, without closing
+    the rendezvous (an agent stopped by a signal leaves it open, as torch's launcher does, so
+    that a replacement may join). torch has no public call for it: left running, the thread's
+    timer is stopped by a ``weakref.finalize`` whenever the handler is collected, and when that
+    happens on the keep-alive thread itself, its ``join`` prints "Exception ignored ...
+    RuntimeError: cannot join current thread" under the one line a stopped run ends with."""
+    stop = getattr(handler, "_stop_heartbeats", None)  # DynamicRendezvousHandler (c10d), torch 2.11 to 2.13
+    if stop is not None:
+        stop()

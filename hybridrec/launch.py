@@ -47,7 +47,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from hybridrec.compat import AgentFailureLogFilter, ExtensibleAgent, agent_kwargs, read_proc_state
+from hybridrec.compat import (AgentFailureLogFilter, ExtensibleAgent, agent_kwargs, read_proc_state,
+                              stop_rendezvous_heartbeats)
 from hybridrec.config import Device
 from hybridrec.config.validation import validate
 from hybridrec.distributed import Killed, as_launched_rank, signal_name, tie_forks_to_this_process
@@ -447,6 +448,7 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
         result = agent.run()
     except SignalException:
         close_rendezvous = False  # as torch's launcher: an agent stopped by a signal may be replaced
+        stop_rendezvous_heartbeats(spec.rdzv_handler)
         raise
     finally:
         for sig, handler in handlers.items():
