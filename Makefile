@@ -41,7 +41,7 @@ EXAMPLE_DAYS := data/example_days/eval/part-00000.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install train test test-fast test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
+.PHONY: help install demo docs train test test-fast test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -73,6 +73,12 @@ else
 endif
 	$(CHECK)  # fails when GPU=1 got a torch without CUDA, or when both fbgemm builds are present
 	touch $@
+
+demo: install ## the quick start: train, evaluate and export the ctr model into outputs/demo (a few minutes on 2 cores)
+	$(PY) benchmarks/demo.py
+
+docs: install ## build the guides in docs/ as a site into outputs/site (open outputs/site/index.html)
+	$(PY) -m mkdocs build --strict
 
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
@@ -114,5 +120,10 @@ $(EXAMPLE): | install
 $(EXAMPLE_DAYS): | install
 	$(PY) -m hybridrec.data.example --layout days --out data/example_days --overwrite
 
-clean: ## remove the virtualenv and run outputs
-	rm -rf $(VENV) outputs multirun
+# What a run writes lands under outputs/ and multirun/ (Hydra's run directories, the demo, the
+# docs site); checkpoint.dir is wherever a command names it. data/ stays: it is rewritten
+# by its make targets, and a user's own files may sit beside it.
+clean: ## remove .venv, outputs/ and multirun/ (runs, the demo, the docs site), saying what and how big; data/ stays
+	@for d in $(VENV) outputs multirun; do \
+	  if [ -e $$d ]; then echo "removing $$d/ ($$(du -sh $$d | cut -f1))"; rm -rf $$d; fi; done
+	@echo "kept: data/ and any checkpoint.dir outside outputs/"

@@ -19,6 +19,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -146,6 +147,28 @@ def write_markdown(path: str, lines: list[str], label: str) -> None:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"{label}: {path}")
+
+
+class LoadAverage:
+    """The machine's 1-minute load average, sampled every 10 s while a measurement runs: what
+    else ran beside it, which every time and throughput depends on."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(10):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> "LoadAverage":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def machine() -> dict[str, Any]:

@@ -30,10 +30,9 @@ import os
 import shutil
 import statistics
 import sys
-import threading
 import time
 
-from common import ROOT, machine, run_logged
+from common import ROOT, LoadAverage, machine, run_logged
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -91,28 +90,6 @@ def setting(experiment: str, rows: list[dict[str, str]], key: str) -> str:
     if len(values) != 1:
         raise RuntimeError(f"{experiment}: the models ran with different {key}: {sorted(values)}")
     return values.pop()
-
-
-class LoadAverage:
-    """The machine's 1-minute load average, sampled every 10 s while the sweeps run: what
-    else ran beside them, which the throughput column depends on."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(10):
-            self.samples.append(os.getloadavg()[0])
-
-    def __enter__(self) -> "LoadAverage":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_s: float,

@@ -1,10 +1,10 @@
-"""Copies measured tables from benchmarks/results/ into README.md, so that no number in the
-README is typed by hand.
+"""Copies measured tables from benchmarks/results/ into README.md and the guides in docs/, so
+that no number in them is typed by hand.
 
     python benchmarks/readme_numbers.py          # rewrite the marked blocks
-    python benchmarks/readme_numbers.py --check  # exit 1 if the README is out of date
+    python benchmarks/readme_numbers.py --check  # exit 1 if a page is out of date
 
-A block is ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` in README.md; its content
+A block is ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` in a page; its content
 becomes the first markdown table of ``benchmarks/results/NAME.md``. ``NAME#heading-slug`` takes
 the section ``## Heading`` of that file instead: its first table, or its first bullet list
 when it has no table (REPORT.md's "Answers").
@@ -64,19 +64,33 @@ def render(readme: str) -> str:
     return BLOCK.sub(fill, readme)
 
 
+def pages() -> list[str]:
+    """README.md and every guide under docs/."""
+    docs = os.path.join(ROOT, "docs")
+    return [os.path.join(ROOT, "README.md")] + sorted(
+        os.path.join(docs, name) for name in os.listdir(docs) if name.endswith(".md"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    path = os.path.join(ROOT, "README.md")
-    with open(path) as f:
-        text = f.read()
-    new = render(text)
-    if args.check:
-        sys.exit(0 if new == text else "README.md's result blocks differ from benchmarks/results: run "
-                                        "python benchmarks/readme_numbers.py")
-    with open(path, "w") as f:
-        f.write(new)
+    stale = []
+    for path in pages():
+        with open(path) as f:
+            text = f.read()
+        new = render(text)
+        if new == text:
+            continue
+        stale.append(os.path.relpath(path, ROOT))
+        if not args.check:
+            with open(path, "w") as f:
+                f.write(new)
+    if args.check and stale:
+        sys.exit(f"{', '.join(stale)}: result blocks differ from benchmarks/results: run "
+                 "python benchmarks/readme_numbers.py")
+    for name in stale:
+        print(f"updated {name}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""The README's Optuna example, run and written up: a study over learning rates and embedding
+"""The Optuna example of docs/training.md, run and written up: a study over learning rates and embedding
 width on ``ctr`` with ``hydra/sweeper=objective``.
 
     python benchmarks/study.py [--out benchmarks/results] [--sweep-dir DIR]
 
-Runs the README's command into ``DIR`` (default: a temporary directory; an existing sweep
+Runs the guide's command into ``DIR`` (default: a temporary directory; an existing sweep
 in ``DIR`` is written up as it is), then writes STUDY.md: the sweep's own table
 (``summary.md``, without the directory column), the chosen job's line, and Optuna's
 ``optimization_results.yaml``, which must name the same trial.

@@ -1,13 +1,15 @@
-"""What several test modules share: Criteo and MovieLens files written on the fly, the tiny
+"""What several test modules share: a benchmark script imported by name, Criteo and MovieLens files written on the fly, the tiny
 training run and the comparison of two trainings. A plain module, so that no test module
 imports another (each stays runnable alone, and its tests are collected once)."""
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
+import sys
 import tempfile
 
 import blake3
@@ -17,6 +19,21 @@ import torch
 from hybridrec.checkpoint import STATE_JSON
 from hybridrec.data.criteo import CriteoTSV
 from hybridrec.data.movielens import MovieLens
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py as the module ``name``: the name the scripts import it by (their
+    own directory comes first on their import path; it is not on the tests')."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
 
 # ---------------------------------------------------------------------------- Criteo TSV rows
 SIZES = [1000] * 26

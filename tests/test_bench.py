@@ -11,26 +11,12 @@ import sys
 import pytest
 from PIL import Image
 
+from shared import benchmark_script
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
-
-def _script(name):
-    """benchmarks/<name>.py as the module ``name``: the name the scripts import it by (their
-    own directory comes first on their import path; it is not on the tests')."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
-
-
 # Each before the scripts that import it: bench imports the other four.
-common, levers, roofline, bench_report, bench = map(_script, ("common", "levers", "roofline", "bench_report", "bench"))
+common, levers, roofline, bench_report, bench = map(benchmark_script, ("common", "levers", "roofline", "bench_report", "bench"))
 
 
 def _run(rep, world, kind, rate, dense="fsdp", sharding="auto", **extra):
@@ -231,7 +217,7 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
     from hybridrec.parallel_dims import planning_dims
     from hybridrec.preflight import dry_plan
 
-    ref = _script("reference_torchrec")
+    ref = benchmark_script("reference_torchrec")
     batch = bench.PRESETS["gpu"].per_rank_batch
     cfg = cfg_factory(["+experiment=ctr", f"data.batch_size={4 * batch}"])  # ref.experiment_config's
     model = ref.build_model(cfg, SyntheticClickLog(seed=cfg.seed, **ref.kwargs(cfg.data)), torch.device("cpu"))

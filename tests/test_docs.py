@@ -1,13 +1,19 @@
-"""The README stays true: every `python -m hybridrec.train` / `hybridrec.plan` command in its
-code blocks composes with today's configs and passes validation (a renamed key or option fails
-here), and every error sample it shows for a config is the line the code prints."""
+"""The README and the guides in docs/ stay true: every `python -m hybridrec.train` /
+`hybridrec.plan` / `hybridrec.evaluate` command in their code blocks composes with today's
+configs and passes validation (a renamed key or option fails here), every error sample they
+show for a config is the line the code prints, every link reaches a page and a heading that
+exist, the guides build as a site without a warning, and the quick start is what `make demo`
+runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -16,18 +22,26 @@ from hydra.errors import HydraException
 from omegaconf import open_dict
 
 from conftest import compose_cfg
+from shared import benchmark_script
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+PAGES = [README] + sorted(os.path.join(DOCS, n) for n in os.listdir(DOCS) if n.endswith(".md"))
 APPS = ("hybridrec.train", "hybridrec.plan", "hybridrec.evaluate")
 # Samples whose line depends on files or checkpoints: tests/test_failures.py and
 # tests/test_checkpoint.py write those and check the same lines.
 NEEDS_FILES = ("data.train_path=", "checkpoint.", "data.bad_rows=fail")
 
 
+def code_blocks(path: str) -> list[str]:
+    return re.findall(r"^ *```[a-z]*\n(.*?)^ *```", open(path).read(), flags=re.S | re.M)
+
+
 def readme_commands() -> list[tuple[str, list[str], str]]:
-    """(app, arguments, the first output line shown after a `$ ` command, or "")."""
+    """(app, arguments, the first output line shown after a `$ ` command, or "") of every page."""
     found = []
-    for block in re.findall(r"^ *```[a-z]*\n(.*?)^ *```", open(README).read(), flags=re.S | re.M):
+    for block in [b for page in PAGES for b in code_blocks(page)]:
         lines = block.replace("\\\n", " ").splitlines()
         for i, line in enumerate(lines):
             m = re.search(r"python -m (hybridrec\.\w+)(.*)", line)
@@ -109,3 +123,72 @@ def test_readme_error_samples_are_the_lines_printed(app, args, shown):
 @pytest.mark.unit
 def test_the_readme_has_commands_and_error_samples():
     assert len(COMMANDS) > 30 and len(CONFIG_ERRORS) >= 4
+
+
+def _slugs(path: str) -> set[str]:
+    """The anchors of a page's headings, as mkdocs makes them (Python-Markdown's toc slugify;
+    GitHub's agrees on these headings: lower case, punctuation dropped, spaces to hyphens)."""
+    from markdown.extensions.toc import slugify
+
+    text = re.sub(r"^ *```.*?^ *```", "", open(path).read(), flags=re.S | re.M)  # '#' lines in code are not headings
+    return {slugify(re.sub(r"[`*]", "", h), "-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def _links(path: str) -> list[str]:
+    text = re.sub(r"^ *```.*?^ *```", "", open(path).read(), flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)  # a link inside inline code is text
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("page", PAGES, ids=[os.path.relpath(p, ROOT) for p in PAGES])
+def test_links_reach_a_file_and_a_heading(page):
+    dead = []
+    for link in _links(page):
+        if re.match(r"[a-z]+://", link):
+            continue  # the web is not checked here
+        target, _, anchor = link.partition("#")
+        file = os.path.normpath(os.path.join(os.path.dirname(page), target)) if target else page
+        if not os.path.exists(file):
+            dead.append(f"{link}: no file {os.path.relpath(file, ROOT)}")
+        elif anchor and anchor not in _slugs(file):
+            dead.append(f"{link}: no heading #{anchor} in {os.path.relpath(file, ROOT)}")
+    assert not dead, dead
+
+
+@pytest.mark.unit
+def test_every_guide_is_in_the_site_and_linked_from_the_readme():
+    import yaml
+
+    nav = [list(entry.values())[0] for entry in yaml.safe_load(open(os.path.join(ROOT, "mkdocs.yml")))["nav"]]
+    guides = sorted(os.path.basename(p) for p in PAGES[1:])
+    assert sorted(nav) == guides
+    linked = {os.path.basename(l.partition("#")[0]) for l in _links(README) if l.startswith("docs/")}
+    assert set(guides) - {"index.md"} <= linked, set(guides) - linked
+
+
+@pytest.mark.unit
+def test_the_readme_is_a_front_page():
+    assert len(open(README).read().splitlines()) <= 300
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (make install adds it)")
+def test_the_guides_build_as_a_site_without_a_warning(tmp_path):
+    """mkdocs --strict fails on a link to a missing page or heading, and on a page left out
+    of the navigation."""
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.path.isfile(tmp_path / "continuous" / "index.html")
+
+
+@pytest.mark.unit
+def test_the_quick_start_is_what_make_demo_runs():
+    benchmark_script("common")  # what demo.py imports by name
+    demo = benchmark_script("demo")
+    quick = open(README).read().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"```bash\n(.*?)```", quick, flags=re.S)[1]  # the block after `make demo`'s
+    shown = [line.split("  #")[0].strip() for line in steps.splitlines()]
+    assert shown == [command for _, command, _ in demo.COMMANDS]
+    assert "demo: install" in open(os.path.join(ROOT, "Makefile")).read()

@@ -279,11 +279,11 @@ def test_a_bad_rating_costs_its_row_only_and_is_counted(tmp_path):
 
 
 @pytest.mark.unit
-def test_the_readme_counts_the_cases():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    counted = re.search(r"(\d+) config values and (\d+) data files", readme)
+def test_the_guide_counts_the_cases():
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoints.md")).read()
+    counted = re.search(r"(\d+) config values and (\d+) data files", guide)
     assert counted and (int(counted[1]), int(counted[2])) == (len(CONFIG_CASES), len(DATA_CASES)), \
-        f"README: write '{len(CONFIG_CASES)} config values and {len(DATA_CASES)} data files'"
+        f"docs/checkpoints.md: write '{len(CONFIG_CASES)} config values and {len(DATA_CASES)} data files'"
 
 
 @pytest.mark.unit
