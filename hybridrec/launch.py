@@ -58,6 +58,7 @@ from hybridrec.errors import USER_ERROR_EXIT
 from hybridrec.rank import RankJob, run
 
 log = logging.getLogger(__name__)
+RENDEZVOUS_TIMEOUT_S = 900  # how long nodes wait for each other: elastic_launch's join timeout
 
 
 class RankError(Exception):
@@ -190,6 +191,13 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
     # The ranks are new processes: they get the Hydra job's logging (console, train.log).
     # A rank may be silent for half the collective timeout (at most 30 s): then it is named
     # before the collective timeout fails its peers.
+    # Until the ranks have met and planned, nothing else is printed: say what is under way.
+    if nodes.count > 1:
+        log.info(f"waiting at the c10d rendezvous {nodes.endpoint} for all {nodes.count} nodes "
+                 f"({nproc} rank(s) each; up to {RENDEZVOUS_TIMEOUT_S} s): the same command runs on every node")
+    else:
+        log.info(f"starting {nproc} ranks (PyTorch's elastic launcher): they load torch and TorchRec, meet, "
+                 f"and plan the tables; the plan is printed when they have")
     try:
         return spawn(run, nproc, resolved(cfg), run_dir, True, job, JobLogging.of_this_job(),
                      max_restarts=cfg.launcher.max_restarts, nodes=nodes,
@@ -427,7 +435,7 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
     uses), with the agent above: elastic_launch builds its LocalElasticAgent itself, and has
     no say in which failures it restarts."""
     params = RendezvousParameters(backend="c10d", endpoint=nodes.endpoint, run_id=nodes.run_id,
-                                  min_nodes=nodes.count, max_nodes=nodes.count, timeout=900)  # elastic_launch's join timeout
+                                  min_nodes=nodes.count, max_nodes=nodes.count, timeout=RENDEZVOUS_TIMEOUT_S)
     beats = multiprocessing.RawArray("d", nproc)  # shared memory, one slot per local rank
     spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=_Rank(fn, beats), args=tuple(args),
                       rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
