@@ -48,7 +48,8 @@ import time
 from typing import Any
 
 from bench_report import answers, charts, report, scaling, summarize
-from common import REFERENCE_KINDS, ROOT, SHARDINGS, config_key, config_name, machine, run_logged, steady_rate
+from common import (REFERENCE_KINDS, ROOT, SHARDINGS, LoadAverage, config_key, config_name, machine, run_logged,
+                    steady_rate)
 from levers import LEVERS
 from roofline import dense_flops_per_sample, sgemm_gflops
 
@@ -282,42 +283,6 @@ def main() -> None:
               + ("" if len(p.worlds) > 1 else " (one GPU: the 1-rank comparison only)"), flush=True)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    started = time.time()
-    # The machine's dense arithmetic rate, probed at the start and the end (a shared machine
-    # drifts): the roofline the report measures every mode against.
-    sgemm = [sgemm_gflops(rows=p.per_rank_batch)] if p.roofline else []
-    runs: list[dict] = []
-    for rep in range(p.reps):
-        for world in p.worlds:
-            # hybridrec and the reference back to back, the order swapped every other repetition
-            steps = [lambda: sweep(p, world, rep, out)]
-            if world in p.reference_worlds:
-                steps += [lambda kind=kind: [reference(p, world, rep, out, kind=kind)] for kind in REFERENCE_KINDS]
-            for step in steps[:: -1 if rep % 2 else 1]:
-                for r in step():
-                    runs.append(r)
-                    name = config_name(config_key(r))
-                    print(f"rep {rep + 1}/{p.reps}  {name:60s} {r['samples_per_second']:>9,.0f} samples/s", flush=True)
-    profile = []
-    if p.profile:  # separate runs, not timed: the profiler slows the steps it records
-        window = ["profile.enabled=true", f"profile.start_step={p.warmup}", f"profile.steps={min(10, p.steps - p.warmup)}"]
-        for r in sweep(p, p.worlds[-1], 0, out, extra=window,
-                       sweep_values={"sharding": ["auto"], "mesh": p.profile, "train.pipeline": ["sparse_dist"]}):
-            r["profiled"] = True
-            runs.append(r)
-            profile.append({"dense": r["dense"], "profile": r["profile"], "run_dir": r["run_dir"]})
-    lever_res = None
-    if p.levers:
-        import levers
-
-        lever_res = levers.measure(p, out, p.levers_reps, single, reference, names=p.levers)
-    roofline = None
-    if p.roofline:
-        sgemm.append(sgemm_gflops(rows=p.per_rank_batch))
-        roofline = {"sgemm_gflops": sgemm, "sgemm_gflops_median": statistics.median(sgemm),
-                    "gemm": f"float32 {p.per_rank_batch} x 512 @ 512 x 512, {os.cpu_count()} threads",
-                    "flops_per_sample": dense_flops_per_sample(["+experiment=ctr", *p.overrides])}
-    configs = summarize(runs, roofline)
     res: dict[str, Any] = {
         "schema_version": 1,
         "suite": {"preset": args.preset, **{k: v for k, v in dataclasses.asdict(p).items()},
@@ -325,17 +290,74 @@ def main() -> None:
                   "command": " ".join(["python", "benchmarks/bench.py", *sys.argv[1:]]),
                   "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")},
         "machine": machine(),
-        "configs": configs,
-        "scaling": scaling(configs),
-        "answers": answers(configs),
-        "profile": profile,
-        "roofline": roofline,
-        "levers": lever_res,
-        "runs": runs,
+        "runs": [],
     }
+    sections = [f"{p.reps} repetition(s) of hybridrec and the references at {' and '.join(map(str, p.worlds))} "
+                f"rank(s)"] + [name for name, on in (("profiled runs", p.profile), ("levers", p.levers),
+                                                      ("dense memory", p.dense_memory_steps), ("input pipeline", p.input)) if on]
+    print(f"bench: {args.preset} preset: {'; '.join(sections)}; each run's log under {out}/raw; "
+          f"Ctrl-C writes a partial report", flush=True)
+    started = time.time()
+    # The machine's load while the suite runs: other work on the cores slows every number.
+    with LoadAverage() as load:
+        try:
+            measure(p, out, res, started)
+        except KeyboardInterrupt:  # what ran is reported, marked partial (a full run takes half an hour)
+            res["suite"]["interrupted"] = f"stopped by the user after {(time.time() - started) / 60:.1f} min"
+            print(f"\nbench: {res['suite']['interrupted']}: writing a partial report", flush=True)
+    samples = load.samples or [os.getloadavg()[0]]
+    res["machine"]["load_average"] = {"median": statistics.median(samples), "max": max(samples),
+                                      "cores": os.cpu_count()}
+    res["suite"]["duration_s"] = time.time() - started
+    write_results(res, out)
+
+
+def progress(started: float, what: str) -> None:
+    print(f"bench: [{(time.time() - started) / 60:4.1f} min] {what}", flush=True)
+
+
+def measure(p: Preset, out: str, res: dict[str, Any], started: float) -> None:
+    """Every section of the preset, in turn, each result stored in ``res`` as it comes (so an
+    interrupted suite still reports what finished)."""
+    # The machine's dense arithmetic rate, probed at the start and the end (a shared machine
+    # drifts): the roofline the report measures every mode against.
+    sgemm = [sgemm_gflops(rows=p.per_rank_batch)] if p.roofline else []
+    runs = res["runs"]
+    for rep in range(p.reps):
+        for world in p.worlds:
+            # hybridrec and the reference back to back, the order swapped every other repetition
+            steps = [("hybridrec", lambda: sweep(p, world, rep, out))]
+            if world in p.reference_worlds:
+                steps += [(kind, lambda kind=kind: [reference(p, world, rep, out, kind=kind)]) for kind in REFERENCE_KINDS]
+            for name, step in steps[:: -1 if rep % 2 else 1]:
+                progress(started, f"rep {rep + 1}/{p.reps}, {world} rank(s): {name}")
+                for r in step():
+                    runs.append(r)
+                    label = config_name(config_key(r))
+                    print(f"rep {rep + 1}/{p.reps}  {label:60s} {r['samples_per_second']:>9,.0f} samples/s", flush=True)
+    res["profile"] = []
+    if p.profile:  # separate runs, not timed: the profiler slows the steps it records
+        progress(started, "profiled runs")
+        window = ["profile.enabled=true", f"profile.start_step={p.warmup}", f"profile.steps={min(10, p.steps - p.warmup)}"]
+        for r in sweep(p, p.worlds[-1], 0, out, extra=window,
+                       sweep_values={"sharding": ["auto"], "mesh": p.profile, "train.pipeline": ["sparse_dist"]}):
+            r["profiled"] = True
+            runs.append(r)
+            res["profile"].append({"dense": r["dense"], "profile": r["profile"], "run_dir": r["run_dir"]})
+    if p.levers:
+        import levers
+
+        progress(started, f"levers: {', '.join(p.levers)}")
+        res["levers"] = levers.measure(p, out, p.levers_reps, single, reference, names=p.levers)
+    if p.roofline:
+        sgemm.append(sgemm_gflops(rows=p.per_rank_batch))
+        res["roofline"] = {"sgemm_gflops": sgemm, "sgemm_gflops_median": statistics.median(sgemm),
+                           "gemm": f"float32 {p.per_rank_batch} x 512 @ 512 x 512, {os.cpu_count()} threads",
+                           "flops_per_sample": dense_flops_per_sample(["+experiment=ctr", *p.overrides])}
     if p.dense_memory_steps:
         import dense_memory
 
+        progress(started, "dense memory: DDP against FSDP2 on the dense-heavy model")
         model = p.dense_memory_model or dense_memory.MODEL
         ranks = dense_memory.run(p.dense_memory_steps, p.reps, model)
         res["dense_memory"] = {"steps": p.dense_memory_steps, "reps": p.reps, "numel": ranks["ddp"][0]["numel"],
@@ -344,8 +366,22 @@ def main() -> None:
     if p.input:
         import input_scaling
 
+        progress(started, "input pipeline: per-rank cost against world size")
         res["input"] = input_scaling.measure(**p.input)
-    res["suite"]["duration_s"] = time.time() - started
+
+
+def write_results(res: dict[str, Any], out: str) -> None:
+    """results.json, the charts and REPORT.md from what ``measure`` stored."""
+    res.setdefault("profile", [])
+    res.setdefault("roofline", None)
+    res.setdefault("levers", None)
+    if not res["runs"]:
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        sys.exit(f"bench: {res['suite'].get('interrupted', 'stopped')}: no run finished, no report "
+                 f"(results.json in {out})")
+    configs = summarize(res["runs"], res["roofline"])
+    res.update(configs=configs, scaling=scaling(configs), answers=answers(configs))
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     charts(res, out)

@@ -173,10 +173,16 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"`{s['command']}` ({s['preset']} preset), {s['date']}, {s['duration_s'] / 60:.1f} min.",
         "",
+        *([f"**Partial: {s['interrupted']}.** The sections below hold what finished; a configuration or "
+           "section that did not is missing, and a repetition cut short leaves fewer repetitions.", ""]
+          if s.get("interrupted") else []),
         "## Machine and method",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {gpu}; Python {m['python']}, torch {m['torch']}, "
-        f"torchrec {m['torchrec']}, fbgemm-gpu {m['fbgemm_gpu']}, Hydra {m['hydra']}.",
+        f"torchrec {m['torchrec']}, fbgemm-gpu {m['fbgemm_gpu']}, Hydra {m['hydra']}."
+        + (f" The 1-minute load average while it ran: median {m['load_average']['median']:.1f}, max "
+           f"{m['load_average']['max']:.1f} ({m['load_average']['cores']} cores: more than one training process's "
+           "worth means other work shared them)." if m.get("load_average") else ""),
         f"- `ctr` experiment (DLRM, 64-dim tables, Adagrad), per-rank batch {s['per_rank_batch']} (global = "
         f"per-rank x ranks: weak scaling). {s['steps']} steps per run; the first {s['warmup_steps']} (tracing, "
         f"pipeline fill, lazy init) are excluded from the rate; {s['reps']} repetitions, alternating: every "

@@ -315,3 +315,25 @@ def test_the_pregenerated_reference_feeds_the_experiments_shapes(tmp_path):
     result = json.load(open(out))
     assert result["input"] == "pregenerated" and result["world_size"] == 2 and result["samples_per_second"] > 0
     assert 0.3 < result["train_loss"] < 1.5  # BCE on random labels: near log 2
+
+
+@pytest.mark.unit
+def test_an_interrupted_suite_reports_what_finished_with_the_machines_load(tmp_path, capsys):
+    """Ctrl-C during the first repetition at 2 ranks: the 1-rank runs finished, the rest did
+    not; the report says it is partial and names the load the numbers were measured under."""
+    res = _gpu_results(None)
+    res["runs"] = [r for r in res["runs"] if r["world_size"] == 1 and r["rep"] == 0]
+    for key in ("configs", "scaling", "answers", "levers", "profile", "roofline"):
+        del res[key]  # measure() had not reached them
+    res["suite"]["interrupted"] = "stopped by the user after 1.5 min"
+    res["machine"]["load_average"] = {"median": 2.4, "max": 3.1, "cores": 64}
+    bench.write_results(res, str(tmp_path))
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "**Partial: stopped by the user after 1.5 min.**" in text
+    assert "load average while it ran: median 2.4, max 3.1 (64 cores" in text
+    assert "1 rank · auto · ddp · sparse_dist" in text
+    assert json.load(open(tmp_path / "results.json"))["suite"]["interrupted"]
+    capsys.readouterr()
+    res["runs"] = []  # stopped before any run finished: no report, one line
+    with pytest.raises(SystemExit, match="no run finished"):
+        bench.write_results(res, str(tmp_path))
