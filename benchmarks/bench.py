@@ -42,6 +42,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -310,6 +311,8 @@ def main() -> None:
                                       "cores": os.cpu_count()}
     res["suite"]["duration_s"] = time.time() - started
     write_results(res, out)
+    if res["suite"].get("interrupted"):
+        sys.exit(128 + signal.SIGINT)  # the shell's status for a command stopped by Ctrl-C
 
 
 def progress(started: float, what: str) -> None:

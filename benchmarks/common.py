@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,9 @@ def run_logged(cmd: list[str], log: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if proc.returncode in (128 + signal.SIGINT, -signal.SIGINT):
+        # Ctrl-C reached the command (its process group) and ended it: the user's stop, not a failure
+        raise KeyboardInterrupt
     if proc.returncode:
         tail = open(log).read()[-4000:]
         raise RuntimeError(f"failed ({proc.returncode}): {' '.join(cmd)}\n--- {log}\n{tail}")
