@@ -89,7 +89,7 @@ test: install $(MOVIELENS) ## run the whole test suite, every tier (fetches Movi
 test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (about 1.5 min on 2 cores)
 	$(PYTEST) -m unit $(ARGS)
 
-test-gpu: install ## on a CUDA machine (not yet run on one): the gpu tier, then the 2-rank suites on NCCL; skipped with the reason elsewhere
+test-gpu: install ## on a CUDA machine: the gpu tier (passed on one H100), then the 2-rank suites on NCCL (not yet run); skipped with the reason elsewhere
 	$(PY) -m pytest -q -m gpu $(ARGS)
 	HYBRIDREC_TEST_DEVICE=cuda $(PY) -m pytest -q -m dist tests/test_equivalence.py tests/test_checkpoint.py tests/test_2d.py $(ARGS)
 
