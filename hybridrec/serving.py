@@ -33,6 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from hybridrec.config import IdMapping
+from hybridrec.data.criteo.common import map_ids
 from hybridrec.data.parquet.columns import _is_list, _kind, _plain_array
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.parquet.vocabulary import Vocabulary
@@ -84,9 +86,12 @@ class Preprocessor:
         self.weighted = "weights" in self.program_inputs
 
     @classmethod
-    def load(cls, export_dir: str) -> "Preprocessor":
+    def load(cls, export_dir: str, managed_ids: Optional[str] = None) -> "Preprocessor":
         """Read ``preprocessing.json`` and the files it names, each checked against its
-        sha256: a missing or damaged file is one ``hybridrec: ...`` ValueError naming it."""
+        sha256: a missing or damaged file is one ``hybridrec: ...`` ValueError naming it.
+        ``managed_ids``: the managed ids' file to map with instead of the export's own, for
+        weights with deltas applied (``hybridrec.delta.load``): the last applied delta's
+        ``deltas/managed_ids_NNNNN.parquet``, which the ids' rows of those weights are."""
         path = os.path.join(export_dir, PREPROCESSING)
         if not os.path.isfile(path):
             model = os.path.join(export_dir, "model.json")
@@ -122,7 +127,7 @@ class Preprocessor:
                 except ValueError as e:
                     raise _refuse(str(e)) from None
             elif ids["kind"] == "managed" and managed is None:
-                managed = _read_parquet(os.path.join(export_dir, ids["file"]), "the managed ids' file")
+                managed = _read_parquet(managed_ids or os.path.join(export_dir, ids["file"]), "the managed ids' file")
         return cls(export_dir, spec, joins, vocabularies, managed)
 
     @property
@@ -141,15 +146,20 @@ class Preprocessor:
                           + f"; this export reads {', '.join(self.columns)}: {self.spec['rows']}")
         n = table.num_rows
         joined = {name: self._joined(j, table) for name, j in self._joins.items()}
-        column = lambda entry, name: (joined[entry["join"]][name] if entry["join"] else
-                                      _plain_array(table.column(name)))
+        def column(entry: dict[str, Any], name: str, empty: pa.DataType) -> pa.Array:
+            """``name`` of the rows or of the entry's join; a column of nulls only (which a
+            {column: values} holding None alone makes, of no type) as ``empty``'s nulls."""
+            array = joined[entry["join"]][name] if entry["join"] else _plain_array(table.column(name))
+            return array.cast(empty) if pa.types.is_null(array.type) else array
+
         dense = np.zeros((n, len(self.spec["dense"])), np.float32)
         for j, d in enumerate(self.spec["dense"]):
-            dense[:, j] = _dense(d, column(d, d["column"]) if d["column"] else None, n)
+            dense[:, j] = _dense(d, column(d, d["column"], pa.float64()) if d["column"] else None, n)
         values, lengths, weights = [], [], []
         for f in self.spec["sparse"]:
-            ids, length, w = self._sparse(f, column(f, f["column"]),
-                                          column(f, f["weights_column"]) if f["weights_column"] else None)
+            ids, length, w = self._sparse(f, column(f, f["column"], pa.string() if f["ids"]["kind"] == "hex"
+                                                    else pa.int64()),
+                                          column(f, f["weights_column"], pa.float64()) if f["weights_column"] else None)
             values.append(ids)
             lengths.append(length)
             weights.append(w if w is not None else np.ones(len(ids), np.float32))
@@ -197,6 +207,8 @@ class Preprocessor:
                 ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """Feature ``f``'s table rows (flat), ids per row and id weights."""
         name, n = f"column {f['column']!r} (feature {f['name']})", len(column)
+        if f["ids"]["kind"] == "hex" and column.null_count:  # a missing Criteo id is id 0, as an empty field
+            column = pc.fill_null(column, pa.scalar("", column.type))
         if column.null_count and f["null_rows"] == "error":
             raise _refuse(f"{name} is null in row {_first(column.is_null())}: training refused such rows "
                           f"(null_ids=bad); give an id")
@@ -225,7 +237,7 @@ class Preprocessor:
     def _rows(self, f: dict[str, Any], flat: pa.Array, name: str, lengths: np.ndarray) -> np.ndarray:
         """Table rows of the ids ``flat``, by the feature's mapping."""
         ids, kind = f["ids"], _kind(flat.type)
-        accepted = {"row": ("int",), "hash": ("int", "str"), "managed": ("int", "str"),
+        accepted = {"row": ("int",), "hash": ("int", "str"), "managed": ("int", "str"), "hex": ("str",),
                     "vocabulary": (self._vocabularies[ids["file"]].kind,) if ids["kind"] == "vocabulary" else ()}
         if kind not in accepted[ids["kind"]] and len(flat):
             wanted = " or ".join("integers" if k == "int" else "strings" for k in accepted[ids["kind"]])
@@ -242,6 +254,9 @@ class Preprocessor:
             return rows
         if ids["kind"] == "vocabulary":
             return self._vocabularies[ids["file"]].rows(flat)
+        if ids["kind"] == "hex":
+            mapping = {"splitmix64": IdMapping.hash, "none": IdMapping.modulo}[ids["function"]]
+            return map_ids(_hex(flat, name, lengths)[:, None], np.array([ids["modulo"]]), mapping)[:, 0]
         if ids["function"] != "splitmix64":
             raise _refuse(f"feature {f['name']}: id function {ids['function']!r} is not one this hybridrec has")
         keys = _keys(flat, kind, int(ids["seed"]))
@@ -318,6 +333,20 @@ def _keys(flat: pa.Array, kind: str, seed: int) -> np.ndarray:
         return np.zeros(0, np.uint64)
     encoded = pc.dictionary_encode(flat)
     return hash_strings(encoded.dictionary, seed)[np.asarray(encoded.indices, np.int64)]
+
+
+def _hex(flat: pa.Array, name: str, lengths: np.ndarray) -> np.ndarray:
+    """Hex ids of at most 8 digits (empty: 0) as integers, as the Criteo reader parses them."""
+    if not len(flat):
+        return np.zeros(0, np.uint64)
+    ok = np.asarray(pc.match_substring_regex(flat, r"^[0-9a-fA-F]{0,8}$"))
+    if not ok.all():
+        i = int(np.argmax(~ok))
+        raise _refuse(f"{name}: {flat[i].as_py()!r} in row {_row_of(lengths, i)} is not a hex id of at most 8 "
+                      f"digits: training refused such rows")
+    encoded = pc.dictionary_encode(flat)
+    distinct = np.array([int(v or "0", 16) for v in encoded.dictionary.to_pylist()], np.uint64)
+    return distinct[np.asarray(encoded.indices, np.int64)]
 
 
 def _managed_rows(managed: pa.Table, table: str, keys: np.ndarray) -> np.ndarray:

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import compose_cfg
-from shared import tables
+from shared import rand_rows, reader, tables, write
 
-from hybridrec.data import build_source
+from hybridrec.data import build_source, loader
 from hybridrec.data.example import generate
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.export import PREPROCESSING, export, write_preprocessing
@@ -201,3 +201,33 @@ def test_a_source_without_raw_rows_writes_no_preprocessing(tmp_path):
     assert write_preprocessing(Opaque(), False, str(tmp_path)) is None and not os.listdir(tmp_path)
     with pytest.raises(ValueError, match=r"^hybridrec: .*preprocessing.json is missing: .* export the checkpoint"):
         Preprocessor.load(str(tmp_path))
+
+
+@pytest.mark.unit
+def test_export_help_names_the_preprocessing_and_its_reader(capsys):
+    from hybridrec.export import main
+
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert "preprocessing.json" in out and "hybridrec.serving" in out and "Preprocessor.load" in out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mapping", ["modulo", "hash"])
+def test_criteo_fields_map_as_the_tsv_reader_maps_them(tmp_path, mapping):
+    """Integers (negative, missing) and hex ids (upper case, empty, null) of a Criteo log:
+    the Preprocessor's inputs are the batch the TSV reader reads from the same lines."""
+    lines = rand_rows(8, seed=1)
+    fields = [line.split("\t") for line in lines]
+    fields[1][1], fields[2][14] = "", fields[2][14].upper()  # a missing integer, upper-case hex
+    source = reader(write(tmp_path / "day.tsv", ["\t".join(f) for f in fields]), batch=8, id_mapping=mapping)
+    batch = next(loader.batches(source, "eval", 0, 1, 1)).batch
+    write_preprocessing(source, False, str(tmp_path))
+    raw = {f"int_{j}": [int(f[1 + j]) if f[1 + j] else None for f in fields] for j in range(13)}
+    raw |= {f"cat_{j}": [f[14 + j] for f in fields] for j in range(26)}
+    raw["cat_3"] = [None] * 8  # rand_rows leaves cat_3 empty: null reads the same
+    dense, values, lengths = Preprocessor.load(str(tmp_path))(raw)
+    torch.testing.assert_close(dense, batch.dense_features, rtol=0, atol=0)
+    assert values.tolist() == batch.sparse_features.values().tolist() and lengths.eq(1).all()
+    with pytest.raises(ValueError, match=r"^hybridrec: column 'cat_0' \(feature cat_0\): 'xyz' in row 0 is not a hex"):
+        Preprocessor.load(str(tmp_path))(raw | {"cat_0": ["xyz"] + raw["cat_0"][1:]})

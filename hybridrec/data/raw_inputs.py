@@ -27,6 +27,9 @@ Id mappings (``ids``), from a raw id to a table row:
 - ``{"kind": "hash", "function": "splitmix64", "seed": s, "modulo": n}``: the id's 64-bit
   key (``hybridrec.data.parquet.hash_ints`` for integers, ``hash_strings`` for strings,
   under seed ``s``) modulo the table's rows;
+- ``{"kind": "hex", "function": "splitmix64" | "none", "modulo": n}``: a hex string of at
+  most 8 digits (null or empty: 0) read as an integer, mixed by splitmix64's finalizer or
+  not, modulo the table's rows (Criteo's ``data.id_mapping``: ``hybridrec.data.criteo.map_ids``);
 - ``{"kind": "vocabulary", "file": f}``: the id's position in the vocabulary file ``f``
   (column ``id``) plus 1; row 0 for an id not in it;
 - ``{"kind": "managed", "file": "managed_ids.parquet", "table": t, "function": "splitmix64",
@@ -48,7 +51,7 @@ import pyarrow as pa
 FORMAT = 1
 """preprocessing.json's format version: a reader refuses another one."""
 DENSE_OPS = ("fill_null", "clamp", "log1p", "standardize", "constant")
-ID_MAPPINGS = ("row", "hash", "vocabulary", "managed")
+ID_MAPPINGS = ("row", "hash", "hex", "vocabulary", "managed")
 LAYOUTS = ("one id", "list", "one id or list")
 MANAGED_FILE = "managed_ids.parquet"
 """The managed ids' file of an export (``hybridrec.exported.write_managed_ids`` writes it)."""

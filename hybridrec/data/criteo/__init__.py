@@ -19,7 +19,8 @@ format for large runs.
 
 The package, one module per job: ``common`` (the columns, the files a path names, the tables
 and the mapping of ids into them, the collision estimate, the validation fraction), ``tsv``
-(CriteoTSV, its shard readers and the parsing of blocks of lines) and ``binary``
+(CriteoTSV, its shard readers and the parsing of blocks of lines), ``text`` (a file's bytes
+before parsing: the text and gzip checks, blocks of whole lines, lines that are not UTF-8) and ``binary``
 (CriteoBinary); ``hybridrec.data.criteo`` keeps their names.
 """
 

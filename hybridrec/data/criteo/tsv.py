@@ -5,7 +5,6 @@ breaks, lines that are not UTF-8) parsed and validated a block at a time (``pars
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from typing import Iterator, Optional
@@ -27,6 +26,8 @@ from hybridrec.data import (
 )
 from hybridrec.data.criteo.common import (CAT_FEATURES, COLUMNS, INT_FEATURES, criteo_tables, estimate_collisions,
                                           map_ids, resolve_paths, validation_fraction, warn_collisions)
+from hybridrec.data.criteo.text import _blank_undecodable, _check_gzip, _line_blocks, _text_head, _Unreadable
+from hybridrec.data.raw_inputs import RawInputs, dense_input, sparse_input
 
 _HEX = np.full(256, 255, dtype=np.uint8)  # byte -> nibble, 255 = not a hex digit
 for _i, _c in enumerate("0123456789abcdef"):
@@ -98,6 +99,19 @@ class CriteoTSV(Source):
         self._counting: dict[str, bool] = {}  # whether this pass of a split counts its files
         self._readers: dict[tuple[str, int], _ShardReader] = {}
         self._lines = _LineIndex()
+
+    def raw_inputs(self) -> RawInputs:
+        """A raw row is a log line's fields: int_0 .. int_12 integers (missing: null), cat_0 ..
+        cat_25 hex ids of at most 8 digits (missing: null or empty, id 0), converted as
+        ``_convert`` and ``map_ids`` convert them."""
+        dense = [dense_input(f"int_{j}", [{"op": "fill_null", "value": 0}, {"op": "clamp", "min": 0.0},
+                                          {"op": "log1p"}]) for j in range(INT_FEATURES)]
+        function = "splitmix64" if self.id_mapping == IdMapping.hash else "none"
+        sparse = [sparse_input(f.name, f.name, f.table_name, f.num_embeddings, f.pooling,
+                               {"kind": "hex", "function": function, "modulo": f.num_embeddings}, "one id")
+                  for f in self.features]
+        return RawInputs("a Criteo line's fields: int_0 .. int_12 (integers or null) and cat_0 .. cat_25 (hex "
+                         "strings of at most 8 digits, null or empty for a missing one)", dense, sparse)
 
     def report(self) -> dict:
         return self._report.to_dict()
@@ -514,94 +528,3 @@ def _integer_cells(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         except pa.ArrowInvalid:  # out of int64's range
             pass
     return values, ~good
-
-
-class _Unreadable(Exception):
-    """A file's stream broke after the blocks already yielded; ``partial`` bytes of the next
-    line had been read."""
-
-    def __init__(self, kind: str, cause: BaseException, partial: int) -> None:
-        super().__init__(kind)
-        self.kind, self.cause, self.partial = kind, cause, partial
-
-
-_TEXT_HEAD = 65_536  # bytes of a file's text looked at before training
-
-
-def _text_head(path: str, key: str) -> bytes:
-    """The first bytes of the file's text (decompressed), refused when they are not text: a
-    NUL byte is in no TSV, and a binary file read as lines would lose every row to
-    "wrong field count" errors and look like a file of bad rows."""
-    try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
-            head = f.read(_TEXT_HEAD)
-    except (OSError, EOFError, zlib.error):  # a broken gzip stream: reported where it breaks, by the reader
-        return b"?"
-    if (nul := head.find(b"\0")) >= 0:
-        raise DataError(f"{path}: not a text file (a NUL byte at byte {nul:,} of its text); {key} names Criteo's "
-                        f"tab-separated logs (.tsv or .tsv.gz): a converted .npy day is read with data=criteo_binary")
-    return head
-
-
-def _check_gzip(path: str) -> None:
-    """A file named .gz that is not gzip (a plain TSV renamed, another format) is named as
-    such now: read as gzip, it would lose every row and look like a file too short."""
-    if not path.endswith(".gz") or os.path.getsize(path) == 0:
-        return
-    with open(path, "rb") as f:
-        head = f.read(2)
-    if head != b"\x1f\x8b":
-        text = all(32 <= c < 127 or c in b"\t\r\n" for c in head)
-        plain = "plain text: drop the .gz from its name" if text else "not gzip"
-        raise DataError(f"{path}: named .gz but it is not gzip (it starts with {head!r}: {plain})")
-
-
-def _line_blocks(path: str, size: int) -> Iterator[bytes]:
-    """The file's text, decompressed, in blocks of whole lines of about ``size`` bytes (a
-    longer line is one block). When the stream breaks (truncated or corrupt gzip, an I/O
-    error), every complete line before the break is yielded, then ``_Unreadable`` raised."""
-    gz = path.endswith(".gz")
-    parts: list[bytes] = []
-    held, error = 0, None
-    # Python's gzip hands out what it decompressed before a truncation (read1: one step at a
-    # time, so no read spans the break); PyArrow's stream loses its whole last read.
-    with gzip.open(path, "rb") if gz else pa.input_stream(path, compression="detect") as f:
-        read = f.read1 if gz else f.read
-        while True:
-            try:
-                chunk = read(size)
-            except (EOFError, OSError, zlib.error, pa.ArrowInvalid) as e:
-                error = e
-                break
-            if not chunk:
-                break
-            parts.append(chunk)
-            held += len(chunk)
-            if held >= size and b"\n" in chunk:
-                data = b"".join(parts)
-                cut = data.rfind(b"\n") + 1
-                yield data[:cut]
-                parts, held = [data[cut:]], len(data) - cut
-    data = b"".join(parts)
-    cut = len(data) if error is None else data.rfind(b"\n") + 1  # at a clean end, the last line may lack its newline
-    if cut:
-        yield data[:cut]
-    if error is not None:
-        kind = ("truncated gzip" if isinstance(error, EOFError) else
-                "corrupt gzip" if gz and isinstance(error, (zlib.error, gzip.BadGzipFile)) else "read error")
-        raise _Unreadable(kind, error, len(data) - cut)
-
-
-def _blank_undecodable(text: bytes) -> tuple[bytes, dict[int, str]]:
-    """``text`` with every line that is not UTF-8 replaced by a placeholder, and those lines
-    (1-based) with the reason. Replaced, not removed, so the parser's line numbers still
-    match the file's."""
-    lines = text.split(b"\n")
-    bad = {}
-    for i, line in enumerate(lines):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            bad[i + 1] = f"not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1})"
-            lines[i] = b"-"  # one field: the parser skips it as a row of the wrong shape
-    return b"\n".join(lines), bad

@@ -339,7 +339,9 @@ class ParquetSource(_Columns, _Partitioned, Source):
         steps = {"log1p": [{"op": "clamp", "min": 0.0}, {"op": "log1p"}], "none": []}
         dense = [dense_input(d.column, steps[d.transform] if d.transform in steps
                              else [{"op": "standardize", "mean": d.mean, "std": d.std}]) for d in self.dense]
-        schema = pq.read_schema(self._splits["train"].files[0].path)  # the layout the training files have
+        # the layout the files have (a partitioned log's trained files may be none yet)
+        files = [f for sp in self._splits.values() for f in sp.files]
+        schema = pq.read_schema(files[0].path)
         sparse, copies = [], {}
         for f in self.sparse:
             if f.id_mapping == ParquetIdMapping.none.value:
