@@ -208,10 +208,10 @@ class MovieLens(UserItemSource):
             return RawInputs(doc, [dense_input(None, [{"op": "constant", "value": 1.0}])], sparse)
         row = {"kind": "row", "outside": "error"}  # the joins hold table rows
         side = {f.name: f for f in self.features}
-        sparse += [sparse_input(name, name, side[name].table_name, side[name].num_embeddings, side[name].pooling, row, "one id",
-                                join="users") for name in self.user_side]
-        sparse.append(sparse_input("genres", "genres", side["genres"].table_name, GENRES, side["genres"].pooling, row, "list",
-                                   join="items"))
+        sparse += [sparse_input(name, name, side[name].table_name, side[name].num_embeddings, side[name].pooling,
+                                row, "one id", join="users") for name in self.user_side]
+        sparse.append(sparse_input("genres", "genres", side["genres"].table_name, GENRES, side["genres"].pooling,
+                                   row, "list", join="items"))
         dense = [dense_input("age_years", [{"op": "standardize", "mean": 0.0, "std": 100.0}], join="users"),
                  dense_input("release_year", [{"op": "standardize", "mean": 1900.0, "std": 100.0}], join="items")]
         users = pa.table({"user_id": np.arange(len(self.user_age), dtype=np.int64),

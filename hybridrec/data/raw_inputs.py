@@ -84,7 +84,8 @@ def dense_input(column: Optional[str], steps: list[dict[str, Any]], join: Option
 
 
 def sparse_input(name: str, column: str, table: str, num_embeddings: int, pooling: str, ids: dict[str, Any],
-                 layout: str, *, weights_column: Optional[str] = None, max_length: Optional[int] = None, truncate: bool = False,
+                 layout: str, *, weights_column: Optional[str] = None, max_length: Optional[int] = None,
+                 truncate: bool = False,
                  null_rows: str = "empty", join: Optional[str] = None) -> dict[str, Any]:
     """A sparse feature: the ids of ``column`` (``layout``: "one id" per row, a "list" per
     row, or "one id or list" as the training files had it: the reader takes either, both

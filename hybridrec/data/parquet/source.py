@@ -358,8 +358,8 @@ class ParquetSource(_Columns, _Partitioned, Source):
             sparse.append(sparse_input(f.name, f.column, f.table_name, f.num_embeddings, f.pooling, ids, layout,
                                        weights_column=f.weights_column, max_length=f.max_length, truncate=f.truncate,
                                        null_rows="error" if f.null_ids == "bad" else "empty"))
-        return RawInputs(f"a row of the feature log: columns {', '.join(c for c in self.columns if c not in (self.label_column, self.weight_column))}",
-                         dense, sparse, copies=copies)
+        read = [c for c in self.columns if c not in (self.label_column, self.weight_column)]
+        return RawInputs(f"a row of the feature log: columns {', '.join(read)}", dense, sparse, copies=copies)
 
     def _features(self) -> list[SparseFeature]:
         """The features, with pooling factors (mean ids per row) and collisions estimated on
