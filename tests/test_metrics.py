@@ -109,11 +109,12 @@ def test_summary_shows_gpu_memory_beside_the_planners_estimate():
     from hybridrec.summary import format_summary
 
     assert peak_device_mb(torch.device("cpu")) == {}  # on CPU the host RSS is the measure
-    train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0}
+    train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0,
+             "resumed_from_step": 0}
     objective = {"name": "train_loss", "direction": "minimize", "value": 0.5, "best_step": None, "best_value": None,
-                 "best_checkpoint": None, "stopped_early_at": None}
+                 "best_checkpoint": None, "stopped_early_at": None, "early_stop_patience": 0}
     s = {"world_size": 2, "device": "cuda:0", "dense_parallel": "fsdp", "train": train, "train_loss": 0.5,
-         "objective": objective,
+         "objective": objective, "references": [], "resumes": [],
          "eval": {"auc": 0.7, "n": 64}, "peak_rss_mb": [900.0, 910.0],
          "memory_per_rank": [{"rank": r, "est_device_mb": 2048.0, "peak_device_allocated_mb": 1500.0 + r,
                               "peak_device_reserved_mb": 1800.0} for r in (0, 1)]}

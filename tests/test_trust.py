@@ -365,7 +365,7 @@ def test_an_export_never_writes_through_a_planted_link(trained, tmp_path):
     assert (victim / "model.json").read_text() == "precious"
     assert not (step / "export" / "model.json").is_symlink()
     assert json.load(open(step / "export" / "model.json"))["program"] == "model.pt2"
-    assert sorted(os.listdir(step / "export")) == ["model.json", "model.pt2"]  # no temporary file left
+    assert sorted(os.listdir(step / "export")) == ["model.json", "model.pt2", "preprocessing.json"]  # no temporary file left
 
 
 @pytest.mark.unit
