@@ -20,11 +20,14 @@ from hybridrec.checkpoint import STATE_JSON
 from hybridrec.data.criteo import CriteoTSV
 from hybridrec.data.movielens import MovieLens
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+
 def benchmark_script(name: str):
     """benchmarks/<name>.py as the module ``name``: the name the scripts import it by (their
     own directory comes first on their import path; it is not on the tests')."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py"))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
@@ -181,3 +184,28 @@ def rehash(step_dir) -> None:
     fields["state_blake3"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
     with open(os.path.join(step_dir, STATE_JSON), "w") as f:
         json.dump(fields, f)
+
+
+def ctr_raw_rows(source):
+    """The synthetic click log's test split as raw rows, the columns a serving team's log has:
+    ``dense_<j>`` (float) and, per feature, a list of its ids."""
+    import pyarrow as pa
+
+    parts = [source.read("eval", 0, k, 0, source.batch_size) for k in range(source.num_batches("eval"))]
+    columns = {f"dense_{j}": np.concatenate([p.dense[:, j].numpy() for p in parts])
+               for j in range(source.num_dense_features)}
+    for i, f in enumerate(source.features):
+        per_row = []
+        for p in parts:
+            values, lengths, _ = p.feature(i)
+            per_row += np.split(values.numpy(), np.cumsum(lengths.numpy())[:-1])
+        columns[f.name] = pa.array([a.tolist() for a in per_row], pa.list_(pa.int64()))
+    return pa.table(columns)
+
+
+def docs_snippet(guide: str, marker: str) -> str:
+    """The one ```python block of docs/<guide> that contains ``marker``."""
+    text = open(os.path.join(ROOT, "docs", guide)).read()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b]
+    assert len(blocks) == 1, f"docs/{guide}: {len(blocks)} python blocks contain {marker!r}"
+    return blocks[0]

@@ -9,13 +9,16 @@ import os
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from shared import BASE
+from shared import BASE, ctr_raw_rows
 
+from hybridrec.data import build_source
 from hybridrec.devices import Cuda
+from hybridrec.serving import Preprocessor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = Cuda.probe()
@@ -31,11 +34,15 @@ def needs_gpus(n: int):
 CTR = ["+experiment=ctr", "train.log_every=10", "data.eval_batches=4", "train.eval_every=0", "launcher.device=cuda"]
 
 
+def _run(module, *args):
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return proc
+
+
 def _train(tmp_path, name, *overrides):
     run_dir = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    _run("hybridrec.train", *overrides, f"hydra.run.dir={run_dir}")
     with open(run_dir / "summary.json") as f:
         return json.load(f)
 
@@ -78,3 +85,23 @@ def test_one_gpu_trains_like_the_cpu(tmp_path):
                 str(tmp_path / "gpu"))[0]
     torch.testing.assert_close(torch.tensor(gpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=1e-5)
     assert gpu["summary"]["eval"]["auc"] == pytest.approx(cpu["summary"]["eval"]["auc"], abs=1e-3)
+
+
+@needs_gpus(1)
+def test_a_gpu_checkpoint_evaluates_exports_and_serves(tmp_path):
+    """A checkpoint trained on the GPU, named by its run's checkpoint.dir: evaluate (on the
+    GPU) and export (a CPU program) take its newest checkpoint, and the test split's raw rows
+    through the Preprocessor and the program score as evaluate does."""
+    ckpt = tmp_path / "ckpt"
+    _train(tmp_path, "train", *CTR, "train.steps=30", f"checkpoint.dir={ckpt}")
+    _run("hybridrec.evaluate", f"checkpoint={ckpt}", "predictions=true", "launcher.device=cuda",
+         f"hydra.run.dir={tmp_path / 'eval'}")
+    _run("hybridrec.export", f"checkpoint={ckpt}", f"out={tmp_path / 'export'}")
+    predictions = pq.read_table(tmp_path / "eval" / "predictions.parquet").to_pydict()
+    assert predictions["row"] == sorted(predictions["row"])
+    cfg = compose_cfg(CTR)
+    rows = ctr_raw_rows(build_source(cfg.data, cfg.seed))
+    program = torch.export.load(str(tmp_path / "export" / "model.pt2")).module()
+    with torch.no_grad():
+        scores = program(*Preprocessor.load(str(tmp_path / "export"))(rows))
+    torch.testing.assert_close(scores, torch.tensor(predictions["probability"]), rtol=0, atol=1e-4)

@@ -6,6 +6,7 @@ export, a missing column and a wrong type are one ``hybridrec: ...`` error each.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import compose_cfg
-from shared import rand_rows, reader, tables, write
+from shared import ctr_raw_rows, docs_snippet, rand_rows, reader, tables, write
 
 from hybridrec.data import build_source, loader
 from hybridrec.data.example import generate
@@ -158,20 +159,22 @@ def test_a_missing_column_or_a_wrong_type_names_the_column(log, log_export):
 # ------------------------------------------------------------------- ctr and MovieLens
 @pytest.mark.slow
 def test_the_ctr_experiment_scores_from_raw_rows_as_evaluate_does(tmp_path):
-    overrides = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
-                 "data.multi_hot_sizes=[1,3,1,2]", "data.eval_batches=2", *SMALL_DLRM]
+    """The ctr experiment's 26 features (small tables, some multi-hot), and the serving
+    guide's snippet run as printed, on this export."""
+    sizes = [300, 200, 100, 50] * 6 + [20, 10]
+    overrides = ["+experiment=ctr", "data.batch_size=64", f"data.num_embeddings_per_feature=[{','.join(map(str, sizes))}]",
+                 f"data.multi_hot_sizes=[{','.join(['1', '3', '1', '2'] * 6 + ['1', '1'])}]", "data.eval_batches=2",
+                 *SMALL_DLRM]
     export_dir, expected = _train_export_evaluate(tmp_path, overrides)
     cfg = compose_cfg(overrides)
-    source = build_source(cfg.data, cfg.seed)
-    parts = [source.read("eval", 0, k, 0, source.batch_size) for k in range(source.num_batches("eval"))]
-    # the generated rows as a table: dense_<j> and, per feature, a list of its ids
-    columns = {f"dense_{j}": np.concatenate([p.dense[:, j].numpy() for p in parts])
-               for j in range(source.num_dense_features)}
-    for i, f in enumerate(source.features):
-        ids = [np.split(p.values.split(p.lengths.sum(1).tolist())[i].numpy(), np.cumsum(p.lengths[i].numpy())[:-1])
-               for p in parts]
-        columns[f.name] = pa.array([a.tolist() for part in ids for a in part], pa.list_(pa.int64()))
-    torch.testing.assert_close(_scores(export_dir, pa.table(columns)), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(_scores(export_dir, ctr_raw_rows(build_source(cfg.data, cfg.seed))), expected,
+                               rtol=0, atol=1e-5)
+    snippet = docs_snippet("serving.md", "from hybridrec.serving import Preprocessor")
+    assert 'export = "outputs/demo/export"' in snippet  # the demo's export, which the guide's reader has
+    proc = subprocess.run([sys.executable, "-c", snippet.replace("outputs/demo/export", str(export_dir))],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.fullmatch(r"tensor\(\[0\.\d+\]\)\n", proc.stdout), proc.stdout
 
 
 @pytest.mark.slow
