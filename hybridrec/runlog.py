@@ -127,7 +127,7 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
     judged = objective is not None and objective["name"].startswith("valid.") and bool(evals) \
         and objective["name"][6:] in evals[0]["eval"]
     panels = 3 + judged + bool(progressive)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))  # room for the legends below
     ax_loss, ax_eval, ax_rate = axes[0], axes[1 + judged], axes[2 + judged]
     if progressive:
         _plot_freshness(axes[-1], progressive)
@@ -156,7 +156,7 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
-        ax_eval.legend(handles=ax_eval.lines + extra, loc="best", fontsize=8)
+        _legend_below(ax_eval, ax_eval.lines + extra)
     # samples/s is cumulative since the process started: each run of a resumed training is
     # its own segment, never one line across a restart
     bounds = [0] + [r["step"] for r in records if r.get("event") == RESUME] + [float("inf")]
@@ -195,7 +195,14 @@ def _plot_objective(ax: Any, objective: ObjectiveBlock, evals: list[dict[str, An
                    label=f"early stop (patience {objective['early_stop_patience']})")
     _plot_references(ax, references, metric)
     ax.set(title=f"objective: {objective['name']} ({objective['direction']})", xlabel="step", ylabel=metric)
-    ax.legend(loc="best", fontsize=8)
+    _legend_below(ax, ax.get_legend_handles_labels()[0])
+
+
+def _legend_below(ax: Any, handles: list[Any]) -> None:
+    """The legend under the panel, not on it: inside, "best" place still covers a curve of
+    the twin NE axis (matplotlib places it against this axis's artists only), and the
+    reference lines crowd the top."""
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
 
 
 def _plot_references(ax: Any, references: list[ReferenceResult], metric: str) -> None:
