@@ -96,7 +96,7 @@ test-gpu: install ## on a CUDA machine: the gpu tier (passed on one H100), then 
 bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchmarks/results/REPORT.md (~30-35 min on 2 CPU cores)
 	$(PY) benchmarks/bench.py $(ARGS)
 
-bench-quick: install ## representative subset of the suite (about 3 min on 2 quiet CPU cores; prints progress, Ctrl-C writes a partial report) -> outputs/bench-quick/
+bench-quick: install ## representative subset of the suite (14.5 min on 2 quiet CPU cores, 5 of them the dense-memory section; prints progress, Ctrl-C writes a partial report) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
 
 bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (CUDA builds; not yet run on a GPU)

@@ -26,7 +26,7 @@ one), so slow phases of a shared machine hit every configuration alike.
   comm/compute split of profiled runs (profile.enabled=true).
 
     python benchmarks/bench.py                 # full suite (make bench), ~30-35 min on 2 cores
-    python benchmarks/bench.py --preset quick  # representative subset (make bench-quick), < 5 min
+    python benchmarks/bench.py --preset quick  # representative subset (make bench-quick), ~15 min on 2 cores
     python benchmarks/bench.py --preset smoke --out /tmp/b   # tiny: checks the outputs only
     python benchmarks/bench.py --preset gpu    # every local GPU, launcher.device=cuda (make bench-gpu)
 Writes <out>/results.json (every raw number), REPORT.md and PNG charts, and each run's own
