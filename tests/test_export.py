@@ -3,7 +3,6 @@ does, for every model, at any batch size; its archive holds no pickle; the servi
 example runs as printed, without hybridrec or TorchRec."""
 
 import json
-import re
 import subprocess
 import sys
 import zipfile
@@ -11,6 +10,7 @@ import zipfile
 import pytest
 import torch
 from conftest import compose_cfg
+from shared import docs_snippet
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import RecBatch, build_source, loader
@@ -19,7 +19,6 @@ from hybridrec.models import build_model
 
 pytestmark = pytest.mark.slow  # a torch.export trace takes seconds
 
-GUIDE = __file__.rsplit("/tests/", 1)[0] + "/docs/serving.md"
 DLRM = ["model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]
 MODELS = {
     "dlrm": ["data.num_embeddings_per_feature=[300,200,100,50]", "data.ids_per_feature=2", *DLRM],
@@ -91,20 +90,12 @@ def test_an_archive_with_a_pickled_payload_is_refused(tmp_path):
         _check_archive(str(tmp_path / "bad.pt2"))
 
 
-def _guide_example() -> str:
-    """The Python block of the guide's "Evaluate and predict" section, as printed there."""
-    text = open(GUIDE).read()
-    section = text.split("# Evaluate and predict", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    return block
-
-
 def test_the_guides_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     model, data = _model("dlrm", ml400)
     export = tmp_path / "outputs" / "ckpt" / "step_00000400" / "export"  # the path the example names
     export.mkdir(parents=True)
     write_program(model, data.features, data.num_dense_features, str(export), {})
-    example = _guide_example()
+    example = docs_snippet("serving.md", 'print(spec["output"]')  # the torch-only example, as printed
     assert "hybridrec" not in example and len(example.strip().splitlines()) <= 12
     # After the example: neither hybridrec nor TorchRec (nor fbgemm) was imported to run it.
     check = "\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('hybridrec', 'torchrec', 'fbgemm_gpu')))\n"
