@@ -157,6 +157,10 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
         _legend_below(ax_eval, ax_eval.lines + extra)
+    else:  # a run stopped before its first validation (a continuous run scores it at the end)
+        ax_eval.text(0.5, 0.5, "no validation or test\nscored yet", ha="center", va="center",
+                     transform=ax_eval.transAxes, color="tab:gray")
+        ax_eval.set(title="validation", xticks=[], yticks=[])
     # samples/s is cumulative since the process started: each run of a resumed training is
     # its own segment, never one line across a restart
     bounds = [0] + [r["step"] for r in records if r.get("event") == RESUME] + [float("inf")]
