@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import torch
 
-from hybridrec.data import build_source
+from hybridrec.data import build_source, portable
 from hybridrec.data.synthetic import SyntheticClickLog
 from hybridrec.metrics import binary_metrics
 
@@ -51,12 +51,15 @@ def planted_probabilities(source: SyntheticClickLog, split: str, index: int) -> 
     else:
         signal = (dense - 0.5) * 3.4
     weights = source._planted_weights(ids)
-    logit = -1.0 + 1.5 * signal.astype(np.float64) @ source._dense_w
+    logit = np.full(n, -1.0)
+    for j, w in enumerate(source._dense_w):  # in the generator's order: the sum is rounded as it is there
+        logit += 1.5 * (signal[:, j] * w)
     for first, k in zip(source._offsets, source._sizes):
-        block = weights[first: first + k]
-        mean = block[0] if k == 1 else np.ascontiguousarray(block.T).mean(axis=1)
-        logit += 3.0 * mean / np.sqrt(len(source._sizes))
-    probs = 1 / (1 + np.exp(-logit))
+        total = weights[first].copy()
+        for j in range(1, k):
+            total += weights[first + j]
+        logit += 3.0 / np.sqrt(len(source._sizes)) * (total / np.float32(k))
+    probs = portable.sigmoid(logit)
     if not np.array_equal(u[-1] < probs, labels):
         raise RuntimeError(f"{split} batch {index}: the labels are not draws from the recomputed planted model: "
                            f"update planted_probabilities to hybridrec.data.synthetic's planted logit")

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hybridrec.config import IdMapping
+from hybridrec.data import portable
 from hybridrec.data.criteo.common import map_ids
 from hybridrec.data.parquet.columns import _is_list, _kind, _plain_array
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
@@ -313,7 +314,7 @@ def _dense(d: dict[str, Any], column: Optional[pa.Array], n: int) -> np.ndarray:
             if s["op"] == "clamp":
                 x = np.maximum(x, s["min"])
             elif s["op"] == "log1p":
-                x = np.log1p(x)
+                x = portable.log1p(x)  # what training's readers compute
             elif s["op"] == "standardize":
                 x = (x - s["mean"]) / s["std"]
             elif s["op"] != "fill_null":

@@ -65,7 +65,7 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     if data:
         keep_fitted(cfg, data)  # fitted once here: the ranks get the values
     if state:
-        check_compatible(cfg, path, state, data.features, data.num_dense_features)
+        check_compatible(cfg, path, state, data.features, data.num_dense_features, data.version)
     if state and state.step >= cfg.train.steps:
         raise CheckpointError(
             f"checkpoint {path} is at step {state.step} and train.steps={cfg.train.steps}: nothing to "

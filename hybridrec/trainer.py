@@ -85,7 +85,8 @@ class Trainer:
         self.last_evaluation: tuple[int, Optional[Evaluation]] = (-1, None)  # step, validation result
         self.stream_state: dict[str, Any] = {}  # train.schedule=continuous: the Stream's, saved with the run
         live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
-                                    self.losses, self.runs, self.selection, self.stream_state, self.metrics.records)
+                                    self.losses, self.runs, self.selection, self.stream_state, self.metrics.records,
+                                    data_version=self.data.version)
         self.resumed_from: Optional[ResumedFrom] = None
         self.resumes: list[ResumedFrom] = []  # every resume of the training, this one last
         # Rank 0 picks the checkpoint (verifying its checksums, warning when a damaged newer

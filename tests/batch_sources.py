@@ -5,8 +5,9 @@ command that records the digests:
 
     python tests/batch_sources.py --record      # writes tests/golden/batches.json
 
-Recorded once, from the input pipeline before batches were built as contiguous arrays; any
-later change of a batch's content (a value, a length, a dtype, a field) changes a digest."""
+Recorded from the input pipeline before batches were built as contiguous arrays, the
+synthetic sources again when their generator became version 2 (the same rows on every CPU);
+any later change of a batch's content (a value, a length, a dtype, a field) changes a digest."""
 
 from __future__ import annotations
 

@@ -124,6 +124,7 @@ def test_checkpoint_state_is_json_and_plain_tensors(runs):
     ckpt = tmp / "a" / "step_00000008"
     fields = json.load(open(ckpt / "trainer_state.json"))
     assert fields["step"] == 8 and len(fields["schedulers"]) == 2 and fields["num_dense_features"] > 0
+    assert fields["data_version"] == 2  # the synthetic log's generator
     tensors = torch.load(ckpt / "trainer_state.pt", weights_only=True)
     assert tensors["rng"].dtype == torch.uint8 and tensors["rng"].shape[0] == 2
     assert tensors["losses"].tolist() == two[0]["losses"]  # float64: the logged losses exactly
@@ -325,3 +326,29 @@ def test_the_state_carries_the_metrics_history_up_to_its_step(tmp_path):
     with pytest.raises(CheckpointError, match=r"field 'history\[0\]' is .* expected a metrics record with a step "
                                               r"from 0 to 10"):
         TrainState.from_files(path)
+
+
+@pytest.mark.unit
+def test_a_checkpoint_of_another_generator_version_is_not_resumed(tmp_path):
+    """A synthetic-log checkpoint records the generator's version; one of another version (or
+    one written before versions were recorded: version 1's rows) is refused in one line, since
+    the same seed draws other rows. Evaluating or exporting it stays allowed."""
+    from hybridrec.data.synthetic import SyntheticClickLog
+
+    path, state = _saved(tmp_path, BASE)
+    cfg = compose_cfg(BASE)
+    source = build_source(cfg.data, cfg.seed)
+    args = (cfg, path, state, source.features, source.num_dense_features)
+    state.data_version, state.losses = SyntheticClickLog.version, torch.zeros(10, dtype=torch.float64)
+    check_compatible(*args, SyntheticClickLog.version)  # the same version resumes
+    state.to_files(path)
+    assert TrainState.from_files(path).data_version == SyntheticClickLog.version  # recorded
+    for old in (None, 1):
+        state.data_version = old
+        with pytest.raises(CheckpointError) as e:
+            check_compatible(*args, SyntheticClickLog.version)
+        assert str(e.value) == (
+            f"checkpoint {path} was trained on rows of version 1 of SyntheticClickLog, and this hybridrec draws "
+            f"version {SyntheticClickLog.version}: the same seed gives other rows, so the run cannot go on where it "
+            f"stopped; train anew (another checkpoint.dir, or checkpoint.resume=never)")
+    check_compatible(*args[:-2], source.features, source.num_dense_features, None)  # files: no version to match

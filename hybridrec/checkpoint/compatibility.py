@@ -117,12 +117,15 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
 
 
 def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: list[Any],
-                     num_dense_features: int) -> None:
+                     num_dense_features: int, data_version: Optional[int] = None) -> None:
     """Refuse to resume ``path`` into a run whose model, tables, loss or optimizers differ:
     DCP would fail on the first missing key or shape, inside every rank (checked before
     launch by ``train.py`` and again by ``load``). Raises one ``CheckpointError`` naming
-    every difference and the fix."""
-    diffs = layout_differences(saved_config(path, run_targets(cfg)), state.features, state.num_dense_features,
+    every difference and the fix. ``data_version``: the run's ``Source.version``; the same
+    source of another version draws other rows from the same seed, and is refused too."""
+    saved = saved_config(path, run_targets(cfg))
+    check_data_version(saved, state, cfg, data_version, path)
+    diffs = layout_differences(saved, state.features, state.num_dense_features,
                                cfg, [vars(f) for f in features], num_dense_features)
     if not diffs:
         return
@@ -133,6 +136,23 @@ def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: li
         fix = (f"resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
                f"(its config: {os.path.join(path, CONFIG_YAML)})")
     raise CheckpointError(f"checkpoint {path} does not fit this run ({'; '.join(diffs)}): {fix}")
+
+
+def check_data_version(saved: DictConfig, state: TrainState, cfg: DictConfig, version: Optional[int],
+                       path: str) -> None:
+    """The rows a resumed run reads next are those the checkpoint's run would have read: a
+    generator of another version draws other rows from the same seed and position. A
+    checkpoint that records no version and was trained on the same source drew version 1's."""
+    target = cfg.data.get("_target_")
+    if version is None or OmegaConf.select(saved, "data._target_") != target:
+        return
+    was = state.data_version if state.data_version is not None else 1
+    if was != version:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on rows of version {was} of {_short(target)}, and this hybridrec "
+            f"draws version {version}: the same seed gives other rows, so the run cannot go on where it "
+            f"stopped; train anew (another checkpoint.dir, or checkpoint.resume=never)"
+        )
 
 
 def writer_of(path: str) -> Optional[str]:

@@ -25,7 +25,7 @@ def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
     it continues. Returns the saved state (its ``step`` is where training goes on)."""
     extra = TrainState.from_files(path, cfg.checkpoint.allow_unverified)  # first: a refused checkpoint loads nothing
     # train.py checked this before launch; ranks started otherwise (tests, benchmarks) check here
-    check_compatible(cfg, path, extra, live.features, live.num_dense_features)
+    check_compatible(cfg, path, extra, live.features, live.num_dense_features, live.data_version)
     # The dense optimizers create their state lazily: create it now so DCP can load into it.
     for name, opt in live.optimizer.optimizer.optimizers:
         if name != "sparse":

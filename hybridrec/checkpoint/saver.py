@@ -62,6 +62,9 @@ class Resumable:
     """Rank 0: the run's metrics.jsonl records so far (``hybridrec.runlog.MetricsLog.records``),
     saved with each checkpoint as they are at its step; empty on the other ranks."""
 
+    data_version: Optional[int] = None
+    """``Source.version`` of the data (recorded: a resume onto rows another version draws is refused)."""
+
     def dcp_state(self) -> dict[str, Any]:
         """What DCP saves and loads in place: the sharded model and optimizer state."""
         return {"model": self.model.state_dict(), "optim": self.optimizer.optimizer.state_dict()}
@@ -81,6 +84,7 @@ class Resumable:
             selection=self.selection.to_dict(),
             stream=copy.deepcopy(self.stream),
             history=copy.deepcopy(self.history),  # as at this step: later records are not this checkpoint's
+            data_version=self.data_version,
         )
 
 

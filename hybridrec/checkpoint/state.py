@@ -65,6 +65,10 @@ class TrainState:
     evaluations, earlier resumes), so that a run resumed from this checkpoint writes the
     whole training's history and no record of steps after it. Empty in checkpoints written
     before the field existed."""
+    data_version: Optional[int] = None
+    """``Source.version`` of the data it was trained on: the version of the generator that drew
+    the rows (the synthetic click log). None: rows read from files, or a checkpoint written
+    before the field existed (the synthetic log's rows were then version 1's)."""
     files: dict[str, str] = field(default_factory=dict)
     """BLAKE3 of every other file of the checkpoint, by name: DCP's files (hashed by the rank
     that wrote them), trainer_state.pt and config.yaml. Empty only in checkpoints written
@@ -79,6 +83,7 @@ class TrainState:
         fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
                   "num_dense_features": self.num_dense_features, "runs": self.runs, "selection": self.selection,
                   **({"stream": self.stream} if self.stream else {}), "history": self.history,
+                  **({"data_version": self.data_version} if self.data_version is not None else {}),
                   "files": dict(sorted(self.files.items()))}
         fields["state_blake3"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
@@ -132,7 +137,7 @@ class TrainState:
                    num_dense_features=fields["num_dense_features"], rng=tensors["rng"], losses=tensors["losses"],
                    runs=list(fields.get("runs", [])), selection=dict(fields.get("selection") or {}),
                    stream=dict(fields.get("stream") or {}), history=list(fields.get("history") or []),
-                   files=dict(fields.get("files") or {}))
+                   data_version=fields.get("data_version"), files=dict(fields.get("files") or {}))
 
 
 _FEATURE_FIELDS = {f.name for f in dataclasses.fields(SparseFeature)}
@@ -156,6 +161,8 @@ def _check_fields(fields: dict[str, Any], json_path: str) -> None:
 
     count("step", 0)
     count("num_dense_features", 0)
+    if "data_version" in fields:
+        count("data_version", 1)
     for key in ("schedulers", "features"):
         if key not in fields:
             raise CheckpointError(f"{json_path} is damaged or was edited: field '{key}' is missing")

@@ -32,8 +32,9 @@ novelty boost (popularity and click bias) that fades over about three days, and 
 popularity and click bias follow a trend of their own. A model trained once falls behind; one
 trained day by day follows.
 
-Everything comes from ``--seed`` through NumPy's seeded generators: the same seed writes the
-same bytes.
+Everything comes from ``--seed`` through NumPy's seeded generators, and every exp, log and
+power of the hidden model through ``hybridrec.data.portable`` (NumPy's own differ by a few
+ulps between CPUs): the same seed writes the same bytes on any machine.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hybridrec.atomic import fresh
+from hybridrec.data import portable
 
 SPLITS = (("train", 4, 0, 14), ("valid", 2, 14, 1), ("eval", 2, 15, 1))  # name, files, first day, days
 ROW_GROUP_SIZE = 16384
@@ -112,7 +114,7 @@ class World:
     def build(rng: np.random.Generator) -> "World":
         centers = rng.normal(size=(CLUSTERS, DIM))
         near = lambda clusters: (centers[clusters] + 0.6 * rng.normal(size=(len(clusters), DIM))).astype(np.float32)
-        zipf = lambda n, a: (lambda p: p / p.sum())(rng.permutation(np.arange(1, n + 1, dtype=np.float64) ** -a))
+        zipf = lambda n, a: (lambda p: p / p.sum())(rng.permutation(portable.power(np.arange(1, n + 1.0), -a)))
 
         user_cluster = rng.integers(0, CLUSTERS, USERS)
         item_cluster = rng.integers(0, CLUSTERS, ITEMS)
@@ -150,7 +152,7 @@ class World:
             user_pop=zipf(USERS, 0.8), user_tenure=rng.gamma(1.5, 200.0, USERS).astype(np.int64),
             item_ids=item_ids, item_cluster=item_cluster, item_vec=near(item_cluster),
             item_bias=rng.normal(0, 0.4, ITEMS), item_pop=item_pop,
-            item_price=np.exp(rng.normal(3.0, 1.2, ITEMS)),
+            item_price=portable.exp(rng.normal(3.0, 1.2, ITEMS)),
             cat_offsets=cat_offsets, cat_ids=category_ids[picks], cat_weights=cat_weights,
             item_cat_vec=item_cat_vec, cluster_items=cluster_items,
         )
@@ -186,8 +188,9 @@ class Drift:
     def on_day(self, world: World, day: int) -> World:
         """The world of ``day``: unborn items never shown, new ones boosted, trends applied."""
         age = day - self.birth
-        fresh = np.where(age >= 0, np.exp(-np.maximum(age, 0) / self.NOVELTY_DAYS), 0.0)
-        pop = np.where(age >= 0, world.item_pop * np.exp(self.pop_trend * day + np.log1p(self.NOVELTY_POP) * fresh), 0)
+        fresh = np.where(age >= 0, portable.exp(-np.maximum(age, 0) / self.NOVELTY_DAYS), 0.0)
+        pop = np.where(age >= 0, world.item_pop * portable.exp(self.pop_trend * day
+                                                               + portable.log1p(self.NOVELTY_POP) * fresh), 0)
         pop /= pop.sum()
         cluster_items = []
         for k in range(CLUSTERS):
@@ -212,7 +215,7 @@ def split_table(world: World, rng: np.random.Generator, rows: int, first_day: in
     user = rng.choice(USERS, rows, p=world.user_pop)
     item = world.items_like(rng, world.user_cluster[user], own_share=0.5)
     position = rng.integers(0, 10, rows).astype(np.int32)
-    price = np.round(world.item_price[item] * np.exp(rng.normal(0, 0.1, rows)), 2).astype(np.float32)
+    price = np.round(world.item_price[item] * portable.exp(rng.normal(0, 0.1, rows)), 2).astype(np.float32)
     tenure = (world.user_tenure[user] + (ts - START) // DAY).astype(np.int32)
 
     lengths = np.minimum(MAX_HISTORY, np.floor(rng.exponential(MEAN_HISTORY, rows))).astype(np.int64)
@@ -225,7 +228,7 @@ def split_table(world: World, rng: np.random.Generator, rows: int, first_day: in
     hist_mean /= np.maximum(lengths, 1)[:, None]
 
     u, v = world.user_vec[user].astype(np.float64), world.item_vec[item].astype(np.float64)
-    log_price = np.log1p(price.astype(np.float64))
+    log_price = portable.log1p(price.astype(np.float64))
     logit = (BIAS + world.user_bias[user] + world.item_bias[item]
              + W_USER_ITEM * (u * v).sum(1) / DIM
              + W_USER_CATEGORY * (u * world.item_cat_vec[item]).sum(1) / DIM
@@ -233,9 +236,9 @@ def split_table(world: World, rng: np.random.Generator, rows: int, first_day: in
              + W_POSITION * position
              + W_PRICE * (log_price - 3.0) / 1.2
              + W_TENURE * (tenure - 300.0) / 250.0)
-    click = (rng.random(rows) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int8)
+    click = (rng.random(rows) < portable.sigmoid(logit)).astype(np.int8)
     age_days = (START + (first_day + days) * DAY - ts) / DAY
-    weight = np.round(0.3 + 0.7 * np.exp(-age_days / 7.0), 3).astype(np.float32)
+    weight = np.round(0.3 + 0.7 * portable.exp(-age_days / 7.0), 3).astype(np.float32)
 
     # Each row's categories are its item's: the item's slice of the flat lists, gathered.
     starts, ends = world.cat_offsets[item], world.cat_offsets[item + 1]

@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 from omegaconf import DictConfig
 
 from hybridrec.config import BadRows, EvalItems, NegativeSampling, SplitKind
-from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, shorten
+from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, portable, shorten
 from hybridrec.data.raw_inputs import RawInputs, dense_input, join, sparse_input
 from hybridrec.data.source import RANKING_FIELDS, Rows, UserItemSource
 
@@ -141,7 +141,7 @@ class MovieLens(UserItemSource):
         # log of each item's frequency among training rows: in-batch negatives are drawn
         # with this probability (the log-q correction of sampled softmax)
         counts = np.bincount(item[self.split_rows["train"]], minlength=int(item.max()) + 1)
-        self.item_log_q = np.log(np.maximum(counts, 1) / max(len(self.split_rows["train"]), 1))
+        self.item_log_q = portable.ln(np.maximum(counts, 1) / max(len(self.split_rows["train"]), 1))
 
     def report(self) -> dict:
         return self._report.to_dict()

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from hybridrec.config import BadRows
-from hybridrec.data import DataError, ReadReport, SparseFeature
+from hybridrec.data import DataError, ReadReport, SparseFeature, portable
 from hybridrec.data.criteo.common import resolve_paths
 from hybridrec.data.parquet.hashing import hash_ints
 from hybridrec.data.rows import SEQUENCE_FIELDS, Rows
@@ -97,7 +97,7 @@ class NextItemSource(Source):
         counts = np.bincount(train, minlength=self.catalogue).astype(np.float64)
         counts[0] = 0
         self.popularity = counts / counts.sum()
-        self.log_q = np.log(np.maximum(self.popularity, 1e-12))
+        self.log_q = portable.ln(np.maximum(self.popularity, 1e-12))
         users_n = len(self.starts)
         mean_train = float(np.mean(np.minimum(self.ends - self.starts - 3, self.max_length))) if users_n else 1.0
         negatives = self.train_negatives or self.catalogue - 1

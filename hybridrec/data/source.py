@@ -71,6 +71,10 @@ class Source(ABC):
     """Rows are users' histories and their next items (``hybridrec.data.sequences``): batches
     carry ``history``, ``next`` and ``negatives`` ids of one item table, and evaluation ranks
     the whole catalogue for each user's held-out item."""
+    version: ClassVar[Optional[int]] = None
+    """The version of the generator that draws the rows, for a source that computes its rows
+    from a seed (the synthetic click log): checkpoints record it, and a run is not resumed
+    onto rows another version draws. None: the rows are read from files."""
     ranking_k: Optional[int] = None
     """Set: evaluation scores each query's list with NDCG, MAP and recall at this cut-off."""
     threshold: Optional[float] = None

@@ -12,6 +12,13 @@ that batch, column), a counter-based generator. A rank computes only its own row
 [r * B/N, (r + 1) * B/N) of a global batch, so its cost is proportional to its rows whatever
 the world size, and the global batches are identical for every world size (what makes
 1-rank and N-rank runs comparable).
+
+The same on every machine: the random numbers are integer hashes, and every float that
+becomes an id, a label or a dense value is computed with ``hybridrec.data.portable``'s
+functions (exactly rounded operations only), not NumPy's or the C library's transcendental
+functions, which differ by a few ulps between instruction sets. Version 2 of the generator
+(``SyntheticClickLog.version``); version 1 used NumPy's, and drew other rows on a CPU with
+AVX-512 than on one without.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from hybridrec.config import DenseDistribution
-from hybridrec.data import DataError, SparseFeature
+from hybridrec.data import DataError, SparseFeature, portable
 from hybridrec.data.raw_inputs import RawInputs, dense_input, sparse_input
 from hybridrec.data.source import Rows, Source, check_table_sizes
 
@@ -32,6 +39,8 @@ _SPLITS = {"train": 0, "eval": 1, "valid": 2}
 # Multiplier of the bijective scatter rank -> row (a prime, so coprime to any table size
 # it does not divide; checked in __init__).
 _SCATTER = 2_654_435_761
+# Elements of the id columns the generator's hot loop handles at once (see _zipf_rows).
+_BLOCK = 1 << 16
 
 
 def _fmix32(h: np.ndarray, scratch: Optional[np.ndarray] = None) -> np.ndarray:
@@ -50,6 +59,10 @@ def _fmix32(h: np.ndarray, scratch: Optional[np.ndarray] = None) -> np.ndarray:
 
 
 class SyntheticClickLog(Source):
+    version = 2
+    """The generator's version: what checkpoints record, so that a run is never resumed onto
+    rows another version draws (``Source.version``)."""
+
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
         check_table_sizes(cfg)
@@ -105,8 +118,8 @@ class SyntheticClickLog(Source):
         # constants, as [ids, 1] arrays that broadcast over the rows of a batch.
         rows = np.repeat([f.num_embeddings for f in self.features], self._sizes).astype(np.uint64)[:, None]
         self._column_rows = rows
-        self._log_rows = np.log(rows.astype(np.float64) + 1.0).astype(np.float32)
-        self._zipf_scale = (np.power(rows.astype(np.float64) + 1.0, 1 - zipf_exponent) - 1).astype(np.float32)
+        self._log2_rows = (portable.ln(rows.astype(np.float64) + 1.0) * portable.LOG2E).astype(np.float32)
+        self._zipf_scale = (portable.power(rows.astype(np.float64) + 1.0, 1 - zipf_exponent) - 1).astype(np.float32)
         self._feature_salt = np.repeat([(i * 0x85EBCA77 + 1) % 2**32 for i in range(len(self.features))],
                                        self._sizes).astype(np.uint32)[:, None]
         self.dense_distribution = DenseDistribution(dense_distribution)
@@ -116,9 +129,8 @@ class SyntheticClickLog(Source):
         self.seed = seed
         # The planted model's dense weights; sparse weights are a hash of (feature, id), so
         # even a billion-row table needs no stored truth.
-        self._dense_w = np.random.default_rng([seed, 99]).normal(
-            0, 1 / np.sqrt(num_dense_features), num_dense_features
-        )
+        u = np.random.default_rng([seed, 99]).random((2, num_dense_features))  # 53-bit uniforms in [0, 1)
+        self._dense_w = portable.normal(1.0 - u[0], u[1]) / np.sqrt(num_dense_features)
 
     # -- sampling ------------------------------------------------------------------------
     def _key(self, split: str, index: int) -> np.uint32:
@@ -149,40 +161,58 @@ class SyntheticClickLog(Source):
         ``[n]``. Each row is a pure function of (seed, split, index, row)."""
         d, n = self.num_dense_features, hi - lo
         u = self._uniforms(split, index, lo, hi)
+        # dense features column by column ([d, n]), so that the planted logit sums them in a
+        # fixed order (a matrix product's order depends on the BLAS kernel the CPU runs)
         if self.dense_distribution == DenseDistribution.uniform:
-            dense = np.ascontiguousarray(u[:d].T)
-            signal = (dense - 0.5) * 3.4
+            columns = u[:d]
+            signal = (columns - np.float32(0.5)) * np.float32(3.4)
         else:  # Box-Muller: two uniforms per standard normal
-            z = np.ascontiguousarray((np.sqrt(-2 * np.log(u[:d])) * np.cos(np.float32(2 * np.pi) * u[d:2 * d])).T)
+            z = portable.normal_f32(u[:d], u[d:2 * d])
             if self.dense_distribution == DenseDistribution.lognormal:  # raw-count-like; the model sees log(1 + x)
-                dense = np.log1p(np.exp(np.float32(1.5) * z))
-                signal = (dense - 1.0) / 0.8  # roughly centred, for the planted logit
+                e = portable.exp2_f32(z * np.float32(1.5 * portable.LOG2E))
+                e += np.float32(1)
+                columns = portable.log2_f32(e) * np.float32(portable.LN2)
+                signal = (columns - np.float32(1.0)) / np.float32(0.8)  # roughly centred, for the planted logit
             else:
-                dense, signal = z, z
+                columns = signal = z
+        dense = np.ascontiguousarray(columns.T)
         ids = self._zipf_rows(u[2 * d: 2 * d + self._ids])
         weights = self._planted_weights(ids)
-        logit = -1.0 + 1.5 * signal.astype(np.float64) @ self._dense_w
+        logit = np.full(n, -1.0)
+        for j in range(d):
+            logit += 1.5 * (signal[j] * self._dense_w[j])
+        scale = 3.0 / np.sqrt(len(self._sizes))
         for f, (first, k) in enumerate(zip(self._offsets, self._sizes)):
-            block = weights[first: first + k]
-            # a row's mean over its k ids, summed in the row's order (as over [n, k]): bit for bit
-            mean = block[0] if k == 1 else np.ascontiguousarray(block.T).mean(axis=1)
-            logit += 3.0 * mean / np.sqrt(len(self._sizes))
-        labels = u[-1] < 1 / (1 + np.exp(-logit))
+            total = weights[first].copy()  # a row's mean over its k ids, summed in a fixed order
+            for j in range(1, k):
+                total += weights[first + j]
+            logit += scale * (total / np.float32(k))
+        labels = u[-1] < portable.sigmoid(logit)
         return dense, ids if n else ids.reshape(self._ids, 0), labels
 
     def _zipf_rows(self, u: np.ndarray) -> np.ndarray:
         """Table rows from uniforms ``u`` (float32 ``[ids, n]``, consumed): per id column, the
         inverse CDF of the continuous power law on [1, n+1) of its table's size gives a
-        popularity rank (0 = hottest), scattered over the table by a bijection. Every column
-        at once, each with its table's constants: this is the generator's hot loop."""
-        a, n = self.zipf_exponent, self._column_rows
-        if abs(a - 1.0) < 1e-9:
-            u *= self._log_rows
-            x = np.exp(u, out=u)
-        else:
-            u *= self._zipf_scale
+        popularity rank (0 = hottest), scattered over the table by a bijection. This is the
+        generator's hot loop: a few id columns at a time, so that its temporaries stay in
+        the CPU's cache (all at once, they take 3 times as long)."""
+        out = np.empty(u.shape, np.int64)
+        step = max(1, _BLOCK // max(1, u.shape[1]))
+        for c in range(0, u.shape[0], step):
+            out[c: c + step] = self._zipf_block(u[c: c + step], slice(c, c + step))
+        return out
+
+    def _zipf_block(self, u: np.ndarray, columns: slice) -> np.ndarray:
+        a, n = self.zipf_exponent, self._column_rows[columns]
+        if abs(a - 1.0) < 1e-9:  # (n + 1)^u
+            u *= self._log2_rows[columns]
+            x = portable.exp2_f32(u)
+        else:  # (1 + u ((n + 1)^(1 - a) - 1))^(1 / (1 - a))
+            u *= self._zipf_scale[columns]
             u += np.float32(1)
-            x = np.power(u, np.float32(1 / (1 - a)), out=u)
+            x = portable.log2_f32(u)
+            x *= np.float32(1 / (1 - a))
+            x = portable.exp2_f32(x)
         rank = x.astype(np.uint64)
         rank -= np.uint64(1)
         np.minimum(rank, n - np.uint64(1), out=rank)

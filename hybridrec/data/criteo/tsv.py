@@ -16,6 +16,7 @@ import pyarrow.csv as pacsv
 from omegaconf import DictConfig
 
 from hybridrec.config import BadRows, IdMapping
+from hybridrec.data import portable
 from hybridrec.data.source import Rows, Source, check_table_sizes
 from hybridrec.data import (
     DataError,
@@ -314,7 +315,7 @@ class CriteoTSV(Source):
             j = int(np.argmax(bad_cat[i]))
             return f"cat_{j} {shorten(block.column(f'cat_{j}')[i].as_py())} is not a hex id of at most 8 digits"
 
-        features = np.log1p(np.maximum(dense, 0)).astype(np.float32)
+        features = portable.log1p(np.maximum(dense, 0)).astype(np.float32)
         return features, raw, np.asarray(pc.cast(pc.if_else(pa.array(bad_label), "0", label), pa.float32())), ok, why
 
 

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import torch
 
 from hybridrec.config.schema import ParquetIdMapping
-from hybridrec.data import DataError, FileReport, ReadReport
+from hybridrec.data import DataError, FileReport, ReadReport, portable
 from hybridrec.data.parquet.config import _Sparse
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.source import Rows
@@ -108,7 +108,7 @@ class _Columns:
             x, nulls = _floats(_plain_array(table.column(d.column)))
             with np.errstate(all="ignore"):
                 if d.transform == "log1p":
-                    y = np.log1p(np.maximum(x, 0))
+                    y = portable.log1p(np.maximum(x, 0))
                 elif d.transform == "standardize":
                     y = (x - d.mean) / d.std
                 else:
