@@ -1,4 +1,5 @@
-"""Helpers that run inside ranks started by elastic_launch (importable by spawned workers)."""
+"""Scenarios that run inside ranks (importable by the ranks), and ``spawn``, which runs one
+on the test process's pool of ranks (``rank_pool``: started once, many scenarios)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,18 @@ from torch.distributed.tensor import DTensor
 
 from hybridrec.compat import ShardedTensor
 from hybridrec.data import loader
-from hybridrec.launch import spawn  # noqa: F401  (re-exported: the tests start ranks with it)
 from hybridrec.distributed import init_distributed, shutdown_distributed
 from hybridrec.devices import pick_device
 from hybridrec.trainer import Trainer
+
+
+def spawn(fn, nproc: int, *args: Any) -> Any:
+    """``fn(*args)`` on ``nproc`` ranks of this test process's pool; rank 0's return value.
+    The launcher's own start-up (the elastic agent, restarts, signals) is tested through the
+    real commands (test_cli, test_elastic, test_signals)."""
+    from rank_pool import ranks
+
+    return ranks(nproc).run(fn, *args)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
