@@ -27,7 +27,7 @@ one), so slow phases of a shared machine hit every configuration alike.
 
     python benchmarks/bench.py                 # full suite (make bench), ~30-35 min on 2 cores
     python benchmarks/bench.py --preset quick  # representative subset (make bench-quick), ~15 min on 2 cores
-    python benchmarks/bench.py --preset smoke --out /tmp/b   # tiny: checks the outputs only
+    python benchmarks/bench.py --preset smoke --out /tmp/b   # tiny, 1 rank: checks the outputs only
     python benchmarks/bench.py --preset gpu    # every local GPU, launcher.device=cuda (make bench-gpu)
 Writes <out>/results.json (every raw number), REPORT.md and PNG charts, and each run's own
 directory under <out>/raw/. --out defaults to benchmarks/results for the full suite and to
@@ -113,15 +113,14 @@ PRESETS = {
                     world_n={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
                     profile=[], dense_memory_steps=2,
                     input=dict(reps=1, tsv_rows=50_000, steps=6, train_steps=40, quick=True, scale=4)),
-    # A tiny model, to check the suite runs and its outputs are well-formed (CI): no timings.
-    "smoke": Preset(reps=1, steps=6, warmup=2, per_rank_batch=64,
+    # One tiny configuration at 1 rank, to check the harness end to end and that its outputs
+    # are well-formed (the test suite runs it): hybridrec, both references, a profiled run and
+    # the roofline; no timings. The levers, dense-memory and input sections are checked on
+    # their own by the test suite with the same tiny settings (SMOKE_SECTIONS).
+    "smoke": Preset(reps=1, steps=6, warmup=2, per_rank_batch=64, worlds=(1,), reference_worlds=(1,),
                     world1={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
                     world_n={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
-                    profile=["fsdp"], dense_memory_steps=1, reference_worlds=(2,),
-                    levers=["default", "every core on every rank"], levers_reps=1,
-                    input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16,
-                               train_overrides=tuple(TINY)),
-                    overrides=TINY, dense_memory_model=TINY_DENSE),
+                    profile=["fsdp"], dense_memory_steps=0, input={}, overrides=TINY),
     # hybridrec and the reference on every local GPU (worlds = (1, GPUs), set at start),
     # per-rank batch 8192: ctr's dense part is small, so a GPU needs large batches to have
     # work. 3 x (4 + 10 hybridrec runs + 2 reference runs) + 2 x 7 lever runs.
@@ -137,6 +136,13 @@ PRESETS = {
                          "Both tools build the synthetic batches on each rank's host thread "
                          "(`data.num_workers=0`): at this batch the host's input cost can bound both alike.")),
 }
+
+
+# The other sections at the smoke preset's size, for their own tests.
+SMOKE_SECTIONS = dict(levers=["default", "every core on every rank"], levers_reps=1, dense_memory_steps=1,
+                      dense_memory_model=TINY_DENSE,
+                      input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16,
+                                 train_overrides=tuple(TINY)))
 
 
 def cuda_problem() -> str | None:

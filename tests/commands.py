@@ -31,6 +31,7 @@ from typing import Optional, Sequence
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Read when a library is imported (OpenMP, MKL, NumPy's dispatch, CUDA, the interpreter
 # itself): a command that sets one of these needs a new interpreter.
+# PYTHONPATH is the exception: the child puts its entries first on sys.path itself.
 IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "NPY_", "CUDA_", "PYTHON", "LD_", "TORCH_", "KMP_", "GOMP_",
                "COVERAGE_")
 
@@ -68,15 +69,16 @@ def _needs_fresh(env: Optional[dict[str, str]]) -> bool:
     if env is None:
         return False
     changed = {k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)}
-    return any(k.startswith(IMPORT_TIME) for k in changed)
+    return any(k.startswith(IMPORT_TIME) and k != "PYTHONPATH" for k in changed)
 
 
 class Command:
     """A started command: ``pid``, ``wait(timeout)`` -> CompletedProcess (text output)."""
 
-    def __init__(self, module: str, args: Sequence[str], cwd: Optional[str], env: Optional[dict[str, str]],
-                 input: Optional[str], fresh: bool) -> None:
-        self.args = [sys.executable, "-m", module, *map(str, args)]
+    def __init__(self, kind: str, target: str, args: Sequence[str], cwd: Optional[str],
+                 env: Optional[dict[str, str]], input: Optional[str], fresh: bool) -> None:
+        flag = {"module": ["-m", target], "path": [target], "code": ["-c", target]}[kind]
+        self.args = [sys.executable, *flag, *map(str, args)]
         self._dir = tempfile.mkdtemp(prefix="hybridrec-command-")
         self._out, self._err = (os.path.join(self._dir, n) for n in ("stdout", "stderr"))
         stdin = os.path.join(self._dir, "stdin")
@@ -93,7 +95,7 @@ class Command:
         self._proc = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(_start_server())
-        request = {"module": module, "args": list(map(str, args)), "cwd": os.path.abspath(cwd or os.getcwd()),
+        request = {"kind": kind, "target": target, "args": list(map(str, args)), "cwd": os.path.abspath(cwd or os.getcwd()),
                    "env": env, "stdin": stdin, "stdout": self._out, "stderr": self._err}
         self._sock.sendall(json.dumps(request).encode() + b"\n")
         self._buffer = b""
@@ -153,7 +155,49 @@ class Command:
 def start(module: str, *args: str, cwd: Optional[str] = None, env: Optional[dict[str, str]] = None,
           input: Optional[str] = None, fresh: bool = False) -> Command:
     """Start ``python -m module args``; ``env`` replaces the environment, as subprocess's."""
-    return Command(module, args, cwd, env, input, fresh)
+    return Command("module", module, args, cwd, env, input, fresh)
+
+
+def start_argv(argv: Sequence[str], **kwargs) -> Command:
+    """Start ``[sys.executable, "-m", module | "-c", code | script, *args]`` (what a program
+    under test would pass to subprocess)."""
+    argv = list(map(str, argv))
+    if argv[1] in ("-m", "-c"):
+        return Command("module" if argv[1] == "-m" else "code", argv[2], argv[3:], **_defaults(kwargs))
+    return Command("path", argv[1], argv[2:], **_defaults(kwargs))
+
+
+def _defaults(kwargs: dict) -> dict:
+    return {"cwd": kwargs.get("cwd"), "env": kwargs.get("env"), "input": kwargs.get("input"),
+            "fresh": kwargs.get("fresh", False)}
+
+
+def subprocess_run(cmd: Sequence[str], *, stdout=None, stderr=None, capture_output: bool = False, text: bool = False,
+                   check: bool = False, timeout: Optional[float] = None, **kwargs) -> subprocess.CompletedProcess:
+    """A stand-in for ``subprocess.run`` in a module under test (``monkeypatch.setattr(module.subprocess,
+    "run", commands.subprocess_run)``): Python commands of this interpreter go through the server,
+    anything else to the real ``subprocess.run``. stdout may be a file (stderr=STDOUT joins it)."""
+    if not cmd or cmd[0] != sys.executable or len(cmd) < 2 or (cmd[1].startswith("-") and cmd[1] not in ("-m", "-c")):
+        return _real_run(cmd, stdout=stdout, stderr=stderr, capture_output=capture_output, text=text, check=check,
+                         timeout=timeout, **kwargs)
+    done = start_argv(cmd, **kwargs).wait(timeout)
+    out, err = done.stdout, done.stderr
+    if hasattr(stdout, "write"):
+        stdout.write(out + (err if stderr == subprocess.STDOUT else ""))
+        stdout.flush()
+    if hasattr(stderr, "write"):
+        stderr.write(err)
+        stderr.flush()
+    keep = capture_output or stdout == subprocess.PIPE
+    result = subprocess.CompletedProcess(cmd, done.returncode, (out if text else out.encode()) if keep else None,
+                                         (err if text else err.encode()) if capture_output or stderr == subprocess.PIPE
+                                         else None)
+    if check:
+        result.check_returncode()
+    return result
+
+
+_real_run = subprocess.run
 
 
 def run(module: str, *args: str, timeout: Optional[float] = 300, cwd: Optional[str] = None,

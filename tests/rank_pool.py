@@ -47,7 +47,7 @@ def _free_port() -> int:
 
 def _rank_loop(rank: int, world: int, conn: Connection, out_dir: str) -> None:
     """A pool rank: runs each scenario it receives, reporting its result or traceback."""
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "benchmarks")]  # the tests' and benchmarks' scenarios
     from hybridrec.distributed import as_launched_rank
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),

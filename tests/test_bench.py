@@ -11,6 +11,7 @@ import sys
 import pytest
 from PIL import Image
 
+import commands
 from shared import benchmark_script
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -40,7 +41,7 @@ def test_ratios_are_per_repetition_and_answers_follow():
     fsdp = configs["2 ranks · auto · fsdp · sparse_dist"]
     assert fsdp["median_samples_per_second"] == 80.0 and fsdp["rates"] == [90.0, 55.0, 80.0]
     assert fsdp["ratio_vs_reference"]["per_rep"] == pytest.approx([0.9, 1.1, 1.0])
-    assert fsdp["ratio_vs_reference"]["median"] == pytest.approx(1.0)
+    assert fsdp["ratio_vs_reference"]["median"] == pytest.approx(1.0) and len(fsdp["est_host_mb"]) == 2
     assert (fsdp["ratio_vs_reference"]["min"], fsdp["ratio_vs_reference"]["max"]) == pytest.approx((0.9, 1.1))
     assert "ratio_vs_reference" not in configs["1 rank · auto · fsdp · sparse_dist"]  # no 1-rank reference
     # the second reference (pre-generated batches) pairs repetitions the same way
@@ -61,11 +62,15 @@ def test_ratios_are_per_repetition_and_answers_follow():
 
 
 @pytest.mark.dist
-def test_smoke_suite_writes_well_formed_outputs(tmp_path):
+def test_smoke_suite_writes_well_formed_outputs(tmp_path, monkeypatch):
+    """The harness end to end on one tiny configuration (1 rank): hybridrec, both TorchRec
+    references, a profiled run and the roofline, then results.json, REPORT.md and the charts.
+    The commands it starts are forked from the suite's preloaded server (tests/commands.py):
+    the same commands, without paying the imports for each."""
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--preset", "smoke",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    monkeypatch.setattr(common.subprocess, "run", commands.subprocess_run)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--preset", "smoke", "--out", str(out)])
+    bench.main()
     res = json.load(open(out / "results.json"))
     p = bench.PRESETS["smoke"]
 
@@ -74,7 +79,7 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     assert res["suite"]["warmup_steps"] == p.warmup and res["suite"]["steps"] == p.steps and res["suite"]["date"]
     assert {"cpu", "cores", "gpu", "python", "torch", "torchrec", "fbgemm_gpu"} <= set(res["machine"])
     assert res["machine"]["torch"] and res["machine"]["cores"] >= 1
-    assert len(res["runs"]) == 5  # 1-rank hybridrec, 2-rank hybridrec, 2-rank references (2), profiled run
+    assert len(res["runs"]) == 4  # hybridrec, the two references, the profiled run
     for r in res["runs"]:
         cfg = r["config"]
         assert {"model", "data", "sharding", "optimizer", "mesh", "train"} <= set(cfg)
@@ -87,16 +92,15 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
             assert r["config"]["train"]["steps"] == p.steps and r["config"]["train"]["log_every"] == p.warmup
             assert (out / r["run_dir"] / "summary.json").exists()
     kinds = {(c["kind"], c["world_size"]) for c in res["configs"]}
-    assert kinds == {("hybridrec", 1), ("hybridrec", 2), ("reference", 2), ("pregenerated", 2)}
+    assert kinds == {("hybridrec", 1), ("reference", 1), ("pregenerated", 1)}
     for c in res["configs"]:
         assert len(c["rates"]) == p.reps
         assert c["min_samples_per_second"] <= c["median_samples_per_second"] <= c["max_samples_per_second"]
-    two = next(c for c in res["configs"] if c["kind"] == "hybridrec" and c["world_size"] == 2)
-    assert len(two["ratio_vs_reference"]["per_rep"]) == p.reps and len(two["est_host_mb"]) == 2
-    assert len(two["ratio_vs_pregenerated"]["per_rep"]) == p.reps
-    assert [s["name"] for s in res["scaling"]] == ["auto · fsdp · sparse_dist"]
-    assert res["answers"]["default"] == "2 ranks · auto · fsdp · sparse_dist"
-    assert set(res["dense_memory"]["ranks"]) == {"ddp", "fsdp", "fsdp bf16"}
+    one = next(c for c in res["configs"] if c["kind"] == "hybridrec")
+    assert len(one["ratio_vs_reference"]["per_rep"]) == p.reps and len(one["est_host_mb"]) == 1
+    assert len(one["ratio_vs_pregenerated"]["per_rep"]) == p.reps
+    assert res["scaling"] == []  # one world size: nothing to scale against
+    assert res["answers"]["default"] == "1 rank · auto · fsdp · sparse_dist"
     # the roofline: a FLOP count and a GEMM rate, and a fraction for every configuration
     assert res["roofline"]["flops_per_sample"] > 0 and len(res["roofline"]["sgemm_gflops"]) == 2
     assert all(0 < c["dense_roofline"] < 1 for c in res["configs"])
@@ -105,17 +109,6 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
     for rank in prof["profile"]:
         b = rank["breakdown_ms"]
         assert sum(b.values()) * rank["profiled_steps"] == pytest.approx(rank["profiled_ms"], rel=1e-3)
-    # levers: every lever and the reference once per repetition
-    assert set(res["levers"]["rates"]) == set(p.levers) | {"reference"}
-    assert all(len(v) == p.levers_reps and min(v) > 0 for v in res["levers"]["rates"].values())
-    assert all(len(v) == 2 for v in res["dense_memory"]["ranks"].values())
-    sources = {"synthetic (ctr)", "Criteo TSV (8 shards)", "Criteo binary", "Parquet (the binary rows)",
-               "Parquet, data.shards=8"}  # the smoke preset's (quick)
-    assert set(res["input"]["scaling"]) == set(res["input"]["rates"]) == sources
-    for s in res["input"]["scaling"].values():
-        assert set(s["weak"]) == set(s["strong"]) == {"1", "2", "4", "8"} and min(s["weak"].values()) > 0
-    assert set(res["input"]["training"]) == {"num_workers=0", "num_workers=2", "pre-built batch"}
-    assert all(v > 0 for v in res["input"]["converter"].values())
 
     # the report: every section, in order, and a table row per configuration
     text = open(out / "REPORT.md").read()
@@ -130,6 +123,65 @@ def test_smoke_suite_writes_well_formed_outputs(tmp_path):
             assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
             im.verify()
         assert f"]({chart})" in text
+
+
+@pytest.mark.unit
+def test_the_levers_run_every_lever_and_the_reference_once_per_repetition(tmp_path):
+    """levers.measure with stand-in runners (the runs themselves are the harness's, checked
+    above): each lever and the reference once per repetition, at the multi-rank world."""
+    p = bench.dataclasses.replace(bench.PRESETS["quick"], **bench.SMOKE_SECTIONS)
+    calls = []
+
+    def single(p, world, rep, out, tag, overrides, per_rank_batch=None):
+        calls.append((rep, tag))
+        return {"samples_per_second": 100.0 + rep}
+
+    res = levers.measure(p, str(tmp_path), 2, single, lambda *a, **k: {"samples_per_second": 90.0}, names=p.levers)
+    assert set(res["rates"]) == set(p.levers) | {"reference"}
+    assert all(len(v) == 2 and min(v) > 0 for v in res["rates"].values())
+    assert [rep for rep, _ in calls] == [0, 0, 1, 1] and res["world_size"] == p.worlds[-1] == 2
+    rows = levers.summarize(res)
+    assert {r["name"] for r in rows} == set(p.levers)
+
+
+@pytest.mark.dist
+def test_the_dense_memory_section_measures_every_mode_on_each_rank(cfg_factory):
+    """benchmarks/dense_memory.py's per-rank measurement, at the smoke size, on the suite's
+    pool of 2 ranks: each mode (DDP, FSDP2, FSDP2 with bf16) on both ranks, its bytes split as
+    the report's table reads them."""
+    from dist_helpers import spawn
+
+    dense_memory = benchmark_script("dense_memory")
+    sections = bench.SMOKE_SECTIONS
+    cfgs = [cfg_factory(sections["dense_memory_model"] + overrides) for overrides in dense_memory.MODES.values()]
+    ranks = dict(zip(dense_memory.MODES, spawn(dense_memory.measure, 2, cfgs, sections["dense_memory_steps"], 1)))
+    assert set(ranks) == {"ddp", "fsdp", "fsdp bf16"}
+    assert all(len(v) == 2 for v in ranks.values())
+    for mode, per_rank in ranks.items():
+        for m in per_rank:
+            assert m["params"] > 0 and m["grads"] > 0 and m["samples_per_second"] > 0, (mode, m)
+    totals = dense_memory.totals(ranks)
+    assert max(totals["fsdp"]) < max(totals["ddp"])  # FSDP2 shards what DDP replicates
+    assert any(line.startswith("| fsdp bf16 | 1 |") for line in dense_memory.table(ranks))
+
+
+@pytest.mark.slow
+def test_the_input_section_measures_every_source_and_world_size(monkeypatch):
+    """benchmarks/input_scaling.py at the smoke size: per-rank cost at 1, 2, 4 and 8 ranks for
+    every source, input rates with 0 and 2 workers, the converter and training's consumption
+    (its commands forked from the suite's preloaded server), and the report's table. About
+    40 s: it writes and converts a TSV, and trains three short runs."""
+    input_scaling = benchmark_script("input_scaling")
+    monkeypatch.setattr(input_scaling.subprocess, "run", commands.subprocess_run)
+    res = input_scaling.measure(**bench.SMOKE_SECTIONS["input"])
+    sources = {"synthetic (ctr)", "Criteo TSV (8 shards)", "Criteo binary", "Parquet (the binary rows)",
+               "Parquet, data.shards=8"}  # quick=True: without the dcnv2 shape
+    assert set(res["scaling"]) == set(res["rates"]) == sources
+    for s in res["scaling"].values():
+        assert set(s["weak"]) == set(s["strong"]) == {"1", "2", "4", "8"} and min(s["weak"].values()) > 0
+    assert set(res["training"]) == {"num_workers=0", "num_workers=2", "pre-built batch"}
+    assert all(v > 0 for v in res["converter"].values())
+    assert any(line.startswith("| Criteo binary | weak |") for line in input_scaling.table(res))
 
 
 # ------------------------------------------------------------------------------ the gpu preset
@@ -305,12 +357,10 @@ def test_the_pregenerated_reference_feeds_the_experiments_shapes(tmp_path):
     """reference_torchrec.py --input pregenerated: TorchRec's RandomRecDataset with the
     synthetic log's shapes (rows per rank, ids per feature, dense width) trains and reports."""
     out = tmp_path / "ref.json"
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2",
-                           os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reference_torchrec.py"),
-                           "--steps", "6", "--warmup", "2", "--out", str(out), "--input", "pregenerated", "--device", "cpu",
-                           "data.batch_size=128", "data.num_embeddings_per_feature=[500,200,100]"],
-                          capture_output=True, text=True, timeout=300)
+    proc = commands.run("torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reference_torchrec.py"),
+                        "--steps", "6", "--warmup", "2", "--out", str(out), "--input", "pregenerated", "--device", "cpu",
+                        "data.batch_size=128", "data.num_embeddings_per_feature=[500,200,100]", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.load(open(out))
     assert result["input"] == "pregenerated" and result["world_size"] == 2 and result["samples_per_second"] > 0

@@ -1,11 +1,12 @@
 """The server behind ``tests/commands.py``: imports what hybridrec's commands import, once,
-then forks a child per request that runs ``python -m <module> <args>`` as a new interpreter
-would, from the fork on.
+then forks a child per request that runs ``python -m <module> <args>`` (or a script, or
+``-c`` code) as a new interpreter would, from the fork on.
 
     python tests/zygote.py SOCKET     # prints "ready"; ends when its stdin closes
 
-A request is one JSON line on a connection to SOCKET: module, args, cwd, env and the paths
-of the child's stdin, stdout and stderr. The server answers ``{"pid": ...}`` at once and
+A request is one JSON line on a connection to SOCKET: what to run (kind "module", "path" or
+"code": ``python -m``, ``python script.py``, ``python -c``), args, cwd, env and the paths of
+the child's stdin, stdout and stderr. The server answers ``{"pid": ...}`` at once and
 ``{"returncode": ...}`` when the child has ended (negative: the signal that ended it).
 Single-threaded on purpose: a process forked from a multi-threaded one may inherit a lock
 another thread held.
@@ -46,11 +47,25 @@ def child(request: dict, inherited: list[socket.socket]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path[0] = request["cwd"]  # python -m puts the working directory first
-    sys.argv = [request["module"], *request["args"]]
-    sys.modules.pop(request["module"], None)  # imported above as itself: python -m runs it as __main__ only
+    # PYTHONPATH's entries go first, as the interpreter puts them (modules imported above stay)
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    kind, target = request["kind"], request["target"]
+    # python -m and -c put the working directory first; python script.py the script's directory
+    first = os.path.dirname(os.path.abspath(target)) if kind == "path" else request["cwd"]
+    sys.path[:1] = [first, *extra]
     # the interpreter's own exit from here: SystemExit as python would report it, atexit handlers, flushing
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    if kind == "module":
+        sys.argv = [target, *request["args"]]
+        sys.modules.pop(target, None)  # imported above as itself: python -m runs it as __main__ only
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "path":
+        sys.argv = [target, *request["args"]]
+        runpy.run_path(target, run_name="__main__")
+    else:  # python -c CODE
+        sys.argv = ["-c", *request["args"]]
+        import __main__
+
+        exec(compile(target, "<string>", "exec"), vars(__main__))
     sys.exit(0)
 
 
