@@ -1,3 +1,4 @@
+import copy
 import json
 import os
 import subprocess
@@ -41,15 +42,23 @@ def pytest_collection_modifyitems(config, items):
                                 + " (module `pytestmark` or a decorator):\n" + "\n".join(wrong))
 
 
+_COMPOSED: dict[tuple, DictConfig] = {}
+
+
 def compose_cfg(overrides: list[str] = (), config_name: str = "config", hydra_keys: bool = False) -> DictConfig:
     """The config `python -m hybridrec.train <overrides>` would see (``config_name="evaluate"``:
     `python -m hybridrec.evaluate`'s; ``hydra_keys``: with the ``hydra`` node, launcher included).
 
     Hydra is initialized once per process and kept (not as a context manager): its config
-    repository then caches the parsed YAML, and the suite composes a few hundred configs."""
-    if not GlobalHydra.instance().is_initialized():
-        initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3")
-    return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_keys)
+    repository then caches the parsed YAML, and the suite composes a few hundred configs. Each
+    distinct command line is composed once per process and handed out as a copy (a compose
+    costs about 60 times a copy; a test may change its copy)."""
+    key = (tuple(overrides), config_name, hydra_keys)
+    if key not in _COMPOSED:
+        if not GlobalHydra.instance().is_initialized():
+            initialize_config_dir(config_dir=os.path.abspath(CONF_DIR), version_base="1.3")
+        _COMPOSED[key] = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_keys)
+    return copy.deepcopy(_COMPOSED[key])
 
 
 @pytest.fixture
