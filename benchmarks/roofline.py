@@ -22,8 +22,6 @@ import warnings
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CONF = os.path.join(HERE, "..", "hybridrec", "conf")
 
 
 def sgemm_gflops(rows: int = 1024, width: int = 512, reps: int = 30, threads: int | None = None) -> float:
@@ -47,16 +45,13 @@ def sgemm_gflops(rows: int = 1024, width: int = 512, reps: int = 30, threads: in
 
 def dense_flops_per_sample(overrides: list[str], rows: int = 256) -> float:
     """Forward + backward FLOPs per sample of the dense part of the model ``overrides`` composes."""
-    from hydra import compose, initialize_config_dir
+    from common import compose_config
 
-    from hybridrec.config import register_configs
     from hybridrec.data import build_source, loader
     from hybridrec.models import build_model
 
     warnings.simplefilter("ignore", FutureWarning)
-    register_configs()
-    with initialize_config_dir(config_dir=os.path.abspath(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides) + [f"data.batch_size={rows}"])
+    cfg = compose_config(list(overrides) + [f"data.batch_size={rows}"])
     source = build_source(cfg.data, cfg.seed)
     model = build_model(cfg, source.features, source.num_dense_features, source.list_size)
     # The tables are built on the meta device (the planner places them): give them storage.

@@ -126,7 +126,7 @@ def _dense_placements(trainer: Trainer) -> str:
 
 
 def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
-    """Rank 1 arrives late at the start-up health check; returns what rank 0 saw."""
+    """Rank 1 arrives ``delay_s`` late at the start-up health check; returns what rank 0 saw."""
     import time
 
     from hybridrec.distributed import health_check
@@ -141,7 +141,7 @@ def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
         except RuntimeError as e:
             return str(e)
     finally:
-        shutdown_distributed(clean=False)
+        dist.destroy_process_group()  # gloo's is local: it does not wait for the late rank
 
 
 def train_replicated(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any]]:

@@ -10,8 +10,9 @@ same arguments, and it creates and destroys its own process group, as a rank the
 starts does (``hybridrec.distributed.init_distributed``, ``env://``: each scenario meets
 at a store on a port of its own). A scenario that raises on any rank raises
 ``ScenarioFailed`` in the test, with every rank's traceback and output; if a rank is then
-left inside a collective, the pool is ended and the next scenario starts new ranks (the
-poison rule of PyTorch's harness: only a broken group costs a restart).
+left inside a collective or with its process group up, the pool is ended and the next
+scenario starts new ranks (the poison rule of PyTorch's harness: only a failure costs a
+restart).
 
 The ranks start as hybridrec's launcher starts its own (``launch.start_method``): forked
 from multiprocessing's fork server, with torch, TorchRec and the helpers imported there
@@ -29,7 +30,7 @@ import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRACE_S = 20.0  # how long the other ranks get to end a failed scenario before the pool is ended
@@ -48,6 +49,8 @@ def _free_port() -> int:
 def _rank_loop(rank: int, world: int, conn: Connection, out_dir: str) -> None:
     """A pool rank: runs each scenario it receives, reporting its result or traceback."""
     sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "benchmarks")]  # the tests' and benchmarks' scenarios
+    import torch.distributed as dist
+
     from hybridrec.distributed import as_launched_rank
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
@@ -73,6 +76,9 @@ def _rank_loop(rank: int, world: int, conn: Connection, out_dir: str) -> None:
         finally:
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        if reply[0] == "ok" and dist.is_initialized():  # the next scenario could not start its own
+            reply = ("error", f"{getattr(fn, '__name__', fn)} returned with its process group up: "
+                              "a scenario destroys the group it creates")
         try:
             conn.send(reply)
         except Exception as e:  # an unpicklable result
@@ -157,6 +163,9 @@ class Pool:
                 break
         if all(kind == "ok" for kind, _ in replies.values()):
             return replies[0][1]
+        # a failed scenario leaves its process group up (shutdown_distributed skips the
+        # collective destroy on failure): the next scenario gets new ranks
+        self.stop()
         report = [f"scenario {getattr(fn, '__name__', fn)} failed on {self.world} rank(s):"]
         for rank in sorted(replies):
             kind, value = replies[rank]

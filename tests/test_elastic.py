@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import commands
 import pytest
 from dist_helpers import late_rank_health_check, spawn
 
@@ -19,9 +20,10 @@ pytestmark = pytest.mark.dist  # every test starts ranks
 # train, and the resumed run must then end bit for bit where the uninterrupted one does.
 # ctr's model on 8 small tables: its 1M-row tables would make each start and save cost
 # seconds, and the restart path is the same for any size.
-RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=30", "train.log_every=10",
-       "data.num_embeddings_per_feature=[20000,10000,5000,2000,1000,500,100,20]",
-       "data.eval_batches=2", "checkpoint.every_n_steps=10", "launcher.nproc_per_node=2"]
+ARGS = ["+experiment=ctr", "train.steps=30", "train.log_every=10",
+        "data.num_embeddings_per_feature=[20000,10000,5000,2000,1000,500,100,20]",
+        "data.eval_batches=2", "checkpoint.every_n_steps=10", "launcher.nproc_per_node=2"]
+RUN = [sys.executable, "-m", "hybridrec.train", *ARGS]
 
 
 def _workers(launcher_pid: int) -> list[int]:
@@ -43,6 +45,9 @@ def _workers(launcher_pid: int) -> list[int]:
 
 
 def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
+    """The elastic agent restarting the ranks of the real command is the subject: a
+    subprocess. The uninterrupted reference run is forked from the preloaded command server.
+    Over 20 s: two 30-step runs of 2 ranks, one of them started twice."""
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(RUN + ["launcher.max_restarts=1", f"checkpoint.dir={ckpt}",
                                    f"hydra.run.dir={tmp_path / 'run'}"],
@@ -58,8 +63,8 @@ def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     resumed = json.load(open(tmp_path / "run" / "summary.json"))
     assert resumed["train"]["resumed_from_step"] >= 10  # the new ranks started from a checkpoint
-    ref_run = subprocess.run(RUN + [f"checkpoint.dir={tmp_path / 'ref_ckpt'}", f"hydra.run.dir={tmp_path / 'ref'}"],
-                             capture_output=True, text=True, timeout=300)
+    ref_run = commands.run("hybridrec.train", *ARGS, f"checkpoint.dir={tmp_path / 'ref_ckpt'}",
+                           f"hydra.run.dir={tmp_path / 'ref'}", timeout=300)
     assert ref_run.returncode == 0, ref_run.stderr[-3000:]
     reference = json.load(open(tmp_path / "ref" / "summary.json"))
     # the interrupted run ends exactly where the uninterrupted one does
