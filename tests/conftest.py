@@ -1,7 +1,6 @@
 import copy
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -95,12 +94,19 @@ def layout(tmp_path):
 
 @pytest.fixture(scope="session")
 def one_node_losses(tmp_path_factory):
-    """Per-step losses of TWO_NODE_RUN on one node with 2 ranks, trained once for every
-    multi-node launch that is compared with it."""
-    run = tmp_path_factory.mktemp("one_node") / "run"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *TWO_NODE_RUN, "launcher.nproc_per_node=2",
-                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """Per-step losses of TWO_NODE_RUN on one node with 2 ranks (the elastic launcher), the
+    reference of every multi-node launch: trained once per test run, whichever test process
+    asks first. Its subject is not the process start-up: forked from the preloaded command
+    server."""
+    import commands
+    from trained import once
+
+    def build(path):
+        proc = commands.run("hybridrec.train", *TWO_NODE_RUN, "launcher.nproc_per_node=2", f"hydra.run.dir={path}",
+                            timeout=240)
+        assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+
+    run = once(tmp_path_factory, "one-node-losses", build)
     return [r["loss"] for r in map(json.loads, open(run / "metrics.jsonl")) if "loss" in r]
 
 

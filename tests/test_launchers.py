@@ -7,9 +7,9 @@ import csv
 import json
 import os
 import socket
-import subprocess
 import sys
 
+import commands
 import pytest
 
 from conftest import compose_cfg
@@ -17,9 +17,9 @@ from shared import TWO_NODE_RUN
 from hybridrec.launch import check_submitit, job_nodes, start_method, world_size
 from hybridrec.devices import Cuda
 
-# The ctr experiment's model on three small tables: seconds per job.
+# The ctr experiment's model on three small tables, a few steps: seconds per job.
 TINY = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
-        "train.steps=20", "train.log_every=5", "data.eval_batches=1"]
+        "train.steps=4", "train.log_every=2", "data.eval_batches=1"]
 
 
 def _job_dirs(sweep):
@@ -29,17 +29,19 @@ def _job_dirs(sweep):
 @pytest.mark.dist
 def test_submitit_local_sweep_runs_each_job(tmp_path):
     """`-m hydra/launcher=submitit_local`: each job of the sweep is a submitit job (its own
-    process, pickled by submitit) that starts 2 ranks through hybridrec's elastic launcher."""
+    process, pickled by submitit) that starts 2 ranks through hybridrec's elastic launcher.
+    The submitting command is forked from the preloaded command server: submitit starts each
+    job's process itself. Over 20 s: each job is a new interpreter with a fork server of its
+    own."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", "hydra/launcher=submitit_local", *TINY,
-                           "sharding=table_wise,row_wise", "launcher.nproc_per_node=2", f"hydra.sweep.dir={sweep}"],
-                          capture_output=True, text=True, timeout=240)
+    proc = commands.run("hybridrec.train", "-m", "hydra/launcher=submitit_local", *TINY, "sharding=table_wise,row_wise",
+                        "launcher.nproc_per_node=2", f"hydra.sweep.dir={sweep}", timeout=240)
     assert proc.returncode == 0, proc.stderr[-5000:]
     jobs = _job_dirs(sweep)
     assert len(jobs) == 2 and "sharding=table_wise" in jobs[0] and "sharding=row_wise" in jobs[1]
     for job, sharding in zip(jobs, ["table_wise", "row_wise"]):
         s = json.load(open(sweep / job / "summary.json"))
-        assert s["world_size"] == 2 and s["steps"] == 20
+        assert s["world_size"] == 2 and s["steps"] == 4
         assert {p["sharding_type"] for p in s["plan"].values()} == {sharding}
         assert {r for p in s["plan"].values() for r in p["ranks"]} == {0, 1}
         assert 0 < s["train_loss"] < 0.7 and s["eval"]["n"] == 128
@@ -62,7 +64,8 @@ SLURM = ["hydra/launcher=slurm", *TINY, "launcher.nproc_per_node=8", "launcher.d
 def test_slurm_submission_script(tmp_path):
     """The sbatch script hybridrec's slurm config produces, rendered by the real plugin and
     submitit: `srun` and `sbatch` are test doubles on PATH; sbatch keeps the script and fails,
-    as a machine without Slurm would."""
+    as a machine without Slurm would. The commands are forked from the preloaded command
+    server (PATH is read when a command runs, not at import)."""
     bin_dir, script = tmp_path / "bin", tmp_path / "submitted.sh"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit only checks that srun exists
@@ -70,8 +73,7 @@ def test_slurm_submission_script(tmp_path):
     for f in ("srun", "sbatch"):
         os.chmod(bin_dir / f, 0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    run = lambda *extra: subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", *SLURM, *extra],
-                                        capture_output=True, text=True, timeout=120, env=env)
+    run = lambda *extra: commands.run("hybridrec.train", "-m", *SLURM, *extra, timeout=120, env=env)
 
     # a launcher config that cannot work is refused before anything is submitted
     bad = run("hydra.launcher.tasks_per_node=8", f"hydra.sweep.dir={tmp_path / 'bad'}")
@@ -170,7 +172,10 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path, one_node_losses):
     """What each node's task does in a 2-node Slurm job, on loopback: Slurm's variables are
     faked (node list `localhost,localhost`), each "node" runs the Hydra job, which starts its
     rank through the elastic launcher; the two meet at the derived rendezvous and train with
-    the losses of one 2-rank node."""
+    the losses of one 2-rank node. Each node's command is forked from the preloaded command
+    server (the Slurm variables are read when the job starts, not at import); the ranks are
+    started by the elastic launcher, as on a cluster. Over 20 s with the one-node reference
+    it trains first: three launches, each with a fork server of its own."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -180,12 +185,10 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path, one_node_losses):
         env = {**os.environ, **SLURM_ENV, "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
                "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NODEID": str(node),
                "SLURM_PROCID": str(node), "MASTER_PORT": str(port)}
-        nodes.append(subprocess.Popen([sys.executable, "-m", "hybridrec.train", *args,
-                                       f"hydra.run.dir={tmp_path / 'slurm'}"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        nodes.append(commands.start("hybridrec.train", *args, f"hydra.run.dir={tmp_path / 'slurm'}", env=env))
     for node in nodes:
-        out, err = node.communicate(timeout=240)
-        assert node.returncode == 0, err[-3000:]
+        done = node.wait(timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
     plan = json.load(open(tmp_path / "slurm" / "plan.json"))
     assert plan["topology"]["world_size"] == 2 and plan["topology"]["local_world_size"] == 1
     losses = lambda d: [r["loss"] for r in map(json.loads, open(tmp_path / d / "metrics.jsonl")) if "loss" in r]
