@@ -6,17 +6,17 @@ partitions arrive, and the one-line refusals of bad partitions and configs."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
+import commands
 import numpy as np
 import pytest
 import torch
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
 from shared import assert_same_training
+from trained import copy_of
 
 from hybridrec.config.validation import validate
 from hybridrec.data import DataError
@@ -90,18 +90,52 @@ def test_a_bad_continuous_config_is_refused_before_launch(override, message):
 
 
 # ------------------------------------------------------------------------------ training
+# Checkpoints every 3 steps and at each partition's end, all kept: the newest checkpoint of a
+# run killed mid-partition (step 6), and days 2, 3 and 4 (steps 8, 12, 16) for the export and
+# its deltas.
+CHECKPOINTS = ["checkpoint.every_n_steps=3", "checkpoint.keep_last=50"]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The small log trained day by day on 1 and on 2 ranks, and trained on its first 7 days."""
-    d = _log(tmp_path_factory.mktemp("log"))
-    cfgs = [_cfg(d, "sharding=row_wise"), _cfg(d, "sharding=row_wise", "data.partitions.train_until=2023-11-20"),
-            _cfg(d, "sharding=row_wise", *SMALL_ITEMS)]
-    return {world: spawn(train_and_gather, world, cfgs, str(tmp_path_factory.mktemp(f"w{world}")))
-            for world in (1, 2)}
+def log(tmp_path_factory):
+    """The small log (read only: a test that changes it works on a copy)."""
+    return _log(tmp_path_factory.mktemp("log"))
+
+
+@pytest.fixture(scope="module")
+def runs(log, tmp_path_factory):
+    """The small log trained day by day on 1 and on 2 ranks (as it is, trained on its first 7
+    days only, and with a small item table), and on 1 rank with two days left empty. The
+    1-rank run with the small item table checkpoints (CHECKPOINTS, into ``runs["checkpoints"]``)
+    and keeps its serving export current: the run never stopped that a resumed one is compared
+    with, and the checkpoints the exports and deltas are made of. One launch per world size."""
+    root = tmp_path_factory.mktemp("runs")
+    ck = root / "ck"
+    cfgs = lambda *extra: [_cfg(log, "sharding=row_wise"),
+                           _cfg(log, "sharding=row_wise", "data.partitions.train_until=2023-11-20"),
+                           _cfg(log, "sharding=row_wise", *SMALL_ITEMS, *extra)]
+    empty = _empty_days(copy_of(log, root / "empty"))
+    one = spawn(train_and_gather, 1, [*cfgs(f"checkpoint.dir={ck}", *CHECKPOINTS, "checkpoint.export_deltas=true"),
+                                      _cfg(empty)], str(root / "w1"))
+    two = spawn(train_and_gather, 2, cfgs(), str(root / "w2"))
+    return {1: one[:3], 2: two, "empty": one[3], "checkpoints": ck}
+
+
+def _empty_days(d):
+    """``d`` with day 3's partition holding no Parquet file and day 5's a file of no rows."""
+    import pyarrow.parquet as pq
+
+    os.remove(d / "train" / day_name(3) / "part-00000.parquet")
+    table = pq.read_table(d / "train" / day_name(5) / "part-00000.parquet")
+    pq.write_table(table.slice(0, 0), d / "train" / day_name(5) / "part-00000.parquet")
+    return d
 
 
 @pytest.mark.dist
 def test_each_partition_is_scored_before_it_is_trained_on(runs):
+    """Each day is scored, then trained on (after train_until, only scored), and its managed
+    item ids get rows or evict others. Over 20 s: the first test to read ``runs``, it waits for
+    the module's runs of 14 days on 1 and on 2 ranks."""
     continuous, once, small = runs[1]
     f = continuous["summary"]["freshness"]["partitions"]
     assert [r["partition"] for r in f] == [day_name(d) for d in range(14)]
@@ -136,19 +170,17 @@ def test_two_ranks_train_day_by_day_as_one(runs):
 
 
 @pytest.mark.dist
-def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(tmp_path):
+def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(runs, log, tmp_path):
     """Checkpoints every 3 steps: a run whose newest checkpoint is step 6 (the middle of day 2,
     as after a kill -9 right after that save) resumes there and ends with the weights, losses
     and progressive scores of the run never stopped."""
-    d = _log(tmp_path / "log")
-    a, b = tmp_path / "a", tmp_path / "b"
-    run = lambda ck, *extra: _cfg(d, f"checkpoint.dir={ck}", "checkpoint.every_n_steps=3", "checkpoint.keep_last=50",
-                                  *SMALL_ITEMS, *extra)
-    (uninterrupted,) = spawn(train_and_gather, 1, [run(a)], str(tmp_path / "w1"))
+    a, b = runs["checkpoints"], tmp_path / "b"
+    uninterrupted = runs[1][2]
+    run = lambda d, ck: _cfg(d, "sharding=row_wise", *SMALL_ITEMS, f"checkpoint.dir={ck}", *CHECKPOINTS)
     shutil.copytree(a / "step_00000006", b / "step_00000006")
     state = json.loads((b / "step_00000006" / "trainer_state.json").read_text())
     assert state["stream"]["position"] == {"partition": day_name(1), "row": 128}
-    (resumed,) = spawn(train_and_gather, 1, [run(b)], str(tmp_path / "w2"))
+    (resumed,) = spawn(train_and_gather, 1, [run(log, b)], str(tmp_path / "w2"))
     assert resumed["summary"]["train"]["resumed_from_step"] == 6
     assert resumed["losses"] == uninterrupted["losses"]
     for key, value in uninterrupted["state"].items():
@@ -157,12 +189,13 @@ def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(tmp_path):
     # a partition the checkpoint trained on changed: one line, nothing trained
     shutil.rmtree(b)
     shutil.copytree(a / "step_00000006", b / "step_00000006")
+    changed = copy_of(log, tmp_path / "changed")
     generate_days(str(tmp_path / "other"), rows=1400, seed=2)
     shutil.copy(tmp_path / "other" / "train" / day_name(0) / "part-00000.parquet",
-                d / "train" / day_name(0) / "part-00000.parquet")
+                changed / "train" / day_name(0) / "part-00000.parquet")
     with pytest.raises(Exception, match=r"partition day=2023-11-14 of .* changed since the checkpoint was saved "
                                         r"\(200 rows then, 100 now\)"):
-        spawn(train_and_gather, 1, [run(b)], str(tmp_path / "w3"))
+        spawn(train_and_gather, 1, [run(changed, b)], str(tmp_path / "w3"))
 
 
 @pytest.mark.slow
@@ -170,7 +203,8 @@ def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
     """A run that follows its directory (python -m hybridrec.train, one process): a day that
     completes while it waits is trained on; one that arrives with an earlier date, and a
     malformed name, are each warned about in one line and left out; it stops once no
-    partition arrived for stop_after_idle_s."""
+    partition arrived for stop_after_idle_s. Over 20 s: 12 days of training, then the waits
+    it is about (a day arriving, then stop_after_idle_s without one)."""
     d = _log(tmp_path / "log")
     later = tmp_path / "later"
     for day in (12, 13):  # held back: they arrive while the run waits
@@ -178,19 +212,22 @@ def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
     early = d / "train" / day_name(5)
     shutil.move(str(early), str(later / "early"))
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "hybridrec.train", "+experiment=continuous", f"hydra.run.dir={run_dir}",
+    args = ["+experiment=continuous", f"hydra.run.dir={run_dir}",
             f"data.train_path={d}/train", f"data.valid_path={d}/valid", f"data.eval_path={d}/eval",
             "data.batch_size=64", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
             "launcher.device=cpu", "data.partitions.follow=true",
             "data.partitions.poll_s=0.5", "data.partitions.stop_after_idle_s=6"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    lines = []
+    command = commands.start("hybridrec.train", *args, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ended = threading.Event()
+
+    def following():  # the run's log says it waits for partitions (train.log: what the console shows)
+        log_file = run_dir / "train.log"
+        return log_file.exists() and "following" in log_file.read_text(errors="replace")
 
     def arrive():
         deadline = time.time() + 120
-        while time.time() < deadline and not any("following" in line for line in list(lines)):
-            if proc.poll() is not None:
+        while time.time() < deadline and not following():
+            if ended.is_set():
                 return
             time.sleep(0.2)
         shutil.copytree(later / day_name(12), d / "train" / day_name(12), ignore=shutil.ignore_patterns("_SUCCESS"))
@@ -201,11 +238,12 @@ def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
 
     mover = threading.Thread(target=arrive)
     mover.start()
-    for line in proc.stdout:
-        lines.append(line)
-    proc.wait(timeout=300)
-    mover.join()
-    out = "".join(lines)
+    try:
+        proc = command.wait(timeout=300)
+    finally:
+        ended.set()
+        mover.join()
+    out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     names = [r["partition"] for r in summary["freshness"]["partitions"]]
@@ -217,17 +255,14 @@ def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
 
 
 @pytest.mark.dist
-def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(tmp_path):
+def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(runs, tmp_path):
     """Checkpoints after days 2, 3 and 4: the day-2 export with the deltas to day 3 and day 4
     holds the bytes of the day-4 export and scores as it does; a delta applied to another
     export, twice, or damaged is refused in one line."""
     from hybridrec import delta
     from hybridrec.export import export
 
-    d = _log(tmp_path / "log")
-    ck = tmp_path / "ck"
-    spawn(train_and_gather, 1, [_cfg(d, f"checkpoint.dir={ck}", "checkpoint.keep_last=50",
-                                     "checkpoint.export_deltas=true")], str(tmp_path / "w"))
+    ck = runs["checkpoints"]  # read only: exports and deltas are written under tmp_path
     step = lambda n: str(ck / f"step_{n:08d}")
     base, full = tmp_path / "base", tmp_path / "full"
     export(step(8), str(base))
@@ -340,16 +375,10 @@ def test_a_partition_linked_to_another_is_refused(tmp_path):
 
 
 @pytest.mark.dist
-def test_an_empty_partition_is_a_day_without_rows(tmp_path):
+def test_an_empty_partition_is_a_day_without_rows(runs):
     """A day whose partition holds no Parquet file, and one whose file has no rows: each is
     scored as 0 rows, trains no step, and the days around it train as before."""
-    import pyarrow.parquet as pq
-
-    d = _log(tmp_path / "log")
-    os.remove(d / "train" / day_name(3) / "part-00000.parquet")
-    table = pq.read_table(d / "train" / day_name(5) / "part-00000.parquet")
-    pq.write_table(table.slice(0, 0), d / "train" / day_name(5) / "part-00000.parquet")
-    (run,) = spawn(train_and_gather, 1, [_cfg(d)], str(tmp_path / "w"))
+    run = runs["empty"]  # trained on the log of _empty_days
     f = run["summary"]["freshness"]["partitions"]
     assert [r["partition"] for r in f] == [day_name(x) for x in range(14)]
     assert [(r["rows"], r["steps"], "eval" in r) for r in (f[3], f[5])] == [(0, 0, False), (0, 0, False)]
