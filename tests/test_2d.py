@@ -4,9 +4,8 @@ config rules, the refusal on CPU before any rank starts, the dry-run plan for 51
 (on 2+ GPUs only) training against a plain run."""
 
 import json
-import subprocess
-import sys
 
+import commands
 import pytest
 import torch
 from conftest import dry_plan_for, compose_cfg
@@ -39,9 +38,8 @@ def test_replicas_need_cuda():
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_training_refuses_replicas_on_cpu_before_starting_ranks(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "launcher.nproc_per_node=2",
-                           "mesh.embedding_replicas=2", f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = commands.run("hybridrec.train", "+experiment=ctr", "launcher.nproc_per_node=2", "mesh.embedding_replicas=2",
+                        f"hydra.run.dir={tmp_path}", timeout=120)
     assert proc.returncode != 0
     assert "hybridrec: invalid config: mesh.embedding_replicas=2 needs CUDA" in proc.stderr
     assert "[rank" not in proc.stderr and not (tmp_path / "plan.json").exists()
@@ -61,11 +59,11 @@ def test_group_layout_follows_the_nodes():
 @pytest.mark.slow
 def test_plan_cli_512_ranks_8_replicas(tmp_path):
     """DLRM-DCNv2 (MLPerf Criteo 1TB) on 64 nodes x 8 GPUs with 8 replicas: one sharding group of
-    64 ranks, one per node (the replicas of a shard share a node), planned and reported."""
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.plan", "+experiment=dcnv2_criteo1tb",
-                           "topology.world_size=512", "topology.local_world_size=8", "mesh.embedding_replicas=8",
-                           "topology.compute_device=cuda", "topology.device_memory_gb=80", f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, timeout=180)
+    64 ranks, one per node (the replicas of a shard share a node), planned and reported.
+    Over 20 s: the planner's search over 26 large tables for 64 ranks."""
+    proc = commands.run("hybridrec.plan", "+experiment=dcnv2_criteo1tb", "topology.world_size=512",
+                        "topology.local_world_size=8", "mesh.embedding_replicas=8", "topology.compute_device=cuda",
+                        "topology.device_memory_gb=80", f"hydra.run.dir={tmp_path}", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Embedding plan: 512 rank(s), 8 per node, cuda" in proc.stdout
     assert "2D: sharding groups of 64 rank(s) (1 per node), replica groups of 8 rank(s)" in proc.stdout

@@ -6,9 +6,8 @@ files equal to training on the TSV."""
 import glob
 import json
 import os
-import subprocess
-import sys
 
+import commands
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -91,7 +90,7 @@ def test_gz_input_converts_to_the_same_bytes_and_a_truncated_one_is_reported(tmp
     assert np.load(tmp_path / "c" / "cut_labels.npy").shape == (kept, 1) and kept > 0
 
 
-@pytest.mark.unit
+@pytest.mark.slow  # --workers 2 starts worker processes (a fork server that imports torch, seconds the first time)
 def test_two_workers_write_the_same_bytes_as_one(tmp_path):
     os.makedirs(tmp_path / "tsv")
     for day in range(3):
@@ -282,11 +281,15 @@ def test_the_parquet_source_reads_the_batches_of_the_tsv_and_binary_sources(tmp_
 
 @pytest.mark.slow
 def test_training_on_the_converted_files_equals_training_on_the_tsv(tmp_path):
+    """The three training commands are forked from the preloaded command server: what is
+    compared is what they train, not their start-up."""
     os.makedirs(tmp_path / "tsv")
     train = write(tmp_path / "tsv" / "train.tsv", _rows_with_bad(100, seed=4))
     test = write(tmp_path / "tsv" / "test.tsv", rand_rows(40, seed=5))
-    convert([str(tmp_path / "tsv"), "--out", str(tmp_path / "npy")])
-    convert([str(tmp_path / "npy"), "--out", str(tmp_path / "pq"), "--format", "parquet", "--num-embeddings", "50"])
+    # in this process: the worker pool has its own test above
+    convert([str(tmp_path / "tsv"), "--out", str(tmp_path / "npy"), "--workers", "1"])
+    convert([str(tmp_path / "npy"), "--out", str(tmp_path / "pq"), "--format", "parquet", "--num-embeddings", "50",
+             "--workers", "1"])
     sizes = f"data.num_embeddings_per_feature=[{','.join(['50'] * 26)}]"
     common = ["data.batch_size=16", "train.steps=4", "train.log_every=1"]
     runs = {
@@ -299,13 +302,11 @@ def test_training_on_the_converted_files_equals_training_on_the_tsv(tmp_path):
                     f"data.eval_path={tmp_path / 'pq' / 'test.parquet'}"],
     }
     # the runs side by side: this test's time is about one run's
-    procs = {name: subprocess.Popen([sys.executable, "-m", "hybridrec.train", *args, *common,
-                                     f"hydra.run.dir={tmp_path / name}"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = {name: commands.start("hybridrec.train", *args, *common, f"hydra.run.dir={tmp_path / name}")
              for name, args in runs.items()}
     for name, proc in procs.items():
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, f"{name}: {err[-3000:]}"
+        done = proc.wait(timeout=180)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
     losses = {name: [r["loss"] for r in map(json.loads, open(tmp_path / name / "metrics.jsonl")) if "loss" in r]
               for name in runs}
     assert len(losses["tsv"]) == 4 and losses["tsv"] == losses["npy"] == losses["parquet"]

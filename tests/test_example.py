@@ -5,9 +5,8 @@ training run of +experiment=feature_log learns its clicks."""
 import glob
 import json
 import os
-import subprocess
-import sys
 
+import commands
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -103,11 +102,12 @@ def test_the_experiment_composes_and_validates():
 
 
 def _vocabulary(log):
-    """The item vocabulary, as `make data-example` builds it."""
+    """The item vocabulary, as `make data-example` builds it (its command, forked from the
+    preloaded command server)."""
     out = log / "vocab"
     if not os.path.exists(out / "item_id.parquet"):
-        proc = subprocess.run([sys.executable, "-m", "hybridrec.data.vocab", str(log / "train"), "--column", "item_id",
-                               "--min-count", "1", "--out", str(out)], capture_output=True, text=True, timeout=120)
+        proc = commands.run("hybridrec.data.vocab", str(log / "train"), "--column", "item_id", "--min-count", "1",
+                            "--out", str(out), timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "item_id.parquet"
 
@@ -135,13 +135,14 @@ def test_the_parquet_source_reads_every_row_of_the_log(log):
 @pytest.mark.slow
 def test_a_short_run_learns_the_clicks(tmp_path):
     """The acceptance run of the example: +experiment=feature_log on a tenth of the log, 60
-    steps: validation AUC clearly above chance."""
+    steps: validation AUC clearly above chance. The commands are forked from the preloaded
+    command server (the training itself is about a second)."""
     log = tmp_path / "log"
     generate(str(log), rows=20_000, seed=0)
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=feature_log", *_paths(log),
-                           "data.batch_size=512", "train.steps=60", "train.eval_every=30", "launcher.device=cpu",
-                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=300)
+    proc = commands.run("hybridrec.train", "+experiment=feature_log", *_paths(log), "data.batch_size=512",
+                        "train.steps=60", "train.eval_every=30", "launcher.device=cpu", f"hydra.run.dir={run}",
+                        timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.load(open(run / "summary.json"))
     assert summary["objective"]["name"] == "valid.logloss"

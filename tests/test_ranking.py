@@ -3,9 +3,8 @@ on 2 ranks (sharded tables + FSDP2) exactly as on 1; two-tower retrieval learns 
 structure; the objectives compare in one Hydra sweep."""
 
 import json
-import subprocess
-import sys
 
+import commands
 import numpy as np
 import pytest
 import torch
@@ -74,6 +73,7 @@ def trained(ml400, tmp_path_factory):
 @pytest.mark.dist
 @pytest.mark.parametrize("i,name", [(i, n) for i, (n, _) in enumerate(CASES)])
 def test_two_ranks_equal_one(trained, i, name):
+    """Over 20 s for the first case: it waits for ``trained`` (every case on 1 and on 2 ranks)."""
     one, two = trained[0][i], trained[1][i]
     torch.testing.assert_close(torch.tensor(two["losses"]), torch.tensor(one["losses"]), **TOL)
     assert all(np.isfinite(one["losses"])) and one["losses"][0] != one["losses"][-1]
@@ -110,20 +110,19 @@ def planted_tables(seed=0):
 
 @pytest.mark.slow
 def test_two_tower_retrieval_learns_planted_clusters_and_exports_its_vectors(tmp_path):
+    """Over 20 s: learning the planted clusters takes 150 steps, then the export command runs."""
     path = tmp_path / "planted"
     write_layout(planted_tables(), str(path))
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=movielens_retrieval",
-                           f"data.path={path}", "data.batch_size=64", "data.list_size=4", "data.ranking_k=5",
-                           "train.steps=150", "train.log_every=50", f"checkpoint.dir={ckpt}", f"hydra.run.dir={run}"],
-                          capture_output=True, text=True, timeout=300)
+    proc = commands.run("hybridrec.train", "+experiment=movielens_retrieval", f"data.path={path}",
+                        "data.batch_size=64", "data.list_size=4", "data.ranking_k=5", "train.steps=150",
+                        "train.log_every=50", f"checkpoint.dir={ckpt}", f"hydra.run.dir={run}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     e = json.load(open(run / "summary.json"))["eval"]
     # Held out: 2 five-star movies per user among ~49 unseen ones: random recall@5 is ~0.1.
     assert e["recall@5"] > 0.5 and e["ndcg@5"] > 0.4, e
     (step,) = ckpt.glob("step_*")
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={step}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = commands.run("hybridrec.export", f"checkpoint={step}", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = torch.load(step / "export" / "item_vectors.pt", weights_only=True)
     ids, v = saved["item_ids"], saved["vectors"]
@@ -141,11 +140,11 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_its_vectors(tmp
 
 @pytest.mark.dist
 def test_objectives_compare_in_one_sweep(ml400, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", "+experiment=movielens_rank",
-                           "loss=pointwise,pairwise,listwise", f"data.path={ml400}", "data.list_size=4",
-                           "data.negatives=2", "data.batch_size=24", "train.steps=6", "train.log_every=3",
-                           f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${hydra.job.num}"],
-                          capture_output=True, text=True, timeout=300)
+    """Over 20 s: a sweep runs each job in processes of its own (3 jobs, each starting its rank)."""
+    proc = commands.run("hybridrec.train", "-m", "+experiment=movielens_rank", "loss=pointwise,pairwise,listwise",
+                        f"data.path={ml400}", "data.list_size=4", "data.negatives=2", "data.batch_size=24",
+                        "train.steps=6", "train.log_every=3", f"hydra.sweep.dir={tmp_path}",
+                        "hydra.sweep.subdir=${hydra.job.num}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ndcg = [json.load(open(tmp_path / str(k) / "summary.json"))["eval"]["ndcg@10"] for k in range(3)]
     assert all(0 < x <= 1 for x in ndcg)

@@ -211,22 +211,34 @@ def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both)."""
+    """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both).
+    On two ranks HSTU also checkpoints every 2 steps (the run never stopped), and a second
+    HSTU run stops after step 2 and resumes (``trained["resumed"]``); on one rank an HSTU run
+    continues the 2-rank step-2 checkpoint (``trained["resharded"]``). One launch per world size."""
     from shared import tables
     from hybridrec.data.fetch_movielens import write_layout
 
     d = tmp_path_factory.mktemp("ml")
     write_layout(tables(400, seed=3), str(d))
-    cfgs = [compose_cfg(_tiny(m, f"data.path={d}", "sharding=row_wise")) for m in ("sasrec", "hstu")]
-    cfgs.append(compose_cfg(_tiny("sasrec", f"data.path={d}", "sharding=row_wise", "loss.in_batch=true",
-                                  "data.train_negatives=7", "data.negative_sampling=popularity")))
-    return {world: spawn(train_and_gather, world, cfgs, str(tmp_path_factory.mktemp(f"w{world}")))
-            for world in (1, 2)}
+    root = tmp_path_factory.mktemp("runs")
+    a, b, c = root / "a", root / "b", root / "c"
+    run = lambda m, *extra: compose_cfg(_tiny(m, f"data.path={d}", "sharding=row_wise", *extra))
+    sampled = ["loss.in_batch=true", "data.train_negatives=7", "data.negative_sampling=popularity"]
+    resumable = ["checkpoint.every_n_steps=2"]
+    two = spawn(train_and_gather, 2, [
+        run("sasrec"), run("hstu", *resumable, f"checkpoint.dir={a}"), run("sasrec", *sampled),
+        run("hstu", *resumable, f"checkpoint.dir={b}", "train.steps=2"),
+        run("hstu", *resumable, f"checkpoint.dir={b}")], str(root / "two"))
+    one = spawn(train_and_gather, 1, [
+        run("sasrec"), run("hstu"), run("sasrec", *sampled),
+        run("hstu", *resumable, f"checkpoint.dir={c}", f"checkpoint.resume={a / 'step_00000002'}")], str(root / "one"))
+    return {1: one[:3], 2: two[:3], "resumed": two[4], "resharded": one[3]}
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("run", [0, 1, 2], ids=["sasrec", "hstu", "sasrec sampled in-batch"])
 def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
+    """Over 20 s for the first case: it waits for ``trained`` (9 short runs in two launches)."""
     one, two = trained[1][run], trained[2][run]
     assert one["losses"][-1] < one["losses"][0]  # it learns
     assert_same_training(one, two)
@@ -234,26 +246,16 @@ def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
 
 
 @pytest.mark.dist
-def test_a_sequence_ranker_resumes_exactly_and_reshards_from_two_ranks_to_one(tmp_path):
+def test_a_sequence_ranker_resumes_exactly_and_reshards_from_two_ranks_to_one(trained):
     """HSTU on 2 ranks (item table row-wise, blocks as FSDP2 units): stopped after step 2 and
     resumed, it trains bit for bit as the uninterrupted run; its step-2 checkpoint continued
     on 1 rank trains as the 2-rank run does (at the suite's tolerance)."""
-    from shared import tables
-    from hybridrec.data.fetch_movielens import write_layout
-
-    write_layout(tables(400, seed=3), str(tmp_path / "ml"))
-    run = lambda *extra: compose_cfg(_tiny("hstu", f"data.path={tmp_path / 'ml'}", "sharding=row_wise",
-                                           "checkpoint.every_n_steps=2", *extra))
-    a, b = tmp_path / "a", tmp_path / "b"
-    uninterrupted, _, resumed = spawn(train_and_gather, 2, [
-        run(f"checkpoint.dir={a}"), run(f"checkpoint.dir={b}", "train.steps=2"), run(f"checkpoint.dir={b}")],
-        str(tmp_path / "two"))
+    uninterrupted, resumed = trained[2][1], trained["resumed"]
     assert resumed["summary"]["train"]["resumed_from_step"] == 2
     assert resumed["losses"] == uninterrupted["losses"]  # bit for bit
     for key, value in uninterrupted["state"].items():
         assert torch.equal(resumed["state"][key], value), key
-    (one,) = spawn(train_and_gather, 1, [run(f"checkpoint.dir={tmp_path / 'c'}",
-                                            f"checkpoint.resume={a / 'step_00000002'}")], str(tmp_path / "one"))
+    one = trained["resharded"]
     assert one["summary"]["train"]["resumed_from_step"] == 2
     torch.testing.assert_close(torch.tensor(one["losses"]), torch.tensor(uninterrupted["losses"]), **TOL)
     assert_same_training(one, uninterrupted)
