@@ -100,7 +100,10 @@ class Pool:
         self.procs, self.conns = [], []
         for rank in range(self.world):
             ours, theirs = ctx.Pipe()
-            p = ctx.Process(target=_rank_loop, args=(rank, self.world, theirs, self.out_dir), daemon=True,
+            # not daemonic: a rank starts DataLoader workers of its own, as a launched rank does
+            # (it ends when the test process closes its pipe: _stop_all, before multiprocessing's
+            # own exit handler joins it)
+            p = ctx.Process(target=_rank_loop, args=(rank, self.world, theirs, self.out_dir), daemon=False,
                             name=f"pool-rank{rank}")
             p.start()
             theirs.close()

@@ -4,9 +4,8 @@ export for inference, the guards around them, and loading that never runs code."
 import json
 import os
 import shutil
-import subprocess
-import sys
 
+import commands
 import pytest
 import torch
 from conftest import compose_cfg
@@ -15,6 +14,7 @@ from hybridrec.data import build_source, loader
 
 from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, latest, probe_writable
 from shared import BASE, TOL, assert_same_training, rehash
+from trained import copy_of
 
 RUN = BASE + ["train.steps=8", "checkpoint.every_n_steps=4", "sharding=table_wise"]
 
@@ -25,8 +25,14 @@ def _cfg(*extra):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """Every training the module reads, in three scenarios (1 rank, 2 ranks, 1 rank): the
+    2-rank runs and their resumes, and checkpoints crossing from 1 rank to 2 and back.
+    ``two``: the results of ``cfgs`` below, in order; ``one``: [the 2-rank checkpoint
+    continued on 1 rank, the 1-rank run]."""
     tmp = tmp_path_factory.mktemp("ckpt")
     a, b = tmp / "a", tmp / "b"
+    # a 1-rank run of 4 steps, whose checkpoint the 2-rank scenario continues
+    (first,) = spawn(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'f'}", "train.steps=4")], str(tmp / "r1"))
     cfgs = [
         _cfg(f"checkpoint.dir={a}"),  # uninterrupted, checkpoints at 4 and 8
         _cfg(f"checkpoint.dir={b}", "train.steps=4"),  # stops after step 4 ...
@@ -36,16 +42,20 @@ def runs(tmp_path_factory):
         # the same interruption with checkpoints written in the background
         _cfg(f"checkpoint.dir={tmp / 'e'}", "train.steps=4", "checkpoint.async_save=true"),
         _cfg(f"checkpoint.dir={tmp / 'e'}", "checkpoint.async_save=true"),
+        # the 1-rank checkpoint continued on 2 ranks
+        _cfg(f"checkpoint.dir={tmp / 'g'}", f"checkpoint.resume={tmp / 'f' / 'step_00000004'}"),
     ]
-    two = spawn(train_and_gather, 2, cfgs, str(tmp))
-    # ... and continued on 1 rank
+    two = spawn(train_and_gather, 2, cfgs, str(tmp / "r2"))
+    # ... and the 2-rank checkpoint continued on 1 rank
     one = spawn(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'd'}",
-                                            f"checkpoint.resume={a / 'step_00000004'}")], str(tmp))
-    return tmp, two, one
+                                            f"checkpoint.resume={a / 'step_00000004'}")], str(tmp / "r3"))
+    return tmp, two, [*one, first]
 
 
 @pytest.mark.dist
 def test_resume_is_bit_exact(runs):
+    """The first reader of ``runs``: its setup trains the module's nine runs, once for every
+    test here (the one over 20 s)."""
     _, two, _ = runs
     uninterrupted = two[0]
     for resumed in (two[2], two[5]):  # saved synchronously, and with async_save
@@ -70,11 +80,9 @@ def test_checkpoint_reshards_to_another_plan_and_world_size(runs):
 def test_a_one_rank_checkpoint_continues_on_two_ranks(runs):
     """One rank runs the dense part unwrapped (plain tensors, parallelize.dense_mode); its
     checkpoint continues under FSDP2 on 2 ranks as the uninterrupted 2-rank run trains."""
-    tmp, two, _ = runs
-    (first,) = spawn(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'f'}", "train.steps=4")], str(tmp))
+    _, two, one = runs
+    first, resumed = one[1], two[6]
     assert first["summary"]["dense_parallel"] == "single"
-    (resumed,) = spawn(train_and_gather, 2, [_cfg(f"checkpoint.dir={tmp / 'g'}",
-                                                  f"checkpoint.resume={tmp / 'f' / 'step_00000004'}")], str(tmp))
     assert resumed["summary"]["dense_parallel"] == "fsdp"
     assert resumed["summary"]["train"]["resumed_from_step"] == 4
     torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(two[0]["losses"]), **TOL)
@@ -82,12 +90,13 @@ def test_a_one_rank_checkpoint_continues_on_two_ranks(runs):
 
 
 @pytest.mark.dist
-def test_keep_last_and_only_complete_checkpoints(runs):
+def test_keep_last_and_only_complete_checkpoints(runs, tmp_path):
     tmp, _, _ = runs
     assert sorted(os.listdir(tmp / "a")) == ["step_00000004", "step_00000008"]
-    os.makedirs(tmp / "a" / "step_00000012.partial")  # a save that was interrupted
-    os.makedirs(tmp / "a" / "step_00000016")  # a directory without DCP's metadata
-    assert latest(str(tmp / "a")) == str(tmp / "a" / "step_00000008")
+    a = copy_of(tmp / "a", tmp_path)  # the other tests read the run's own
+    os.makedirs(a / "step_00000012.partial")  # a save that was interrupted
+    os.makedirs(a / "step_00000016")  # a directory without DCP's metadata
+    assert latest(str(a)) == str(a / "step_00000008")
 
 
 @pytest.mark.dist
@@ -96,8 +105,7 @@ def test_export_predicts_like_the_distributed_model(runs, tmp_path):
     trained model did (sigmoid of its logits: loss=pointwise is calibrated)."""
     tmp, two, _ = runs
     ckpt, out = tmp / "a" / "step_00000008", tmp_path / "export"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}", f"out={out}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = commands.run("hybridrec.export", f"checkpoint={ckpt}", f"out={out}", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.load(open(out / "model.json"))["output"] == "probability"
     program = torch.export.load(out / "model.pt2").module()
@@ -137,11 +145,11 @@ def test_a_planted_pickle_is_refused_and_never_run(runs, tmp_path):
     shutil.copytree(tmp / "a" / "step_00000004", ckpt)
     torch.save({"rng": _Planted(marker), "losses": torch.zeros(4)}, ckpt / "trainer_state.pt")
     rehash(ckpt)  # checksums fixed up: what refuses it is the pickle check, not the checksum
-    export = [sys.executable, "-m", "hybridrec.export", f"checkpoint={ckpt}"]
-    resume = [sys.executable, "-m", "hybridrec.train", *RUN, f"checkpoint.resume={ckpt}", f"checkpoint.dir={tmp_path}",
+    export = ["hybridrec.export", f"checkpoint={ckpt}"]
+    resume = ["hybridrec.train", *RUN, f"checkpoint.resume={ckpt}", f"checkpoint.dir={tmp_path}",
               f"hydra.run.dir={tmp_path / 'run'}"]
     for cmd, prefix in ((export, "hybridrec.export: "), (resume, "hybridrec: ")):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        proc = commands.run(*cmd, timeout=120)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1].startswith(
             f"{prefix}{ckpt / 'trainer_state.pt'} is not safe to open: it holds a pickled object that would call "
@@ -174,18 +182,17 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(ValueError, match="not writable"):
         probe_writable(str(blocker / "ckpt"))
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *BASE, f"checkpoint.dir={blocker / 'ckpt'}",
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=60)
+    proc = commands.run("hybridrec.train", *BASE, f"checkpoint.dir={blocker / 'ckpt'}",
+                        f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
     assert proc.returncode != 0 and "not writable" in proc.stderr
 
 
 @pytest.mark.slow
 def test_non_finite_loss_stops_before_a_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", *BASE, "train.steps=8", "train.log_every=1",
-                           "optimizer=sgd", "optimizer.dense.lr=1e30", "optimizer.sparse.lr=1e30",
-                           f"checkpoint.dir={ckpt}", "checkpoint.every_n_steps=1", f"hydra.run.dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = commands.run("hybridrec.train", *BASE, "train.steps=8", "train.log_every=1", "optimizer=sgd",
+                        "optimizer.dense.lr=1e30", "optimizer.sparse.lr=1e30", f"checkpoint.dir={ckpt}",
+                        "checkpoint.every_n_steps=1", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
     assert proc.returncode != 0 and "non-finite loss" in proc.stderr
     step = int(proc.stderr.split("non-finite loss")[1].split("at step ")[1].split(":")[0])
     last = latest(str(ckpt))

@@ -3,10 +3,9 @@
 import gzip
 import json
 import os
-import subprocess
-import sys
 import zlib
 
+import commands
 import numpy as np
 import pytest
 import torch
@@ -155,9 +154,9 @@ def test_train_on_criteo_files_end_to_end(tmp_path):
     train = write(tmp_path / "train.tsv.gz", rows[:500] + ["1\tbroken"], gz=True)
     eval_ = write(tmp_path / "eval.tsv", rows[500:])
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", f"data.train_path={train}",
-                           f"data.eval_path={eval_}", "data.batch_size=50", "data.shards=2", "train.steps=12", "train.log_every=4",
-                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=180)
+    proc = commands.run("hybridrec.train", "data=criteo", f"data.train_path={train}", f"data.eval_path={eval_}",
+                        "data.batch_size=50", "data.shards=2", "train.steps=12", "train.log_every=4",
+                        f"hydra.run.dir={run}", timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.load(open(run / "summary.json"))
     assert s["eval"]["n"] == 100 and 0 <= s["eval"]["auc"] <= 1
@@ -166,9 +165,8 @@ def test_train_on_criteo_files_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_missing_data_path_fails_before_any_rank_starts(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", "data.train_path=/nope",
-                           "data.eval_path=/nope", "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, timeout=60)
+    proc = commands.run("hybridrec.train", "data=criteo", "data.train_path=/nope", "data.eval_path=/nope",
+                        "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}", timeout=60)
     assert proc.returncode != 0 and "data.train_path=/nope" in proc.stderr and "[rank" not in proc.stderr
 
 
@@ -201,21 +199,24 @@ def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block_size_mb", [1, 16])
-def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path, block_size_mb):
-    path = _gz(tmp_path / "a.tsv.gz", rand_rows(20_000, seed=2))  # about 4 MB of text
+def test_a_truncated_gzip_keeps_every_complete_line_before_the_break(tmp_path):
+    # about 4 MB of text (several 1 MB blocks): 2,000 random rows ten times over, each copy
+    # 400 KB apart, beyond gzip's 32 KB window, so it compresses as 20,000 random rows do
+    path = _gz(tmp_path / "a.tsv.gz", rand_rows(2_000, seed=2) * 10)
     compressed = open(path, "rb").read()
     open(path, "wb").write(compressed[: len(compressed) // 2])
     complete = _complete_lines(compressed[: len(compressed) // 2])
     assert complete > 9_000
-    source = reader(path, batch=1, block_size_mb=block_size_mb)
-    kept = sum(int(b.real.sum()) for b in loader.batches(source, "eval", 0, 1))
-    f = source.report()["files"][path]
-    assert kept == f["rows"] == complete and f["bad_rows"] == 0  # rows + bad_rows = the complete lines read
-    assert f["unreadable"].startswith(f"unreadable from {path}:{complete + 1} (truncated gzip: ")
-    assert "bytes of that line read, nothing after it" in f["unreadable"]
-    with pytest.raises(DataError, match=rf"a.tsv.gz:{complete + 1}: unreadable from here \(truncated gzip"):
-        list(loader.batches(reader(path, batch=1, bad_rows="fail", block_size_mb=block_size_mb), "eval", 0, 1))
+    for block_size_mb in (1, 16):  # the break after several blocks, and inside the first
+        # batches of 64: every row still counted (an evaluated split pads its last batch)
+        source = reader(path, batch=64, block_size_mb=block_size_mb)
+        kept = sum(int(b.real.sum()) for b in loader.batches(source, "eval", 0, 1))
+        f = source.report()["files"][path]
+        assert kept == f["rows"] == complete and f["bad_rows"] == 0  # rows + bad_rows = the complete lines read
+        assert f["unreadable"].startswith(f"unreadable from {path}:{complete + 1} (truncated gzip: ")
+        assert "bytes of that line read, nothing after it" in f["unreadable"]
+        with pytest.raises(DataError, match=rf"a.tsv.gz:{complete + 1}: unreadable from here \(truncated gzip"):
+            list(loader.batches(reader(path, batch=64, bad_rows="fail", block_size_mb=block_size_mb), "eval", 0, 1))
 
 
 @pytest.mark.unit

@@ -5,9 +5,8 @@ checkpoint, and the refusals before launch."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
+import commands
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -164,14 +163,15 @@ def trained(tmp_path_factory):
 
 
 def _evaluate(checkpoint, out, *args):
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.evaluate", f"checkpoint={checkpoint}", *args,
-                           f"hydra.run.dir={out}"], capture_output=True, text=True, timeout=300)
+    proc = commands.run("hybridrec.evaluate", f"checkpoint={checkpoint}", *args, f"hydra.run.dir={out}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.load(open(out / "metrics.json")), pq.read_table(out / "predictions.parquet").to_pydict(), proc
 
 
 @pytest.mark.dist
 def test_a_checkpoint_scores_as_training_scored_it_on_1_and_2_ranks(trained, tmp_path):
+    """Two evaluations, one launching 2 ranks, and the setup of ``trained`` (the module's two
+    trainings): the module's slowest test."""
     checkpoint, summary = trained["clicks"]
     # given as its checkpoint.dir: the newest loadable checkpoint, a damaged newer one passed over
     shutil.copytree(checkpoint.parent, tmp_path / "ckpt")
@@ -217,8 +217,7 @@ def test_refusals_before_launch_are_one_line(tmp_path):
     os.makedirs(tmp_path / "ckpt" / "step_00000002")
     for args, message in (([], "hybridrec: checkpoint is not set: give checkpoint=<dir>"),
                           ([f"checkpoint={tmp_path / 'ckpt'}"], "holds no loadable checkpoint")):
-        proc = subprocess.run([sys.executable, "-m", "hybridrec.evaluate", *args, f"hydra.run.dir={tmp_path / 'run'}"],
-                              capture_output=True, text=True, timeout=120)
+        proc = commands.run("hybridrec.evaluate", *args, f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode != 0 and "Traceback" not in proc.stderr and message in last, proc.stderr[-2000:]
 

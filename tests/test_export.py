@@ -97,7 +97,9 @@ def test_the_guides_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     write_program(model, data.features, data.num_dense_features, str(export), {})
     example = docs_snippet("serving.md", 'print(spec["output"]')  # the torch-only example, as printed
     assert "hybridrec" not in example and len(example.strip().splitlines()) <= 12
-    # After the example: neither hybridrec nor TorchRec (nor fbgemm) was imported to run it.
+    # After the example: neither hybridrec nor TorchRec (nor fbgemm) was imported to run it. What a
+    # new interpreter imports is the subject: a plain subprocess, not a command forked from a
+    # server that has imported them all already.
     check = "\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('hybridrec', 'torchrec', 'fbgemm_gpu')))\n"
     proc = subprocess.run([sys.executable, "-c", example + check], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, env={"PATH": "/usr/bin:/bin"})

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import commands
 import numpy as np
 import pytest
 from conftest import compose_cfg
@@ -23,9 +24,8 @@ TINY = ["data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]"
         "model.over_arch_layer_sizes=[16,1]", "train.log_every=4"]
 
 
-def _train(*args, env=None, timeout=180):
-    return subprocess.run([sys.executable, "-m", "hybridrec.train", *TINY, *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+def _train(*args, timeout=180):
+    return commands.run("hybridrec.train", *TINY, *args, timeout=timeout)
 
 
 def _one_line_error(proc) -> str:
@@ -183,8 +183,8 @@ def test_another_model_in_the_same_checkpoint_dir_fails_before_launch(ckpt, tmp_
 @pytest.mark.slow
 def test_export_to_a_bad_path_is_one_line(ckpt):
     _, d = ckpt
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.export", f"checkpoint={d / 'step_00000040'}",
-                           "out=/nonexistent/dir/export"], capture_output=True, text=True, timeout=60)
+    proc = commands.run("hybridrec.export", f"checkpoint={d / 'step_00000040'}", "out=/nonexistent/dir/export",
+                        timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "hybridrec.export: out=/nonexistent/dir/export: /nonexistent/dir is not a writable directory")
@@ -222,10 +222,12 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tm
             "checkpoint.keep_last=1", f"hydra.run.dir={tmp_path / 'run'}"]
     try:
         if mounted:  # a real full disk
-            cmd = [sys.executable, "-m", "hybridrec.train", *args]
-        else:  # no mount permission: the storage writer fails as a full disk does
-            cmd = [sys.executable, "-c", _ENOSPC_AT_STEP_20, *args]
-        line = _one_line_error(subprocess.run(cmd, capture_output=True, text=True, timeout=180))
+            proc = commands.run("hybridrec.train", *args, timeout=180)
+        else:  # no mount permission: the storage writer fails as a full disk does (a script, not a
+            # module: a new interpreter that patches the writer, then runs the command)
+            proc = subprocess.run([sys.executable, "-c", _ENOSPC_AT_STEP_20, *args], capture_output=True, text=True,
+                                  timeout=180)
+        line = _one_line_error(proc)
         assert line.startswith("hybridrec: checkpoint save at step 20 failed: no space left on device (OSError: "
                                "[Errno 28] No space left on device;")
         assert f"removed the partial save {d / 'step_00000020.partial'}" in line
@@ -267,10 +269,9 @@ def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
     test = _criteo(tmp_path / "test.tsv", 64)
     shards = ["data.shards=1"] if case == "too_small" else []
     restarts = ["launcher.max_restarts=2", f"checkpoint.dir={tmp_path / 'ckpt'}"] if ranks > 1 else []
-    proc = subprocess.run(
-        [sys.executable, "-m", "hybridrec.train", *CRITEO, *shards, *restarts, f"data.train_path={train}",
-         f"data.eval_path={test}", f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=240)
+    proc = commands.run("hybridrec.train", *CRITEO, *shards, *restarts, f"data.train_path={train}",
+                        f"data.eval_path={test}", f"launcher.nproc_per_node={ranks}",
+                        f"hydra.run.dir={tmp_path / 'run'}", timeout=240)
     # one attempt: rank 0 reports its plan once per start of the ranks
     assert (proc.stdout + proc.stderr).count("Embedding plan") == 1, proc.stdout + proc.stderr
     expected = {"bad_row": f"hybridrec: {train}:150: int_0 '12x1",
@@ -284,10 +285,8 @@ def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
 def test_full_error_shows_the_traceback(tmp_path):
     train = _criteo(tmp_path / "train.tsv", 300, bad_line=150)
     test = _criteo(tmp_path / "test.tsv", 64)
-    proc = subprocess.run(
-        [sys.executable, "-m", "hybridrec.train", *CRITEO, f"data.train_path={train}", f"data.eval_path={test}",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    proc = commands.run("hybridrec.train", *CRITEO, f"data.train_path={train}", f"data.eval_path={test}",
+                        f"hydra.run.dir={tmp_path / 'run'}", timeout=120, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "hybridrec.data.DataError" in proc.stderr
 
 
@@ -299,7 +298,6 @@ def test_full_error_shows_the_traceback(tmp_path):
                          "sharding=row_wise?): the options are auto,"),
 ])
 def test_a_mistyped_key_or_option_is_named_before_hydra_advises_appending_it(override, line):
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", override], capture_output=True, text=True,
-                          timeout=120)
+    proc = commands.run("hybridrec.train", override, timeout=120)
     assert _one_line_error(proc).startswith(line)
     assert "+train" not in proc.stderr and "Config search path" not in proc.stderr

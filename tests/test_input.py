@@ -4,12 +4,13 @@ evaluated row scored once; exact accounting; workers that stop cleanly."""
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import threading
 
+import commands
 import pytest
 import torch
+from conftest import compose_cfg
+from dist_helpers import spawn, train_and_summarize
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from hybridrec.data import DataError, loader
@@ -243,11 +244,14 @@ def test_the_input_thread_stops_when_abandoned_and_raises_at_the_bad_batch(tmp_p
     assert 0 < len(got[True]) == len(got[False]) and threading.active_count() == baseline
 
 
+# data=criteo at a size that trains in seconds: 6 steps of 64 rows, each file in 2 shards
+CRITEO = ["data=criteo", "data.batch_size=64", "data.shards=2", "train.steps=6", "train.log_every=3"]
+
+
 def _train(tmp_path, name, *overrides, ranks=1):
     run = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", f"launcher.nproc_per_node={ranks}",
-                           "data.batch_size=64", "data.shards=2", "train.steps=6", "train.log_every=3",
-                           f"hydra.run.dir={run}", *overrides], capture_output=True, text=True, timeout=300)
+    proc = commands.run("hybridrec.train", *CRITEO, f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={run}",
+                        *overrides, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.load(open(run / "summary.json"))
 
@@ -255,7 +259,9 @@ def _train(tmp_path, name, *overrides, ranks=1):
 @pytest.mark.dist
 def test_a_small_eval_set_is_scored_whole_on_1_and_2_ranks(tmp_path):
     """30 eval rows, fewer than one global batch of 64; bad rows in both files; two workers;
-    evaluations every 2 steps do not multiply the eval file's counts."""
+    evaluations every 2 steps do not multiply the eval file's counts. Two commands (about
+    20 s: the elastic launcher starts the 2 ranks), not the pool of ranks: its ranks are
+    daemon processes, which cannot start data workers."""
     train = write(tmp_path / "train.tsv", rand_rows(400, seed=1) + ["1\tbroken"] * 3)
     eval_ = write(tmp_path / "eval.tsv", rand_rows(30, seed=2) + ["x"])
     common = [f"data.train_path={train}", f"data.eval_path={eval_}", "data.num_workers=2", "train.eval_every=2"]
@@ -274,10 +280,14 @@ def test_the_input_thread_trains_the_same_run(tmp_path):
     losses at every step, the same scores and the same counts of rows and bad rows."""
     train = write(tmp_path / "train.tsv", rand_rows(400, seed=1) + ["1\tbroken"] * 3)
     eval_ = write(tmp_path / "eval.tsv", rand_rows(30, seed=2) + ["x"])
-    common = [f"data.train_path={train}", f"data.eval_path={eval_}", "train.eval_every=2", "train.log_every=1"]
-    runs = {t: _train(tmp_path, f"thread-{t}", *common, f"data.input_thread={t}", ranks=2) for t in ("true", "false")}
-    losses = {t: [json.loads(line).get("loss") for line in open(tmp_path / f"thread-{t}" / "metrics.jsonl")]
-              for t in runs}
+    common = [*CRITEO, f"data.train_path={train}", f"data.eval_path={eval_}", "train.eval_every=2", "train.log_every=1"]
+    threads = ("true", "false")
+    # both runs in one scenario on the pool's 2 ranks: run i writes into runs/i
+    results = spawn(train_and_summarize, 2, [compose_cfg([*common, f"data.input_thread={t}"]) for t in threads],
+                    str(tmp_path / "runs"))
+    runs = {t: r["summary"] for t, r in zip(threads, results)}
+    losses = {t: [json.loads(line).get("loss") for line in open(tmp_path / "runs" / str(i) / "metrics.jsonl")]
+              for i, t in enumerate(threads)}
     assert losses["true"] == losses["false"] and len([x for x in losses["true"] if x is not None]) == 6
     assert runs["true"]["eval"] == runs["false"]["eval"] and runs["true"]["data"] == runs["false"]["data"]
 
@@ -287,9 +297,8 @@ def test_an_empty_eval_set_fails_before_training(tmp_path):
     train = write(tmp_path / "train.tsv", rand_rows(200, seed=1))
     eval_ = write(tmp_path / "eval.tsv", ["x"] * 3)  # lines, none of them a row
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.train", "data=criteo", f"data.train_path={train}",
-                           f"data.eval_path={eval_}", "data.batch_size=64", "data.shards=2", "train.steps=4",
-                           f"hydra.run.dir={run}"], capture_output=True, text=True, timeout=300)
+    proc = commands.run("hybridrec.train", "data=criteo", f"data.train_path={train}", f"data.eval_path={eval_}",
+                        "data.batch_size=64", "data.shards=2", "train.steps=4", f"hydra.run.dir={run}", timeout=300)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("hybridrec: ") and "eval" in proc.stderr
     assert not (run / "metrics.jsonl").exists() or not open(run / "metrics.jsonl").read()  # no step trained

@@ -8,9 +8,8 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
+import commands
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,7 +29,7 @@ TINY_RUN = ["train.steps=3", "train.eval_every=0", "train.early_stop_patience=0"
 
 
 def _run(module, args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    proc = commands.run(module, *args, timeout=300, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -85,6 +84,8 @@ def _log_rows(log_dir, split="eval"):
 
 @pytest.mark.slow
 def test_a_feature_log_scores_from_raw_rows_as_evaluate_does(log, log_export):
+    """The first reader of ``log_export``: its setup writes the log and its vocabulary, trains,
+    exports and evaluates, once for the module's four feature-log tests."""
     export_dir, expected = log_export
     spec = json.load(open(export_dir / PREPROCESSING))
     assert spec["program_inputs"] == ["dense", "values", "lengths", "weights"]  # categories is weighted
@@ -160,7 +161,8 @@ def test_a_missing_column_or_a_wrong_type_names_the_column(log, log_export):
 @pytest.mark.slow
 def test_the_ctr_experiment_scores_from_raw_rows_as_evaluate_does(tmp_path):
     """The ctr experiment's 26 features (small tables, some multi-hot), and the serving
-    guide's snippet run as printed, on this export."""
+    guide's snippet run as printed, on this export. Three commands (train, evaluate, the
+    snippet) on 26 tables: the module's slowest test."""
     sizes = [300, 200, 100, 50] * 6 + [20, 10]
     overrides = ["+experiment=ctr", "data.batch_size=64", f"data.num_embeddings_per_feature=[{','.join(map(str, sizes))}]",
                  f"data.multi_hot_sizes=[{','.join(['1', '3', '1', '2'] * 6 + ['1', '1'])}]", "data.eval_batches=2",
@@ -171,8 +173,10 @@ def test_the_ctr_experiment_scores_from_raw_rows_as_evaluate_does(tmp_path):
                                rtol=0, atol=1e-5)
     snippet = docs_snippet("serving.md", "from hybridrec.serving import Preprocessor")
     assert 'export = "outputs/demo/export"' in snippet  # the demo's export, which the guide's reader has
-    proc = subprocess.run([sys.executable, "-c", snippet.replace("outputs/demo/export", str(export_dir))],
-                          capture_output=True, text=True, timeout=300)
+    # run as a script of its own (a module in an empty directory: what the reader pastes into a file)
+    (tmp_path / "snippet").mkdir()
+    (tmp_path / "snippet" / "guide_snippet.py").write_text(snippet.replace("outputs/demo/export", str(export_dir)))
+    proc = commands.run("guide_snippet", cwd=tmp_path / "snippet", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.fullmatch(r"tensor\(\[0\.\d+\]\)\n", proc.stdout), proc.stdout
 
