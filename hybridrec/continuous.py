@@ -74,6 +74,7 @@ class Stream:
         self.waited_s = 0.0  # following: time spent waiting for partitions (not training time)
         self._seen_ids: dict[str, set] = {}  # rank 0: raw ids of the partitions before _folded, per feature
         self._folded = 0
+        self._digest: dict[str, Any] = {}  # each laid-out partition's content digest (rank 0's, for every rank)
 
     # -- the partitions ------------------------------------------------------------------
     @property
@@ -84,12 +85,11 @@ class Stream:
     def start(self) -> int:
         """Agree on the partitions (rank 0 lists, every rank takes its list), check them
         against a resumed checkpoint's, and lay out the train split; returns its global batches."""
-        chosen = [self._reconcile(list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"),
-                                                  warned=self._warned)) if self.rank == 0 else None]
+        chosen = [self._choose(strict=True) if self.rank == 0 else None]
         dist.broadcast_object_list(chosen, src=0)
         if isinstance(chosen[0], str):  # rank 0's refusal, raised on every rank
             raise DataError(chosen[0])
-        self.source.set_partitions(chosen[0])
+        self._take(chosen[0])
         saved = self.state.get("partitions", [])
         for old, new in zip(saved, self.source.partitions):
             if (old["name"], old["rows"], old["batches"]) != (new["name"], new["rows"], new["batches"]):
@@ -99,6 +99,66 @@ class Stream:
                     f"Restore it, or start a new run in another checkpoint.dir")
         self._record_partitions()
         return self.source.num_batches("train")
+
+    @property
+    def stopped_before(self) -> Optional[str]:
+        """Why the run ended before the newest complete partition (a partition in between is
+        not complete), as the one line the run stops with; None when nothing was held back."""
+        gap = self.state.get("held_back")
+        if not gap:
+            return None
+        trained = self.source.partitions[-1]["name"] if self.source.partitions else "none"
+        return (f"partition {gap['partition']} of {self.root} has no {gap['missing']} (still being written, or lost) "
+                f"and later partitions are complete: the run stopped before it, after {trained} (its checkpoint "
+                f"is kept). data.partitions.follow=true waits for it; data.partitions.skip_unready=true trains past "
+                f"it for good")
+
+    def _choose(self, strict: bool) -> Any:
+        """Rank 0: the partitions to lay out, with their content digests, and what was held
+        back or skipped (``_reconcile``); a string: why the run cannot go on."""
+        unready: list[Partition] = []
+        listed = list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"), strict=strict,
+                                 warned=self._warned, unready=unready)
+        kept = self._reconcile(listed)
+        if isinstance(kept, str):
+            return kept
+        kept, held_back, skipped = self._in_order(kept, unready)
+        digests, changed = self._digests(kept)
+        if changed:
+            return changed
+        return kept, digests, held_back, skipped
+
+    def _take(self, chosen: tuple) -> None:
+        """Every rank: lay out what rank 0 chose."""
+        kept, self._digest, held_back, skipped = chosen
+        self.state["held_back"] = held_back
+        for s in skipped:
+            if s not in self.state.setdefault("skipped", []):
+                self.state["skipped"].append(s)
+                if self.rank == 0:
+                    log.warning(f"data: partition {s['partition']} has no {s['missing']}: trained past it "
+                                f"(data.partitions.skip_unready=true); it is left out for good")
+        self.source.set_partitions(kept)
+
+    def _in_order(self, kept: list[Partition], unready: list[Partition]) -> tuple[list[Partition], Any, list]:
+        """The partitions that can be trained in time order now: a partition without its
+        ready marker, before a complete one, holds back every later one (training them now
+        would leave it out for good), unless ``skip_unready`` (then it is skipped, recorded)."""
+        saved = len(self.state.get("partitions", []))
+        last = kept[saved - 1].time if saved else None
+        newest = kept[-1].time if kept else None
+        marker = self.spec.get("ready_marker")
+        skipped = []
+        for gap in unready:
+            if (last is not None and gap.time <= last) or newest is None or gap.time >= newest:
+                continue  # before what was trained (left out as out of order), or the newest: not a gap
+            if gap.name in {s["partition"] for s in self.state.get("skipped", [])}:
+                continue
+            if self.spec.get("skip_unready"):
+                skipped.append({"partition": gap.name, "missing": marker})
+                continue
+            return [p for p in kept if p.time < gap.time], {"partition": gap.name, "missing": marker}, skipped
+        return kept, None, skipped
 
     def _reconcile(self, listed: list[Partition]) -> Any:
         """The partitions to lay out: a resumed run's own, in their order, then the listed
@@ -126,9 +186,25 @@ class Stream:
             kept.append(p)
         return kept
 
+    def _digests(self, kept: list[Partition]) -> tuple[dict[str, Any], Optional[str]]:
+        """Rank 0: each partition's content digest (``partition_digest``), and the refusal
+        when one that was trained on (its digest recorded in the checkpoint) changed since."""
+        recorded = {p["name"]: p.get("digest") for p in self.state.get("partitions", [])}
+        digests = {}
+        for p in kept:
+            digests[p.name] = digest = partition_digest(p)
+            was = recorded.get(p.name)
+            if was and was != digest:
+                return digests, (
+                    f"partition {p.name} of {self.root} changed since it was trained on ({_what_changed(was, digest)}): "
+                    f"a resumed run must read the partitions it trained on, as they were. Restore it, or start a "
+                    f"new run in another checkpoint.dir")
+        return digests, None
+
     def _record_partitions(self) -> None:
         parts = self.source.partitions
-        self.state["partitions"] = [{k: p[k] for k in ("name", "rows", "batches", "trained")} for p in parts]
+        self.state["partitions"] = [{**{k: p[k] for k in ("name", "rows", "batches", "trained")},
+                                     "digest": self._digest.get(p["name"])} for p in parts]
         # looked up at every step: sets, not a walk over every partition of a long log
         self._starts = {p["first_batch"] for p in parts}
         self._ends = {p["first_batch"] + p["batches"] for p in parts if p["batches"]}
@@ -157,10 +233,11 @@ class Stream:
             if self.rank == 0:
                 time.sleep(poll)
                 waited += poll
-                listed = list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"), strict=False,
-                                         warned=self._warned)
-                kept = self._reconcile(listed)
-                fresh = kept if not isinstance(kept, str) and len(kept) > len(self.source.partitions) else None
+                chosen = self._choose(strict=False)
+                if isinstance(chosen, str):
+                    fresh = chosen
+                elif len(chosen[0]) > len(self.source.partitions):
+                    fresh = chosen
                 if fresh is None and idle_limit is not None and waited >= idle_limit:
                     fresh = "stop"
             box = [fresh]
@@ -169,8 +246,10 @@ class Stream:
                 if self.rank == 0:
                     log.info(f"following: no new partition for {waited:g} s (data.partitions.stop_after_idle_s): done")
                 return False
+            if isinstance(box[0], str):  # a partition trained on changed or went away: rank 0's refusal
+                raise DataError(box[0])
             if box[0] is not None:
-                self.source.set_partitions(box[0])
+                self._take(box[0])
                 self._record_partitions()
                 return True
 
@@ -255,9 +334,39 @@ class Stream:
                 "stopped_early_at": None, "early_stop_patience": 0}
 
 
-def freshness_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """summary.json's ``freshness``: per partition, its progressive scores and counts, and
-    the means over the partitions after the first, trained and scored-only apart."""
+def partition_digest(p: Partition) -> dict[str, Any]:
+    """What a partition's rows are: its files' names and sizes, and a BLAKE3 hash of their
+    bytes (a day whose ids were rewritten keeps its row count, not its hash). Recorded when a
+    partition is laid out, checked when a resumed run lays it out again."""
+    import blake3
+
+    h = blake3.blake3()
+    files = {}
+    for path in p.files:
+        name = os.path.basename(path)
+        files[name] = os.path.getsize(path)
+        h.update(f"{name}\0{files[name]}\0".encode())
+        if files[name]:  # (an empty file cannot be mapped)
+            h.update_mmap(path)
+    return {"files": files, "blake3": h.hexdigest()}
+
+
+def _what_changed(was: dict[str, Any], now: dict[str, Any]) -> str:
+    """The first difference between two partition digests, in words."""
+    a, b = was.get("files", {}), now.get("files", {})
+    if gone := sorted(set(a) - set(b)):
+        return f"{gone[0]} is gone"
+    if new := sorted(set(b) - set(a)):
+        return f"{new[0]} is new"
+    if resized := [n for n in sorted(a) if a[n] != b[n]]:
+        return f"{resized[0]} was {a[resized[0]]:,} bytes, now {b[resized[0]]:,}"
+    return "its files' bytes differ from the digest recorded then"
+
+
+def freshness_summary(records: list[dict[str, Any]], skipped: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """summary.json's ``freshness``: per partition, its progressive scores and counts, the
+    means over the partitions after the first, trained and scored-only apart, and the
+    partitions trained past without their ready marker (``skip_unready``)."""
     def mean(rs: list[dict[str, Any]], key: str) -> Optional[float]:
         xs = [r["eval"][key] for r in rs if "eval" in r and key in r["eval"]]
         return float(np.mean(xs)) if xs else None
@@ -267,7 +376,8 @@ def freshness_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"partitions": records,
             "mean_after_first": {k: mean(later, k) for k in keys},
             "mean_trained": {k: mean([r for r in later if r["trained"]], k) for k in keys},
-            "mean_scored_only": {k: mean([r for r in later if not r["trained"]], k) for k in keys}}
+            "mean_scored_only": {k: mean([r for r in later if not r["trained"]], k) for k in keys},
+            "skipped": list(skipped)}
 
 
 class Serving:

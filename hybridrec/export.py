@@ -172,7 +172,10 @@ def write_preprocessing(source: Source, weighted: bool, out: str) -> Optional[di
         "dense": raw.dense,
         "sparse": raw.sparse,
         "joins": raw.joins,
-        "files": {name: sha256(os.path.join(out, name)) for name in (*raw.copies, *raw.tables)},
+        # every file the description reads, each with its sha256 (the managed ids included:
+        # hybridrec.serving refuses a description that reads a file it does not list)
+        "files": {name: sha256(os.path.join(out, name)) for name in dict.fromkeys(
+            [*raw.copies, *raw.tables, *(f["ids"]["file"] for f in raw.sparse if "file" in f["ids"])])},
     }
     _write(os.path.join(out, PREPROCESSING), lambda path: _write_text(path, json.dumps(spec, indent=1)))
     return spec

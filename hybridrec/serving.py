@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
@@ -39,7 +40,7 @@ from hybridrec.data.criteo.common import map_ids
 from hybridrec.data.parquet.columns import _is_list, _kind, _plain_array
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.parquet.vocabulary import Vocabulary
-from hybridrec.data.raw_inputs import FORMAT
+from hybridrec.data.raw_inputs import FORMAT, Malformed, check_description
 
 PREPROCESSING = "preprocessing.json"
 Rows = Union[pa.Table, pa.RecordBatch, str, os.PathLike, Mapping[str, Any]]
@@ -106,29 +107,38 @@ class Preprocessor:
                 spec = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise _refuse(f"{path} cannot be read ({e}): export the checkpoint again") from None
-        if spec.get("format") != FORMAT:
-            raise _refuse(f"{path} has format {spec.get('format')!r}; this hybridrec reads format {FORMAT}: "
-                          f"export the checkpoint again with it")
+        if not isinstance(spec, dict) or spec.get("format") != FORMAT:
+            raise _refuse(f"{path} has format {spec.get('format') if isinstance(spec, dict) else None!r}; this "
+                          f"hybridrec reads format {FORMAT}: export the checkpoint again with it")
+        try:
+            named = check_description(spec)
+        except Malformed as e:
+            raise _refuse(f"{path} is damaged or was edited: {e}; export the checkpoint again") from None
+        if unlisted := [n for n in named if n not in spec["files"]]:
+            raise _refuse(f"{path} is damaged or was edited: it reads {unlisted[0]} but its 'files' records no sha256 "
+                          f"for it (every file an export reads is listed); export the checkpoint again")
         for name, digest in spec["files"].items():
-            file = os.path.join(export_dir, name)
+            file = _inside(export_dir, name, path)
             if not os.path.isfile(file):
                 raise _refuse(f"{file} is missing: {PREPROCESSING} needs it; copy the whole export directory")
             if sha256(file) != digest:
                 raise _refuse(f"{file} is damaged (its sha256 is not the one {PREPROCESSING} records): copy the "
                               f"export directory again from where it was written")
-        joins = {j["name"]: _load_join(export_dir, j) for j in spec["joins"]}
+        if managed_ids is not None:
+            managed_ids = _delta_managed_ids(export_dir, managed_ids)
+        joins = {j["name"]: _load_join(export_dir, j, path) for j in spec["joins"]}
         vocabularies = {}
         managed = None
         for f in spec["sparse"]:
             ids = f["ids"]
             if ids["kind"] == "vocabulary" and ids["file"] not in vocabularies:
                 try:
-                    vocabularies[ids["file"]] = Vocabulary(os.path.join(export_dir, ids["file"]),
+                    vocabularies[ids["file"]] = Vocabulary(_inside(export_dir, ids["file"], path),
                                                            f"feature {f['name']}'s vocabulary")
                 except ValueError as e:
                     raise _refuse(str(e)) from None
             elif ids["kind"] == "managed" and managed is None:
-                managed = _read_parquet(managed_ids or os.path.join(export_dir, ids["file"]), "the managed ids' file")
+                managed = _read_parquet(managed_ids or _inside(export_dir, ids["file"], path), "the managed ids' file")
         return cls(export_dir, spec, joins, vocabularies, managed)
 
     @property
@@ -180,9 +190,15 @@ class Preprocessor:
         if isinstance(rows, (str, os.PathLike)):
             return _read_parquet(os.fspath(rows), "the rows")
         if isinstance(rows, Mapping):
+            for name, values in rows.items():  # each column alone first: the error names it
+                try:
+                    pa.array(values)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+                    raise _refuse(f"column {name!r} cannot be read as one array ({str(e).splitlines()[0][:200]}): "
+                                  f"give values of one type (ids within 64 bits)") from None
             try:
                 return pa.table(dict(rows))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
                 raise _refuse(f"the rows' columns cannot be read as a table ({e}): give one list of values per "
                               f"column, all of the same length") from None
         raise _refuse(f"rows of type {type(rows).__name__}: give a pyarrow Table, a Parquet file's path or "
@@ -266,6 +282,42 @@ class Preprocessor:
         return _managed_rows(self._managed, ids["table"], keys)
 
 
+def _inside(export_dir: str, name: str, described_in: str) -> str:
+    """The path of a file the export's description names, which must be a file of the export
+    itself: a name that is absolute, climbs out (``..``) or resolves outside through a link
+    is refused (an edited description must not make serving read another file)."""
+    parts = name.replace("\\", "/").split("/")
+    full = os.path.join(export_dir, name)
+    home = os.path.realpath(export_dir)
+    if os.path.isabs(name) or ".." in parts or os.path.commonpath([os.path.realpath(full), home]) != home:
+        raise _refuse(f"{described_in} is damaged or was edited: it names {name!r}, which is not a file of the export "
+                      f"{export_dir}; export the checkpoint again")
+    return full
+
+
+def _delta_managed_ids(export_dir: str, path: str) -> str:
+    """A delta's managed ids (``deltas/managed_ids_NNNNN.parquet``), checked against the sha256
+    its delta (``deltas/delta_NNNNN.pt``) records for it."""
+    from hybridrec import delta
+
+    home = os.path.realpath(os.path.join(export_dir, delta.DELTAS))
+    m = re.fullmatch(r"managed_ids_(\d{5})\.parquet", os.path.basename(path))
+    if not m or os.path.commonpath([os.path.realpath(path), home]) != home:
+        raise _refuse(f"managed_ids={path}: give one of {os.path.join(export_dir, delta.DELTAS)}'s "
+                      f"managed_ids_NNNNN.parquet (the ids of the weights its delta of the same number gives)")
+    named = os.path.join(export_dir, delta.DELTAS, f"delta_{m.group(1)}.pt")
+    if not os.path.isfile(named) or not os.path.isfile(path):
+        raise _refuse(f"{path if not os.path.isfile(path) else named} is missing: copy the export's deltas again")
+    recorded = delta.read(named).get("managed_ids_sha256")
+    if recorded is None:
+        raise _refuse(f"{named} records no sha256 of {os.path.basename(path)} (written by an older hybridrec): its ids "
+                      f"cannot be verified; write the export and its deltas again")
+    if sha256(path) != recorded:
+        raise _refuse(f"{path} is damaged or was edited (its sha256 is not the one {named} records): copy the "
+                      f"export's deltas again")
+    return path
+
+
 def _first(mask: Any) -> int:
     return int(np.argmax(np.asarray(mask)))
 
@@ -282,8 +334,11 @@ def _read_parquet(path: str, what: str) -> pa.Table:
         raise _refuse(f"{path} ({what}) is not a readable Parquet file ({str(e).splitlines()[0]})") from None
 
 
-def _load_join(export_dir: str, spec: dict[str, Any]) -> _Join:
-    table = _read_parquet(os.path.join(export_dir, spec["file"]), f"the {spec['name']} join")
+def _load_join(export_dir: str, spec: dict[str, Any], described_in: str) -> _Join:
+    table = _read_parquet(_inside(export_dir, spec["file"], described_in), f"the {spec['name']} join")
+    if spec["on"] not in table.column_names:
+        raise _refuse(f"{os.path.join(export_dir, spec['file'])} (the {spec['name']} join) has no column "
+                      f"{spec['on']!r}: export again")
     keys = np.asarray(table.column(spec["on"]), np.int64)
     if not len(keys):
         raise _refuse(f"{os.path.join(export_dir, spec['file'])} (the {spec['name']} join) has no rows: export again")

@@ -29,6 +29,7 @@ from hybridrec.checkpoint import (
 )
 from hybridrec import objective
 from hybridrec.config import register_configs
+from hybridrec.config.schema import TrainSchedule
 from hybridrec.build import keep_fitted
 from hybridrec.data import build_source
 from hybridrec.distributed import Killed
@@ -66,14 +67,17 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
         keep_fitted(cfg, data)  # fitted once here: the ranks get the values
     if state:
         check_compatible(cfg, path, state, data.features, data.num_dense_features, data.version)
-    if state and state.step >= cfg.train.steps:
+    # A continuous run's length is its partitions, not train.steps (a run day after day passes
+    # any fixed count): the same command resumes it at any step, and the stream says what is new.
+    if state and state.step >= cfg.train.steps and cfg.train.schedule != TrainSchedule.continuous:
         raise CheckpointError(
             f"checkpoint {path} is at step {state.step} and train.steps={cfg.train.steps}: nothing to "
             f"train; raise train.steps (the total, e.g. train.steps={state.step + cfg.train.steps}), or "
             f"start a new run in another checkpoint.dir"
         )
     prof = cfg.profile
-    if state and prof.enabled and state.step + prof.start_step + prof.steps > cfg.train.steps:
+    if (state and prof.enabled and cfg.train.schedule != TrainSchedule.continuous
+            and state.step + prof.start_step + prof.steps > cfg.train.steps):
         # the window counts from this process's first step (tracing and lazy init happen again)
         raise ValueError(
             f"profile.start_step={prof.start_step} + profile.steps={prof.steps} must fit in the "

@@ -411,7 +411,8 @@ class Trainer:
             world_size=self.world_size, device=str(self.device), dense_parallel=self.parallel.dense.value,
             dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
             plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, objective=self.objective_block(final),
-            references=self.references, resumes=self.resumes, data=read, freshness=freshness_summary(self.stream.records) if self.stream else None,
+            references=self.references, resumes=self.resumes, data=read,
+            freshness=freshness_summary(self.stream.records, self.stream.state.get("skipped", [])) if self.stream else None,
         )
         if self.rank == 0:
             warn_read_problems(read)
@@ -458,11 +459,14 @@ def warn_read_problems(report: Optional[dict[str, Any]]) -> None:
 
 
 def train_job(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary:
-    summary = Trainer(cfg, run_dir, device).train()
+    trainer = Trainer(cfg, run_dir, device)
+    summary = trainer.train()
     if dist.get_rank() == 0:
         write_json(os.path.join(run_dir, "summary.json"), summary)
         log.info(headline(summary))
         print(f"hybridrec: outputs in {os.path.abspath(run_dir)} (summary.json, metrics.jsonl)", flush=True)
+    if trainer.stream and (why := trainer.stream.stopped_before):
+        raise DataError(why)  # after the outputs: what was trained is kept, the gap is the run's end
     return summary
 
 

@@ -173,12 +173,26 @@ def test_a_checkpoint_scores_as_training_scored_it_on_1_and_2_ranks(trained, tmp
     """Two evaluations, one launching 2 ranks, and the setup of ``trained`` (the module's two
     trainings): the module's slowest test."""
     checkpoint, summary = trained["clicks"]
-    # given as its checkpoint.dir: the newest loadable checkpoint, a damaged newer one passed over
-    shutil.copytree(checkpoint.parent, tmp_path / "ckpt")
-    os.makedirs(tmp_path / "ckpt" / "step_00000009")
-    one, p1, proc = _evaluate(tmp_path / "ckpt", tmp_path / "one")
-    assert f"its newest loadable checkpoint, {tmp_path / 'ckpt' / checkpoint.name} (newer, not loadable: " \
-           f"{tmp_path / 'ckpt' / 'step_00000009'})" in proc.stdout + proc.stderr
+    # given as its checkpoint.dir: the newest checkpoint that verifies as a load does; the newer
+    # ones passed over, each with its reason: one with a flipped byte in a shard (complete, so
+    # only its checksums tell) and one without DCP's metadata
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoint.parent, ckpt)
+    flipped = ckpt / "step_00000009"
+    shutil.copytree(ckpt / checkpoint.name, flipped)
+    shard = sorted(flipped.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.makedirs(ckpt / "step_00000010")
+    one, p1, proc = _evaluate(ckpt, tmp_path / "one")
+    said = proc.stdout + proc.stderr
+    assert f"its newest loadable checkpoint, {ckpt / checkpoint.name} (newer, not loadable: " \
+           f"{ckpt / 'step_00000010'} is not a complete checkpoint" in said
+    assert f"{flipped} is damaged: {shard} does not match the checksum recorded when it was saved" in said
+    export = commands.run("hybridrec.export", f"checkpoint={ckpt}", f"out={tmp_path / 'export'}", timeout=300)
+    assert export.returncode == 0 and f"its newest loadable checkpoint, {ckpt / checkpoint.name}" in export.stdout, \
+        export.stderr[-2000:]
     two, p2, _ = _evaluate(checkpoint, tmp_path / "two", "launcher.nproc_per_node=2")
     final = summary["eval"]  # the training run's own final evaluation, of the same weights
     assert one["eval"] == final and one["checkpoint"]["step"] == 8 and one["split"] == "eval"

@@ -206,6 +206,15 @@ def _ratings(d, line, bad_rows="fail"):
     return ml(d, bad_rows=bad_rows)
 
 
+def _sequences(d, **kw):
+    from hybridrec.data.sequences import MovieLensSequences
+
+    write_layout(tables(), d)  # 30 movies
+    args = dict(batch_size=4, path=d, max_length=5, train_negatives=0, negative_sampling="uniform", bad_rows="fail",
+                eval_batches=None, seed=0)
+    return MovieLensSequences(**{**args, **kw})
+
+
 SPARSE = np.ones((8, 26), np.int32)
 DATA_CASES = [
     ("criteo label 2", lambda d: _tsv(d, [row(), row(label=2)]), "a.tsv:2: label '2' is not 0 or 1"),
@@ -249,6 +258,8 @@ DATA_CASES = [
     ("movielens user 0", lambda d: _ratings(d, "0\t4\t3\t881250949"), "u.data:301: user id 0 is outside 1..2147483647"),
     ("movielens non-integer", lambda d: _ratings(d, "3\t4\t4.5\t881250949"), "u.data:301: non-integer in an integer field"),
     ("movielens missing field", lambda d: _ratings(d, "3\t4\t4"), "u.data:301: 3 fields, expected 4"),
+    ("sequences more negatives than items", lambda d: _sequences(d, train_negatives=1000),
+     "data.train_negatives=1000 draws more ids per batch than"),
 ]
 
 

@@ -360,6 +360,40 @@ def test_a_checkpoint_without_checksums_loads_only_when_allowed(trained, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_manifest_that_leaves_out_a_file_is_damage(trained, tmp_path):
+    """A step whose manifest (trainer_state.json's files) was emptied, or lost one file,
+    with its own checksum recomputed as an attacker would: a weight byte flipped behind it is
+    refused as damage by resume, evaluate and export (not loaded because nothing listed it)."""
+    import blake3
+
+    from hybridrec.checkpoint.state import STATE_JSON as JSON
+
+    for case in ("empty", "one file left out"):
+        step = tmp_path / case.replace(" ", "_") / "step_00000004"
+        shutil.copytree(trained / "step_00000004", step)
+        shard = sorted(step.glob("*.distcp"))[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        fields = json.load(open(step / JSON))
+        fields.pop("state_blake3")
+        fields["files"] = {} if case == "empty" else {k: v for k, v in fields["files"].items() if k != shard.name}
+        fields["state_blake3"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+        json.dump(fields, open(step / JSON, "w"))
+        want = ("lists no files in its manifest" if case == "empty" else f"no checksum recorded for {shard.name}")
+        for allow in (False, True):  # no setting lets a damaged manifest through
+            with pytest.raises(CheckpointError, match=want):
+                check_complete(str(step), allow_unverified=allow)
+        with pytest.raises(CheckpointError, match=want):
+            check_before_launch(_resume_cfg(step))
+        with pytest.raises(SystemExit, match=want):
+            export.main([f"checkpoint={step}", f"out={tmp_path / 'out'}"])
+        line = _last_line(commands.run("hybridrec.evaluate", f"checkpoint={step}",
+                                       f"hydra.run.dir={tmp_path / case.replace(' ', '_') / 'eval'}", timeout=120))
+        assert want in line and line.startswith("hybridrec"), line
+
+
+@pytest.mark.slow
 def test_an_uncommitted_save_is_never_resumed_evaluated_or_exported(trained, tmp_path):
     partial = tmp_path / "ckpt" / "step_00000004.partial"
     shutil.copytree(trained / "step_00000004", partial)  # complete, and never renamed: not committed

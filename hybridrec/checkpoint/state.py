@@ -121,6 +121,11 @@ class TrainState:
             raise CheckpointError(f"{directory} is damaged: {json_path} does not match the checksum of its "
                                   f"fields recorded when it was saved")
         _check_fields(fields, json_path)
+        if "files" in fields and not fields["files"]:
+            # hybridrec lists every file of a step when it commits it: an empty manifest would
+            # leave the files' checksums unchecked ("required" only for the files it names)
+            raise CheckpointError(f"{directory} is damaged or was edited: {json_path} lists no files in its manifest "
+                                  f"('files'), so no file of it can be verified; refused")
         if fields.get("files"):
             verify_files(directory, fields["files"], [STATE_TENSORS])
         tensors = _load_tensors(tensors_path)
@@ -364,19 +369,19 @@ def check_checkpoint(path: str, allow_unverified: bool = False) -> TrainState:
 def resolve_checkpoint(path: str, allow_unverified: bool = False) -> tuple[str, str]:
     """``checkpoint=`` of ``hybridrec.evaluate`` and ``hybridrec.export``: a ``step_<N>``
     directory, or a ``checkpoint.dir``, which stands for its newest loadable checkpoint (what a
-    resumed run would continue), so that the commands after training need not know its last
-    step. Returns the checkpoint and a line saying which one a directory stood for ("" for a
-    step directory, returned as given and checked by ``check_checkpoint``)."""
+    resumed run would continue: the newest that passes the same verification as a load, down
+    to its files' checksums), so that the commands after training need not know its last
+    step. Returns the checkpoint and a line saying which one a directory stood for and why
+    each newer one was passed over ("" for a step directory, returned as given and checked by
+    ``check_checkpoint``)."""
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, METADATA)) or not committed(path):
         return path, ""
-    newest = latest(path, verify_content=False, allow_unverified=allow_unverified)  # check_checkpoint verifies it
+    newest, skipped = _newest_loadable(path, verify_content=True, allow_unverified=allow_unverified)
     if newest is None:
-        raise CheckpointError(f"checkpoint={path} holds no loadable checkpoint: give a step_<N> directory")
-    steps = committed(path)
-    step = next(s for s, p in steps if p == newest)
-    skipped = [p for s, p in steps if s > step]
+        raise CheckpointError(f"checkpoint={path} holds no loadable checkpoint ({skipped[0]}): give a step_<N> "
+                              f"directory")
     return newest, (f"checkpoint={path}: its newest loadable checkpoint, {newest}"
-                    + (f" (newer, not loadable: {', '.join(skipped)})" if skipped else ""))
+                    + (f" (newer, not loadable: {'; '.join(skipped)})" if skipped else ""))
 
 
 def latest(directory: str, warn: bool = False, verify_content: bool = True,
@@ -386,6 +391,21 @@ def latest(directory: str, warn: bool = False, verify_content: bool = True,
     ``step_<N>`` that is a symbolic link out of ``directory``; a directory whose every
     checkpoint is damaged is refused, rather than trained over from scratch.
     ``verify_content``: check the files' hashes too (``check_complete``)."""
+    path, skipped = _newest_loadable(directory, verify_content, allow_unverified)
+    if path is not None:
+        if skipped and warn:
+            log.warning(f"resuming from {path}, the newest loadable checkpoint, not from a newer one: "
+                        f"{'; '.join(skipped)}")
+        return path
+    if skipped:
+        raise CheckpointError(f"checkpoint.dir={directory} holds no loadable checkpoint ({skipped[0]}): "
+                              f"repair or delete its step_* directories, or use another checkpoint.dir")
+    return None
+
+
+def _newest_loadable(directory: str, verify_content: bool, allow_unverified: bool) -> tuple[Optional[str], list[str]]:
+    """The newest checkpoint of ``directory`` that ``check_complete`` accepts (None: none
+    does), and why each newer one was passed over. A planted payload is never passed over."""
     skipped = []
     home = os.path.realpath(directory)
     for _, path in reversed(committed(directory)):
@@ -400,14 +420,8 @@ def latest(directory: str, warn: bool = False, verify_content: bool = True,
         except CheckpointError as e:
             skipped.append(str(e))
             continue
-        if skipped and warn:
-            log.warning(f"resuming from {path}, the newest loadable checkpoint, not from a newer one: "
-                        f"{'; '.join(skipped)}")
-        return path
-    if skipped:
-        raise CheckpointError(f"checkpoint.dir={directory} holds no loadable checkpoint ({skipped[0]}): "
-                              f"repair or delete its step_* directories, or use another checkpoint.dir")
-    return None
+        return path, skipped
+    return None, skipped
 
 
 def resume_path(cfg: DictConfig, warn: bool = False, verify_content: bool = True) -> Optional[str]:

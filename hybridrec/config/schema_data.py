@@ -305,6 +305,10 @@ class PartitionsConfig:
     ready_marker: Optional[str] = None
     """A file a complete partition holds (Spark's _SUCCESS): partitions without it are not read
     yet. None = every partition present is complete."""
+    skip_unready: bool = False
+    """train.schedule=continuous: a partition without ready_marker while a later one has it
+    stops the run before it (it cannot be trained in order later); true trains past it
+    instead, recorded in the run (its checkpoint's stream state and summary.json)."""
     train_until: Optional[str] = None
     """The last partition to train on: its name or its date (2026-11-07); later ones are
     scored only, by the model as it was then. None = train on every partition."""

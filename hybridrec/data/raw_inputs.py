@@ -107,3 +107,92 @@ def join(name: str, file: str, on: str, missing: dict[str, Any]) -> dict[str, An
     """A join: ``file`` (in the export) holds one row per value of its column ``on``;
     ``missing``: the values of its other columns for a key it does not hold (None: no ids)."""
     return {"name": name, "file": file, "on": on, "missing": missing}
+
+
+# ------------------------------------------------------------- reading a written description
+_NUMBER = (int, float)
+_STEP_FIELDS = {"fill_null": {"value": _NUMBER}, "clamp": {"min": _NUMBER}, "log1p": {},
+                "standardize": {"mean": _NUMBER, "std": _NUMBER}, "constant": {"value": _NUMBER}}
+_ID_FIELDS = {"row": {"outside": ("error", "row_0")}, "hash": {"function": ("splitmix64",), "seed": int, "modulo": int},
+              "hex": {"function": ("splitmix64", "none"), "modulo": int}, "vocabulary": {"file": str},
+              "managed": {"file": str, "table": str, "function": ("splitmix64",), "seed": int}}
+
+
+class Malformed(ValueError):
+    """A field of a written description that is not what ``hybridrec.export`` writes."""
+
+
+def check_description(spec: Any) -> list[str]:
+    """That ``spec`` (preprocessing.json's content) has every field ``hybridrec.export`` writes,
+    of its type and in its range, before anything is computed from it: an edited or damaged
+    file is a ``Malformed`` error naming the field, not a NumPy error far from it. Returns the
+    files the description reads (vocabularies, joins, the managed ids), each of which its
+    ``files`` must list with a sha256."""
+
+    def need(ok: bool, key: str, value: Any, expected: str) -> None:
+        if not ok:
+            raise Malformed(f"field {key} is {str(value)[:80]!r} (a {type(value).__name__}), expected {expected}")
+
+    def number(value: Any) -> bool:
+        return isinstance(value, _NUMBER) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+
+    need(isinstance(spec, dict), "(the file)", spec, "an object of fields")
+    for key in ("dense", "sparse", "joins"):
+        need(isinstance(spec.get(key), list) and all(isinstance(e, dict) for e in spec[key]), key, spec.get(key),
+             "a list of objects")
+    files = spec.get("files")
+    need(isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
+                                         for k, v in files.items()), "files", files, "file names and sha256 digests")
+    need(isinstance(spec.get("program_inputs"), list), "program_inputs", spec.get("program_inputs"), "a list")
+    named = []
+    for i, d in enumerate(spec["dense"]):
+        at = f"dense[{i}]"
+        need(d.get("column") is None or isinstance(d["column"], str), f"{at}.column", d.get("column"), "a column name")
+        need(isinstance(d.get("steps"), list) and all(isinstance(s, dict) for s in d["steps"]), f"{at}.steps",
+             d.get("steps"), "a list of steps")
+        for k, s in enumerate(d["steps"]):
+            need(s.get("op") in _STEP_FIELDS, f"{at}.steps[{k}].op", s.get("op"), f"one of {', '.join(DENSE_OPS)}")
+            for field_ in _STEP_FIELDS[s["op"]]:
+                need(number(s.get(field_)), f"{at}.steps[{k}].{field_}", s.get(field_), "a finite number")
+            if s["op"] == "standardize":
+                need(s["std"] > 0, f"{at}.steps[{k}].std", s["std"], "a number > 0")
+        need(d["column"] is not None or (d["steps"] and d["steps"][0]["op"] == "constant"), f"{at}.column",
+             None, "a column name (only a constant reads none)")
+    for i, f in enumerate(spec["sparse"]):
+        at = f"sparse[{i}]"
+        for key, kind in (("name", str), ("column", str), ("table", str)):
+            need(isinstance(f.get(key), kind), f"{at}.{key}", f.get(key), "a name")
+        n = f.get("num_embeddings")
+        need(isinstance(n, int) and not isinstance(n, bool) and n >= 1, f"{at}.num_embeddings", n, "an integer >= 1")
+        m = f.get("max_length")
+        need(m is None or isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{at}.max_length", m,
+             "an integer >= 1 or null")
+        need(isinstance(f.get("truncate"), bool), f"{at}.truncate", f.get("truncate"), "true or false")
+        need(f.get("null_rows") in ("empty", "error"), f"{at}.null_rows", f.get("null_rows"), "empty or error")
+        need(f.get("weights_column") is None or isinstance(f["weights_column"], str), f"{at}.weights_column",
+             f.get("weights_column"), "a column name or null")
+        ids = f.get("ids")
+        need(isinstance(ids, dict) and ids.get("kind") in _ID_FIELDS, f"{at}.ids.kind",
+             ids.get("kind") if isinstance(ids, dict) else ids, f"one of {', '.join(ID_MAPPINGS)}")
+        for key, rule in _ID_FIELDS[ids["kind"]].items():
+            value = ids.get(key)
+            if isinstance(rule, tuple):
+                need(value in rule, f"{at}.ids.{key}", value, f"one of {', '.join(rule)}")
+            elif rule is int:
+                need(isinstance(value, int) and not isinstance(value, bool) and value >= (1 if key == "modulo" else 0),
+                     f"{at}.ids.{key}", value, "an integer >= 1" if key == "modulo" else "an integer >= 0")
+            else:
+                need(isinstance(value, str) and value, f"{at}.ids.{key}", value, "a file name" if key == "file" else "a name")
+        if "file" in ids:
+            named.append(ids["file"])
+    for i, j in enumerate(spec["joins"]):
+        for key in ("name", "file", "on"):
+            need(isinstance(j.get(key), str) and j[key], f"joins[{i}].{key}", j.get(key), "a name")
+        need(isinstance(j.get("missing"), dict), f"joins[{i}].missing", j.get("missing"), "an object of values")
+        named.append(j["file"])
+    names = {j["name"] for j in spec["joins"]}
+    for key, entries in (("dense", spec["dense"]), ("sparse", spec["sparse"])):
+        for i, e in enumerate(entries):
+            need(e.get("join") is None or e["join"] in names, f"{key}[{i}].join", e.get("join"),
+                 "null or the name of one of its joins")
+    return list(dict.fromkeys(named))

@@ -92,6 +92,11 @@ class NextItemSource(Source):
         self.user_ids = users[starts[keep]]
         self.starts, self.ends = offsets[:-1][keep], offsets[1:][keep]
         self.catalogue = catalogue or int(self.items.max()) + 1  # table rows; row 0 is no item
+        if self.train_negatives > self.catalogue - 1:
+            # drawn with replacement, the surplus would only repeat items: a softmax over more
+            # ids than the catalogue has is a slower, noisier full softmax
+            raise DataError(f"data.train_negatives={self.train_negatives} draws more ids per batch than {source}'s "
+                            f"catalogue has items ({self.catalogue - 1:,}): lower it, or set 0 to score every item")
         # The popularity of each item among the training parts (the items before the last two).
         train = np.concatenate([self.items[s: e - 2] for s, e in zip(self.starts, self.ends)])
         counts = np.bincount(train, minlength=self.catalogue).astype(np.float64)

@@ -11,7 +11,8 @@ names' bytes (``hour=9`` before ``hour=10``). What it refuses or leaves out, eac
 - two names that say the same time (``day=2026-11-04`` and ``day=2026-11-4``), or two
   partitions holding the same file (a link): refused;
 - with ``ready_marker`` (Spark's ``_SUCCESS``), a partition without it: still being written,
-  left out until it has it, so a reader never sees half a partition;
+  left out until it has it, so a reader never sees half a partition (continuous training
+  also stops before it when a later partition is complete: ``hybridrec.continuous``);
 - a partition without rows: kept (it is a day that happened), trained on for no step and
   reported with 0 rows.
 
@@ -94,10 +95,11 @@ def parse_until(value: str, regex: re.Pattern) -> Optional[dt.datetime]:
 
 
 def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None, strict: bool = True,
-                    warned: Optional[set[str]] = None) -> list[Partition]:
+                    warned: Optional[set[str]] = None, unready: Optional[list[Partition]] = None) -> list[Partition]:
     """The complete partitions under ``root`` in time order (see the module docstring).
     ``strict``: a malformed name is a DataError; otherwise it is warned about (once per name,
-    recorded in ``warned``) and left out."""
+    recorded in ``warned``) and left out. ``unready``: receives the partitions left out for
+    want of ``ready_marker``, in time order (their files are not listed)."""
     key = "data.train_path"
     if not os.path.isdir(root):
         raise DataError(f"{key}={root}: not a directory of partitions (data.partitions is set)")
@@ -122,11 +124,15 @@ def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None,
             raise DataError(f"{path} and {os.path.join(root, found[time].name)} name the same time ({time}): "
                             f"one partition per time; merge or remove one")
         if ready_marker and not os.path.exists(os.path.join(path, ready_marker)):
-            continue  # not complete yet: read once its writer leaves the marker
+            if unready is not None:  # not complete yet: read once its writer leaves the marker
+                unready.append(Partition(name, time, ()))
+            continue
         files = tuple(sorted(p for p in glob.glob(os.path.join(path, "*.parquet"))
                              if os.path.isfile(p) and not os.path.basename(p).startswith((".", "_"))))
         found[time] = Partition(name, time, files)
     listed = [found[t] for t in sorted(found)]
+    if unready is not None:
+        unready.sort(key=lambda p: p.time)
     owner: dict[str, str] = {}
     for p in listed:  # a partition linked to another's files (or a copy made by a link) trains them twice
         for f in p.files:
