@@ -5,6 +5,7 @@ partitions arrive, and the one-line refusals of bad partitions and configs."""
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -196,6 +197,106 @@ def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(runs, log, 
     with pytest.raises(Exception, match=r"partition day=2023-11-14 of .* changed since the checkpoint was saved "
                                         r"\(200 rows then, 100 now\)"):
         spawn(train_and_gather, 1, [run(changed, b)], str(tmp_path / "w3"))
+
+
+def _command(d, ck, run_dir, *extra):
+    """`python -m hybridrec.train +experiment=continuous ...` on the log in ``d``, 4 steps a
+    day, train.steps=20 (a continuous run's length is its partitions: 56 steps), checkpoints
+    every 6 steps and at each day's end; forked from the preloaded command server."""
+    return ["hybridrec.train", "+experiment=continuous", f"data.train_path={d}/train", f"data.valid_path={d}/valid",
+            f"data.eval_path={d}/eval", "data.batch_size=64", "model.embedding_dim=8",
+            "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]", "launcher.device=cpu",
+            "train.steps=20", "checkpoint.every_n_steps=6", "checkpoint.keep_last=50", f"checkpoint.dir={ck}",
+            f"hydra.run.dir={run_dir}", *extra]
+
+
+def _finished(proc, run_dir):
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _same_run(a, b):
+    """Two continuous runs' summaries train and score alike: train loss, every day's
+    progressive AUC, the objective and the test split."""
+    assert a["train_loss"] == b["train_loss"]
+    assert [(p["partition"], p.get("eval", {}).get("auc")) for p in a["freshness"]["partitions"]] == [
+        (p["partition"], p.get("eval", {}).get("auc")) for p in b["freshness"]["partitions"]]
+    assert a["objective"] == b["objective"] and a["eval"] == b["eval"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(log, tmp_path_factory):
+    """``_command`` on the whole log, never stopped: the summary a stopped and resumed run ends with."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    return _finished(commands.run(*_command(log, root / "ck", root / "run")), root / "run")
+
+
+@pytest.mark.dist
+def test_a_run_killed_past_train_steps_resumes_with_the_command_that_started_it(log, uninterrupted, tmp_path):
+    """kill -9 after its step-30 checkpoint (train.steps=20), then the same command: it
+    resumes there and ends as the run never stopped. Over 20 s: three runs of 14 days."""
+    ck, run_dir = tmp_path / "ck", tmp_path / "run"
+    args = _command(log, ck, run_dir)
+    command = commands.start(*args)
+    deadline = time.monotonic() + 120
+    while not (ck / "step_00000030" / "trainer_state.json").exists():
+        assert time.monotonic() < deadline, "no step-30 checkpoint within 120 s"
+        time.sleep(0.02)
+    command.kill()
+    killed = command.wait(timeout=60)
+    assert killed.returncode == -9, "the run ended before it was killed: " + killed.stderr[-2000:]
+    summary = _finished(commands.run(*args), run_dir)
+    assert summary["train"]["resumed_from_step"] >= 30
+    _same_run(summary, uninterrupted)
+
+
+@pytest.mark.dist
+def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good(log, uninterrupted, tmp_path):
+    """Day 5 lacks its ready marker while later days are complete: the run stops after day 4
+    in one line (status 1, the day-4 checkpoint kept); once the marker arrives the same
+    command trains on from day 5, as the run never stopped. A trained day whose ids were
+    rewritten (same rows) is refused on resume by its content digest. With
+    data.partitions.skip_unready=true, the day is skipped and recorded. Over 20 s: four runs."""
+    d = copy_of(log, tmp_path / "gap")
+    marker = d / "train" / day_name(5) / "_SUCCESS"
+    marker.unlink()
+    ck, run_dir = tmp_path / "ck", tmp_path / "run"
+    args = _command(d, ck, run_dir)
+    stopped = commands.run(*args)
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"hybridrec: partition {day_name(5)} of {d}/train has no _SUCCESS (still being written, or lost) and later "
+        f"partitions are complete: the run stopped before it, after {day_name(4)} (its checkpoint is kept). "
+        "data.partitions.follow=true waits for it; data.partitions.skip_unready=true trains past it for good")
+    assert max(os.listdir(ck)) == "step_00000020"  # days 0-4, 4 steps each
+    # a day it trained on, its item ids rewritten (same row count): refused by its digest
+    edited = copy_of(d, tmp_path / "edited")
+    (edited / "train" / day_name(5) / "_SUCCESS").write_text("")
+    path = edited / "train" / day_name(1) / "part-00000.parquet"
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.schema.get_field_index("item_id"), "item_id",
+                                    pc.add(table["item_id"], 1)), path)
+    other = copy_of(ck, tmp_path / "other")
+    refused = commands.run(*_command(edited, other, tmp_path / "refused"))
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert re.search(rf"hybridrec: partition {day_name(1)} of .* changed since it was trained on "
+                     r"\(part-00000\.parquet was [\d,]+ bytes, now [\d,]+\)", refused.stderr), refused.stderr[-2000:]
+    assert sorted(os.listdir(other)) == sorted(os.listdir(ck))  # nothing trained, nothing written
+    # the marker arrives: the same command trains on, as the run never stopped
+    marker.write_text("")
+    summary = _finished(commands.run(*args), run_dir)
+    assert summary["train"]["resumed_from_step"] == 20
+    assert summary["freshness"]["skipped"] == []
+    _same_run(summary, uninterrupted)
+    # skipped for good when asked, and recorded
+    marker.unlink()
+    skipped = _finished(commands.run(*_command(d, tmp_path / "ck2", tmp_path / "run2",
+                                               "data.partitions.skip_unready=true")), tmp_path / "run2")
+    assert skipped["freshness"]["skipped"] == [{"partition": day_name(5), "missing": "_SUCCESS"}]
+    assert [p["partition"] for p in skipped["freshness"]["partitions"]] == [day_name(x) for x in range(14) if x != 5]
 
 
 @pytest.mark.slow

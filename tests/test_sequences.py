@@ -78,8 +78,12 @@ def test_negatives_are_drawn_per_global_batch_alike_on_every_rank(tmp_path):
     for rank in (0, 1):
         _, part, _ = _rows(source, "train", world=2, rank=rank)
         assert part.lengths().tolist() == [5, 0] and part.values().tolist() == one.values().tolist()
-    popular = _source(tmp_path, batch_size=4, train_negatives=2000, negative_sampling="popularity")
-    drawn = np.bincount(_rows(popular, "train")[1].values().numpy(), minlength=popular.catalogue)
+    # by popularity: the first batch's draws, and those of 50 global batches (40 ids each, as
+    # many as the catalogue has items: more are refused)
+    popular = _source(tmp_path, batch_size=4, train_negatives=40, negative_sampling="popularity")
+    first = _rows(popular, "train")[1].values().numpy()
+    drawn = np.bincount(np.concatenate([first, *(popular._negatives("train", 0, i) for i in range(1, 50))]),
+                        minlength=popular.catalogue)
     assert drawn[0] == 0 and np.corrcoef(drawn, popular.popularity)[0, 1] > 0.8
 
 

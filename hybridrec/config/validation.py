@@ -69,6 +69,16 @@ def _validate_loss(cfg: DictConfig) -> None:
     if source.next_item and cfg.data.max_length > cfg.model.max_length:
         raise ValueError(f"data.max_length={cfg.data.max_length} is more history than the model has positions "
                          f"(model.max_length={cfg.model.max_length}): lower data.max_length or raise model.max_length")
+    if source.next_item and not cfg.data.train_negatives:  # 0: every item of the catalogue is a candidate
+        sampling = getattr(cfg.data.negative_sampling, "value", cfg.data.negative_sampling)
+        if sampling != "uniform":
+            raise ValueError(f"data.negative_sampling={sampling} chooses how sampled negatives are "
+                             "drawn, and data.train_negatives=0 samples none (the softmax scores every item): set "
+                             "data.train_negatives, or leave data.negative_sampling=uniform")
+        if cfg.loss.get("in_batch"):
+            raise ValueError("loss.in_batch=true adds the batch's next items to sampled negatives, and "
+                             "data.train_negatives=0 scores every item already (each would count twice): set "
+                             "data.train_negatives, or loss.in_batch=false")
     if model.needs_user_item_features and not source.user_item_features:
         raise ValueError(f"model={name(model)} needs user and item features: data={name(source)} has none; "
                          f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)")

@@ -281,11 +281,16 @@ class SASRec(SequenceRanker):
     """model=sasrec: item embedding (scaled by sqrt(D)) plus a learned position embedding,
     ``num_blocks`` SASRec blocks, a final LayerNorm."""
 
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        super().check_config(cfg)
+        if cfg.embedding_dim % cfg.num_heads:  # each head attends over embedding_dim / num_heads
+            raise ValueError(f"model.embedding_dim={cfg.embedding_dim} must divide into model.num_heads="
+                             f"{cfg.num_heads} (SASRec's heads split the embedding)")
+
     def __init__(self, features: list[SparseFeature], num_dense_features: int, embedding_dim: int, max_length: int,
                  num_blocks: int, num_heads: int, dropout: float, activation_checkpointing: bool,
                  mask_history: bool, loss: Loss) -> None:
-        if embedding_dim % num_heads:
-            raise ValueError(f"model.embedding_dim={embedding_dim} must divide into model.num_heads={num_heads}")
         blocks = [SASRecBlock(embedding_dim, num_heads, dropout) for _ in range(num_blocks)]
         super().__init__(features, embedding_dim, max_length, blocks, True, dropout, activation_checkpointing,
                          mask_history, loss)

@@ -5,6 +5,7 @@ and the managed-id version each read uses (``hybridrec.data.parquet.managed``); 
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -137,6 +138,10 @@ def check_partitions(parts: dict[str, Any], valid_fraction: float, shards: Optio
     if until is not None and parse_until(str(until), regex) is None:
         raise ValueError(f"data.partitions.train_until={until!r} is neither a partition name of the pattern "
                          f"{parts.get('pattern')!r} nor a date (2026-11-07)")
+    marker = parts.get("ready_marker")
+    if marker is not None and (not marker or marker in (".", "..") or "/" in marker or os.sep in marker):
+        raise ValueError(f"data.partitions.ready_marker={marker!r}: the name of a file inside each partition "
+                         "(Spark's _SUCCESS), not a path")
     if parts.get("follow") and not parts.get("ready_marker"):
         raise ValueError("data.partitions.follow=true reads partitions while they are written: set "
                          "data.partitions.ready_marker (the file a writer leaves in a complete partition, "
