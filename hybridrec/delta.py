@@ -192,7 +192,7 @@ def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_u
     number = len(deltas_of(export_dir)) + 1
     path = os.path.join(folder, f"delta_{number:05d}.pt")
     if os.path.isfile(os.path.join(export_dir, "managed_ids.parquet")):  # the ids first: the delta names them
-        from hybridrec.serving import sha256
+        from hybridrec.data.raw_inputs import sha256
 
         ids = f"managed_ids_{number:05d}.parquet"
         write_managed_ids(saved_config(checkpoint, trusted), TrainState.from_files(checkpoint, allow_unverified),

@@ -21,7 +21,6 @@ as if it were one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -40,7 +39,7 @@ from hybridrec.data.criteo.common import map_ids
 from hybridrec.data.parquet.columns import _is_list, _kind, _plain_array
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.parquet.vocabulary import Vocabulary
-from hybridrec.data.raw_inputs import FORMAT, Malformed, check_description
+from hybridrec.data.raw_inputs import FORMAT, Malformed, check_description, sha256
 
 PREPROCESSING = "preprocessing.json"
 Rows = Union[pa.Table, pa.RecordBatch, str, os.PathLike, Mapping[str, Any]]
@@ -49,14 +48,6 @@ Rows = Union[pa.Table, pa.RecordBatch, str, os.PathLike, Mapping[str, Any]]
 
 def _refuse(message: str) -> ValueError:
     return ValueError(f"hybridrec: {message}")
-
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

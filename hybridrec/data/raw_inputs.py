@@ -43,6 +43,7 @@ a key that is not in it takes the join's ``missing`` values (a list column: no i
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -196,3 +197,13 @@ def check_description(spec: Any) -> list[str]:
             need(e.get("join") is None or e["join"] in names, f"{key}[{i}].join", e.get("join"),
                  "null or the name of one of its joins")
     return list(dict.fromkeys(named))
+
+
+def sha256(path: str) -> str:
+    """The sha256 of a file an export brings (``files`` of preprocessing.json, a delta's
+    managed ids): the digest a serving fleet's own tools can check too."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
