@@ -90,7 +90,13 @@ class Stream:
         if isinstance(chosen[0], str):  # rank 0's refusal, raised on every rank
             raise DataError(chosen[0])
         self._take(chosen[0])
-        saved = self.state.get("partitions", [])
+        if not self.source.partitions and (gap := self.state.get("held_back")):
+            raise DataError(f"partition {gap['partition']} of {self.root}, the first, has no {gap['missing']} (still "
+                            f"being written, or lost) and later partitions are complete: nothing can be trained "
+                            f"before it. Start the run once it is complete, or set data.partitions.skip_unready=true "
+                            f"to train past it for good")
+        reached = self._reached()
+        saved = [p for p in self.state.get("partitions", []) if p["name"] in reached]
         for old, new in zip(saved, self.source.partitions):
             if (old["name"], old["rows"], old["batches"]) != (new["name"], new["rows"], new["batches"]):
                 raise DataError(
@@ -108,22 +114,28 @@ class Stream:
         if not gap:
             return None
         trained = self.source.partitions[-1]["name"] if self.source.partitions else "none"
+        wait = ("it did not arrive within data.partitions.stop_after_idle_s" if self.spec.get("follow") else
+                "data.partitions.follow=true waits for it")
         return (f"partition {gap['partition']} of {self.root} has no {gap['missing']} (still being written, or lost) "
                 f"and later partitions are complete: the run stopped before it, after {trained} (its checkpoint "
-                f"is kept). data.partitions.follow=true waits for it; data.partitions.skip_unready=true trains past "
-                f"it for good")
+                f"is kept). {wait}; data.partitions.skip_unready=true trains past it for good")
 
     def _choose(self, strict: bool) -> Any:
         """Rank 0: the partitions to lay out, with their content digests, and what was held
         back or skipped (``_reconcile``); a string: why the run cannot go on."""
         unready: list[Partition] = []
-        listed = list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"), strict=strict,
-                                 warned=self._warned, unready=unready)
-        kept = self._reconcile(listed)
-        if isinstance(kept, str):
-            return kept
-        kept, held_back, skipped = self._in_order(kept, unready)
-        digests, changed = self._digests(kept)
+        try:  # rank 0's error goes to every rank (the broadcast), not only to rank 0
+            listed = list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"), strict=strict,
+                                     warned=self._warned, unready=unready)
+            kept = self._reconcile(listed)
+            if isinstance(kept, str):
+                return kept
+            kept, held_back, skipped = self._in_order(kept, unready)
+            digests, changed = self._digests(kept)
+        except DataError as e:
+            return str(e)
+        except OSError as e:  # a file that went away or cannot be read while the listing was hashed
+            return f"{self.root}: {e.strerror or e} ({e.filename}) while reading the partitions"
         if changed:
             return changed
         return kept, digests, held_back, skipped
@@ -144,7 +156,8 @@ class Stream:
         """The partitions that can be trained in time order now: a partition without its
         ready marker, before a complete one, holds back every later one (training them now
         would leave it out for good), unless ``skip_unready`` (then it is skipped, recorded)."""
-        saved = len(self.state.get("partitions", []))
+        reached = self._reached()
+        saved = sum(p["name"] in reached for p in self.state.get("partitions", []))  # kept's first ones
         last = kept[saved - 1].time if saved else None
         newest = kept[-1].time if kept else None
         marker = self.spec.get("ready_marker")
@@ -164,7 +177,8 @@ class Stream:
         """The partitions to lay out: a resumed run's own, in their order, then the listed
         ones after the last of them; those that arrived out of order are left out (warned).
         A string: why the run cannot go on (a partition it trained on is gone)."""
-        saved = self.state.get("partitions", [])
+        reached = self._reached()
+        saved = [p for p in self.state.get("partitions", []) if p["name"] in reached]
         by_name = {p.name: p for p in listed}
         kept = []
         for old in saved:
@@ -186,13 +200,21 @@ class Stream:
             kept.append(p)
         return kept
 
+    def _reached(self) -> set[str]:
+        """The partitions a resumed run has read from (each is scored when it is reached):
+        they must be as they were. Those laid out after them, not yet read, are listed again
+        (one republished since, or gone, is taken as it is now)."""
+        return {r["partition"] for r in self.records}
+
     def _digests(self, kept: list[Partition]) -> tuple[dict[str, Any], Optional[str]]:
         """Rank 0: each partition's content digest (``partition_digest``), and the refusal
         when one that was trained on (its digest recorded in the checkpoint) changed since."""
-        recorded = {p["name"]: p.get("digest") for p in self.state.get("partitions", [])}
+        reached = self._reached()
+        recorded = {p["name"]: p.get("digest") for p in self.state.get("partitions", []) if p["name"] in reached}
         digests = {}
         for p in kept:
-            digests[p.name] = digest = partition_digest(p)
+            # hashed once per process: a following run hashes only the partitions that arrived
+            digests[p.name] = digest = self._digest.get(p.name) or partition_digest(p)
             was = recorded.get(p.name)
             if was and was != digest:
                 return digests, (
@@ -226,7 +248,8 @@ class Stream:
         poll, idle_limit = float(self.spec["poll_s"]), self.spec.get("stop_after_idle_s")
         waited = 0.0
         if self.rank == 0:
-            log.info(f"following {self.root}: looking for partitions after {self.source.partitions[-1]['name']} every "
+            after = self.source.partitions[-1]["name"] if self.source.partitions else "none yet"
+            log.info(f"following {self.root}: looking for partitions after {after} every "
                      f"{poll:g} s" + (f", stopping after {idle_limit:g} s without one" if idle_limit else ""))
         while True:
             fresh = None

@@ -333,6 +333,10 @@ def _load_join(export_dir: str, spec: dict[str, Any], described_in: str) -> _Joi
     keys = np.asarray(table.column(spec["on"]), np.int64)
     if not len(keys):
         raise _refuse(f"{os.path.join(export_dir, spec['file'])} (the {spec['name']} join) has no rows: export again")
+    values = sorted(c for c in table.column_names if c != spec["on"])
+    if sorted(spec["missing"]) != values:  # a row whose key is not in the join takes these
+        raise _refuse(f"{described_in} is damaged or was edited: joins {spec['name']!r} has 'missing' values for "
+                      f"{sorted(spec['missing'])}, and its file's columns are {values}; export the checkpoint again")
     order = np.argsort(keys, kind="stable")
     return _Join(keys[order], table.take(pa.array(order)), spec["on"], spec["missing"])
 

@@ -256,7 +256,8 @@ def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good
     in one line (status 1, the day-4 checkpoint kept); once the marker arrives the same
     command trains on from day 5, as the run never stopped. A trained day whose ids were
     rewritten (same rows) is refused on resume by its content digest. With
-    data.partitions.skip_unready=true, the day is skipped and recorded. Over 20 s: four runs."""
+    data.partitions.skip_unready=true, the day is skipped and recorded. The first day without
+    its marker is refused. Over 20 s: five runs."""
     d = copy_of(log, tmp_path / "gap")
     marker = d / "train" / day_name(5) / "_SUCCESS"
     marker.unlink()
@@ -297,6 +298,13 @@ def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good
                                                "data.partitions.skip_unready=true")), tmp_path / "run2")
     assert skipped["freshness"]["skipped"] == [{"partition": day_name(5), "missing": "_SUCCESS"}]
     assert [p["partition"] for p in skipped["freshness"]["partitions"]] == [day_name(x) for x in range(14) if x != 5]
+    # the first day without its marker: nothing can be trained, one line
+    first = copy_of(log, tmp_path / "first")
+    (first / "train" / day_name(0) / "_SUCCESS").unlink()
+    refused = commands.run(*_command(first, tmp_path / "ck3", tmp_path / "run3"))
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"hybridrec: partition {day_name(0)} of {first}/train, the first, has no _SUCCESS"), refused.stderr[-2000:]
 
 
 @pytest.mark.slow

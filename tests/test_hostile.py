@@ -96,7 +96,7 @@ CONFIG_CASES = [
     (["+experiment=sequences", "data.train_negatives=-1"], "data.train_negatives=-1: ids drawn per batch"),
     (["+experiment=sequences", "model.num_blocks=0"], "model.num_blocks=0: must be >= 1"),
     (["+experiment=sequences", "model.dropout=1.5"], "model.dropout=1.5: must be in [0, 1)"),
-    (["+experiment=sequences", "model.num_heads=3"], "model.embedding_dim=64 must divide into model.num_heads=3"),
+    (["+experiment=sequences", "model.num_heads=3"], "model.embedding_dim=64 must be divisible by model.num_heads=3"),
     (["+experiment=sequences", "data.negative_sampling=popularity"],
      "data.negative_sampling=popularity chooses how sampled negatives are drawn, and data.train_negatives=0 samples "
      "none"),

@@ -145,6 +145,11 @@ def check_description(spec: Any) -> list[str]:
     need(isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
                                          for k, v in files.items()), "files", files, "file names and sha256 digests")
     need(isinstance(spec.get("program_inputs"), list), "program_inputs", spec.get("program_inputs"), "a list")
+    need(isinstance(spec.get("rows"), str), "rows", spec.get("rows"), "a description of the rows")
+    for key, entries in (("dense", spec["dense"]), ("sparse", spec["sparse"])):
+        for i, e in enumerate(entries):  # a key left out is as malformed as a wrong value (serving reads each)
+            for needed in ("column", "join") + (("weights_column",) if key == "sparse" else ()):
+                need(needed in e, f"{key}[{i}].{needed}", "(missing)", "present (null where it does not apply)")
     named = []
     for i, d in enumerate(spec["dense"]):
         at = f"dense[{i}]"
@@ -152,7 +157,7 @@ def check_description(spec: Any) -> list[str]:
         need(isinstance(d.get("steps"), list) and all(isinstance(s, dict) for s in d["steps"]), f"{at}.steps",
              d.get("steps"), "a list of steps")
         for k, s in enumerate(d["steps"]):
-            need(s.get("op") in _STEP_FIELDS, f"{at}.steps[{k}].op", s.get("op"), f"one of {', '.join(DENSE_OPS)}")
+            need(isinstance(s.get("op"), str) and s["op"] in _STEP_FIELDS, f"{at}.steps[{k}].op", s.get("op"), f"one of {', '.join(DENSE_OPS)}")
             for field_ in _STEP_FIELDS[s["op"]]:
                 need(number(s.get(field_)), f"{at}.steps[{k}].{field_}", s.get(field_), "a finite number")
             if s["op"] == "standardize":
@@ -173,15 +178,16 @@ def check_description(spec: Any) -> list[str]:
         need(f.get("weights_column") is None or isinstance(f["weights_column"], str), f"{at}.weights_column",
              f.get("weights_column"), "a column name or null")
         ids = f.get("ids")
-        need(isinstance(ids, dict) and ids.get("kind") in _ID_FIELDS, f"{at}.ids.kind",
+        need(isinstance(ids, dict) and isinstance(ids.get("kind"), str) and ids["kind"] in _ID_FIELDS, f"{at}.ids.kind",
              ids.get("kind") if isinstance(ids, dict) else ids, f"one of {', '.join(ID_MAPPINGS)}")
         for key, rule in _ID_FIELDS[ids["kind"]].items():
             value = ids.get(key)
             if isinstance(rule, tuple):
                 need(value in rule, f"{at}.ids.{key}", value, f"one of {', '.join(rule)}")
-            elif rule is int:
-                need(isinstance(value, int) and not isinstance(value, bool) and value >= (1 if key == "modulo" else 0),
-                     f"{at}.ids.{key}", value, "an integer >= 1" if key == "modulo" else "an integer >= 0")
+            elif rule is int:  # a modulo is the table's rows; a seed a 64-bit key
+                low, high = (1, n) if key == "modulo" else (0, (1 << 64) - 1)
+                need(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+                     f"{at}.ids.{key}", value, f"an integer in [{low}, {high}]")
             else:
                 need(isinstance(value, str) and value, f"{at}.ids.{key}", value, "a file name" if key == "file" else "a name")
         if "file" in ids:
@@ -194,7 +200,7 @@ def check_description(spec: Any) -> list[str]:
     names = {j["name"] for j in spec["joins"]}
     for key, entries in (("dense", spec["dense"]), ("sparse", spec["sparse"])):
         for i, e in enumerate(entries):
-            need(e.get("join") is None or e["join"] in names, f"{key}[{i}].join", e.get("join"),
+            need(e["join"] is None or isinstance(e["join"], str) and e["join"] in names, f"{key}[{i}].join", e["join"],
                  "null or the name of one of its joins")
     return list(dict.fromkeys(named))
 

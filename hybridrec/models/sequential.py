@@ -285,7 +285,7 @@ class SASRec(SequenceRanker):
     def check_config(cls, cfg: DictConfig) -> None:
         super().check_config(cfg)
         if cfg.embedding_dim % cfg.num_heads:  # each head attends over embedding_dim / num_heads
-            raise ValueError(f"model.embedding_dim={cfg.embedding_dim} must divide into model.num_heads="
+            raise ValueError(f"model.embedding_dim={cfg.embedding_dim} must be divisible by model.num_heads="
                              f"{cfg.num_heads} (SASRec's heads split the embedding)")
 
     def __init__(self, features: list[SparseFeature], num_dense_features: int, embedding_dim: int, max_length: int,
