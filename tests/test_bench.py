@@ -257,7 +257,7 @@ def test_gpu_preset_runs_every_gpu_on_cuda(monkeypatch, tmp_path):
     assert set(worlds) == {4} and res["world_size"] == 4
 
 
-@pytest.mark.unit
+@pytest.mark.slow  # two planners' searches over 26 tables for 4 ranks: seconds
 def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_factory):
     """What the gpu preset runs, planned for 4 GPUs without any GPU: the reference's planner
     (its own Topology) and hybridrec's put every ctr table in device memory with FBGEMM's

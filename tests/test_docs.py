@@ -77,12 +77,18 @@ def _check(app: str, overrides: list[str]) -> None:
     from hybridrec.config import overrides as command_line
     from hybridrec.config.validation import validate
 
-    command_line.check(overrides, "evaluate" if app == "hybridrec.evaluate" else "config")  # before Hydra, as the CLI
+    config_name = "evaluate" if app == "hybridrec.evaluate" else "config"
     hydra_keys = any(o.startswith("hydra") for o in overrides)
+    try:
+        cfg = compose_cfg(overrides, config_name=config_name, hydra_keys=hydra_keys)
+    except HydraException:
+        # The command checks its overrides before Hydra composes them (and says what a mistyped
+        # key or option should be); it composes them only to find why they fail, so it is
+        # asked here only then: its line, or Hydra's own error.
+        command_line.check(overrides, config_name)
+        raise
     if app == "hybridrec.evaluate":  # its own config; the checkpoint's is read at run time
-        compose_cfg(overrides, config_name="evaluate")
         return
-    cfg = compose_cfg(overrides, hydra_keys=hydra_keys)
     world = cfg.launcher.nproc_per_node
     if app == "hybridrec.plan" and cfg.topology.world_size is not None:
         world = cfg.topology.world_size
@@ -96,9 +102,13 @@ def _check(app: str, overrides: list[str]) -> None:
 CONFIG_ERRORS = [c for c in COMMANDS if c[2] and not any(k in " ".join(c[1]) for k in NEEDS_FILES)]
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize("app,args", [c[:2] for c in COMMANDS if not c[2]],
-                         ids=[" ".join(c[1])[:90] for c in COMMANDS if not c[2]])
+def _tier(args: list[str]):
+    """unit, or slow for a sweep of more than 4 jobs (each composed: seconds)."""
+    return pytest.mark.slow if len(_jobs(args)) > 4 else pytest.mark.unit
+
+
+@pytest.mark.parametrize("app,args", [pytest.param(*c[:2], marks=_tier(c[1]), id=" ".join(c[1])[:90])
+                                      for c in COMMANDS if not c[2]])
 def test_readme_commands_compose_and_validate(app, args):
     for job in _jobs(args):
         _check(app, job)
