@@ -83,10 +83,10 @@ docs: install ## build the guides in docs/ as a site into outputs/site (open out
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
 
-test: install $(MOVIELENS) ## run the whole test suite, every tier (fetches MovieLens-100k first: the experiments are tested on it); prints its 15 slowest tests
+test: install $(MOVIELENS) ## run the whole test suite, every tier, in about 9 min on 2 cores (fetches MovieLens-100k first: the experiments are tested on it); prints its 15 slowest tests
 	$(PYTEST) --durations=15 $(ARGS)
 
-test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (about 1.5 min on 2 cores)
+test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute on 2 cores)
 	$(PYTEST) -m unit $(ARGS)
 
 # The tests that once failed now and then, each run FLAKE_RUNS times in a row beside another
