@@ -147,6 +147,30 @@ def test_more_ranks_or_threads_than_cores_warns_with_the_numbers():
     assert oversubscribed(compose_cfg(CTR), env={"OMP_NUM_THREADS": "abc"}) is None  # not a count: torch's own default
 
 
+@pytest.mark.unit
+def test_the_entry_point_warns_of_oversubscription_before_launch(caplog):
+    """The note above, logged once by the checks a command runs before its ranks start."""
+    import logging
+
+    from hybridrec.train import check_before_launch
+
+    with caplog.at_level(logging.WARNING, logger="hybridrec.train"):
+        check_before_launch(compose_cfg([*CTR, "launcher.threads_per_rank=1000"]))
+    notes = [r.getMessage() for r in caplog.records if "threads on" in r.getMessage()]
+    assert len(notes) == 1 and "launcher.threads_per_rank" in notes[0], notes
+
+
+@pytest.mark.unit
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
+    from hybridrec.launch import _check_output_dir
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        _check_output_dir("hydra.run.dir", str(tmp_path / "file" / "run"))
+    assert e.value.code == (f"hybridrec: hydra.run.dir={tmp_path}/file/run: cannot create the output directory "
+                            f"({tmp_path}/file is a file, not a directory): give another hydra.run.dir")
+
+
 # ----------------------------------------------------------------------------------- data
 # Each writer puts a small dataset under ``d`` and returns the source reading it; the case
 # reads every batch of every split, as one rank of one would.
