@@ -181,3 +181,40 @@ def _reshard_states(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any
     groups = {name: module._get_fsdp_state()._fsdp_param_group for name, module in units.items()}
     # a unit without parameters of its own (the root when every block is a unit) has no group
     return {name: None if g is None else g.post_forward_mesh_info is not None for name, g in groups.items()}
+
+
+def rank_outcomes(cfg: DictConfig, run_dir: str) -> list[tuple[str, str, int]]:
+    """``hybridrec.rank.run`` with jobs that fail as a rank's job can: a bug, a killed
+    DataLoader worker, a user's error. Per job: the exception the caller gets, its message,
+    and the job's intra-op threads (``launcher.threads_per_rank``). Each run meets at a port
+    of its own; the failed run's group is destroyed here, as the launcher ends the rank."""
+    from rank_pool import _free_port
+
+    from hybridrec import rank
+    from hybridrec.data import DataError
+    from hybridrec.distributed import Killed
+
+    threads = []
+
+    def failing(error: BaseException):
+        def job(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
+            threads.append(torch.get_num_threads())
+            raise error
+        return job
+
+    before, outcomes = torch.get_num_threads(), []
+    errors = (RuntimeError("a bug in the job"), Killed("rank 0's DataLoader worker was killed by SIGKILL", 9),
+              DataError("train.csv:3: a bad row"))
+    try:
+        for error in errors:
+            os.environ["MASTER_PORT"] = str(_free_port())
+            try:
+                rank.run(cfg, run_dir, job=failing(error))
+            except BaseException as e:  # noqa: BLE001  (what the caller gets is the result)
+                outcomes.append((type(e).__name__, str(e), threads[-1]))
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+    finally:
+        torch.set_num_threads(before)  # the pool's rank runs other scenarios
+    return outcomes

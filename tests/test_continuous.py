@@ -492,3 +492,64 @@ def test_an_empty_partition_is_a_day_without_rows(runs):
     assert [r["partition"] for r in f] == [day_name(x) for x in range(14)]
     assert [(r["rows"], r["steps"], "eval" in r) for r in (f[3], f[5])] == [(0, 0, False), (0, 0, False)]
     assert run["summary"]["steps"] == 12 * 4 and [r["step"] for r in f][2:7] == [8, 12, 12, 16, 16]
+
+
+def _rank0_stream(root, state, **spec):
+    """The rank-0 side of a continuous run's stream over ``root`` (no source, no process
+    group): what ``Stream.start`` and ``follow`` broadcast to every rank."""
+    from hybridrec.continuous import Stream
+
+    stream = Stream.__new__(Stream)
+    stream.root, stream.state, stream.rank = str(root), state, 0
+    stream.spec = {"pattern": PATTERN, **spec}
+    stream._warned, stream._digest = set(), {}
+    return stream
+
+
+@pytest.mark.unit
+def test_a_partition_trained_on_that_changed_or_went_away_is_refused_by_rank_0(tmp_path, monkeypatch):
+    """A resumed run's stream checks the partitions it read before against the checkpoint's
+    record: each way they can differ is one line naming the partition and what changed."""
+    from hybridrec.continuous import Stream, progressive_metric
+
+    for day in ("day=2026-11-04", "day=2026-11-05"):
+        os.makedirs(tmp_path / day)
+        (tmp_path / day / "part-0.parquet").write_bytes(b"rows of " + day.encode())
+    kept, digests, held_back, skipped = _rank0_stream(tmp_path, {})._choose(strict=True)
+    assert [p.name for p in kept] == ["day=2026-11-04", "day=2026-11-05"] and held_back is None and skipped == []
+    # what a checkpoint taken in day 05 records: both were read (scored), 04 trained on
+    state = lambda: {"freshness": [{"partition": "day=2026-11-04"}, {"partition": "day=2026-11-05"}],
+                     "partitions": [{"name": n, "digest": digests[n]} for n in digests]}
+    assert _rank0_stream(tmp_path, state())._choose(strict=True)[1] == digests  # as it was: goes on
+
+    day = tmp_path / "day=2026-11-05"
+    (day / "part-0.parquet").write_bytes(b"rows of day=2026-11-05, rewritten")
+    assert re.fullmatch(r"partition day=2026-11-05 of .* changed since it was trained on \(part-0.parquet was 22 "
+                        r"bytes, now 33\): a resumed run must read .*", _rank0_stream(tmp_path, state())._choose(True))
+    (day / "part-0.parquet").write_bytes(b"ROWS OF DAY=2026-11-05")  # same size, other bytes
+    assert "(its files' bytes differ from the digest recorded then)" in _rank0_stream(tmp_path, state())._choose(True)
+    os.rename(day / "part-0.parquet", day / "part-1.parquet")
+    assert "(part-0.parquet is gone)" in _rank0_stream(tmp_path, state())._choose(True)
+    (day / "part-0.parquet").write_bytes(b"rows of day=2026-11-05")
+    assert "(part-1.parquet is new)" in _rank0_stream(tmp_path, state())._choose(True)
+    os.remove(day / "part-1.parquet")
+    import hybridrec.continuous as continuous
+
+    def gone_while_hashed(p):  # a file removed between the listing and its hash
+        os.remove(p.files[0])
+        return digest(p)
+
+    digest = continuous.partition_digest
+    monkeypatch.setattr(continuous, "partition_digest", gone_while_hashed)
+    assert re.fullmatch(rf"{tmp_path}: No such file or directory \(.*day=2026-11-04/part-0.parquet\) while reading "
+                        r"the partitions", _rank0_stream(tmp_path, state())._choose(True))
+    monkeypatch.undo()
+    shutil.rmtree(day)
+    assert re.fullmatch(r"partition day=2026-11-05 of .*, trained on before the checkpoint, is gone: a resumed run "
+                        r"must read the partitions it trained on. .*", _rank0_stream(tmp_path, state())._choose(True))
+    os.makedirs(tmp_path / "day=2026-13-45")  # strict listing: a malformed name is rank 0's refusal too
+    assert "day=2026-13-45: the partition name does not match" in _rank0_stream(tmp_path, {})._choose(strict=True)
+
+    with pytest.raises(DataError, match="train.schedule=continuous needs a partitioned log"):
+        Stream(object(), {}, 0)
+    assert [progressive_metric(o) for o in ("auto", "progressive.ne", "progressive.logloss")] == ["auc", "ne", "logloss"]

@@ -301,3 +301,17 @@ def test_a_mistyped_key_or_option_is_named_before_hydra_advises_appending_it(ove
     proc = commands.run("hybridrec.train", override, timeout=120)
     assert _one_line_error(proc).startswith(line)
     assert "+train" not in proc.stderr and "Config search path" not in proc.stderr
+
+
+@pytest.mark.dist
+def test_a_ranks_job_error_reaches_its_caller_as_itself(tmp_path):
+    """In a rank (``hybridrec.rank.run``, outside the launcher): a bug keeps its type and
+    traceback, a killed worker is the one-line ``Killed``, a user's error propagates as it is;
+    the job runs with ``launcher.threads_per_rank`` intra-op threads."""
+    from dist_helpers import rank_outcomes, spawn
+
+    cfg = compose_cfg(["+experiment=ctr", *TINY, "launcher.threads_per_rank=2"])
+    assert spawn(rank_outcomes, 1, cfg, str(tmp_path)) == [
+        ("RuntimeError", "a bug in the job", 2),
+        ("Killed", "rank 0's DataLoader worker was killed by SIGKILL", 2),
+        ("DataError", "train.csv:3: a bad row", 2)]
