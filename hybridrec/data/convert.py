@@ -382,6 +382,10 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
                     bar.set_postfix_str(f"files {len(done)}/{len(jobs)}")
                     if pending:
                         next(iter(pending.values()))[1].wait(0.2)
+                # every file is done: the workers exit on their own (the with-block's terminate
+                # would SIGTERM them, cutting short what a process does at exit)
+                pool.close()
+                pool.join()
             except BaseException:
                 pool.terminate()  # the running workers are killed: their partial files are removed here
                 for prefix, _ in pending.values():
