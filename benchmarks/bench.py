@@ -49,8 +49,17 @@ import time
 from typing import Any
 
 from bench_report import answers, charts, report, scaling, summarize
-from common import (REFERENCE_KINDS, ROOT, SHARDINGS, LoadAverage, config_key, config_name, machine, run_logged,
-                    steady_rate)
+from common import (
+    REFERENCE_KINDS,
+    ROOT,
+    SHARDINGS,
+    LoadAverage,
+    config_key,
+    config_name,
+    machine,
+    run_logged,
+    steady_rate,
+)
 from levers import LEVERS
 from roofline import dense_flops_per_sample, sgemm_gflops
 
@@ -148,7 +157,7 @@ SMOKE_SECTIONS = dict(levers=["default", "every core on every rank"], levers_rep
 def cuda_problem() -> str | None:
     """Why a CUDA preset cannot run here, or None: hybridrec's own reason for refusing
     launcher.device=cuda (a CPU-only torch build, or no usable GPU)."""
-    from hybridrec.devices import Cuda
+    from hybridrec.parallel.devices import Cuda
 
     return Cuda.probe().unusable()
 

@@ -302,12 +302,12 @@ def report(res: dict[str, Any]) -> str:
         L.append("One world size in this run (1 rank): no scaling to report.")
     L += ["", "## Where the time goes (profiled)", ""]
     if res["profile"]:
-        from hybridrec.profiling import BREAKDOWN_PHASES
+        from hybridrec.reports.profiling import BREAKDOWN_PHASES
 
         L += ["Host wall time per step on each rank's training thread, from torch.profiler traces of real runs "
               f"(`profile.enabled=true`, {n} ranks, sharding auto, sparse_dist; separate runs, as the profiler slows "
               "what it records). Each instant goes to the innermost labelled phase around it "
-              "(`hybridrec.profiling.step_breakdown`); the sparse optimizer is fused into the embedding backward "
+              "(`hybridrec.reports.profiling.step_breakdown`); the sparse optimizer is fused into the embedding backward "
               "and counts there; waiting while a collective runs counts as that collective.", "",
               "| dense | rank | " + " | ".join(BREAKDOWN_PHASES) + " | step ms |",
               "|---|---:|" + "---:|" * (len(BREAKDOWN_PHASES) + 1)]

@@ -26,9 +26,8 @@ import time
 import torch
 import torch.distributed.checkpoint as dcp
 
-from hybridrec.checkpoint import hash_files, own_files, read_metadata, safe_load, verify, TrainState
-
 from common import machine
+from hybridrec.checkpoint import TrainState, hash_files, own_files, read_metadata, safe_load, verify
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

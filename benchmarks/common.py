@@ -185,7 +185,7 @@ def machine() -> dict[str, Any]:
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass  # not Linux: platform.processor() stays
     return {

@@ -9,7 +9,7 @@ train.eval_every steps, early stopping where it has it, one rank) and each model
 for the experiment (conf/experiment_model/). Every job keeps its best checkpoint by the
 validation objective (checkpoint.keep_best, in the job's directory) and scores the test split
 with those weights: the best-checkpoint rule a sweep chooses by. The numbers are read from each
-sweep's summary.csv (written by hybridrec/sweep.py, the sweep-summary callback), and
+sweep's summary.csv (written by hybridrec/reports/sweep.py, the sweep-summary callback), and
 benchmarks/results/MODELS.md gets one table per experiment and the settings, which README's
 "Model comparison" section quotes (benchmarks/readme_numbers.py).
 

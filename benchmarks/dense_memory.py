@@ -50,10 +50,10 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
     """Runs on every rank: one Trainer per config (one process group: start-up is paid once),
     then ``reps`` alternating timed windows of ``steps`` steps each, then every rank's
     dense-state bytes."""
-    from hybridrec.distributed import init_distributed, shutdown_distributed
     from hybridrec.data import loader
-    from hybridrec.devices import pick_device
-    from hybridrec.trainer import Trainer
+    from hybridrec.parallel.devices import pick_device
+    from hybridrec.parallel.distributed import init_distributed, shutdown_distributed
+    from hybridrec.training.trainer import Trainer
 
     warnings.simplefilter("ignore", FutureWarning)
     device = pick_device(cfgs[0])
@@ -102,7 +102,7 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
 def run(steps: int, reps: int = 3, model: list[str] = MODEL, modes: dict[str, list[str]] = MODES) -> dict[str, list[dict]]:
     """Each mode's per-rank bytes and samples/s: {"ddp": [rank 0, rank 1], "fsdp": [...], ...}."""
     from hybridrec.config import register_configs
-    from hybridrec.launch import spawn
+    from hybridrec.run.launch import spawn
 
     register_configs()
     cfgs = []

@@ -57,15 +57,15 @@ def write_tsv(path: str, rows: int, seed: int = 0) -> None:
             ints = rng.integers(-1, 1000, (n, 13)).astype(str)
             ints[rng.random((n, 13)) < 0.1] = ""
             cats = np.char.mod("%08x", rng.integers(0, 2**32, (n, 26)))
-            f.write("\n".join("\t".join([str(l), *i, *c]) for l, i, c in zip(labels, ints, cats)) + "\n")
+            f.write("\n".join("\t".join([str(label), *i, *c]) for label, i, c in zip(labels, ints, cats)) + "\n")
 
 
 def sources(tmp: str, tsv_rows: int) -> dict[str, Callable[[int], Any]]:
     """Source builders by name: global batch size -> source."""
+    from hybridrec.config import CRITEO_KAGGLE_CAPPED
     from hybridrec.data import build_source
     from hybridrec.data.convert import main as convert_main
     from hybridrec.data.criteo import CriteoBinary, CriteoTSV
-    from hybridrec.config import CRITEO_KAGGLE_CAPPED
 
     train, held = os.path.join(tmp, "tsv", "day_0.tsv"), os.path.join(tmp, "held", "day_1.tsv")
     for path, rows in ((train, tsv_rows), (held, 4096)):
@@ -156,7 +156,7 @@ def scaling(makers: dict[str, Callable[[int], Any]], reps: int, sizes: dict[str,
         weak_n = n * 4 if "TSV" in name else n
         for world in WORLDS:
             configs.append((f"{name}|weak|{world}",
-                            lambda m=make, w=world, l=per_rank, k=weak_n: step_ms(m, l * w, w, k)))
+                            lambda m=make, w=world, rows=per_rank, k=weak_n: step_ms(m, rows * w, w, k)))
             configs.append((f"{name}|strong|{world}", lambda m=make, w=world, b=fixed, k=n: step_ms(m, b, w, k)))
     runs = alternate(configs, reps)
     out: dict[str, Any] = {}
@@ -190,7 +190,7 @@ def training_rates(reps: int, steps: int, overrides: tuple[str, ...] = ()) -> di
             subprocess.run([sys.executable, *entry, "+experiment=ctr", *overrides, f"train.steps={steps}",
                             "train.log_every=10", "train.eval_every=0", "data.eval_batches=1", "data.valid_batches=1",
                             f"hydra.run.dir={d}", *extra], check=True, capture_output=True, cwd=ROOT)
-            rows = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+            rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
             rows = [r for r in rows if "elapsed_s" in r]
             first, last = rows[0], rows[-1]  # steady state: after the first log window
             return (last["step"] - first["step"]) * 2048 / (last["elapsed_s"] - first["elapsed_s"])

@@ -32,7 +32,7 @@ import yaml
 
 from hybridrec.data import build_source
 from hybridrec.data.movielens import MovieLens
-from hybridrec.metrics import binary_metrics
+from hybridrec.reports.metrics import binary_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

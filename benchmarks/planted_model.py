@@ -23,7 +23,7 @@ import torch
 
 from hybridrec.data import build_source, portable
 from hybridrec.data.synthetic import SyntheticClickLog
-from hybridrec.metrics import binary_metrics
+from hybridrec.reports.metrics import binary_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 from hydra import compose, initialize_config_dir
-from hybridrec.data import build_source
 
 from hybridrec.config import register_configs
-from hybridrec.metrics import ranking_metrics
+from hybridrec.data import build_source
+from hybridrec.reports.metrics import ranking_metrics
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hybridrec", "conf")
 

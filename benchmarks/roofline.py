@@ -23,7 +23,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 
-
 def sgemm_gflops(rows: int = 1024, width: int = 512, reps: int = 30, threads: int | None = None) -> float:
     """Median GFLOP/s of a (rows x width) @ (width x width) float32 product on ``threads``
     intra-op threads (default: every core)."""
@@ -46,7 +45,6 @@ def sgemm_gflops(rows: int = 1024, width: int = 512, reps: int = 30, threads: in
 def dense_flops_per_sample(overrides: list[str], rows: int = 256) -> float:
     """Forward + backward FLOPs per sample of the dense part of the model ``overrides`` composes."""
     from common import compose_config
-
     from hybridrec.data import build_source, loader
     from hybridrec.models import build_model
 

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 import torch
 from hydra.core.global_hydra import GlobalHydra
 
-from common import ROOT, compose_config, machine, write_markdown
 import dense_memory
+from common import ROOT, compose_config, machine, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The dry run's model and cluster (the sizes named in the module docstring).
@@ -55,8 +55,8 @@ def _histories(path: str, users: int = 2048) -> None:
 
 def dense_parameters(overrides: list[str]) -> int:
     """The stack's parameters (everything but the item table), built on the meta device."""
-    from hybridrec.models import build_model
     from hybridrec.data import build_source
+    from hybridrec.models import build_model
 
     cfg = compose_config(overrides)
     source = build_source(cfg.data, cfg.seed)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common import ROOT, compose_config, machine, train_summary, write_markdown
+from common import compose_config, machine, train_summary, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # generative-recommenders' README, MovieLens-1M, full ranking: (HR@10, NDCG@10)
@@ -45,7 +45,7 @@ SETTINGS = ["checkpoint.keep_best=true"]  # on top of +experiment=sequences
 
 
 def _metrics(ranks: np.ndarray) -> dict[str, float]:
-    from hybridrec.metrics import next_item_metrics
+    from hybridrec.reports.metrics import next_item_metrics
 
     return next_item_metrics(torch.from_numpy(ranks.astype(np.float64)))
 

@@ -19,9 +19,8 @@ import tempfile
 
 from omegaconf import OmegaConf
 
-from hybridrec.sweep import chosen, read_jobs, to_markdown
-
 from common import machine
+from hybridrec.reports.sweep import chosen, read_jobs, to_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -118,7 +118,7 @@ def _pct(covered: int, statements: int) -> str:
 
 
 def markdown(now: dict, before: dict | None) -> str:
-    lines = [f"# The test suite: time per file, coverage per module", "",
+    lines = ["# The test suite: time per file, coverage per module", "",
              f"Measured by `benchmarks/suite_profile.py` on {now['date']} at commit {now['commit']} ({now['cpu']}): "
              f"the whole suite under coverage.py on 2 pytest-xdist workers, {now['wall_s'] / 60:.1f} min "
              f"(coverage slows it down; `make test`'s own time is in docs/install.md).", ""]

@@ -1,7 +1,7 @@
 """Entry point: ``python -m hybridrec.evaluate checkpoint=<dir> [data.<key>=...] [launcher.nproc_per_node=N]``.
 
 Scores the model of a saved checkpoint on one split (``split=eval``, the test set, or
-``valid``) with the evaluation training runs (``hybridrec.scoring``), on 1 or N ranks
+``valid``) with the evaluation training runs (``hybridrec.training.scoring``), on 1 or N ranks
 started as training starts them. The config is the checkpoint's own ``config.yaml``, typed
 again, with the data changes given here (``config.evaluation_config``). Everything a rank
 would refuse (a checkpoint that is missing, uncommitted or damaged, data whose features
@@ -17,15 +17,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrec.base.signals import Killed
 from hybridrec.checkpoint import CheckpointError, check_checkpoint, check_fits, resolve_checkpoint, saved_config
 from hybridrec.config import evaluation_config, register_configs
 from hybridrec.data import DataError, build_source
-from hybridrec.distributed import Killed
-from hybridrec.errors import USER_ERRORS, check_command_line, exit_user_error, user_message
-from hybridrec.launch import RankError, launch, quiet_secondary_ranks
-from hybridrec.logs import hydra_verbose, quiet_libraries
-from hybridrec.preflight import check_job, plan_before_launch
-from hybridrec.scoring import ScoreCheckpoint
+from hybridrec.reports.logs import hydra_verbose, quiet_libraries
+from hybridrec.run.errors import USER_ERRORS, check_command_line, exit_user_error, user_message
+from hybridrec.run.launch import RankError, launch, quiet_secondary_ranks
+from hybridrec.run.preflight import check_job, plan_before_launch
+from hybridrec.training.scoring import ScoreCheckpoint
 
 register_configs()
 log = logging.getLogger("hybridrec.evaluate")  # not "__main__" under python -m

@@ -17,12 +17,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hybridrec.config import register_configs
-from hybridrec.config.validation import validate
-from hybridrec.logs import hydra_verbose, quiet_libraries
-from hybridrec.parallel_dims import planning_dims
-from hybridrec.preflight import dry_plan
-from hybridrec.runlog import write_json
-from hybridrec.sharding import format_report
+from hybridrec.parallel.parallel_dims import planning_dims
+from hybridrec.parallel.sharding import format_report
+from hybridrec.reports.logs import hydra_verbose, quiet_libraries
+from hybridrec.reports.runlog import write_json
+from hybridrec.run.preflight import dry_plan
+from hybridrec.run.validation import validate
 
 register_configs()
 

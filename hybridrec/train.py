@@ -18,6 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hybridrec.base.signals import Killed
 from hybridrec.checkpoint import (
     CheckpointError,
     DirLock,
@@ -27,18 +28,23 @@ from hybridrec.checkpoint import (
     probe_writable,
     resume_path,
 )
-from hybridrec import objective
-from hybridrec.config import register_configs
+from hybridrec.config import objective, register_configs
 from hybridrec.config.schema import TrainSchedule
-from hybridrec.build import keep_fitted
 from hybridrec.data import build_source
-from hybridrec.distributed import Killed
-from hybridrec.errors import USER_ERRORS, check_command_line, exit_user_error, full_errors, user_message
-from hybridrec.launch import (RankError, already_launched, in_search, in_sweep, launch, oversubscribed,
-                              quiet_secondary_ranks)
-from hybridrec.logs import hydra_verbose, quiet_libraries
-from hybridrec.preflight import check_job, plan_before_launch
-from hybridrec.sweep import record_failure
+from hybridrec.reports.logs import hydra_verbose, quiet_libraries
+from hybridrec.reports.sweep import record_failure
+from hybridrec.run.errors import USER_ERRORS, check_command_line, exit_user_error, full_errors, user_message
+from hybridrec.run.launch import (
+    RankError,
+    already_launched,
+    in_search,
+    in_sweep,
+    launch,
+    oversubscribed,
+    quiet_secondary_ranks,
+)
+from hybridrec.run.preflight import check_job, plan_before_launch
+from hybridrec.training.build import keep_fitted
 
 register_configs()
 log = logging.getLogger("hybridrec.train")  # not "__main__" under python -m

@@ -148,7 +148,7 @@ def _quiet_library_warnings():
 
 def dry_plan_for(cfg: DictConfig, world: int, local: int, device: str) -> dict:
     """hybridrec.plan's dry plan of ``cfg`` for ``world`` ranks, ``local`` per node."""
-    from hybridrec.parallel_dims import ParallelDims
-    from hybridrec.preflight import dry_plan
+    from hybridrec.parallel.parallel_dims import ParallelDims
+    from hybridrec.run.preflight import dry_plan
 
     return dry_plan(cfg, ParallelDims.build(cfg.mesh, world, local, device), detect=False)

@@ -12,11 +12,11 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
-from hybridrec.compat import ShardedTensor
+from hybridrec.base.compat import ShardedTensor
 from hybridrec.data import loader
-from hybridrec.distributed import init_distributed, shutdown_distributed
-from hybridrec.devices import pick_device
-from hybridrec.trainer import Trainer
+from hybridrec.parallel.devices import pick_device
+from hybridrec.parallel.distributed import init_distributed, shutdown_distributed
+from hybridrec.training.trainer import Trainer
 
 
 def spawn(fn, nproc: int, *args: Any) -> Any:
@@ -129,7 +129,7 @@ def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
     """Rank 1 arrives ``delay_s`` late at the start-up health check; returns what rank 0 saw."""
     import time
 
-    from hybridrec.distributed import health_check
+    from hybridrec.parallel.distributed import health_check
 
     init_distributed(torch.device("cpu"))
     try:
@@ -184,15 +184,14 @@ def _reshard_states(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any
 
 
 def rank_outcomes(cfg: DictConfig, run_dir: str) -> list[tuple[str, str, int]]:
-    """``hybridrec.rank.run`` with jobs that fail as a rank's job can: a bug, a killed
+    """``hybridrec.run.rank.run`` with jobs that fail as a rank's job can: a bug, a killed
     DataLoader worker, a user's error. Per job: the exception the caller gets, its message,
     and the job's intra-op threads (``launcher.threads_per_rank``). Each run meets at a port
     of its own; the failed run's group is destroyed here, as the launcher ends the rank."""
-    from rank_pool import _free_port
-
-    from hybridrec import rank
+    from hybridrec.base.signals import Killed
     from hybridrec.data import DataError
-    from hybridrec.distributed import Killed
+    from hybridrec.run import rank
+    from rank_pool import _free_port
 
     threads = []
 

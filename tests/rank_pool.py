@@ -7,7 +7,7 @@ a failing case reported as itself), for hybridrec's 2-rank and 1-rank cases.
 
 A scenario is a module-level function (``dist_helpers``'s): each rank calls it with the
 same arguments, and it creates and destroys its own process group, as a rank the launcher
-starts does (``hybridrec.distributed.init_distributed``, ``env://``: each scenario meets
+starts does (``hybridrec.parallel.distributed.init_distributed``, ``env://``: each scenario meets
 at a store on a port of its own). A scenario that raises on any rank raises
 ``ScenarioFailed`` in the test, with every rank's traceback and output; if a rank is then
 left inside a collective or with its process group up, the pool is ended and the next
@@ -51,7 +51,7 @@ def _rank_loop(rank: int, world: int, conn: Connection, out_dir: str) -> None:
     sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "benchmarks")]  # the tests' and benchmarks' scenarios
     import torch.distributed as dist
 
-    from hybridrec.distributed import as_launched_rank
+    from hybridrec.parallel.distributed import as_launched_rank
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                       GROUP_RANK="0", MASTER_ADDR="127.0.0.1")
@@ -96,13 +96,13 @@ class Pool:
         self.conns: list[Connection] = []
 
     def _start(self) -> None:
-        from hybridrec.devices import Cuda
-        from hybridrec.launch import start_method
+        from hybridrec.parallel.devices import Cuda
+        from hybridrec.run.launch import start_method
 
         method = start_method(Cuda.probe())  # a new interpreter per rank where a GPU is used, as the launcher does
         ctx = multiprocessing.get_context(method)
         if method == "forkserver":  # (no effect once the fork server runs: the launcher may have started it)
-            multiprocessing.set_forkserver_preload(["hybridrec.rank", "dist_helpers", "rank_pool"])
+            multiprocessing.set_forkserver_preload(["hybridrec.run.rank", "dist_helpers", "rank_pool"])
         self.procs, self.conns = [], []
         for rank in range(self.world):
             ours, theirs = ctx.Pipe()

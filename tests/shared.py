@@ -153,7 +153,7 @@ TRAINER_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[hybridrec\
 
 
 def trainer_log(run_dir) -> list[str]:
-    """The first line of every message hybridrec.trainer wrote into the run's train.log."""
+    """The first line of every message hybridrec.training.trainer wrote into the run's train.log."""
     with open(os.path.join(run_dir, "train.log")) as f:
         return [m.group(1) for line in f if (m := TRAINER_LINE.fullmatch(line.rstrip("\n")))]
 

@@ -5,13 +5,13 @@ config rules, the refusal on CPU before any rank starts, the dry-run plan for 51
 
 import json
 
-import commands
 import pytest
 import torch
-from conftest import dry_plan_for, compose_cfg
 
-from hybridrec.config.validation import check_device, validate
-from hybridrec.sharding import format_report
+import commands
+from conftest import compose_cfg, dry_plan_for
+from hybridrec.parallel.sharding import format_report
+from hybridrec.run.validation import check_device, validate
 
 
 @pytest.mark.unit

@@ -1,7 +1,6 @@
 """The benchmark suite (benchmarks/bench.py): a tiny run checks that it runs end to end and
 that its outputs are well-formed. Benchmarks are not timed tests: no timing is asserted."""
 
-import importlib.util
 import json
 import os
 import re
@@ -266,8 +265,8 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     from hybridrec.data.synthetic import SyntheticClickLog
-    from hybridrec.parallel_dims import planning_dims
-    from hybridrec.preflight import dry_plan
+    from hybridrec.parallel.parallel_dims import planning_dims
+    from hybridrec.run.preflight import dry_plan
 
     ref = benchmark_script("reference_torchrec")
     batch = bench.PRESETS["gpu"].per_rank_batch

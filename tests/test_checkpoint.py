@@ -5,14 +5,14 @@ import json
 import os
 import shutil
 
-import commands
 import pytest
 import torch
+
+import commands
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from hybridrec.data import build_source, loader
-
 from hybridrec.checkpoint import CheckpointError, TrainState, check_compatible, latest, probe_writable
+from hybridrec.data import build_source, loader
 from shared import BASE, TOL, assert_same_training, rehash
 from trained import copy_of
 
@@ -215,7 +215,8 @@ def test_async_staging_copies_every_kind_of_tensor_to_the_host(one_rank_group):
     of plain tensors, FSDP2's DTensors and TorchRec's ShardedTensors, layouts kept."""
     from torch.distributed._shard.sharded_tensor import Shard, ShardMetadata, init_from_local_shards
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard as DShard, distribute_tensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import Shard as DShard
 
     from hybridrec.checkpoint.saver import _stage
 

@@ -3,14 +3,15 @@ node and two), and a Hydra multirun sweep."""
 
 import csv
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
 
-import commands
 import pytest
+
+import commands
 from shared import TWO_NODE_RUN, assert_readable, trainer_log
 
 pytestmark = pytest.mark.dist  # every test starts ranks: the elastic launcher, torchrun, a multirun's spawned jobs
@@ -28,7 +29,7 @@ TINY = ["data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
 def _run(cmd, timeout=240):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     # torchrun's agent prefixes its lines with W/I<date>; keep the rest, where errors are
-    err = "\n".join(l for l in proc.stderr.splitlines() if not re.match(r"[WI]\d{4} ", l))
+    err = "\n".join(line for line in proc.stderr.splitlines() if not re.match(r"[WI]\d{4} ", line))
     assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{err[-8000:]}"
     return proc
 
@@ -140,7 +141,7 @@ def test_multirun_sweeps_optimizers(sweep):
     ok = [jobs[0], jobs[2]]
     summaries = [_summary(sweep / j) for j in ok]
     assert summaries[0]["train_loss"] != summaries[1]["train_loss"]
-    # the sweep summary (hybridrec.sweep.SweepSummary): one row per job, from its summary.json;
+    # the sweep summary (hybridrec.reports.sweep.SweepSummary): one row per job, from its summary.json;
     # the finished jobs best first by the validation objective
     rows = [r for r in csv.DictReader(open(sweep / "summary.csv")) if r["status"] == "ok"]
     assert [float(r["objective"]) for r in rows] == sorted(s["valid"]["logloss"] for s in summaries)

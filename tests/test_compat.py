@@ -1,4 +1,4 @@
-"""hybridrec on an older torch: what torch 2.11 lacks is supplied by hybridrec.compat, each
+"""hybridrec on an older torch: what torch 2.11 lacks is supplied by hybridrec.base.compat, each
 fallback exercised here by hiding the newer API; and the fbgemm-gpu / torchrec releases that
 `make install GPU=1 SYSTEM_TORCH=1` picks for a host's own torch."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybridrec import compat
+from hybridrec.base import compat
 
 
 @pytest.mark.unit
@@ -49,7 +49,8 @@ init = lea.LocalElasticAgent.__init__
 def old_init(self, spec, logs_specs, start_method="spawn", exit_barrier_timeout=300, log_line_prefix_template=None):
     init(self, spec, logs_specs, start_method, exit_barrier_timeout, log_line_prefix_template=log_line_prefix_template)
 lea.LocalElasticAgent.__init__ = old_init
-from hybridrec import compat, launch
+from hybridrec.base import compat
+from hybridrec.run import launch
 assert compat._torch_proc_state is None and compat.agent_kwargs(5) == {}
 import multiprocessing
 from torch.distributed.elastic.agent.server.api import WorkerSpec

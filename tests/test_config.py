@@ -6,16 +6,16 @@ import re
 import subprocess
 import sys
 
-import commands
 import pytest
 import torch
-from conftest import compose_cfg
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
-from hybridrec.data import build_source
 
-from hybridrec.config.validation import validate
+import commands
+from conftest import compose_cfg
+from hybridrec.data import build_source
 from hybridrec.models import build_model
+from hybridrec.run.validation import validate
 
 GROUPS = {
     "model": ["dlrm", "dcn", "deepfm", "two_tower", "sasrec", "hstu"],
@@ -156,7 +156,7 @@ def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
 
 @pytest.mark.unit
 def test_lr_schedule_formula():
-    from hybridrec.optim import lr_multiplier
+    from hybridrec.parallel.optim import lr_multiplier
 
     f = lr_multiplier(compose_cfg([
         "optimizer.dense_schedule.name=linear", "optimizer.dense_schedule.warmup_steps=4",
@@ -194,7 +194,7 @@ def test_mesh_and_optimizer_validation(overrides, world_size, message):
 
 @pytest.mark.unit
 def test_hsdp_degrees_default_to_ranks_per_node():
-    from hybridrec.parallel_dims import ParallelDims
+    from hybridrec.parallel.parallel_dims import ParallelDims
 
     degrees = lambda overrides: (lambda d: (d.replicate, d.shard))(
         ParallelDims.build(compose_cfg(overrides).mesh, 16, 8, "cuda"))
@@ -205,7 +205,7 @@ def test_hsdp_degrees_default_to_ranks_per_node():
 
 @pytest.mark.unit
 def test_fused_adam_is_refused_on_cpu_before_launch():
-    from hybridrec.config.validation import check_device
+    from hybridrec.run.validation import check_device
 
     cfg = compose_cfg(["optimizer=adam"])
     with pytest.raises(ValueError, match="no fused CPU kernel"):

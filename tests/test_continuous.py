@@ -10,19 +10,19 @@ import shutil
 import threading
 import time
 
-import commands
 import numpy as np
 import pytest
 import torch
+
+import commands
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from shared import assert_same_training
-from trained import copy_of
-
-from hybridrec.config.validation import validate
 from hybridrec.data import DataError
 from hybridrec.data.example import day_name, generate_days
 from hybridrec.data.parquet.partitions import list_partitions
+from hybridrec.run.validation import validate
+from shared import assert_same_training
+from trained import copy_of
 
 PATTERN = "day=%Y-%m-%d"
 # The item table (managed) with 63 rows to give for the few hundred items of the small log: evictions every day
@@ -368,8 +368,8 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(runs, tmp_path
     """Checkpoints after days 2, 3 and 4: the day-2 export with the deltas to day 3 and day 4
     holds the bytes of the day-4 export and scores as it does; a delta applied to another
     export, twice, or damaged is refused in one line."""
-    from hybridrec import delta
-    from hybridrec.export import export
+    from hybridrec.serving import delta
+    from hybridrec.serving.export import export
 
     ck = runs["checkpoints"]  # read only: exports and deltas are written under tmp_path
     step = lambda n: str(ck / f"step_{n:08d}")
@@ -497,7 +497,7 @@ def test_an_empty_partition_is_a_day_without_rows(runs):
 def _rank0_stream(root, state, **spec):
     """The rank-0 side of a continuous run's stream over ``root`` (no source, no process
     group): what ``Stream.start`` and ``follow`` broadcast to every rank."""
-    from hybridrec.continuous import Stream
+    from hybridrec.training.continuous import Stream
 
     stream = Stream.__new__(Stream)
     stream.root, stream.state, stream.rank = str(root), state, 0
@@ -510,7 +510,7 @@ def _rank0_stream(root, state, **spec):
 def test_a_partition_trained_on_that_changed_or_went_away_is_refused_by_rank_0(tmp_path, monkeypatch):
     """A resumed run's stream checks the partitions it read before against the checkpoint's
     record: each way they can differ is one line naming the partition and what changed."""
-    from hybridrec.continuous import Stream, progressive_metric
+    from hybridrec.training.continuous import Stream, progressive_metric
 
     for day in ("day=2026-11-04", "day=2026-11-05"):
         os.makedirs(tmp_path / day)
@@ -533,7 +533,7 @@ def test_a_partition_trained_on_that_changed_or_went_away_is_refused_by_rank_0(t
     (day / "part-0.parquet").write_bytes(b"rows of day=2026-11-05")
     assert "(part-1.parquet is new)" in _rank0_stream(tmp_path, state())._choose(True)
     os.remove(day / "part-1.parquet")
-    import hybridrec.continuous as continuous
+    import hybridrec.training.continuous as continuous
 
     def gone_while_hashed(p):  # a file removed between the listing and its hash
         os.remove(p.files[0])

@@ -7,15 +7,15 @@ import re
 
 import pytest
 import torch
-from conftest import CONF_DIR, compose_cfg
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from hybridrec.config.validation import validate
+from conftest import CONF_DIR, compose_cfg
 from hybridrec.data import RecBatch, loader
 from hybridrec.data.source import Source, UserItemSource
-from hybridrec.losses import Loss
 from hybridrec.models import Ranker
+from hybridrec.models.losses import Loss
+from hybridrec.run.validation import validate
 
 pytestmark = pytest.mark.unit
 
@@ -48,8 +48,8 @@ def test_misfits_are_refused_from_the_declarations(overrides, message):
 def test_declarations_of_the_shipped_classes():
     from hybridrec.data.movielens import MovieLens, MovieLensRank
     from hybridrec.data.synthetic import SyntheticClickLog as Synthetic
-    from hybridrec.losses import BCE, MSE, InBatchSoftmax, Pairwise
     from hybridrec.models.dlrm import DLRMRanker
+    from hybridrec.models.losses import BCE, MSE, InBatchSoftmax, Pairwise
     from hybridrec.models.two_tower import TwoTower
 
     assert BCE.calibrated and not any(c.calibrated for c in (MSE, Pairwise, InBatchSoftmax))

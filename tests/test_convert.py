@@ -7,19 +7,19 @@ import glob
 import json
 import os
 
-import commands
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import compose_cfg
 from omegaconf import OmegaConf
 
+import commands
+from conftest import compose_cfg
 from hybridrec.data import build_source, loader
 from hybridrec.data.convert import DENSE_COLUMNS, PARQUET_SCHEMA, SPARSE_COLUMNS, config_path
 from hybridrec.data.convert import main as convert
 from hybridrec.data.criteo import CriteoBinary, map_ids
-from shared import SIZES, reader, rand_rows, row, write
+from shared import SIZES, rand_rows, reader, row, write
 
 
 def _rows_with_bad(n, seed):

@@ -5,12 +5,12 @@ import json
 import os
 import zlib
 
-import commands
 import numpy as np
 import pytest
 import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
+import commands
 from hybridrec.data import DataError, ReadReport, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV, map_ids, read_tsv_file
 from shared import SIZES, rand_rows, reader, row, write
@@ -187,7 +187,7 @@ def _complete_lines(compressed: bytes) -> int:
 def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
     lines = [row() for _ in range(1000)]
     data = ("\n".join(lines) + "\n").encode()
-    at = data.index(b"\n", sum(len(l) + 1 for l in lines[:10]) + 5)  # inside line 11
+    at = data.index(b"\n", sum(len(line) + 1 for line in lines[:10]) + 5)  # inside line 11
     open(tmp_path / "a.tsv", "wb").write(data[:at - 3] + b"\xff" + data[at - 2:])
     source = reader(tmp_path / "a.tsv", batch=8)
     list(loader.batches(source, "eval", 0, 1))

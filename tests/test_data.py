@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
+
 from conftest import compose_cfg
 from hybridrec.data import build_source, loader
-
 from hybridrec.data.synthetic import SyntheticClickLog
 from shared import global_batch
 

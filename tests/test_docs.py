@@ -75,7 +75,7 @@ def _check(app: str, overrides: list[str]) -> None:
     """Compose as the command does, and validate for the ranks it would start (raises the
     ValueError whose message the command prints)."""
     from hybridrec.config import overrides as command_line
-    from hybridrec.config.validation import validate
+    from hybridrec.run.validation import validate
 
     config_name = "evaluate" if app == "hybridrec.evaluate" else "config"
     hydra_keys = any(o.startswith("hydra") for o in overrides)
@@ -92,7 +92,7 @@ def _check(app: str, overrides: list[str]) -> None:
     world = cfg.launcher.nproc_per_node
     if app == "hybridrec.plan" and cfg.topology.world_size is not None:
         world = cfg.topology.world_size
-    if hydra_keys:  # a submitit sweep: nodes x ranks per node, as hybridrec.launch counts them
+    if hydra_keys:  # a submitit sweep: nodes x ranks per node, as hybridrec.run.launch counts them
         world *= cfg.hydra.launcher.get("nodes", 1) or 1
         with open_dict(cfg):
             del cfg["hydra"]
@@ -117,7 +117,7 @@ def test_readme_commands_compose_and_validate(app, args):
 @pytest.mark.unit
 @pytest.mark.parametrize("app,args,shown", CONFIG_ERRORS, ids=[" ".join(c[1])[:90] for c in CONFIG_ERRORS])
 def test_readme_error_samples_are_the_lines_printed(app, args, shown):
-    from hybridrec.errors import user_message
+    from hybridrec.run.errors import user_message
 
     with pytest.raises((ValueError, HydraException)) as e:
         for job in _jobs(args):
@@ -173,7 +173,7 @@ def test_every_guide_is_in_the_site_and_linked_from_the_readme():
     nav = [list(entry.values())[0] for entry in yaml.safe_load(open(os.path.join(ROOT, "mkdocs.yml")))["nav"]]
     guides = sorted(os.path.basename(p) for p in PAGES[1:])
     assert sorted(nav) == guides
-    linked = {os.path.basename(l.partition("#")[0]) for l in _links(README) if l.startswith("docs/")}
+    linked = {os.path.basename(link.partition("#")[0]) for link in _links(README) if link.startswith("docs/")}
     assert set(guides) - {"index.md"} <= linked, set(guides) - linked
 
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
-import commands
 import pytest
-from dist_helpers import late_rank_health_check, spawn
 
+import commands
+from dist_helpers import late_rank_health_check, spawn
 from hybridrec.checkpoint import latest
 
 pytestmark = pytest.mark.dist  # every test starts ranks
@@ -28,7 +28,7 @@ RUN = [sys.executable, "-m", "hybridrec.train", *ARGS]
 
 def _workers(launcher_pid: int) -> list[int]:
     """The rank processes: children of the launcher's fork server (no usable GPU), or the
-    launcher's own children running multiprocessing's spawn (hybridrec.launch.start_method)."""
+    launcher's own children running multiprocessing's spawn (hybridrec.run.launch.start_method)."""
     procs = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

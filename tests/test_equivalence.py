@@ -11,15 +11,15 @@ Three levels, all on the same data and initial weights:
 
 import pytest
 import torch
+from torch.optim.lr_scheduler import LambdaLR
+
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_collect, train_and_gather
 from hybridrec.data import build_source, loader
-from shared import BASE, TOL, assert_same_training
-from torch.optim.lr_scheduler import LambdaLR
-
 from hybridrec.models import build_model
-from hybridrec.optim import lr_multiplier
-from hybridrec.parallelize import init_embeddings
+from hybridrec.parallel.optim import lr_multiplier
+from hybridrec.parallel.parallelize import init_embeddings
+from shared import BASE, TOL, assert_same_training
 
 pytestmark = pytest.mark.dist  # every test reads runs of 1 or 2 launched ranks
 

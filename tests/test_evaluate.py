@@ -6,22 +6,22 @@ import json
 import os
 import shutil
 
-import commands
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from omegaconf import OmegaConf
+
+import commands
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_summarize
-from omegaconf import OmegaConf
-from shared import BASE, TOL, tables
-
 from hybridrec.checkpoint import CheckpointError, TrainState, check_checkpoint, check_fits
-from hybridrec.config import Device, DenseParallel, IdMapping, evaluation_config, typed
+from hybridrec.config import DenseParallel, Device, IdMapping, evaluation_config, typed
 from hybridrec.data import SparseFeature
 from hybridrec.data.fetch_movielens import write_layout
-from hybridrec.scoring import split_metrics, write_predictions
-from hybridrec.losses import BCE, Pairwise
+from hybridrec.models.losses import BCE, Pairwise
+from hybridrec.training.scoring import split_metrics, write_predictions
+from shared import BASE, TOL, tables
 
 
 def _evaluate_cfg(overrides):

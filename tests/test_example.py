@@ -6,18 +6,18 @@ import glob
 import json
 import os
 
-import commands
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import CONF_DIR, compose_cfg
 from omegaconf import OmegaConf
 
-from hybridrec.config.validation import validate
+import commands
+from conftest import CONF_DIR, compose_cfg
 from hybridrec.data import build_source, loader
 from hybridrec.data.example import CATEGORY_IDS, ITEMS, MAX_HISTORY, SCHEMA, generate
 from hybridrec.data.example import main as example
+from hybridrec.run.validation import validate
 
 ROWS = 2000  # training rows; validation and test get 200 each
 

@@ -5,11 +5,11 @@ are read from conf/, so a new one is covered without editing this file."""
 import os
 
 import pytest
-from conftest import CONF_DIR, compose_cfg
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from hybridrec.config.validation import validate
+from conftest import CONF_DIR, compose_cfg
+from hybridrec.run.validation import validate
 
 pytestmark = pytest.mark.unit
 

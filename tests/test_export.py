@@ -9,13 +9,13 @@ import zipfile
 
 import pytest
 import torch
-from conftest import compose_cfg
-from shared import docs_snippet
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from conftest import compose_cfg
 from hybridrec.data import RecBatch, build_source, loader
-from hybridrec.export import PROGRAM, SPEC, _check_archive, write_program
 from hybridrec.models import build_model
+from hybridrec.serving.export import PROGRAM, SPEC, _check_archive, write_program
+from shared import docs_snippet
 
 pytestmark = pytest.mark.slow  # a torch.export trace takes seconds
 

@@ -9,14 +9,14 @@ import shutil
 import subprocess
 import sys
 
-import commands
 import numpy as np
 import pytest
-from conftest import compose_cfg
 
+import commands
+from conftest import compose_cfg
 from hybridrec.checkpoint import CheckpointError, latest
+from hybridrec.run.errors import user_message
 from hybridrec.train import check_before_launch
-from hybridrec.errors import user_message
 
 # A tiny run (the equivalence tests' sizes): seconds per training.
 TINY = ["data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]", "data.ids_per_feature=2",
@@ -243,7 +243,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tm
 def _criteo(path, rows, bad_line=None):
     rng = np.random.default_rng(0)
     lines = []
-    for i in range(rows):
+    for _ in range(rows):
         cats = [f"{v:08x}" for v in rng.integers(0, 2**32, 26)]
         lines.append("\t".join(["1"] + [str(v) for v in rng.integers(0, 50, 13)] + cats))
     if bad_line:
@@ -276,7 +276,7 @@ def test_data_errors_inside_the_ranks_are_one_line(tmp_path, case, ranks):
     assert (proc.stdout + proc.stderr).count("Embedding plan") == 1, proc.stdout + proc.stderr
     expected = {"bad_row": f"hybridrec: {train}:150: int_0 '12x1",
                 "too_small": "hybridrec: data.train_path has 40 usable rows in shard 0 of data.shards=1, fewer "
-                             f"than its 64 rows of one global batch (data.batch_size=64)"}[case]
+                             "than its 64 rows of one global batch (data.batch_size=64)"}[case]
     assert _one_line_error(proc).startswith(expected)
     assert "[rank" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
@@ -305,7 +305,7 @@ def test_a_mistyped_key_or_option_is_named_before_hydra_advises_appending_it(ove
 
 @pytest.mark.dist
 def test_a_ranks_job_error_reaches_its_caller_as_itself(tmp_path):
-    """In a rank (``hybridrec.rank.run``, outside the launcher): a bug keeps its type and
+    """In a rank (``hybridrec.run.rank.run``, outside the launcher): a bug keeps its type and
     traceback, a killed worker is the one-line ``Killed``, a user's error propagates as it is;
     the job runs with ``launcher.threads_per_rank`` intra-op threads."""
     from dist_helpers import rank_outcomes, spawn

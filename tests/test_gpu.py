@@ -12,13 +12,13 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 import torch
+
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from shared import BASE, ctr_raw_rows
-
 from hybridrec.data import build_source
-from hybridrec.devices import Cuda
+from hybridrec.parallel.devices import Cuda
 from hybridrec.serving import Preprocessor
+from shared import BASE, ctr_raw_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = Cuda.probe()

@@ -65,8 +65,9 @@ def test_the_leak_check_sees_a_segment_the_pass_leaves():
 
 
 def test_a_slot_holds_the_rows_and_frees_itself_once_copied():
-    from hybridrec.data.rows import Rows
     import numpy as np
+
+    from hybridrec.data.rows import Rows
 
     ring = handoff.SlotRing(workers=1, slots=2, slot_bytes=1 << 16)
     rows = Rows.of(np.ones((3, 2)), [(np.array([1, 2, 3, 4]), np.array([2, 1, 1]))], np.array([0, 1, 0]),

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import compose_cfg
-from hybridrec.config.validation import validate
 from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.fetch_movielens import write_layout
-from hybridrec.launch import oversubscribed, world_size
+from hybridrec.run.launch import oversubscribed, world_size
+from hybridrec.run.validation import validate
 from shared import SIZES, ml, row, tables, write
 
 CTR = ["+experiment=ctr"]
@@ -126,7 +126,7 @@ def test_a_bad_config_value_is_named_before_launch(overrides, fragment):
 @pytest.mark.unit
 def test_the_suite_covers_every_optimizer_range_and_count_key():
     """Every range the checks know has a row above: a rule added without a case fails here."""
-    from hybridrec.config.validation import _DATA_COUNTS, _OPTIMIZER_RANGES
+    from hybridrec.run.validation import _DATA_COUNTS, _OPTIMIZER_RANGES
 
     text = " ".join(" ".join(overrides) for overrides, _ in CONFIG_CASES)
     untested = [k for k in ("lr", "eps", "betas", "weight_decay", "momentum") if f".{k}=" not in text]
@@ -162,7 +162,7 @@ def test_the_entry_point_warns_of_oversubscription_before_launch(caplog):
 
 @pytest.mark.unit
 def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
-    from hybridrec.launch import _check_output_dir
+    from hybridrec.run.launch import _check_output_dir
 
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as e:
@@ -216,6 +216,7 @@ def _gz(d, data, name="a.tsv.gz"):
 def _parquet(d, null_ids):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from hybridrec.data.parquet import ParquetSource
 
     table = pa.table({"click": pa.array([1, 0, 1, 0], pa.int8()), "item": pa.array([1, None, 2, 3], pa.int64())})
@@ -344,6 +345,7 @@ def test_a_parquet_null_id_is_a_row_without_ids_counted_per_feature(tmp_path):
 def test_a_vocabulary_column_cannot_name_a_file_outside_out(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from hybridrec.data import vocab
 
     pq.write_table(pa.table({"../../escaped_vocab": [1, 2, 3]}), tmp_path / "in.parquet")

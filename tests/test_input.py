@@ -6,13 +6,13 @@ import multiprocessing
 import os
 import threading
 
-import commands
 import pytest
 import torch
-from conftest import compose_cfg
-from dist_helpers import spawn, train_and_summarize
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
+import commands
+from conftest import compose_cfg
+from dist_helpers import spawn, train_and_summarize
 from hybridrec.data import DataError, loader
 from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.movielens import MovieLensRank

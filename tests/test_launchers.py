@@ -9,13 +9,13 @@ import os
 import socket
 import sys
 
-import commands
 import pytest
 
+import commands
 from conftest import compose_cfg
+from hybridrec.parallel.devices import Cuda
+from hybridrec.run.launch import check_submitit, job_nodes, start_method, world_size
 from shared import TWO_NODE_RUN
-from hybridrec.launch import check_submitit, job_nodes, start_method, world_size
-from hybridrec.devices import Cuda
 
 # The ctr experiment's model on three small tables, a few steps: seconds per job.
 TINY = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
@@ -91,7 +91,7 @@ def test_slurm_submission_script(tmp_path):
     for flag in ["--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=64",
                  "--partition=gpu", "--time=90", "--array=0-1%2", "--job-name=train"]:
         assert f"#SBATCH {flag}" in lines, (flag, text)
-    assert "export SUBMITIT_EXECUTOR=slurm" in lines  # what hybridrec.launch.job_nodes keys on
+    assert "export SUBMITIT_EXECUTOR=slurm" in lines  # what hybridrec.run.launch.job_nodes keys on
     srun = [line for line in lines if line.startswith("srun ")]
     assert len(srun) == 1, text
     # one srun task per node (from --ntasks-per-node), running the pickled Hydra job

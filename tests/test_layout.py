@@ -1,5 +1,7 @@
-"""The package's layout holds: no import cycle between hybridrec's modules, no benchmark
-script that edits sys.path, and TorchRec's and torch's private attributes only in compat.py."""
+"""The package's layout holds: every module in a package named for its job, each package
+importing only the layers below it (as its ``__init__`` says), no import cycle between
+hybridrec's modules, no benchmark script that edits sys.path, and TorchRec's and torch's
+private attributes only in compat.py."""
 
 from __future__ import annotations
 
@@ -76,6 +78,42 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+# hybridrec's layers, lowest first: a package imports only the packages before it. The
+# entry points (python -m hybridrec.<name>, and the install check run as a file) sit on top.
+LAYERS = ["base", "config", "data", "models", "parallel", "reports", "checkpoint", "serving", "training", "run"]
+ENTRY_POINTS = {"train", "evaluate", "export", "plan", "install_check"}
+
+
+def _layer(module: str) -> int:
+    part = module.split(".")[1]
+    return LAYERS.index(part) if part in LAYERS else len(LAYERS)
+
+
+def test_every_module_is_in_a_package_named_for_its_job():
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert top == ENTRY_POINTS, f"modules outside the packages: {sorted(top - ENTRY_POINTS)}"
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert packages == set(LAYERS), sorted(packages ^ set(LAYERS))
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """Run-time imports (a function's too); ``if TYPE_CHECKING`` ones are annotations only."""
+    modules = _modules()
+    upward = [f"{m} -> {t}" for m, p in sorted(modules.items()) if m != "hybridrec"
+              for t in sorted(_imports(p, modules)) if t != "hybridrec" and _layer(t) > _layer(m)]
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_each_package_says_what_it_may_import():
+    """Each package's docstring ends its job's description with ``May import:`` and the
+    layers below it, as LAYERS orders them (what README's and extending.md's tables say)."""
+    for i, name in enumerate(LAYERS):
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
+        line = re.search(r"^May import: (.*)\.$", doc, re.M)
+        assert line, f"hybridrec/{name}/__init__.py: no 'May import:' line"
+        assert line.group(1) == (", ".join(LAYERS[:i]) or "nothing of hybridrec"), (name, line.group(1))
 
 
 def test_benchmarks_do_not_edit_sys_path():

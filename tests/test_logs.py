@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from hybridrec.logs import QUIET, Progress, quiet_libraries, verbose_about
+from hybridrec.reports.logs import QUIET, Progress, quiet_libraries, verbose_about
 
 pytestmark = pytest.mark.unit
 
-log = logging.getLogger("hybridrec.trainer")
+log = logging.getLogger("hybridrec.training.trainer")
 
 
 def _train(progress, steps, log_every, seconds_per_step=1.0, start=0, batch=1000):
@@ -25,11 +25,11 @@ def _train(progress, steps, log_every, seconds_per_step=1.0, start=0, batch=1000
 
 
 def _lines(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "hybridrec.trainer"]
+    return [r.getMessage() for r in caplog.records if r.name == "hybridrec.training.trainer"]
 
 
 def test_without_a_terminal_progress_is_one_line_per_report(caplog):
-    with caplog.at_level(logging.INFO, logger="hybridrec.trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
         _train(Progress(10, 0, enabled=True, logger=log, terminal=False), steps=10, log_every=3)
     assert _lines(caplog) == [
         "step 3/10  loss 0.1667  1,000 samples/s  ETA 00:07",
@@ -41,7 +41,7 @@ def test_without_a_terminal_progress_is_one_line_per_report(caplog):
 
 def test_progress_of_a_resumed_run_counts_from_its_first_step(caplog):
     # resumed at step 400 of 1000, 2 s per step: at step 600, 400 steps are left (800 s)
-    with caplog.at_level(logging.INFO, logger="hybridrec.trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
         _train(Progress(1000, 400, enabled=True, logger=log, terminal=False), steps=1000, log_every=300,
                seconds_per_step=2.0, start=400, batch=2048)
     lines = _lines(caplog)
@@ -73,7 +73,7 @@ def test_on_a_terminal_the_bar_shows_progress_and_the_files_get_the_lines(tmp_pa
 
 
 def test_other_ranks_report_nothing(caplog, capsys):
-    with caplog.at_level(logging.INFO, logger="hybridrec.trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
         for terminal in (False, True):
             _train(Progress(10, 0, enabled=False, logger=log, terminal=terminal), steps=10, log_every=3)
     assert _lines(caplog) == [] and capsys.readouterr().err == ""
@@ -121,7 +121,7 @@ def test_the_planner_info_lines_are_held_back_unless_asked_for(library_levels):
 def test_tensorboard_keeps_each_split_under_its_own_tag(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from hybridrec.runlog import MetricsLog
+    from hybridrec.reports.runlog import MetricsLog
 
     log = MetricsLog(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tb"))
     log.log(step=30, loss=0.5, loss_mean=0.5)
@@ -144,7 +144,7 @@ def test_a_resumed_run_writes_the_checkpoints_history_then_the_resume_then_its_o
     kept, so no step appears twice."""
     import json
 
-    from hybridrec.runlog import MetricsLog, evaluations, resumes
+    from hybridrec.reports.runlog import MetricsLog, evaluations, resumes
 
     path = tmp_path / "metrics.jsonl"
     killed = MetricsLog(str(path))
@@ -171,7 +171,7 @@ def test_tensorboard_of_a_resumed_run_holds_each_step_once(tmp_path):
     step 0, purge_step) and shows the history the checkpoint carried, then the new steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from hybridrec.runlog import MetricsLog
+    from hybridrec.reports.runlog import MetricsLog
 
     first = MetricsLog(str(tmp_path / "metrics.jsonl"), str(tmp_path / "tb"))
     for step in (10, 20, 30):

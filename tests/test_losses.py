@@ -8,8 +8,8 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import RecBatch
-from hybridrec.losses import BCE, MSE, ApproxNDCG, InBatchSoftmax, ListwiseSoftmax, Pairwise
-from hybridrec.metrics import ranking_metrics
+from hybridrec.models.losses import BCE, MSE, ApproxNDCG, InBatchSoftmax, ListwiseSoftmax, Pairwise
+from hybridrec.reports.metrics import ranking_metrics
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrec.metrics import binary_metrics
-from hybridrec.profiling import BREAKDOWN_PHASES, comm_compute_split, percentiles_ms, step_breakdown
+from hybridrec.reports.metrics import binary_metrics
+from hybridrec.reports.profiling import BREAKDOWN_PHASES, comm_compute_split, percentiles_ms, step_breakdown
 
 pytestmark = pytest.mark.unit
 
@@ -105,8 +105,8 @@ def test_step_time_percentiles():
 
 
 def test_summary_shows_gpu_memory_beside_the_planners_estimate():
-    from hybridrec.profiling import peak_device_mb
-    from hybridrec.summary import format_summary
+    from hybridrec.reports.profiling import peak_device_mb
+    from hybridrec.reports.summary import format_summary
 
     assert peak_device_mb(torch.device("cpu")) == {}  # on CPU the host RSS is the measure
     train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0,

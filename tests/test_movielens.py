@@ -4,13 +4,13 @@ import io
 import json
 import zipfile
 
-import commands
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+import commands
 from hybridrec.data import DataError, loader
 from hybridrec.data.fetch_movielens import FILES, read_wheel, write_layout
 from hybridrec.data.movielens import GENRES

@@ -10,19 +10,19 @@ from typing import Optional
 import numpy as np
 import pytest
 import torch
-from conftest import compose_cfg
-from dist_helpers import spawn, train_and_gather
-from shared import TOL, assert_same_training
 from torch.optim.lr_scheduler import LambdaLR
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from conftest import compose_cfg
+from dist_helpers import spawn, train_and_gather
 from hybridrec.checkpoint import CheckpointError, TrainState, check_fits, layout_differences
 from hybridrec.data import SparseFeature, build_source, loader
 from hybridrec.data.source import Rows, Source
 from hybridrec.models import SparseArch, build_model, tables_of
-from hybridrec.optim import lr_multiplier
-from hybridrec.parallelize import init_embeddings
+from hybridrec.parallel.optim import lr_multiplier
+from hybridrec.parallel.parallelize import init_embeddings
+from shared import TOL, assert_same_training
 
 # (feature, most ids in a row): every kind of feature in one source
 FEATURES = [
@@ -269,9 +269,9 @@ def test_features_sharing_a_table_must_agree_on_its_rows_and_pooling():
 
 @pytest.mark.unit
 def test_the_planner_gets_each_features_pooling_factor_on_a_shared_table():
-    from hybridrec.build import plan_inputs
-    from hybridrec.parallel_dims import ParallelDims
-    from hybridrec.sharding import build_constraints
+    from hybridrec.parallel.parallel_dims import ParallelDims
+    from hybridrec.parallel.sharding import build_constraints
+    from hybridrec.training.build import plan_inputs
 
     source = _source()
     cfg = compose_cfg(MODELS["dlrm"])
@@ -369,7 +369,7 @@ def test_two_ranks_train_as_one_unsharded_process(tmp_path):
 # ------------------------------------------------------------------------------- export
 @pytest.mark.slow  # a torch.export trace takes seconds
 def test_a_weighted_multi_hot_model_exports_to_a_program_that_takes_the_weights(tmp_path):
-    from hybridrec.export import PROGRAM, write_program
+    from hybridrec.serving.export import PROGRAM, write_program
 
     source = _source()
     model = _unsharded("dlrm", source).eval()

@@ -6,14 +6,14 @@ import json
 import math
 import shutil
 
-import commands
 import pytest
-from conftest import compose_cfg
 from omegaconf import OmegaConf
 
-from hybridrec.objective import Selection, resolve
+import commands
+from conftest import compose_cfg
+from hybridrec.config.objective import Selection, resolve
+from hybridrec.run.errors import user_message
 from hybridrec.train import check_before_launch
-from hybridrec.errors import user_message
 
 TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
         "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
@@ -138,8 +138,8 @@ def test_keep_best_by_default_wherever_there_is_a_best_checkpoint_to_keep(tmp_pa
     """checkpoint.keep_best=null (auto): on with checkpoints and validation, off without
     either; true and false decide. Auto passes validation everywhere, continuous runs included,
     where an explicit true is still refused."""
-    from hybridrec.config.validation import validate
-    from hybridrec.objective import keeps_best
+    from hybridrec.config.objective import keeps_best
+    from hybridrec.run.validation import validate
 
     assert keeps_best(None, checkpoints=True, validates=True) is True
     assert keeps_best(None, checkpoints=False, validates=True) is False
@@ -154,7 +154,7 @@ def test_keep_best_by_default_wherever_there_is_a_best_checkpoint_to_keep(tmp_pa
 
 @pytest.mark.unit
 def test_references_name_a_split_and_a_metric_the_run_reports():
-    from hybridrec.config.validation import validate
+    from hybridrec.run.validation import validate
 
     ctr = compose_cfg(TINY)
     assert [(r.name, r.metric) for r in ctr.train.references] == [

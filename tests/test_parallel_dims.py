@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-from conftest import compose_cfg
 
-from hybridrec.distributed import LaunchError, LocalLayout, backend, local_layout
-from hybridrec.devices import Cuda, device_type, pick_device
+from conftest import compose_cfg
 from hybridrec.config import DenseParallel
-from hybridrec.parallel_dims import ParallelDims, job_dims, planning_dims, rank_dims
-from hybridrec.preflight import device_choice
+from hybridrec.parallel.devices import Cuda, device_type, pick_device
+from hybridrec.parallel.distributed import LaunchError, LocalLayout, backend, local_layout
+from hybridrec.parallel.parallel_dims import ParallelDims, job_dims, planning_dims, rank_dims
+from hybridrec.run.preflight import device_choice
 
 pytestmark = pytest.mark.unit
 
@@ -96,7 +96,7 @@ def test_the_2d_sync_has_one_owner():
     (dmp_collection_sync_interval_batches=1 by default): hybridrec turns that off and syncs in
     after_step, every mesh.embedding_sync_every steps and after the last."""
     from hybridrec.config import Pipeline
-    from hybridrec.parallelize import Parallelized
+    from hybridrec.parallel.parallelize import Parallelized
 
     class Replicas(torch.nn.Module):
         syncs: list = []
@@ -130,6 +130,6 @@ def test_the_2d_sync_has_one_owner():
     (["mesh=fsdp", "mesh.cpu_offload=true"], 1, "fsdp"),
 ])
 def test_the_dense_wrapper_a_job_runs(overrides, world, expected):
-    from hybridrec.parallelize import dense_mode
+    from hybridrec.parallel.parallelize import dense_mode
 
     assert dense_mode(compose_cfg(overrides).mesh, world).value == expected

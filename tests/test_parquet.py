@@ -171,7 +171,7 @@ def test_shards_give_each_rank_its_own_rows_and_the_same_batches_for_any_world_s
     only its shard's row groups."""
     data = source(files / "train", files / "eval", shards=4)
     assert data.num_batches("train") == 5 and data.num_batches("eval") == 2
-    starts, ends = [s * 41 // 4 for s in range(4)], [(s + 1) * 41 // 4 for s in range(4)]
+    starts = [s * 41 // 4 for s in range(4)]
     expected = [i for k in range(5) for s in range(4) for i in (starts[s] + 2 * k, starts[s] + 2 * k + 1)]
     train = global_batches(data, "train", 1, steps=5)
     assert [r for rows, _ in train for r in rows] == [expected_row(i) for i in expected]

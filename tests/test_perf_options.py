@@ -5,10 +5,10 @@ import contextlib
 
 import pytest
 import torch
+
 from conftest import compose_cfg
 from dist_helpers import spawn
-
-from hybridrec.rank import intra_op_threads
+from hybridrec.run.rank import intra_op_threads
 
 BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "model.embedding_dim=16",
         "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]", "data.batch_size=64",
@@ -29,8 +29,9 @@ def test_threads_per_rank_split_the_cores_unless_set():
 def compiled_losses(cfg, run_dir):
     """Per-step losses, and the graphs dynamo made for this run: its caches are cleared
     first, as in a new process (the pool's rank runs scenarios of other tests too)."""
-    from dist_helpers import _train_each
     from torch._dynamo.utils import counters
+
+    from dist_helpers import _train_each
 
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
@@ -57,7 +58,7 @@ def test_compiled_dense_blocks_train_like_eager(tmp_path):
 def test_a_column_shard_draws_only_its_own_columns(monkeypatch):
     """The embedding init of a column shard is the full table's slice, and costs its own
     width only: a 4-way column split does not draw the full table on every rank."""
-    import hybridrec.parallelize as par
+    import hybridrec.parallel.parallelize as par
 
     rows, dim = 70_000, 256  # two row blocks, eight column chunks
     full = torch.empty(rows, dim)
@@ -82,7 +83,7 @@ def test_units_resharding_to_n_ranks_share_one_mesh():
     from torch.distributed.fsdp import fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from hybridrec.compat import one_post_forward_mesh
+    from hybridrec.base.compat import one_post_forward_mesh
 
     def post_forward_meshes(shared: bool) -> set[int]:
         mesh = init_device_mesh("cpu", (4,))

@@ -6,11 +6,11 @@ import os
 import re
 from collections import Counter
 
-import commands
 import pytest
-from conftest import dry_plan_for, compose_cfg
 
-from hybridrec.sharding import PlanError, format_report
+import commands
+from conftest import compose_cfg, dry_plan_for
+from hybridrec.parallel.sharding import PlanError, format_report
 
 DCN = ["+experiment=dcnv2_criteo1tb"]
 LARGEST = {"t_cat_0", "t_cat_9", "t_cat_19", "t_cat_20", "t_cat_21"}  # the 40 M-row tables

@@ -8,6 +8,7 @@ path (sharded tables, FSDP2) runs on ctr's model in the mixed-precision runs, wh
 import os
 
 import pytest
+
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_summarize
 

@@ -4,17 +4,17 @@ structure; the objectives compare in one Hydra sweep."""
 
 import json
 
-import commands
 import numpy as np
 import pytest
 import torch
+
+import commands
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from shared import tables
-
 from hybridrec.data import LOADER_KEYS, loader
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.movielens import MovieLensRank
+from shared import tables
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 DLRM = ["model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]

@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
+
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
-from shared import TOL, assert_same_training
-
-from hybridrec.build import model_for
 from hybridrec.data import DataError, loader
 from hybridrec.data.sequences import MovieLensSequences, ParquetSequences
-from hybridrec.losses import NextItemSoftmax
-from hybridrec.metrics import next_item_metrics
+from hybridrec.models.losses import NextItemSoftmax
+from hybridrec.reports.metrics import next_item_metrics
+from hybridrec.training.build import model_for
+from shared import TOL, assert_same_training
 
 
 def _ratings(d, rows):
@@ -98,7 +98,7 @@ def test_next_item_metrics_by_hand():
 
 @pytest.mark.unit
 def test_the_objective_of_a_next_item_run_is_its_ranking():
-    from hybridrec import objective
+    from hybridrec.config import objective
 
     auto = objective.declared(compose_cfg(["+experiment=sequences"]))
     assert auto.name == "valid.ndcg@10" and auto.direction == "maximize"
@@ -142,8 +142,8 @@ def _tiny(model="sasrec", *extra):
 
 
 def _built(tmp_path, model="sasrec"):
-    from shared import tables
     from hybridrec.data.fetch_movielens import write_layout
+    from shared import tables
 
     write_layout(tables(400, seed=3), str(tmp_path))
     cfg = compose_cfg(_tiny(model, f"data.path={tmp_path}"))
@@ -219,8 +219,8 @@ def trained(tmp_path_factory):
     On two ranks HSTU also checkpoints every 2 steps (the run never stopped), and a second
     HSTU run stops after step 2 and resumes (``trained["resumed"]``); on one rank an HSTU run
     continues the 2-rank step-2 checkpoint (``trained["resharded"]``). One launch per world size."""
-    from shared import tables
     from hybridrec.data.fetch_movielens import write_layout
+    from shared import tables
 
     d = tmp_path_factory.mktemp("ml")
     write_layout(tables(400, seed=3), str(d))

@@ -9,20 +9,20 @@ import os
 import re
 import shutil
 
-import commands
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import compose_cfg
-from shared import ctr_raw_rows, docs_snippet, rand_rows, reader, tables, write
 
+import commands
+from conftest import compose_cfg
 from hybridrec.data import build_source, loader
 from hybridrec.data.example import generate
 from hybridrec.data.fetch_movielens import write_layout
-from hybridrec.export import PREPROCESSING, export, write_preprocessing
-from hybridrec.serving import Preprocessor, inputs
+from hybridrec.serving.export import PREPROCESSING, export, write_preprocessing
+from hybridrec.serving.preprocess import Preprocessor, inputs
+from shared import ctr_raw_rows, docs_snippet, rand_rows, reader, tables, write
 
 SMALL_DLRM = ["model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]
 TINY_RUN = ["train.steps=3", "train.eval_every=0", "train.early_stop_patience=0", "launcher.device=cpu"]

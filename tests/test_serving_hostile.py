@@ -19,8 +19,8 @@ import torch
 
 from batch_sources import _movielens, _parquet, _synthetic, _tsv
 from hybridrec.data.raw_inputs import MANAGED_FILE, RawInputs
-from hybridrec.export import PREPROCESSING, write_preprocessing
-from hybridrec.serving import Preprocessor, sha256
+from hybridrec.serving.export import PREPROCESSING, write_preprocessing
+from hybridrec.serving.preprocess import Preprocessor, sha256
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""summary.json built from explicit inputs (hybridrec.summary.run_summary), without a process
+"""summary.json built from explicit inputs (hybridrec.reports.summary.run_summary), without a process
 group: the headline numbers, the loss, a resumed run's throughput, memory per rank, and which
 keys appear, checked against the schema (RunSummary) and hand-computed values."""
 
@@ -7,8 +7,15 @@ import re
 
 import pytest
 
-from hybridrec.summary import (MemoryRow, RankMeasurement, RunSummary, TrainBlock, format_summary, headline,
-                              run_summary)
+from hybridrec.reports.summary import (
+    MemoryRow,
+    RankMeasurement,
+    RunSummary,
+    TrainBlock,
+    format_summary,
+    headline,
+    run_summary,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +24,7 @@ EVAL = {"auc": 0.75, "ne": 0.9, "n": 512}
 PROVENANCE = {"resumed_from": None, "config_sha256": "0" * 64,
               "versions": {"python": "3.11.7", "torch": "2", "torchrec": "1", "fbgemm_gpu": None, "hydra": "1.3",
                            "hybridrec": None}}
-PLAN = {  # hybridrec.sharding.plan_report's shape, two ranks
+PLAN = {  # hybridrec.parallel.sharding.plan_report's shape, two ranks
     "tables": {"t0": {"rows": 100, "dim": 8, "sharding_type": "table_wise", "compute_kernel": "fused",
                       "ranks": [1], "est_device_bytes": 0, "est_host_bytes": 4 * MB}},
     "ranks": [{"rank": 0, "est_device_bytes": 0, "est_host_bytes": MB // 2, "est_step_ms": 0.1},
@@ -155,7 +162,7 @@ def test_report_png_marks_the_objective_the_references_and_the_resumes(tmp_path)
     one panel more (the objective's) than a run without validation."""
     import matplotlib.image
 
-    from hybridrec.runlog import plot_report, resume_record
+    from hybridrec.reports.runlog import plot_report, resume_record
 
     records = [{"step": s, "loss": 0.7 - s / 1000, "loss_mean": 0.7 - s / 1000, "samples_per_second": 100.0}
                for s in range(10, 210, 10)]

@@ -1,4 +1,4 @@
-"""The sweep summary (hybridrec.sweep) on hand-made job directories: rows, swept keys,
+"""The sweep summary (hybridrec.reports.sweep) on hand-made job directories: rows, swept keys,
 metrics, a failed and an unfinished job, and the callback's record of a failed job."""
 
 import csv
@@ -11,7 +11,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from hybridrec.sweep import FAILED_FILE, SweepSummary, one_line, read_jobs, to_csv, to_markdown, write_summary
+from hybridrec.reports.sweep import FAILED_FILE, SweepSummary, one_line, read_jobs, to_csv, to_markdown, write_summary
 
 pytestmark = pytest.mark.unit
 
@@ -171,4 +171,4 @@ def test_callback_finds_the_sweep_dir_of_a_nested_subdir(tmp_path):
 
 def test_one_line_error():
     report = "\n============\nhybridrec.rank.run FAILED\n------------\nFailures:\n  <NO_OTHER_FAILURES>"
-    assert one_line(RuntimeError(report)) == "RuntimeError: hybridrec.rank.run FAILED"
+    assert one_line(RuntimeError(report)) == "RuntimeError: hybridrec.run.rank.run FAILED"

@@ -18,13 +18,11 @@ import subprocess
 import sys
 import time
 
-import commands
 import pytest
 import torch
-from conftest import compose_cfg
-from shared import rehash
-from trained import once
 
+import commands
+from conftest import compose_cfg
 from hybridrec import export
 from hybridrec.checkpoint import (
     STATE_JSON,
@@ -36,8 +34,10 @@ from hybridrec.checkpoint import (
     read_metadata,
     saved_config,
 )
+from hybridrec.run.errors import user_message
 from hybridrec.train import check_before_launch
-from hybridrec.errors import user_message
+from shared import rehash
+from trained import once
 
 TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
         "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
@@ -189,9 +189,16 @@ def test_a_saved_config_may_name_only_shipped_or_trusted_classes(tmp_path):
     (step / "config.yaml").write_text(text.replace("seed: 0", "seed: ${oc.env:HOME}"))
     with pytest.raises(UnsafeCheckpoint, match="seed='\\${oc.env:HOME}' is an interpolation"):
         saved_config(str(step))
-    (step / "config.yaml").write_text(text.replace("_target_: hybridrec.losses.BCE",
-                                                   "_target_: hybridrec.losses.BCE\n  _partial_: true"))
+    (step / "config.yaml").write_text(text.replace("_target_: hybridrec.models.losses.BCE",
+                                                   "_target_: hybridrec.models.losses.BCE\n  _partial_: true"))
     with pytest.raises(UnsafeCheckpoint, match="loss._partial_ is a Hydra instantiation key"):
+        saved_config(str(step))
+    # saved before the losses moved into the models package: the loss is found where it is now,
+    # and only the loss node's own old module is read so
+    (step / "config.yaml").write_text(text.replace("hybridrec.models.losses.BCE", "hybridrec.losses.BCE"))
+    assert saved_config(str(step)).loss._target_ == "hybridrec.models.losses.BCE"
+    (step / "config.yaml").write_text(text.replace("hybridrec.models.dlrm.DLRMRanker", "hybridrec.losses.BCE"))
+    with pytest.raises(UnsafeCheckpoint, match="model._target_=hybridrec.losses.BCE is not a class hybridrec ships"):
         saved_config(str(step))
 
 

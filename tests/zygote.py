@@ -27,8 +27,8 @@ import sys
 # Everything the commands import before they do anything: what a new interpreter would spend
 # its first seconds on.
 PRELOAD = ("torch", "torchrec", "fbgemm_gpu", "hydra", "omegaconf", "pyarrow", "pyarrow.parquet",
-           "hybridrec.train", "hybridrec.evaluate", "hybridrec.export", "hybridrec.plan", "hybridrec.rank",
-           "hybridrec.launch", "hybridrec.trainer", "hybridrec.data.convert", "hybridrec.data.example",
+           "hybridrec.train", "hybridrec.evaluate", "hybridrec.export", "hybridrec.plan", "hybridrec.run.rank",
+           "hybridrec.run.launch", "hybridrec.training.trainer", "hybridrec.data.convert", "hybridrec.data.example",
            "hybridrec.data.vocab", "matplotlib", "matplotlib.pyplot")
 
 

@@ -45,17 +45,41 @@ The package, one module per job: ``errors`` (what goes wrong), ``safety`` (openi
 without running code), ``state`` (TrainState, checksums, which checkpoints are complete and
 newest), ``compatibility`` (whether a checkpoint fits a run), ``saver`` (writing and
 committing, the directory lock) and ``loading`` (restoring into a run or a model).
+
+May import: base, config, data, models, parallel, reports.
 """
 
 from hybridrec.checkpoint.compatibility import check_compatible, check_dir, check_fits, layout_differences
 from hybridrec.checkpoint.errors import CheckpointError, Diverged, UnsafeCheckpoint, root_cause
 from hybridrec.checkpoint.loading import load, load_weights
-from hybridrec.checkpoint.safety import (CONFIG_YAML, METADATA, SafeLoadPlanner, SafeReader, read_metadata,
-                                         refusal, run_targets, safe_load, saved_config)
+from hybridrec.checkpoint.safety import (
+                                         CONFIG_YAML,
+                                         METADATA,
+                                         SafeLoadPlanner,
+                                         SafeReader,
+                                         read_metadata,
+                                         refusal,
+                                         run_targets,
+                                         safe_load,
+                                         saved_config,
+)
 from hybridrec.checkpoint.saver import LOCK, Checkpointer, DirLock, Resumable, exploded, typical_loss
-from hybridrec.checkpoint.state import (STATE_JSON, STATE_TENSORS, TrainState, check_checkpoint, check_complete,
-                                        committed, hash_files, latest, new_run_id, own_files, probe_writable,
-                                        resolve_checkpoint, resume_path, verify)
+from hybridrec.checkpoint.state import (
+                                         STATE_JSON,
+                                         STATE_TENSORS,
+                                         TrainState,
+                                         check_checkpoint,
+                                         check_complete,
+                                         committed,
+                                         hash_files,
+                                         latest,
+                                         new_run_id,
+                                         own_files,
+                                         probe_writable,
+                                         resolve_checkpoint,
+                                         resume_path,
+                                         verify,
+)
 
 __all__ = [
     "CONFIG_YAML", "LOCK", "METADATA", "STATE_JSON", "STATE_TENSORS", "CheckpointError", "Checkpointer",

@@ -16,7 +16,7 @@ from hybridrec.checkpoint.errors import CheckpointError, one_line, root_cause
 from hybridrec.checkpoint.safety import refusal, safe_load
 from hybridrec.checkpoint.saver import Resumable
 from hybridrec.checkpoint.state import TrainState
-from hybridrec.objective import Selection
+from hybridrec.config.objective import Selection
 
 
 def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:

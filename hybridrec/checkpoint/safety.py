@@ -23,9 +23,9 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
+from hybridrec.base.compat import set_element
 from hybridrec.checkpoint.errors import CheckpointError, UnsafeCheckpoint, one_line
-from hybridrec.compat import set_element
-from hybridrec.config import TARGET_GROUPS, shipped_targets, typed
+from hybridrec.config import TARGET_GROUPS, renamed_targets, shipped_targets, typed
 
 METADATA = ".metadata"  # DCP's index of the checkpoint's tensors (a pickle)
 CONFIG_YAML = "config.yaml"  # the run's resolved config: what check_compatible compares
@@ -219,6 +219,7 @@ def saved_config(path: str, trusted: Iterable[str] = ()) -> DictConfig:
     file, cfg = inside(path, CONFIG_YAML), load_yaml(path)
     if not isinstance(cfg, DictConfig) or not all(k in cfg for k in ("model", "loss", "optimizer")):
         raise CheckpointError(f"{file} is not a hybridrec config: it lacks model, loss or optimizer")
+    renamed_targets(cfg)  # a checkpoint saved before a class moved names its old module
     _check_safe(OmegaConf.to_container(cfg, resolve=False), file, shipped_targets(), frozenset(trusted))
     try:
         return typed(cfg)

@@ -25,14 +25,14 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
+from hybridrec.base.compat import ShardedTensor
 from hybridrec.checkpoint.compatibility import writer_of
 from hybridrec.checkpoint.errors import CheckpointError, Diverged, one_line, root_cause
 from hybridrec.checkpoint.safety import CONFIG_YAML
 from hybridrec.checkpoint.state import TrainState, check_complete, committed, hash_files, own_files
-from hybridrec.compat import ShardedTensor
+from hybridrec.config.objective import Selection
 from hybridrec.data import SparseFeature
-from hybridrec.objective import Selection
-from hybridrec.optim import TrainOptimizer
+from hybridrec.parallel.optim import TrainOptimizer
 
 log = logging.getLogger(__name__)
 LOCK = ".lock"  # in checkpoint.dir: held by the run writing there
@@ -56,10 +56,10 @@ class Resumable:
     selection: Selection
     """The best validation evaluation so far (keep_best, early stopping)."""
     stream: dict[str, Any] = field(default_factory=dict)
-    """train.schedule=continuous: the stream's state (``hybridrec.continuous.Stream.state``),
+    """train.schedule=continuous: the stream's state (``hybridrec.training.continuous.Stream.state``),
     kept current by the trainer; empty otherwise."""
     history: list[dict[str, Any]] = field(default_factory=list)
-    """Rank 0: the run's metrics.jsonl records so far (``hybridrec.runlog.MetricsLog.records``),
+    """Rank 0: the run's metrics.jsonl records so far (``hybridrec.reports.runlog.MetricsLog.records``),
     saved with each checkpoint as they are at its step; empty on the other ranks."""
 
     data_version: Optional[int] = None

@@ -3,12 +3,12 @@ visible, and which checkpoint directories are complete, loadable and newest."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
 import os
 import pickle
-import dataclasses
 import re
 import uuid
 import warnings
@@ -57,7 +57,7 @@ class TrainState:
     """``objective.Selection``: the best validation evaluation so far and the evaluations
     since (keep_best, early stopping). Empty in checkpoints written before the field existed."""
     stream: dict[str, Any] = field(default_factory=dict)
-    """train.schedule=continuous (``hybridrec.continuous.Stream``): the partitions trained so
+    """train.schedule=continuous (``hybridrec.training.continuous.Stream``): the partitions trained so
     far in order, the position (partition, row) and the progressive evaluations. Empty for
     other schedules."""
     history: list[dict[str, Any]] = field(default_factory=list)

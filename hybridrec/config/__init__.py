@@ -1,27 +1,80 @@
-"""Typed configuration, in three modules:
+"""Typed configuration:
 
 - ``schema``: one dataclass per config group, registered in Hydra's ConfigStore
   (``register_configs``), so that composing a config type-checks it;
-- ``validation``: the rules across keys, run before any rank starts (``validate``) and once
-  the device is known (``check_device``); a model's or a source's own rules are class
-  methods of that class (``Ranker.check_config``, ``Source.check_config``);
-- ``retype``: a config saved as plain YAML (a checkpoint's) typed again by the schemas.
+- ``retype``: a config saved as plain YAML (a checkpoint's) typed again by the schemas;
+- ``overrides``: what a command line's overrides may name;
+- ``objective``: the metric a run is judged by (``train.objective``) and its direction.
 
-The names below are the schemas' interface. Validation is imported from its module
-(``from hybridrec.config.validation import validate``): it needs ``ParallelDims``, whose
-module needs the schemas' enums, so importing the package must not import it.
+The rules across keys, run before any rank starts, are ``hybridrec.run.validation``'s (they
+need the mesh's ``ParallelDims``); a model's or a source's own rules are class methods of
+that class (``Ranker.check_config``, ``Source.check_config``).
+
+May import: base.
 """
 
-from hybridrec.config.retype import TARGET_GROUPS, evaluation_config, shipped_targets, typed
+from hybridrec.config.retype import (  # noqa: F401  (the package's interface)
+    TARGET_GROUPS,
+    evaluation_config,
+    renamed_targets,
+    shipped_targets,
+    typed,
+)
 from hybridrec.config.schema import (  # noqa: F401  (the schemas and their enums)
-    ModelConfig, DLRMConfig, DCNConfig, DeepFMConfig, TwoTowerConfig, LossConfig, ApproxNDCGConfig,
-    InBatchSoftmaxConfig, DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows,
-    CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig,
-    NegativeSampling, EvalItems, MovieLensRankDataConfig, ShardingType, CacheAlgorithm, CacheConfig,
-    TableConstraints, ShardingConfig, AdagradConfig, DenseAdagradConfig, RowWiseAdagradConfig,
-    AdamConfig, SparseAdamConfig, AdamWConfig, SGDConfig, DenseSGDConfig, Schedule, ScheduleConfig,
-    OptimizerConfig, SPARSE_OPTIMIZERS, DenseParallel, DType, FSDPUnits, CommPrecision, Device,
-    StorageReservation, MeshConfig, TopologyConfig, LauncherConfig, Pipeline, TrainConfig,
-    CheckpointConfig, Logger, ProfileConfig, HybridrecConfig, EvaluateConfig,
-    CONF_DIR, register_configs,
+    CONF_DIR,
+    CRITEO_KAGGLE_CAPPED,
+    SPARSE_OPTIMIZERS,
+    AdagradConfig,
+    AdamConfig,
+    AdamWConfig,
+    ApproxNDCGConfig,
+    BadRows,
+    CacheAlgorithm,
+    CacheConfig,
+    CheckpointConfig,
+    CommPrecision,
+    CriteoBinaryDataConfig,
+    CriteoDataConfig,
+    DataConfig,
+    DCNConfig,
+    DeepFMConfig,
+    DenseAdagradConfig,
+    DenseDistribution,
+    DenseParallel,
+    DenseSGDConfig,
+    Device,
+    DLRMConfig,
+    DType,
+    EvalItems,
+    EvaluateConfig,
+    FSDPUnits,
+    HybridrecConfig,
+    IdMapping,
+    InBatchSoftmaxConfig,
+    LauncherConfig,
+    Logger,
+    LossConfig,
+    MeshConfig,
+    ModelConfig,
+    MovieLensDataConfig,
+    MovieLensRankDataConfig,
+    NegativeSampling,
+    OptimizerConfig,
+    Pipeline,
+    ProfileConfig,
+    RowWiseAdagradConfig,
+    Schedule,
+    ScheduleConfig,
+    SGDConfig,
+    ShardingConfig,
+    ShardingType,
+    SparseAdamConfig,
+    SplitKind,
+    StorageReservation,
+    SyntheticDataConfig,
+    TableConstraints,
+    TopologyConfig,
+    TrainConfig,
+    TwoTowerConfig,
+    register_configs,
 )

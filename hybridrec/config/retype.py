@@ -14,13 +14,34 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from hybridrec.config.schema import (CONF_DIR, CheckpointConfig, Device, HybridrecConfig, OptimizerConfig,
-                                     register_configs)
+from hybridrec.config.schema import (
+    CONF_DIR,
+    CheckpointConfig,
+    Device,
+    HybridrecConfig,
+    OptimizerConfig,
+    register_configs,
+)
 
 # Config groups whose node names the class it configures (`_target_`): a config saved as
 # plain YAML is typed again by the schema registered for that class (``typed``).
 TARGET_GROUPS = {"model": "model", "loss": "loss", "data": "data", "optimizer.sparse": "optimizer/sparse",
                  "optimizer.dense": "optimizer/dense"}
+# Classes that moved: a config saved before the move names them by their old module. Only
+# these exact prefixes are rewritten, at the loss node only (where the losses moved from
+# ``hybridrec.losses`` into the models package); the result is checked like any target.
+MOVED_TARGETS = {"loss": {"hybridrec.losses.": "hybridrec.models.losses."}}
+
+
+def renamed_targets(saved: DictConfig) -> DictConfig:
+    """``saved`` with each ``_target_`` of a moved class (``MOVED_TARGETS``) named by its
+    module now, in place; returns ``saved``."""
+    for path, moves in MOVED_TARGETS.items():
+        target = OmegaConf.select(saved, f"{path}._target_")
+        for old, new in moves.items():
+            if isinstance(target, str) and target.startswith(old):
+                OmegaConf.update(saved, f"{path}._target_", new + target[len(old):])
+    return saved
 
 
 

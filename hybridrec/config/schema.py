@@ -3,7 +3,7 @@
 Every YAML file under ``conf/`` starts with ``defaults: [<schema>, _self_]``, so OmegaConf
 type-checks it against these dataclasses: a misspelled key or a wrong type fails while Hydra
 composes the config, before any rank starts. Rules across keys live in
-``hybridrec.config.validation``; a config saved as YAML is typed again by
+``hybridrec.run.validation``; a config saved as YAML is typed again by
 ``hybridrec.config.retype``.
 
 The groups' schemas live in modules of their own (``schema_model``: model and loss;
@@ -25,18 +25,80 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING, OmegaConf
 
-from hybridrec.objective import resolve
-from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the group schemas)
-    ModelConfig, DLRMConfig, DCNConfig, DeepFMConfig, TwoTowerConfig, LossConfig, ApproxNDCGConfig, InBatchSoftmaxConfig, SequenceConfig, SASRecConfig, HSTUConfig, NextItemConfig,
-)
+from hybridrec.config.objective import resolve
 from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the group schemas)
-    DataConfig, DenseDistribution, SyntheticDataConfig, IdMapping, BadRows, CRITEO_KAGGLE_CAPPED, CriteoDataConfig, CriteoBinaryDataConfig, SplitKind, MovieLensDataConfig, NegativeSampling, EvalItems, MovieLensRankDataConfig, DenseTransform, Pooling, ParquetIdMapping, NullIds, ParquetLabelConfig, ParquetDenseConfig, ParquetSparseConfig, ParquetDataConfig, PartitionsConfig, ManagedIdsConfig, Eviction, NegativeSampler, SequenceDataConfig, MovieLensSequencesConfig, ParquetSequencesConfig,
+    CRITEO_KAGGLE_CAPPED,
+    BadRows,
+    CriteoBinaryDataConfig,
+    CriteoDataConfig,
+    DataConfig,
+    DenseDistribution,
+    DenseTransform,
+    EvalItems,
+    Eviction,
+    IdMapping,
+    ManagedIdsConfig,
+    MovieLensDataConfig,
+    MovieLensRankDataConfig,
+    MovieLensSequencesConfig,
+    NegativeSampler,
+    NegativeSampling,
+    NullIds,
+    ParquetDataConfig,
+    ParquetDenseConfig,
+    ParquetIdMapping,
+    ParquetLabelConfig,
+    ParquetSequencesConfig,
+    ParquetSparseConfig,
+    PartitionsConfig,
+    Pooling,
+    SequenceDataConfig,
+    SplitKind,
+    SyntheticDataConfig,
 )
-from hybridrec.config.schema_parallel import (  # noqa: F401  (re-exported: the group schemas)
-    ShardingType, CacheAlgorithm, CacheConfig, TableConstraints, ShardingConfig, DenseParallel, DType, FSDPUnits, CommPrecision, Device, StorageReservation, MeshConfig, TopologyConfig, LauncherConfig,
+from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the group schemas)
+    ApproxNDCGConfig,
+    DCNConfig,
+    DeepFMConfig,
+    DLRMConfig,
+    HSTUConfig,
+    InBatchSoftmaxConfig,
+    LossConfig,
+    ModelConfig,
+    NextItemConfig,
+    SASRecConfig,
+    SequenceConfig,
+    TwoTowerConfig,
 )
 from hybridrec.config.schema_optim import (  # noqa: F401  (re-exported: the group schemas)
-    AdagradConfig, DenseAdagradConfig, RowWiseAdagradConfig, AdamConfig, SparseAdamConfig, AdamWConfig, SGDConfig, DenseSGDConfig, Schedule, ScheduleConfig, OptimizerConfig, SPARSE_OPTIMIZERS,
+    SPARSE_OPTIMIZERS,
+    AdagradConfig,
+    AdamConfig,
+    AdamWConfig,
+    DenseAdagradConfig,
+    DenseSGDConfig,
+    OptimizerConfig,
+    RowWiseAdagradConfig,
+    Schedule,
+    ScheduleConfig,
+    SGDConfig,
+    SparseAdamConfig,
+)
+from hybridrec.config.schema_parallel import (  # noqa: F401  (re-exported: the group schemas)
+    CacheAlgorithm,
+    CacheConfig,
+    CommPrecision,
+    DenseParallel,
+    Device,
+    DType,
+    FSDPUnits,
+    LauncherConfig,
+    MeshConfig,
+    ShardingConfig,
+    ShardingType,
+    StorageReservation,
+    TableConstraints,
+    TopologyConfig,
 )
 
 
@@ -54,7 +116,7 @@ class TrainSchedule(str, Enum):
     """train.steps global batches over the train split, pass after pass."""
     continuous = "continuous"
     """One pass over each time partition (data.partitions) in order, each scored by the model
-    before it trains on it (progressive validation; hybridrec.continuous); train.steps is the
+    before it trains on it (progressive validation; hybridrec.training.continuous); train.steps is the
     partitions' global batches, set when the run starts."""
 
 
@@ -134,7 +196,7 @@ class CheckpointConfig:
     export_deltas: bool = False
     """train.schedule=continuous: after each partition's checkpoint commits, keep
     <checkpoint.dir>/serving current: a full export the first time, then a delta per partition
-    (hybridrec.delta: the changed table rows and dense tensors, and the managed ids)."""
+    (hybridrec.serving.delta: the changed table rows and dense tensors, and the managed ids)."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that a checkpoint's config.yaml may name in a ``_target_`` (model,
     loss, data, optimizers) besides the ones hybridrec ships and this run's own. Given here,
@@ -198,7 +260,7 @@ class EvaluateConfig:
     export_deltas: bool = False
     """train.schedule=continuous: after each partition's checkpoint commits, keep
     <checkpoint.dir>/serving current: a full export the first time, then a delta per partition
-    (hybridrec.delta: the changed table rows and dense tensors, and the managed ids)."""
+    (hybridrec.serving.delta: the changed table rows and dense tensors, and the managed ids)."""
     trusted_targets: list[str] = field(default_factory=list)
     """Classes of your own that the checkpoint's config.yaml may name in a ``_target_``,
     besides the ones hybridrec ships (checkpoint.trusted_targets in training)."""

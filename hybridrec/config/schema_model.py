@@ -109,14 +109,14 @@ class LossConfig:
 
 @dataclass
 class ApproxNDCGConfig(LossConfig):
-    _target_: str = "hybridrec.losses.ApproxNDCG"
+    _target_: str = "hybridrec.models.losses.ApproxNDCG"
     temperature: float = 0.1
     """Smoothness of the approximate rank: smaller is closer to the true rank, with steeper gradients."""
 
 
 @dataclass
 class InBatchSoftmaxConfig(LossConfig):
-    _target_: str = "hybridrec.losses.InBatchSoftmax"
+    _target_: str = "hybridrec.models.losses.InBatchSoftmax"
     logq_correction: bool = True
     """Subtract log(item frequency) from each in-batch logit: corrects the popularity bias
     of using other rows' items as negatives."""
@@ -124,7 +124,7 @@ class InBatchSoftmaxConfig(LossConfig):
 
 @dataclass
 class NextItemConfig(LossConfig):
-    _target_: str = "hybridrec.losses.NextItemSoftmax"
+    _target_: str = "hybridrec.models.losses.NextItemSoftmax"
     in_batch: bool = False
     """The next items of the whole global batch are negatives too."""
     logq_correction: bool = True

@@ -4,19 +4,19 @@ batch type of every source).
 The contract a source implements is ``hybridrec.data.source.Source`` ("rows [a, b) of global
 batch k", and the number of global batches); the input loop every source shares, with
 epochs, resume, padding and worker processes, is ``hybridrec.data.loader``.
+
+May import: base, config.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
-
-import os
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-
 
 POOLINGS = ("sum", "mean")
 

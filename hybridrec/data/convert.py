@@ -70,11 +70,22 @@ from typing import Any, Callable, Iterator, NoReturn, Optional
 import numpy as np
 from tqdm import tqdm
 
-from hybridrec.atomic import replace_file
+from hybridrec.base.atomic import replace_file
 from hybridrec.config import IdMapping
 from hybridrec.data import DataError, FileReport, ReadReport
-from hybridrec.data.convert_writers import (DENSE_COLUMNS, NPY, PARQUET_SCHEMA, PARTS, ROW_GROUP_SIZE, SPARSE_COLUMNS,
-                                            Target, _NpyWriter, _ParquetWriter, outputs, remove_partial)
+from hybridrec.data.convert_writers import (
+    DENSE_COLUMNS,
+    NPY,
+    PARQUET_SCHEMA,
+    PARTS,
+    ROW_GROUP_SIZE,
+    SPARSE_COLUMNS,
+    Target,
+    _NpyWriter,
+    _ParquetWriter,
+    outputs,
+    remove_partial,
+)
 from hybridrec.data.criteo import CAT_FEATURES, COLUMNS, INT_FEATURES, CriteoBinary, read_tsv_file, resolve_paths
 
 # The output writers live in convert_writers; their names are this module's too.
@@ -143,7 +154,7 @@ def convert_file(path: str, prefix: str, block_size: int, fail: bool,
         if target.format == "parquet":
             writers.append(_ParquetWriter(outputs(prefix, target)[0], target))
         else:
-            for (part, dtype, width), name in zip(PARTS, outputs(prefix)):
+            for (_part, dtype, width), name in zip(PARTS, outputs(prefix)):
                 writers.append(_NpyWriter(name, dtype, width))
         for dense, raw, labels in rows:
             if target.format == "parquet":
@@ -374,7 +385,7 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
                        for path, prefix in jobs}
             try:
                 while pending:
-                    for path, (prefix, result) in list(pending.items()):
+                    for path, (_prefix, result) in list(pending.items()):
                         if result.ready():
                             done[path] = result.get()  # a worker's error is raised here
                             del pending[path]

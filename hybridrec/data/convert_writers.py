@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hybridrec.atomic import fresh
+from hybridrec.base.atomic import fresh
 from hybridrec.config import CRITEO_KAGGLE_CAPPED, IdMapping
 from hybridrec.data.criteo import CAT_FEATURES, INT_FEATURES, map_ids
 

@@ -51,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hybridrec.atomic import fresh
+from hybridrec.base.atomic import fresh
 from hybridrec.data import portable
 
 SPLITS = (("train", 4, 0, 14), ("valid", 2, 14, 1), ("eval", 2, 15, 1))  # name, files, first day, days

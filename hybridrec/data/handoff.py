@@ -92,7 +92,7 @@ class SlotRing:
         slot = self.next_slot[worker]
         self.next_slot[worker] = (slot + 1) % self.slots
         view = self._view(worker, slot)
-        for (name, dtype, shape, at), (_, t) in zip(layout, arrays):
+        for (_name, _dtype, _shape, at), (_, t) in zip(layout, arrays):
             if n := t.numel() * t.element_size():
                 np.frombuffer(view, np.uint8, n, at)[:] = t.contiguous().reshape(-1).view(torch.uint8).numpy()
         return Handle(worker, slot, layout, rows.features, rows.report, list(rows.extra))

@@ -32,13 +32,14 @@ from typing import Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from hybridrec.compat import dataloader_worker_exits
-from hybridrec.data import DataError, RecBatch
-from hybridrec.distributed import Killed, signal_name
 
-log = logging.getLogger(__name__)
+from hybridrec.base.compat import dataloader_worker_exits
+from hybridrec.base.signals import Killed, signal_name
+from hybridrec.data import DataError, RecBatch
 from hybridrec.data.handoff import Handle, SlotRing, slot_bytes_for
 from hybridrec.data.source import Rows, Source
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -294,7 +295,7 @@ def _watched(pieces: Iterator, rank: int) -> Iterator:
     except RuntimeError as e:
         dead = [(pid, code) for pid, code in dataloader_worker_exits(pieces) if code < 0]
         if not dead:
-            raise worker_killed(e, rank) or e
+            raise worker_killed(e, rank) or e  # noqa: B904  (e itself, or the line naming it: its context is e)
         pid, code = dead[0]
         raise _worker_killed(rank, pid, -code) from None
 

@@ -55,7 +55,7 @@ DENSE_OPS = ("fill_null", "clamp", "log1p", "standardize", "constant")
 ID_MAPPINGS = ("row", "hash", "hex", "vocabulary", "managed")
 LAYOUTS = ("one id", "list", "one id or list")
 MANAGED_FILE = "managed_ids.parquet"
-"""The managed ids' file of an export (``hybridrec.exported.write_managed_ids`` writes it)."""
+"""The managed ids' file of an export (``hybridrec.serving.exported.write_managed_ids`` writes it)."""
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ import os
 from typing import Any, ClassVar, Optional
 
 import numpy as np
-import torch
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import torch
 from omegaconf import DictConfig
 
 from hybridrec.config import BadRows
@@ -251,7 +251,7 @@ class ParquetSequences(NextItemSource):
                 table = pq.read_table(file, columns=[c for c in (items_column, times_column) if c])
             except (OSError, pa.ArrowInvalid, KeyError) as e:
                 raise DataError(f"{file} (data.path): not readable as Parquet with column {items_column!r}"
-                                f"{f' and {times_column!r}' if times_column else ''} ({str(e).splitlines()[0]})")
+                                f"{f' and {times_column!r}' if times_column else ''} ({str(e).splitlines()[0]})") from None
             for i, row in enumerate(self._rows(table, items_column, times_column, file)):
                 ids, ts, why = row
                 if why is None and mapping == "hash":

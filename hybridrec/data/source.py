@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 from omegaconf import DictConfig
+
 from hybridrec.data import ReadReport, RecBatch, SparseFeature
 from hybridrec.data.raw_inputs import RawInputs
 from hybridrec.data.rows import RANKING_FIELDS, Rows  # noqa: F401  (re-exported: the contract's row type)
@@ -80,7 +81,7 @@ class Source(ABC):
     threshold: Optional[float] = None
     """With ``ranking_k``: the relevance at or above which an item counts as relevant."""
 
-    @classmethod
+    @classmethod  # noqa: B027  (an optional hook: by default, nothing)
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
         """Refuse, with a ValueError naming the key, a ``data`` config (``cfg``) that this
         source cannot serve on ``world_size`` ranks: checked before any rank starts, so the
@@ -119,13 +120,13 @@ class Source(ABC):
         """What was read (file sources): rows, bad rows, dropped tails; None = nothing."""
         return None
 
-    def merge_report(self, part: ReadReport) -> None:
+    def merge_report(self, part: ReadReport) -> None:  # noqa: B027  (an optional hook: by default, nothing)
         """Add a report that ``read`` produced (maybe in a worker process) to this one."""
 
     def fitted(self) -> dict[str, Any]:
         """Data-config keys this source computed from its data when it was built (say, the
         statistics of a standardized column), as config values; {} = none. They are merged
-        into the run's data config (``hybridrec.build.keep_fitted``), so that the ranks, the
+        into the run's data config (``hybridrec.training.build.keep_fitted``), so that the ranks, the
         checkpoints' config.yaml and evaluation use the same numbers."""
         return {}
 
@@ -136,7 +137,7 @@ class Source(ABC):
         form a server would hold (the export then says so in ``model.json``)."""
         return None
 
-    def begin_pass(self, split: str, epoch: int) -> None:
+    def begin_pass(self, split: str, epoch: int) -> None:  # noqa: B027  (an optional hook: by default, nothing)
         """Called in the training process before each pass: a source counts a split's
         files on its first pass only."""
 

@@ -182,7 +182,7 @@ class SyntheticClickLog(Source):
         for j in range(d):
             logit += 1.5 * (signal[j] * self._dense_w[j])
         scale = 3.0 / np.sqrt(len(self._sizes))
-        for f, (first, k) in enumerate(zip(self._offsets, self._sizes)):
+        for first, k in zip(self._offsets, self._sizes):
             total = weights[first].copy()  # a row's mean over its k ids, summed in a fixed order
             for j in range(1, k):
                 total += weights[first + j]

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hybridrec.atomic import replace_file
+from hybridrec.base.atomic import replace_file
 from hybridrec.data import DataError
 from hybridrec.data.criteo import resolve_paths
 

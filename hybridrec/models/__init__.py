@@ -6,7 +6,10 @@ The contract is ``Ranker``: a constructor that takes the data's ``features``,
 ``score(batch)`` (one logit per row). What a model needs from the data and the loss is
 declared on the class (``in_batch_negatives``, ``needs_user_item_features``), as are the
 rules its own config fields obey (``check_config``), and validation reads them before
-launch."""
+launch.
+
+May import: base, config, data.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +27,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from hybridrec.data import RecBatch, SparseFeature
-from hybridrec.losses import Loss
-
+from hybridrec.models.losses import Loss
 
 _POOLING = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
 

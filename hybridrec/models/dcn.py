@@ -8,9 +8,9 @@ from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
 from hybridrec.data import SparseFeature
-from hybridrec.losses import Loss
 from hybridrec.models import SparseArch
 from hybridrec.models.dlrm import TorchRecDLRM
+from hybridrec.models.losses import Loss
 
 
 class DCNRanker(TorchRecDLRM):

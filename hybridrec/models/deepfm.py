@@ -22,8 +22,8 @@ from torchrec.models.dlrm import DenseArch
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
-from hybridrec.losses import Loss
 from hybridrec.models import Ranker, SparseArch, check_dense_arch, check_layer_sizes
+from hybridrec.models.losses import Loss
 
 _FIRST_ORDER_COLS = 4
 

@@ -8,8 +8,8 @@ from torch import nn
 from torchrec.models.dlrm import DLRM
 
 from hybridrec.data import RecBatch, SparseFeature
-from hybridrec.losses import Loss
 from hybridrec.models import Ranker, SparseArch, check_dense_arch, check_layer_sizes
+from hybridrec.models.losses import Loss
 
 
 class TorchRecDLRM(Ranker):

@@ -40,8 +40,8 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from hybridrec.data import RecBatch, SparseFeature
-from hybridrec.losses import Loss
 from hybridrec.models import Ranker
+from hybridrec.models.losses import Loss
 
 FEATURES = ("history", "next", "negatives")
 

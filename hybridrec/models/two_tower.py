@@ -18,8 +18,8 @@ from torch import nn
 from torchrec.modules.mlp import MLP
 
 from hybridrec.data import RecBatch, SparseFeature
-from hybridrec.losses import Loss
 from hybridrec.models import Ranker, check_layer_sizes, embedding_collection, mean_of, means_after_pooling
+from hybridrec.models.losses import Loss
 
 
 class TwoTower(Ranker):

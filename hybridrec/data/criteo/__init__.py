@@ -25,8 +25,17 @@ before parsing: the text and gzip checks, blocks of whole lines, lines that are 
 """
 
 from hybridrec.data.criteo.binary import CriteoBinary
-from hybridrec.data.criteo.common import (CAT_FEATURES, COLUMNS, INT_FEATURES, criteo_tables, estimate_collisions,
-                                          map_ids, resolve_paths, validation_fraction, warn_collisions)
+from hybridrec.data.criteo.common import (
+                                          CAT_FEATURES,
+                                          COLUMNS,
+                                          INT_FEATURES,
+                                          criteo_tables,
+                                          estimate_collisions,
+                                          map_ids,
+                                          resolve_paths,
+                                          validation_fraction,
+                                          warn_collisions,
+)
 from hybridrec.data.criteo.tsv import CriteoTSV, parse_block, read_tsv_file
 
 __all__ = [

@@ -10,15 +10,22 @@ import numpy as np
 from omegaconf import DictConfig
 
 from hybridrec.config import IdMapping
-from hybridrec.data.source import Rows, Source, check_table_sizes
 from hybridrec.data import (
     DataError,
     ReadReport,
     check_disjoint,
     holdout,
 )
-from hybridrec.data.criteo.common import (CAT_FEATURES, INT_FEATURES, criteo_tables, log, map_ids, resolve_paths,
-                                          validation_fraction)
+from hybridrec.data.criteo.common import (
+    CAT_FEATURES,
+    INT_FEATURES,
+    criteo_tables,
+    log,
+    map_ids,
+    resolve_paths,
+    validation_fraction,
+)
+from hybridrec.data.source import Rows, Source, check_table_sizes
 
 _HOLDOUT_RUN = 4096  # binary format: validation rows are held out in runs of this many rows
 

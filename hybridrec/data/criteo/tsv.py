@@ -16,19 +16,28 @@ import pyarrow.csv as pacsv
 from omegaconf import DictConfig
 
 from hybridrec.config import BadRows, IdMapping
-from hybridrec.data import portable
-from hybridrec.data.source import Rows, Source, check_table_sizes
 from hybridrec.data import (
     DataError,
     ReadReport,
     check_disjoint,
     holdout,
+    portable,
     shorten,
 )
-from hybridrec.data.criteo.common import (CAT_FEATURES, COLUMNS, INT_FEATURES, criteo_tables, estimate_collisions,
-                                          map_ids, resolve_paths, validation_fraction, warn_collisions)
+from hybridrec.data.criteo.common import (
+    CAT_FEATURES,
+    COLUMNS,
+    INT_FEATURES,
+    criteo_tables,
+    estimate_collisions,
+    map_ids,
+    resolve_paths,
+    validation_fraction,
+    warn_collisions,
+)
 from hybridrec.data.criteo.text import _blank_undecodable, _check_gzip, _line_blocks, _text_head, _Unreadable
 from hybridrec.data.raw_inputs import RawInputs, dense_input, sparse_input
+from hybridrec.data.source import Rows, Source, check_table_sizes
 
 _HEX = np.full(256, 255, dtype=np.uint8)  # byte -> nibble, 255 = not a hex digit
 for _i, _c in enumerate("0123456789abcdef"):

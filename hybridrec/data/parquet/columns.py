@@ -19,6 +19,7 @@ from hybridrec.data.parquet.config import _Sparse
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.source import Rows
 
+
 # ------------------------------------------------------------------------------ column types
 def _kind(t: pa.DataType) -> str:
     """int, str (string or binary), float, bool, decimal, or other; a dictionary is its values'."""

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+
 def _value(v: Any) -> Any:
     return v.value if isinstance(v, Enum) else v
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+
 # ------------------------------------------------------------------------------ the layout
 @dataclass
 class _File:

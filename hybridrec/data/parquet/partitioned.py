@@ -14,10 +14,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hybridrec.config.schema import ParquetIdMapping
+from hybridrec.data import ReadReport
 from hybridrec.data.parquet.columns import _kind, _plain_array
 from hybridrec.data.parquet.layout import _File
 from hybridrec.data.parquet.partitions import Partition, parse_until, pattern_regex
-from hybridrec.data import ReadReport
 from hybridrec.data.source import Rows
 
 PARTITION = "partition:"

@@ -12,13 +12,13 @@ names' bytes (``hour=9`` before ``hour=10``). What it refuses or leaves out, eac
   partitions holding the same file (a link): refused;
 - with ``ready_marker`` (Spark's ``_SUCCESS``), a partition without it: still being written,
   left out until it has it, so a reader never sees half a partition (continuous training
-  also stops before it when a later partition is complete: ``hybridrec.continuous``);
+  also stops before it when a later partition is complete: ``hybridrec.training.continuous``);
 - a partition without rows: kept (it is a day that happened), trained on for no step and
   reported with 0 rows.
 
 Files starting with ``.`` or ``_`` (markers, writers' temporaries) are not data, as Spark and
 PyArrow's dataset reader also treat them. Ordering rules across time (a partition that arrives
-after later ones were trained) are the trainer's (``hybridrec.continuous``), which knows the
+after later ones were trained) are the trainer's (``hybridrec.training.continuous``), which knows the
 position; here a listing is a snapshot of the directory.
 """
 

@@ -20,15 +20,15 @@ from omegaconf import DictConfig
 from hybridrec.config.schema import BadRows, DenseTransform, ParquetIdMapping
 from hybridrec.data import DataError, ReadReport, SparseFeature, check_disjoint, holdout
 from hybridrec.data.criteo import resolve_paths, validation_fraction
-from hybridrec.data.raw_inputs import MANAGED_FILE, RawInputs, dense_input, sparse_input
-from hybridrec.data.source import Rows, Source
-from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _Part, _floats, _is_list, _kind, _plain_array
-from hybridrec.data.parquet.config import _Dense, _Sparse, _dense_list, _plain, _sparse_list, _value
+from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _floats, _is_list, _kind, _Part, _plain_array
+from hybridrec.data.parquet.config import _Dense, _dense_list, _plain, _Sparse, _sparse_list, _value
 from hybridrec.data.parquet.layout import _File, _Open, _Split
 from hybridrec.data.parquet.managed import ManagedIds
 from hybridrec.data.parquet.partitioned import PARTITION, _Partitioned, check_partitions
 from hybridrec.data.parquet.partitions import Partition, list_partitions
 from hybridrec.data.parquet.vocabulary import Vocabulary
+from hybridrec.data.raw_inputs import MANAGED_FILE, RawInputs, dense_input, sparse_input
+from hybridrec.data.source import Rows, Source
 
 log = logging.getLogger("hybridrec.data.parquet")  # the package's name: its log lines read as before the split
 

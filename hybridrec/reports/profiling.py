@@ -10,6 +10,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

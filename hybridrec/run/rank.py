@@ -19,13 +19,14 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from hybridrec.compat import record_error_message
-from hybridrec.devices import pick_device
-from hybridrec.distributed import Killed, health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.base.compat import record_error_message
+from hybridrec.base.signals import Killed
 from hybridrec.data.loader import worker_killed
-from hybridrec.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors
-from hybridrec.logs import JobLogging, configure_rank
-from hybridrec.trainer import train_job
+from hybridrec.parallel.devices import pick_device
+from hybridrec.parallel.distributed import health_check, init_distributed, local_layout, shutdown_distributed
+from hybridrec.reports.logs import JobLogging, configure_rank
+from hybridrec.run.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors
+from hybridrec.training.trainer import train_job
 
 
 def _quiet_deprecations() -> None:

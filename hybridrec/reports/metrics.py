@@ -1,7 +1,7 @@
 """Evaluation metrics: TorchRec's formulas for the binary ones (AUC, NE, log loss,
 calibration, CTR, accuracy), NDCG, MAP and recall for ranked lists, and the gather that puts
-a split's scores on rank 0. (What a run logs and plots is ``hybridrec.runlog``; what it
-measures of itself, ``hybridrec.profiling``.)"""
+a split's scores on rank 0. (What a run logs and plots is ``hybridrec.reports.runlog``; what it
+measures of itself, ``hybridrec.reports.profiling``.)"""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import Device
-from hybridrec.distributed import LaunchError, local_layout
+from hybridrec.parallel.distributed import LaunchError, local_layout
+
 
 @dataclass(frozen=True)
 class Cuda:

@@ -34,6 +34,7 @@ except ImportError:  # torch 2.11: the module does not exist
 # ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
 from torch.distributed._shard.sharded_tensor import ShardedTensor  # noqa: F401  (re-exported)
+
 # DCP's planner puts a loaded non-tensor value back into the nested state dict with this
 # helper; a planner that loads those values safely (checkpoint.SafeLoadPlanner) needs it too.
 from torch.distributed.checkpoint._traverse import set_element  # noqa: F401  (re-exported)

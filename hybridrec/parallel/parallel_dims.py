@@ -18,8 +18,8 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import DenseParallel, Device
-from hybridrec.devices import device_type
-from hybridrec.distributed import local_layout
+from hybridrec.parallel.devices import device_type
+from hybridrec.parallel.distributed import local_layout
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class ParallelDims:
 
 
 def job_dims(cfg: DictConfig, world_size: int, env: Mapping[str, str] = os.environ) -> ParallelDims:
-    """Before launch: ``world_size`` ranks (hybridrec.launch.world_size), as many per node as
+    """Before launch: ``world_size`` ranks (hybridrec.run.launch.world_size), as many per node as
     the launcher starts (torchrun's or srun's layout when already launched)."""
     launched = "RANK" in env and "WORLD_SIZE" in env
     local = local_layout(env).world_size if launched else min(cfg.launcher.nproc_per_node, world_size)

@@ -24,13 +24,13 @@ from omegaconf import DictConfig
 from torch import nn
 
 from hybridrec import checkpoint
-from hybridrec.build import build, rank_batches
 from hybridrec.data.loader import EvalBatch, padding_batch
 from hybridrec.data.source import Source
-from hybridrec.losses import Loss
-from hybridrec.metrics import binary_metrics, format_eval, gather_to_first, next_item_metrics, ranking_metrics
-from hybridrec.runlog import write_json
-from hybridrec.summary import ScoreSummary, provenance, throughput
+from hybridrec.models.losses import Loss
+from hybridrec.reports.metrics import binary_metrics, format_eval, gather_to_first, next_item_metrics, ranking_metrics
+from hybridrec.reports.runlog import write_json
+from hybridrec.reports.summary import ScoreSummary, provenance, throughput
+from hybridrec.training.build import build, rank_batches
 
 # Metrics of sigmoid(score) that only mean something when the scores are click logits.
 CALIBRATED_ONLY = ("ne", "logloss", "calibration", "accuracy")

@@ -19,14 +19,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrec.data import build_source, loader
 from hybridrec.data.source import Source
-from hybridrec.losses import Loss
 from hybridrec.models import Ranker, build_model
-from hybridrec.parallel_dims import ParallelDims, rank_dims
-from hybridrec.parallelize import Parallelized, parallelize
-from hybridrec.runlog import write_json
-from hybridrec.sharding import PlanInputs, format_report
+from hybridrec.models.losses import Loss
+from hybridrec.parallel.parallel_dims import ParallelDims, rank_dims
+from hybridrec.parallel.parallelize import Parallelized, parallelize
+from hybridrec.parallel.sharding import PlanInputs, format_report
+from hybridrec.reports.runlog import write_json
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hybridrec.build")  # its name before the packages: hydra.verbose keeps it
 
 
 def keep_fitted(cfg: DictConfig, data: Source) -> None:

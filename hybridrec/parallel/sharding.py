@@ -41,10 +41,10 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from hybridrec.compat import planner_options, planner_reserved_share, planner_topology
+from hybridrec.base.compat import planner_options, planner_reserved_share, planner_topology
 from hybridrec.config import StorageReservation
 from hybridrec.models import Ranker
-from hybridrec.parallel_dims import ParallelDims
+from hybridrec.parallel.parallel_dims import ParallelDims
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
 
@@ -222,7 +222,7 @@ def make_planner(
 @dataclass(frozen=True)
 class PlanInputs:
     """What the planner needs besides the model, and nothing more: built once per run
-    (``hybridrec.build.plan_inputs``) for the ranks and for the dry plan before launch."""
+    (``hybridrec.training.build.plan_inputs``) for the ranks and for the dry plan before launch."""
 
     sharding: DictConfig
     """The ``sharding`` config (ShardingConfig): types, kernels and per-table constraints."""

@@ -41,17 +41,17 @@ from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineBase
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from hybridrec.compat import ShardedTensor, dmp_root, floating_to, one_post_forward_mesh, pipeline_model
+from hybridrec.base.compat import ShardedTensor, dmp_root, floating_to, one_post_forward_mesh, pipeline_model
 from hybridrec.config import (
     CommPrecision,
     DenseParallel,
     FSDPUnits,
     Pipeline,
 )
-from hybridrec.optim import sparse_optimizer
-from hybridrec.parallel_dims import ParallelDims
 from hybridrec.models import Ranker
-from hybridrec.sharding import PlanInputs, plan_tables, sharders
+from hybridrec.parallel.optim import sparse_optimizer
+from hybridrec.parallel.parallel_dims import ParallelDims
+from hybridrec.parallel.sharding import PlanInputs, plan_tables, sharders
 
 
 class FSDP2Wrapper(DataParallelWrapper):

@@ -14,8 +14,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridrec.config.retype import refuse_key
 from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule, TrainSchedule
-from hybridrec.parallel_dims import ParallelDims
-
+from hybridrec.parallel.parallel_dims import ParallelDims
 
 # Fused optimizers fbgemm's CPU kernels implement (its TBE asserts the same list).
 CPU_SPARSE_OPTIMIZERS = ("torchrec.optim.RowWiseAdagrad", "torch.optim.Adagrad", "torch.optim.SGD")
@@ -49,7 +48,7 @@ def _kwargs(node: DictConfig) -> dict[str, Any]:
 
 def _validate_loss(cfg: DictConfig) -> None:
     """The loss, the model and the data must fit together: each class declares what it needs
-    or provides (hybridrec.losses.Loss, hybridrec.models.Ranker, hybridrec.data.source.Source)."""
+    or provides (hybridrec.models.losses.Loss, hybridrec.models.Ranker, hybridrec.data.source.Source)."""
     loss, model, source = (get_class(cfg[g]._target_) for g in ("loss", "model", "data"))
     name = lambda c: c.__name__
     if loss.needs_lists and not source.lists:
@@ -192,7 +191,7 @@ def _validate_references(cfg: DictConfig) -> None:
     """train.references: each names a split and a metric this run's loss and data report
     (its value is finite: ``_check_finite``); the ones of another data source are left out at the end, not refused
     (an experiment's reference stays in its file when data= swaps the source)."""
-    from hybridrec.objective import choices
+    from hybridrec.config.objective import choices
 
     loss, source = get_class(cfg.loss._target_), get_class(cfg.data._target_)
     offered = [c.split(".", 1)[1] for c in choices(bool(getattr(loss, "calibrated", False)), cfg.data.get("ranking_k"),
@@ -256,7 +255,7 @@ def _validate_run(cfg: DictConfig) -> None:
 
 def _validate_continuous(cfg: DictConfig) -> None:
     """train.schedule=continuous: a partitioned log, judged by progressive validation."""
-    from hybridrec.continuous import progressive_metric
+    from hybridrec.training.continuous import progressive_metric
 
     if cfg.data.get("partitions") is None:
         raise ValueError("train.schedule=continuous trains day by day over a partitioned log: set data.partitions "

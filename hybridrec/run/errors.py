@@ -9,10 +9,11 @@ import os
 import sys
 from typing import NoReturn
 
+from hybridrec.base.signals import Killed
 from hybridrec.checkpoint import CheckpointError, Diverged
 from hybridrec.data import DataError
-from hybridrec.distributed import Killed, LaunchError
-from hybridrec.sharding import PlanError
+from hybridrec.parallel.distributed import LaunchError
+from hybridrec.parallel.sharding import PlanError
 
 # Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
 # a plan the planner cannot meet: under torchrun the ranks plan before anything else has,

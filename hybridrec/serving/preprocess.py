@@ -83,7 +83,7 @@ class Preprocessor:
         """Read ``preprocessing.json`` and the files it names, each checked against its
         sha256: a missing or damaged file is one ``hybridrec: ...`` ValueError naming it.
         ``managed_ids``: the managed ids' file to map with instead of the export's own, for
-        weights with deltas applied (``hybridrec.delta.load``): the last applied delta's
+        weights with deltas applied (``hybridrec.serving.delta.load``): the last applied delta's
         ``deltas/managed_ids_NNNNN.parquet``, which the ids' rows of those weights are."""
         path = os.path.join(export_dir, PREPROCESSING)
         if not os.path.isfile(path):
@@ -289,7 +289,7 @@ def _inside(export_dir: str, name: str, described_in: str) -> str:
 def _delta_managed_ids(export_dir: str, path: str) -> str:
     """A delta's managed ids (``deltas/managed_ids_NNNNN.parquet``), checked against the sha256
     its delta (``deltas/delta_NNNNN.pt``) records for it."""
-    from hybridrec import delta
+    from hybridrec.serving import delta
 
     home = os.path.realpath(os.path.join(export_dir, delta.DELTAS))
     m = re.fullmatch(r"managed_ids_(\d{5})\.parquet", os.path.basename(path))

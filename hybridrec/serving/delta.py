@@ -119,7 +119,7 @@ def deltas_of(export_dir: str) -> list[str]:
 
 
 def _program(export_dir: str) -> Any:
-    from hybridrec.exported import PROGRAM, _check_archive
+    from hybridrec.serving.exported import PROGRAM, _check_archive
 
     path = os.path.join(export_dir, PROGRAM)
     if not os.path.isfile(path):
@@ -132,7 +132,7 @@ def exported_state(export_dir: str) -> tuple[dict[str, torch.Tensor], int]:
     """The weights of an export with its deltas applied, and the step they are at."""
     import json
 
-    from hybridrec.exported import SPEC
+    from hybridrec.serving.exported import SPEC
 
     program = _program(export_dir)
     state = {k: v.detach().clone() for k, v in program.state_dict.items()}
@@ -164,11 +164,11 @@ def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_u
     (``managed_ids_NNNNN.parquet``: 16 bytes a row)."""
     import json
 
-    from hybridrec.atomic import replace_file
+    from hybridrec.base.atomic import replace_file
     from hybridrec.checkpoint import TrainState, saved_config
-    from hybridrec.exported import SPEC, Scorer, load_weights_of, write_managed_ids
     from hybridrec.models.sequential import SequenceRanker
     from hybridrec.models.two_tower import TwoTower
+    from hybridrec.serving.exported import SPEC, Scorer, load_weights_of, write_managed_ids
 
     with open(os.path.join(export_dir, SPEC)) as f:
         spec = json.load(f)

@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.compat import failed_job_error
+from hybridrec.base.compat import failed_job_error
 
 FAILED_FILE = "failed.json"
 """Written into a job's directory when its job function raised: the one-line error."""
@@ -70,7 +70,7 @@ def read_jobs(sweep_dir: str) -> list[Job]:
     """Every job directory under ``sweep_dir`` (the ones holding ``.hydra/overrides.yaml``),
     in job order."""
     jobs = []
-    for root, dirs, files in os.walk(sweep_dir):
+    for root, dirs, _files in os.walk(sweep_dir):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # .submitit: logs and pickles
         if not os.path.isfile(os.path.join(root, ".hydra", "overrides.yaml")):
             continue

@@ -1,5 +1,5 @@
 """What an export is made of, shared by ``hybridrec.export`` (whole exports) and
-``hybridrec.delta`` (what changed since one): the checkpoint's model with its weights, the
+``hybridrec.serving.delta`` (what changed since one): the checkpoint's model with its weights, the
 module the program traces (``Scorer``), the check that an archive holds nothing to unpickle
 or run, the managed ids' file, and files written whole."""
 
@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from hybridrec.atomic import replace_file
+from hybridrec.base.atomic import replace_file
 from hybridrec.checkpoint import CheckpointError, TrainState, refusal, root_cause, safe_load, saved_config
 from hybridrec.config.schema import ParquetIdMapping
 from hybridrec.data import RecBatch, SparseFeature, build_source

@@ -37,9 +37,9 @@ import torch.distributed as dist
 from hybridrec.data import DataError
 from hybridrec.data.parquet.partitions import Partition, list_partitions
 from hybridrec.data.parquet.source import PARTITION, ParquetSource
-from hybridrec.metrics import format_eval
+from hybridrec.reports.metrics import format_eval
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hybridrec.continuous")  # its name before the packages: hydra.verbose keeps it
 
 OBJECTIVE_PREFIX = "progressive."
 METRICS = ("auc", "logloss", "ne")
@@ -406,7 +406,7 @@ def freshness_summary(records: list[dict[str, Any]], skipped: list[dict[str, Any
 class Serving:
     """``checkpoint.export_deltas``: keeps ``<checkpoint.dir>/serving`` current as partitions
     are trained (rank 0, after each commit at a partition's end): a full export the first time,
-    then a delta per partition (``hybridrec.delta``). The weights the export and its deltas
+    then a delta per partition (``hybridrec.serving.delta``). The weights the export and its deltas
     hold are kept in memory, so a delta costs reading one checkpoint, not the whole history."""
 
     def __init__(self, folder: str, stream: Stream, trusted: list[str]) -> None:
@@ -414,8 +414,8 @@ class Serving:
         self.weights: Optional[tuple[dict[str, Any], int]] = None
 
     def commit(self, step: int, checkpoint: str) -> None:
-        from hybridrec import delta
-        from hybridrec.export import PROGRAM, export
+        from hybridrec.serving import delta
+        from hybridrec.serving.export import PROGRAM, export
 
         if not self.stream.ends_partition(step):
             return  # checkpoint.every_n_steps inside a partition: serving follows whole partitions

@@ -3,13 +3,13 @@ hybridrec.evaluate``'s ``metrics.json`` shares with it), the function that build
 what a run measured, and the final table rank 0 prints from it.
 
 The schema is written once, here, as TypedDicts: what it describes is a JSON file, and its
-readers (hybridrec.sweep, benchmarks/, the tests, a user's scripts) get it back from
+readers (hybridrec.reports.sweep, benchmarks/, the tests, a user's scripts) get it back from
 ``json.load`` as plain dicts. A TypedDict is the type of that very dict, so the writer, the
 table and the readers share one declaration with no to_dict/from_dict step that could drift
 from the file, and an optional key is what it is in the file: absent (``NotRequired``).
 
-It assembles numbers computed elsewhere (the metric formulas of ``hybridrec.metrics``, the
-step-time percentiles, memory peaks and profiler split of ``hybridrec.profiling``). It has no collectives (the trainer gathers each rank's measurement), so
+It assembles numbers computed elsewhere (the metric formulas of ``hybridrec.reports.metrics``, the
+step-time percentiles, memory peaks and profiler split of ``hybridrec.reports.profiling``). It has no collectives (the trainer gathers each rank's measurement), so
 ``run_summary`` is a pure function, tested without a process group.
 """
 
@@ -21,11 +21,11 @@ from typing import Any, Mapping, NotRequired, Optional, Sequence, TypedDict
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.metrics import format_eval
-from hybridrec.profiling import percentiles_ms
+from hybridrec.reports.metrics import format_eval
+from hybridrec.reports.profiling import percentiles_ms
 
 Metrics = dict[str, Any]
-"""An evaluation's metrics block (``hybridrec.scoring.split_metrics``): ``auc`` and ``ctr``
+"""An evaluation's metrics block (``hybridrec.training.scoring.split_metrics``): ``auc`` and ``ctr``
 always; ``ne``, ``logloss``, ``calibration``, ``accuracy`` for calibrated losses; ``ndcg@k``,
 ``map``, ``recall@k``, ``queries``, ``queries_with_relevant`` for list sources; ``n``, the
 rows scored. Its keys depend on the model and the source, hence a plain dict."""
@@ -116,7 +116,7 @@ class MemoryRow(TypedDict):
 
 
 class Profile(TypedDict):
-    """One rank's profiled steps (``hybridrec.profiling.comm_compute_split`` and ``step_breakdown``)."""
+    """One rank's profiled steps (``hybridrec.reports.profiling.comm_compute_split`` and ``step_breakdown``)."""
 
     rank: int
     """The rank that measured it."""
@@ -133,7 +133,7 @@ class Profile(TypedDict):
     comm_ms_by_kind: dict[str, float]
     """comm_ms per kind of collective (embedding all-to-all, FSDP2 all-gather, ...)."""
     breakdown_ms: dict[str, float]
-    """Milliseconds per step in each phase of ``hybridrec.profiling.BREAKDOWN_PHASES``."""
+    """Milliseconds per step in each phase of ``hybridrec.reports.profiling.BREAKDOWN_PHASES``."""
 
 
 class ObjectiveBlock(TypedDict):
@@ -221,7 +221,7 @@ class RunSummary(TypedDict):
     """The checkpoint resumed, the config's hash, the libraries' versions."""
     plan: dict[str, dict[str, Any]]
     """Per table, its placement and estimates (the ``tables`` of plan.json,
-    ``hybridrec.sharding.plan_report``); empty on ranks other than 0."""
+    ``hybridrec.parallel.sharding.plan_report``); empty on ranks other than 0."""
     peak_rss_mb: list[float]
     """Peak resident memory of every rank, MiB, in rank order."""
     memory_per_rank: list[MemoryRow]
@@ -233,7 +233,7 @@ class RunSummary(TypedDict):
     unreadable, files, dropped_tail_rows, collisions), summed over ranks."""
     freshness: NotRequired[dict[str, Any]]
     """train.schedule=continuous: each partition's progressive evaluation and counts, and
-    their means (``hybridrec.continuous.freshness_summary``)."""
+    their means (``hybridrec.training.continuous.freshness_summary``)."""
 
 
 class ScoreSummary(TypedDict):
@@ -260,9 +260,9 @@ class RankMeasurement:
     """What one rank measured of itself, gathered to every rank for the summary."""
 
     peak_rss_mb: float
-    """``hybridrec.profiling.peak_rss_mb``, rounded to 0.1 MiB."""
+    """``hybridrec.reports.profiling.peak_rss_mb``, rounded to 0.1 MiB."""
     device_memory: dict[str, float]
-    """``hybridrec.profiling.peak_device_mb``: the GPU peaks, empty on CPU."""
+    """``hybridrec.reports.profiling.peak_device_mb``: the GPU peaks, empty on CPU."""
     profile: Optional[Profile]
     """The rank's profile, None when profiling was off or its window never came."""
 
@@ -280,9 +280,10 @@ def throughput(steps: int, samples: int, wall_s: float, timed_samples: Optional[
 def provenance(cfg: DictConfig, resumed_from: Optional[ResumedFrom]) -> Provenance:
     """What a result came from: the checkpoint it resumed (path, step), the library versions,
     and a hash of the resolved config (equal hashes, same settings)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import hydra
     import torchrec
-    from importlib.metadata import PackageNotFoundError, version
 
     def installed(name: str) -> Optional[str]:
         try:
@@ -345,7 +346,7 @@ def run_summary(
     ``references``: the experiment's ``train.references`` (name, metric, value, source),
     each compared with ``final``; ``resumes``: the training's resumes, oldest first; ``data``:
     the source's read report (file sources), or None; ``freshness``: a continuous run's
-    progressive evaluations (``hybridrec.continuous.freshness_summary``), or None."""
+    progressive evaluations (``hybridrec.training.continuous.freshness_summary``), or None."""
     steps = len(losses)
     tail = losses[-max(1, steps // 10) :]
     train_loss = sum(tail) / len(tail)  # mean of the last 10% of steps

@@ -47,17 +47,23 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-from hybridrec.compat import (AgentFailureLogFilter, ExtensibleAgent, agent_kwargs, read_proc_state,
-                              stop_rendezvous_heartbeats)
+from hybridrec.base.compat import (
+    AgentFailureLogFilter,
+    ExtensibleAgent,
+    agent_kwargs,
+    read_proc_state,
+    stop_rendezvous_heartbeats,
+)
+from hybridrec.base.signals import Killed, signal_name
 from hybridrec.config import Device
-from hybridrec.config.validation import validate
-from hybridrec.distributed import Killed, as_launched_rank, signal_name, tie_forks_to_this_process
-from hybridrec.logs import JobLogging
-from hybridrec.devices import Cuda
-from hybridrec.errors import USER_ERROR_EXIT
-from hybridrec.rank import RankJob, run
+from hybridrec.parallel.devices import Cuda
+from hybridrec.parallel.distributed import as_launched_rank, tie_forks_to_this_process
+from hybridrec.reports.logs import JobLogging
+from hybridrec.run.errors import USER_ERROR_EXIT
+from hybridrec.run.rank import RankJob, run
+from hybridrec.run.validation import validate
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hybridrec.launch")  # its name before the packages: hydra.verbose keeps it
 RENDEZVOUS_TIMEOUT_S = 900  # how long nodes wait for each other: elastic_launch's join timeout
 
 
@@ -442,7 +448,7 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
                       monitor_interval=0.1)
     method = start_method(Cuda.probe())
     if method == "forkserver":
-        multiprocessing.set_forkserver_preload(["hybridrec.rank", fn.__module__, __name__])
+        multiprocessing.set_forkserver_preload(["hybridrec.run.rank", fn.__module__, __name__])
     # Ranks end at once on the agent's SIGTERM; one that does not (stopped, or in the kernel)
     # is killed after 5 s rather than torch's 30.
     agent = _Agent(spec, DefaultLogsSpecs(), start_method=method, beats=beats, silence_s=silence_s,

@@ -1,6 +1,6 @@
 """A run's output files as it goes: ``metrics.jsonl`` (and TensorBoard events), JSON files
 written whole, and ``report.png``, the loss and evaluation curves. (summary.json's schema is
-``hybridrec.summary``.)
+``hybridrec.reports.summary``.)
 
 A resumed run's outputs hold the whole training: every checkpoint carries the records of
 metrics.jsonl up to its step (``TrainState.history``), and a run resumed from it writes
@@ -14,7 +14,8 @@ import json
 import os
 from typing import Any, Optional
 
-from hybridrec.summary import ObjectiveBlock, ReferenceResult, RunSummary
+from hybridrec.reports.summary import ObjectiveBlock, ReferenceResult, RunSummary
+
 
 def write_json(path: str, obj: Any) -> None:
     """Write through a temporary file and rename, so a reader never sees half a file."""

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from hybridrec.compat import size_oblivious_export
+from hybridrec.base.compat import size_oblivious_export
 from hybridrec.models.sequential import SequenceRanker
 
 PROGRAM, ITEMS = "model.pt2", "item_vectors.pt"

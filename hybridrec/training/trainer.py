@@ -1,6 +1,6 @@
 """The trainer: builds data, model, parallelism and optimizers once; ``train()`` is the loop.
 
-``train_job`` is the rank job of ``python -m hybridrec.train`` (``hybridrec.rank.run`` runs
+``train_job`` is the rank job of ``python -m hybridrec.train`` (``hybridrec.run.rank.run`` runs
 it on every rank).
 """
 
@@ -18,20 +18,17 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrec import checkpoint
-from hybridrec.build import build, rank_batches
 from hybridrec.config import Logger
+from hybridrec.config.objective import Selection, keeps_best
+from hybridrec.config.objective import resolve as resolve_objective
 from hybridrec.config.schema import TrainSchedule
-from hybridrec.continuous import Serving, Stream, freshness_summary, progressive_metric
 from hybridrec.data import DataError, ReadReport
-from hybridrec.logs import Progress
-from hybridrec.metrics import format_eval
-from hybridrec.objective import Selection, keeps_best
-from hybridrec.objective import resolve as resolve_objective
-from hybridrec.optim import TrainOptimizer
-from hybridrec.profiling import comm_compute_split, peak_device_mb, peak_rss_mb, step_breakdown
-from hybridrec.runlog import MetricsLog, evaluations, plot_report, resumes, write_json
-from hybridrec.scoring import Evaluation, evaluate
-from hybridrec.summary import (
+from hybridrec.parallel.optim import TrainOptimizer
+from hybridrec.reports.logs import Progress
+from hybridrec.reports.metrics import format_eval
+from hybridrec.reports.profiling import comm_compute_split, peak_device_mb, peak_rss_mb, step_breakdown
+from hybridrec.reports.runlog import MetricsLog, evaluations, plot_report, resumes, write_json
+from hybridrec.reports.summary import (
     EvalRecord,
     Metrics,
     ObjectiveBlock,
@@ -44,8 +41,11 @@ from hybridrec.summary import (
     provenance,
     run_summary,
 )
+from hybridrec.training.build import build, rank_batches
+from hybridrec.training.continuous import Serving, Stream, freshness_summary, progressive_metric
+from hybridrec.training.scoring import Evaluation, evaluate
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hybridrec.trainer")  # its name before the packages: hydra.verbose keeps it
 
 
 class Trainer:
@@ -281,7 +281,7 @@ class Trainer:
 
     def objective_block(self, final: dict[str, Metrics]) -> Optional[ObjectiveBlock]:
         """summary.json's ``objective``; None without a validation split (the train loss). A
-        continuous run's is the mean progressive metric (``hybridrec.continuous``)."""
+        continuous run's is the mean progressive metric (``hybridrec.training.continuous``)."""
         if self.stream:
             return self.stream.objective(progressive_metric(self.cfg.train.objective))
         if not self.objective:
@@ -362,7 +362,7 @@ class Trainer:
 
     def evaluate(self, split: str = "eval", predictions: bool = False) -> Evaluation:
         """The metrics of the whole ``split`` (``eval`` = test, ``valid``) over every rank
-        (``hybridrec.scoring.evaluate``), and its predictions on rank 0 when asked."""
+        (``hybridrec.training.scoring.evaluate``), and its predictions on rank 0 when asked."""
         model = self.pipeline.detach()  # restores the model's own forward (no pipelining);
         # the pipeline re-attaches itself at the next progress()
         return evaluate(model, self.data, self.loss, self._batches(split), self.device, predictions)

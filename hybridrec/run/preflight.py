@@ -12,17 +12,17 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from hybridrec.build import model_for, plan_inputs
 from hybridrec.config import Device
-from hybridrec.config.validation import check_device, validate
 from hybridrec.data import build_source
 from hybridrec.data.source import Source
-from hybridrec.devices import Cuda
-from hybridrec.launch import already_launched, world_size
-from hybridrec.parallel_dims import ParallelDims, job_dims
-from hybridrec.sharding import plan_tables, sharders
+from hybridrec.parallel.devices import Cuda
+from hybridrec.parallel.parallel_dims import ParallelDims, job_dims
+from hybridrec.parallel.sharding import plan_tables, sharders
+from hybridrec.run.launch import already_launched, world_size
+from hybridrec.run.validation import check_device, validate
+from hybridrec.training.build import model_for, plan_inputs
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("hybridrec.preflight")  # its name before the packages: hydra.verbose keeps it
 
 
 def check_job(cfg: DictConfig) -> ParallelDims:
@@ -49,7 +49,7 @@ def plan_before_launch(cfg: DictConfig, dims: ParallelDims, data: Optional[Sourc
 
 def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool, data: Optional[Source] = None) -> dict[str, Any]:
     """Plan ``cfg``'s tables for the layout ``dims`` without any process group, as a rank
-    would (``hybridrec.build``), and return the plan report. ``detect``: take unset memory
+    would (``hybridrec.training.build``), and return the plan report. ``detect``: take unset memory
     sizes from this machine (the check before a run here) rather than TorchRec's defaults
     (planning for another cluster). ``data``: the source, when the caller has built it."""
     data = data or build_source(cfg.data, cfg.seed)
