@@ -65,11 +65,23 @@ from roofline import dense_flops_per_sample, sgemm_gflops
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-TINY = ["data.num_embeddings_per_feature=[500,200,100]", "model.embedding_dim=16",
-        "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]"]
-TINY_DENSE = ["model=dcn", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
-              "model.over_arch_layer_sizes=[64,1]", "model.dcn_num_layers=1", "model.dcn_low_rank_dim=8",
-              "data.num_embeddings_per_feature=[100,100]", "data.batch_size=64", "sharding=table_wise"]
+TINY = [
+    "data.num_embeddings_per_feature=[500,200,100]",
+    "model.embedding_dim=16",
+    "model.dense_arch_layer_sizes=[32,16]",
+    "model.over_arch_layer_sizes=[32,1]",
+]
+TINY_DENSE = [
+    "model=dcn",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[64,1]",
+    "model.dcn_num_layers=1",
+    "model.dcn_low_rank_dim=8",
+    "data.num_embeddings_per_feature=[100,100]",
+    "data.batch_size=64",
+    "sharding=table_wise",
+]
 
 
 @dataclasses.dataclass
@@ -111,47 +123,86 @@ BOTH = {"mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist", "base"]}
 PRESETS = {
     # 3 x (20 + 4 hybridrec runs + 2 reference runs) + profiles, dense memory, input:
     # ~30-35 min on 2 CPU cores (the input section: ~7 min).
-    "full": Preset(reps=3, steps=150, warmup=30, per_rank_batch=1024,
-                   world1={"sharding": ["auto"], **BOTH}, world_n={"sharding": SHARDINGS, **BOTH},
-                   profile=["ddp", "fsdp"], dense_memory_steps=8,
-                   input=dict(reps=3, tsv_rows=200_000, steps=12, train_steps=60), levers=list(LEVERS)),
+    "full": Preset(
+        reps=3,
+        steps=150,
+        warmup=30,
+        per_rank_batch=1024,
+        world1={"sharding": ["auto"], **BOTH},
+        world_n={"sharding": SHARDINGS, **BOTH},
+        profile=["ddp", "fsdp"],
+        dense_memory_steps=8,
+        input=dict(reps=3, tsv_rows=200_000, steps=12, train_steps=60),
+        levers=list(LEVERS),
+    ),
     # The default (fsdp) and ddp at both sizes beside the reference, every section of the
     # report: ~3 min on a quiet 2-core machine (6 min measured with the cores shared).
-    "quick": Preset(reps=2, steps=80, warmup=20, per_rank_batch=1024,
-                    world1={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
-                    world_n={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
-                    profile=[], dense_memory_steps=2,
-                    input=dict(reps=1, tsv_rows=50_000, steps=6, train_steps=40, quick=True, scale=4)),
+    "quick": Preset(
+        reps=2,
+        steps=80,
+        warmup=20,
+        per_rank_batch=1024,
+        world1={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
+        world_n={"sharding": ["auto"], "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
+        profile=[],
+        dense_memory_steps=2,
+        input=dict(reps=1, tsv_rows=50_000, steps=6, train_steps=40, quick=True, scale=4),
+    ),
     # One tiny configuration at 1 rank, to check the harness end to end and that its outputs
     # are well-formed (the test suite runs it): hybridrec, both references, a profiled run and
     # the roofline; no timings. The levers, dense-memory and input sections are checked on
     # their own by the test suite with the same tiny settings (SMOKE_SECTIONS).
-    "smoke": Preset(reps=1, steps=6, warmup=2, per_rank_batch=64, worlds=(1,), reference_worlds=(1,),
-                    world1={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
-                    world_n={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
-                    profile=["fsdp"], dense_memory_steps=0, input={}, overrides=TINY),
+    "smoke": Preset(
+        reps=1,
+        steps=6,
+        warmup=2,
+        per_rank_batch=64,
+        worlds=(1,),
+        reference_worlds=(1,),
+        world1={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
+        world_n={"sharding": ["auto"], "mesh": ["fsdp"], "train.pipeline": ["sparse_dist"]},
+        profile=["fsdp"],
+        dense_memory_steps=0,
+        input={},
+        overrides=TINY,
+    ),
     # hybridrec and the reference on every local GPU (worlds = (1, GPUs), set at start),
     # per-rank batch 8192: ctr's dense part is small, so a GPU needs large batches to have
     # work. 3 x (4 + 10 hybridrec runs + 2 reference runs) + 2 x 7 lever runs.
-    "gpu": Preset(reps=3, steps=400, warmup=50, per_rank_batch=8192, device="cuda", roofline=False,
-                  world1={"sharding": ["auto"], **BOTH},
-                  world_n={"sharding": SHARDINGS, "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
-                  profile=[], dense_memory_steps=0, input={}, levers_reps=2,
-                  levers=[n for n in LEVERS if n != "every core on every rank"],  # a CPU thread split
-                  notes=("Not run on GPUs: the profiled breakdown (it attributes host wall time, and on a GPU the "
-                         "host waits where the device falls behind, not where the work is), the dense roofline and "
-                         "the dense-heavy case (their probes measure the CPU), the input pipeline (host-side; "
-                         "`make bench-quick` measures it). The levers leave out the CPU thread split.",
-                         "Both tools build the synthetic batches on each rank's host thread "
-                         "(`data.num_workers=0`): at this batch the host's input cost can bound both alike.")),
+    "gpu": Preset(
+        reps=3,
+        steps=400,
+        warmup=50,
+        per_rank_batch=8192,
+        device="cuda",
+        roofline=False,
+        world1={"sharding": ["auto"], **BOTH},
+        world_n={"sharding": SHARDINGS, "mesh": ["ddp", "fsdp"], "train.pipeline": ["sparse_dist"]},
+        profile=[],
+        dense_memory_steps=0,
+        input={},
+        levers_reps=2,
+        levers=[n for n in LEVERS if n != "every core on every rank"],  # a CPU thread split
+        notes=(
+            "Not run on GPUs: the profiled breakdown (it attributes host wall time, and on a GPU the "
+            "host waits where the device falls behind, not where the work is), the dense roofline and "
+            "the dense-heavy case (their probes measure the CPU), the input pipeline (host-side; "
+            "`make bench-quick` measures it). The levers leave out the CPU thread split.",
+            "Both tools build the synthetic batches on each rank's host thread "
+            "(`data.num_workers=0`): at this batch the host's input cost can bound both alike.",
+        ),
+    ),
 }
 
 
 # The other sections at the smoke preset's size, for their own tests.
-SMOKE_SECTIONS = dict(levers=["default", "every core on every rank"], levers_reps=1, dense_memory_steps=1,
-                      dense_memory_model=TINY_DENSE,
-                      input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16,
-                                 train_overrides=tuple(TINY)))
+SMOKE_SECTIONS = dict(
+    levers=["default", "every core on every rank"],
+    levers_reps=1,
+    dense_memory_steps=1,
+    dense_memory_model=TINY_DENSE,
+    input=dict(reps=1, tsv_rows=4096, steps=2, train_steps=12, quick=True, scale=16, train_overrides=tuple(TINY)),
+)
 
 
 def cuda_problem() -> str | None:
@@ -187,10 +238,24 @@ def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), swee
     sweep_dir = os.path.join(out, "raw", tag)
     if os.path.exists(sweep_dir):  # a previous suite's runs: Hydra would add to them
         shutil.rmtree(sweep_dir)
-    cmd = [sys.executable, "-m", "hybridrec.train", "-m", "+experiment=ctr", *swept,
-           f"launcher.nproc_per_node={world}", f"data.batch_size={p.per_rank_batch * world}",
-           f"train.steps={p.steps}", f"train.log_every={p.warmup}", "data.eval_batches=1", *_device(p),
-           *p.overrides, *extra, f"hydra.sweep.dir={sweep_dir}", "hydra.sweep.subdir=${hydra.job.num}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridrec.train",
+        "-m",
+        "+experiment=ctr",
+        *swept,
+        f"launcher.nproc_per_node={world}",
+        f"data.batch_size={p.per_rank_batch * world}",
+        f"train.steps={p.steps}",
+        f"train.log_every={p.warmup}",
+        "data.eval_batches=1",
+        *_device(p),
+        *p.overrides,
+        *extra,
+        f"hydra.sweep.dir={sweep_dir}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+    ]
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
     run_logged(cmd, os.path.join(out, "raw", f"{tag}.log"))
     records = []
@@ -206,16 +271,28 @@ def sweep(p: Preset, world: int, rep: int, out: str, extra: list[str] = (), swee
     return records
 
 
-def single(p: Preset, world: int, rep: int, out: str, tag: str, overrides: list[str],
-           per_rank_batch: int | None = None) -> dict:
+def single(
+    p: Preset, world: int, rep: int, out: str, tag: str, overrides: list[str], per_rank_batch: int | None = None
+) -> dict:
     """One run of hybridrec at ``world`` ranks with ``overrides`` on top of the suite's."""
     run_dir = os.path.join(out, "raw", f"rep{rep}_world{world}_{tag}")
     if os.path.exists(run_dir):
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", f"launcher.nproc_per_node={world}",
-           f"data.batch_size={(per_rank_batch or p.per_rank_batch) * world}", f"train.steps={p.steps}",
-           f"train.log_every={p.warmup}", "data.eval_batches=1", *_device(p), *p.overrides, *overrides,
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridrec.train",
+        "+experiment=ctr",
+        f"launcher.nproc_per_node={world}",
+        f"data.batch_size={(per_rank_batch or p.per_rank_batch) * world}",
+        f"train.steps={p.steps}",
+        f"train.log_every={p.warmup}",
+        "data.eval_batches=1",
+        *_device(p),
+        *p.overrides,
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
     os.makedirs(os.path.join(out, "raw"), exist_ok=True)
     run_logged(cmd, f"{run_dir}.log")
     return _record(run_dir, rep, out, p.warmup)
@@ -266,14 +343,32 @@ def reference(p: Preset, world: int, rep: int, out: str, tag: str = "", kind: st
     common.REFERENCE_KINDS (its input: hybridrec's batches, or pre-generated ones)."""
     name = kind + (f"_{tag}" if tag else "")
     path = os.path.join(out, "raw", f"rep{rep}_world{world}_{name}.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           os.path.join(HERE, "reference_torchrec.py"), f"--steps={p.steps}", f"--warmup={p.warmup}",
-           f"--out={path}", f"--device={p.device or 'auto'}", f"--input={REFERENCE_KINDS[kind]}",
-           f"data.batch_size={p.per_rank_batch * world}", *p.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        os.path.join(HERE, "reference_torchrec.py"),
+        f"--steps={p.steps}",
+        f"--warmup={p.warmup}",
+        f"--out={path}",
+        f"--device={p.device or 'auto'}",
+        f"--input={REFERENCE_KINDS[kind]}",
+        f"data.batch_size={p.per_rank_batch * world}",
+        *p.overrides,
+    ]
     run_logged(cmd, path.replace(".json", ".log"))
     r = json.load(open(path))
-    return {"kind": kind, "rep": rep, "sharding": "torchrec planner", "dense": "ddp",
-            "pipeline": "sparse_dist", **r, "run_dir": os.path.relpath(path, out)}
+    return {
+        "kind": kind,
+        "rep": rep,
+        "sharding": "torchrec planner",
+        "dense": "ddp",
+        "pipeline": "sparse_dist",
+        **r,
+        "run_dir": os.path.relpath(path, out),
+    }
 
 
 def main() -> None:
@@ -281,12 +376,19 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
     parser.add_argument("--reps", type=int, help="repetitions (default: the preset's)")
     parser.add_argument("--steps", type=int, help="steps per run (default: the preset's)")
-    parser.add_argument("--out", help="default: benchmarks/results for the full suite, "
-                                          "outputs/bench-<preset> for the others")
+    parser.add_argument(
+        "--out", help="default: benchmarks/results for the full suite, outputs/bench-<preset> for the others"
+    )
     args = parser.parse_args()
     if args.out is None:  # a quick or smoke run never overwrites the committed full report
-        args.out = os.path.join(HERE, "results") if args.preset == "full" else os.path.join(ROOT, "outputs", f"bench-{args.preset}")
-    p = dataclasses.replace(PRESETS[args.preset], **{k: v for k, v in (("reps", args.reps), ("steps", args.steps)) if v})
+        args.out = (
+            os.path.join(HERE, "results")
+            if args.preset == "full"
+            else os.path.join(ROOT, "outputs", f"bench-{args.preset}")
+        )
+    p = dataclasses.replace(
+        PRESETS[args.preset], **{k: v for k, v in (("reps", args.reps), ("steps", args.steps)) if v}
+    )
     if not 1 <= p.warmup < p.steps:
         parser.error(f"steps ({p.steps}) must exceed the warm-up ({p.warmup})")
     if p.device == "cuda":  # before anything runs: one line, no traceback
@@ -295,24 +397,42 @@ def main() -> None:
         import torch
 
         p = on_local_gpus(p, torch.cuda.device_count())
-        print(f"bench: {torch.cuda.device_count()} x {torch.cuda.get_device_name()}, world sizes {p.worlds}"
-              + ("" if len(p.worlds) > 1 else " (one GPU: the 1-rank comparison only)"), flush=True)
+        print(
+            f"bench: {torch.cuda.device_count()} x {torch.cuda.get_device_name()}, world sizes {p.worlds}"
+            + ("" if len(p.worlds) > 1 else " (one GPU: the 1-rank comparison only)"),
+            flush=True,
+        )
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     res: dict[str, Any] = {
         "schema_version": 1,
-        "suite": {"preset": args.preset, **{k: v for k, v in dataclasses.asdict(p).items()},
-                  "warmup_steps": p.warmup,
-                  "command": " ".join(["python", "benchmarks/bench.py", *sys.argv[1:]]),
-                  "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")},
+        "suite": {
+            "preset": args.preset,
+            **{k: v for k, v in dataclasses.asdict(p).items()},
+            "warmup_steps": p.warmup,
+            "command": " ".join(["python", "benchmarks/bench.py", *sys.argv[1:]]),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        },
         "machine": machine(),
         "runs": [],
     }
-    sections = [f"{p.reps} repetition(s) of hybridrec and the references at {' and '.join(map(str, p.worlds))} "
-                f"rank(s)"] + [name for name, on in (("profiled runs", p.profile), ("levers", p.levers),
-                                                      ("dense memory", p.dense_memory_steps), ("input pipeline", p.input)) if on]
-    print(f"bench: {args.preset} preset: {'; '.join(sections)}; each run's log under {out}/raw; "
-          f"Ctrl-C writes a partial report", flush=True)
+    sections = [
+        f"{p.reps} repetition(s) of hybridrec and the references at {' and '.join(map(str, p.worlds))} rank(s)"
+    ] + [
+        name
+        for name, on in (
+            ("profiled runs", p.profile),
+            ("levers", p.levers),
+            ("dense memory", p.dense_memory_steps),
+            ("input pipeline", p.input),
+        )
+        if on
+    ]
+    print(
+        f"bench: {args.preset} preset: {'; '.join(sections)}; each run's log under {out}/raw; "
+        f"Ctrl-C writes a partial report",
+        flush=True,
+    )
     started = time.time()
     # The machine's load while the suite runs: other work on the cores slows every number.
     with LoadAverage() as load:
@@ -322,8 +442,11 @@ def main() -> None:
             res["suite"]["interrupted"] = f"stopped by the user after {(time.time() - started) / 60:.1f} min"
             print(f"\nbench: {res['suite']['interrupted']}: writing a partial report", flush=True)
     samples = load.samples or [os.getloadavg()[0]]
-    res["machine"]["load_average"] = {"median": statistics.median(samples), "max": max(samples),
-                                      "cores": os.cpu_count()}
+    res["machine"]["load_average"] = {
+        "median": statistics.median(samples),
+        "max": max(samples),
+        "cores": os.cpu_count(),
+    }
     res["suite"]["duration_s"] = time.time() - started
     write_results(res, out)
     if res["suite"].get("interrupted"):
@@ -346,7 +469,9 @@ def measure(p: Preset, out: str, res: dict[str, Any], started: float) -> None:
             # hybridrec and the reference back to back, the order swapped every other repetition
             steps = [("hybridrec", lambda: sweep(p, world, rep, out))]
             if world in p.reference_worlds:
-                steps += [(kind, lambda kind=kind: [reference(p, world, rep, out, kind=kind)]) for kind in REFERENCE_KINDS]
+                steps += [
+                    (kind, lambda kind=kind: [reference(p, world, rep, out, kind=kind)]) for kind in REFERENCE_KINDS
+                ]
             for name, step in steps[:: -1 if rep % 2 else 1]:
                 progress(started, f"rep {rep + 1}/{p.reps}, {world} rank(s): {name}")
                 for r in step():
@@ -356,9 +481,19 @@ def measure(p: Preset, out: str, res: dict[str, Any], started: float) -> None:
     res["profile"] = []
     if p.profile:  # separate runs, not timed: the profiler slows the steps it records
         progress(started, "profiled runs")
-        window = ["profile.enabled=true", f"profile.start_step={p.warmup}", f"profile.steps={min(10, p.steps - p.warmup)}"]
-        for r in sweep(p, p.worlds[-1], 0, out, extra=window,
-                       sweep_values={"sharding": ["auto"], "mesh": p.profile, "train.pipeline": ["sparse_dist"]}):
+        window = [
+            "profile.enabled=true",
+            f"profile.start_step={p.warmup}",
+            f"profile.steps={min(10, p.steps - p.warmup)}",
+        ]
+        for r in sweep(
+            p,
+            p.worlds[-1],
+            0,
+            out,
+            extra=window,
+            sweep_values={"sharding": ["auto"], "mesh": p.profile, "train.pipeline": ["sparse_dist"]},
+        ):
             r["profiled"] = True
             runs.append(r)
             res["profile"].append({"dense": r["dense"], "profile": r["profile"], "run_dir": r["run_dir"]})
@@ -369,18 +504,26 @@ def measure(p: Preset, out: str, res: dict[str, Any], started: float) -> None:
         res["levers"] = levers.measure(p, out, p.levers_reps, single, reference, names=p.levers)
     if p.roofline:
         sgemm.append(sgemm_gflops(rows=p.per_rank_batch))
-        res["roofline"] = {"sgemm_gflops": sgemm, "sgemm_gflops_median": statistics.median(sgemm),
-                           "gemm": f"float32 {p.per_rank_batch} x 512 @ 512 x 512, {os.cpu_count()} threads",
-                           "flops_per_sample": dense_flops_per_sample(["+experiment=ctr", *p.overrides])}
+        res["roofline"] = {
+            "sgemm_gflops": sgemm,
+            "sgemm_gflops_median": statistics.median(sgemm),
+            "gemm": f"float32 {p.per_rank_batch} x 512 @ 512 x 512, {os.cpu_count()} threads",
+            "flops_per_sample": dense_flops_per_sample(["+experiment=ctr", *p.overrides]),
+        }
     if p.dense_memory_steps:
         import dense_memory
 
         progress(started, "dense memory: DDP against FSDP2 on the dense-heavy model")
         model = p.dense_memory_model or dense_memory.MODEL
         ranks = dense_memory.run(p.dense_memory_steps, p.reps, model)
-        res["dense_memory"] = {"steps": p.dense_memory_steps, "reps": p.reps, "numel": ranks["ddp"][0]["numel"],
-                               "ranks": ranks, "flops_per_sample": dense_flops_per_sample(model),
-                               "fsdp_over_ddp": max(dense_memory.totals(ranks)["fsdp"]) / max(dense_memory.totals(ranks)["ddp"])}
+        res["dense_memory"] = {
+            "steps": p.dense_memory_steps,
+            "reps": p.reps,
+            "numel": ranks["ddp"][0]["numel"],
+            "ranks": ranks,
+            "flops_per_sample": dense_flops_per_sample(model),
+            "fsdp_over_ddp": max(dense_memory.totals(ranks)["fsdp"]) / max(dense_memory.totals(ranks)["ddp"]),
+        }
     if p.input:
         import input_scaling
 
@@ -396,8 +539,9 @@ def write_results(res: dict[str, Any], out: str) -> None:
     if not res["runs"]:
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(res, f, indent=1)
-        sys.exit(f"bench: {res['suite'].get('interrupted', 'stopped')}: no run finished, no report "
-                 f"(results.json in {out})")
+        sys.exit(
+            f"bench: {res['suite'].get('interrupted', 'stopped')}: no run finished, no report (results.json in {out})"
+        )
     configs = summarize(res["runs"], res["roofline"])
     res.update(configs=configs, scaling=scaling(configs), answers=answers(configs))
     with open(os.path.join(out, "results.json"), "w") as f:

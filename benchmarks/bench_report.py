@@ -14,10 +14,19 @@ from typing import Any
 
 from common import REFERENCE_KINDS, SHARDINGS, config_key, config_name, ranks_label
 
-REPORT_SECTIONS = ["## Machine and method", "## Answers", "## Throughput and ratio vs reference",
-                   "## Memory per rank", "## Weak scaling", "## Where the time goes (profiled)",
-                   "## Communication share (profiled)", "## Levers", "## Dense-heavy case: DDP vs FSDP2",
-                   "## Input pipeline", "## Charts"]
+REPORT_SECTIONS = [
+    "## Machine and method",
+    "## Answers",
+    "## Throughput and ratio vs reference",
+    "## Memory per rank",
+    "## Weak scaling",
+    "## Where the time goes (profiled)",
+    "## Communication share (profiled)",
+    "## Levers",
+    "## Dense-heavy case: DDP vs FSDP2",
+    "## Input pipeline",
+    "## Charts",
+]
 CHARTS = ["throughput_by_strategy.png", "memory_per_rank.png", "reference_ratio.png", "scaling.png"]
 
 
@@ -38,15 +47,22 @@ def summarize(runs: list[dict], roofline: dict | None = None) -> list[dict]:
         if not r.get("profiled"):
             by_key.setdefault(config_key(r), []).append(r)
     # (kind, world) -> rep -> rate, for both references
-    refs = {(k[0], k[1]): {r["rep"]: r["samples_per_second"] for r in v}
-            for k, v in by_key.items() if k[0] in REFERENCE_KINDS}
+    refs = {
+        (k[0], k[1]): {r["rep"]: r["samples_per_second"] for r in v}
+        for k, v in by_key.items()
+        if k[0] in REFERENCE_KINDS
+    }
     configs = []
     for key, rs in by_key.items():
         rates = [r["samples_per_second"] for r in rs]
         ranks = len(rs[0]["peak_rss_mb"])
         c = {
             "name": config_name(key),
-            "kind": key[0], "world_size": key[1], "sharding": key[2], "dense": key[3], "pipeline": key[4],
+            "kind": key[0],
+            "world_size": key[1],
+            "sharding": key[2],
+            "dense": key[3],
+            "pipeline": key[4],
             "reps": len(rs),
             "rates": rates,
             "median_samples_per_second": statistics.median(rates),
@@ -65,14 +81,19 @@ def summarize(runs: list[dict], roofline: dict | None = None) -> list[dict]:
         if rs[0].get("compute_kernels"):  # (recorded since the gpu preset; table -> kernel)
             c["compute_kernels"] = sorted(set(rs[0]["compute_kernels"].values()))
         if rs[0].get("peak_device_allocated_mb"):  # GPU runs that record it
-            c["peak_device_allocated_mb"] = [statistics.median(r["peak_device_allocated_mb"][i] for r in rs)
-                                             for i in range(ranks)]
+            c["peak_device_allocated_mb"] = [
+                statistics.median(r["peak_device_allocated_mb"][i] for r in rs) for i in range(ranks)
+            ]
         for kind in REFERENCE_KINDS:
             ref = refs.get((kind, key[1]), {})
             ratios = [r["samples_per_second"] / ref[r["rep"]] for r in rs if r["rep"] in ref]
             if ratios:
-                c[f"ratio_vs_{kind}"] = {"per_rep": ratios, "median": statistics.median(ratios),
-                                         "min": min(ratios), "max": max(ratios)}
+                c[f"ratio_vs_{kind}"] = {
+                    "per_rep": ratios,
+                    "median": statistics.median(ratios),
+                    "min": min(ratios),
+                    "max": max(ratios),
+                }
         if roofline:
             c["dense_roofline"] = roofline_fraction(c["median_samples_per_second"], roofline)
         configs.append(c)
@@ -94,8 +115,16 @@ def scaling(configs: list[dict]) -> list[dict]:
         base = one.get((c["kind"], c["dense"], c["pipeline"]))
         if n > 1 and c["world_size"] == n and base and c["sharding"] in ("auto", "torchrec planner"):
             sn, s1 = c["median_samples_per_second"], base["median_samples_per_second"]
-            out.append({"name": c["name"].split(" · ", 1)[1], "world_size": n, "samples_per_second_1": s1,
-                        "samples_per_second_n": sn, "speedup": sn / s1, "efficiency": sn / (n * s1)})
+            out.append(
+                {
+                    "name": c["name"].split(" · ", 1)[1],
+                    "world_size": n,
+                    "samples_per_second_1": s1,
+                    "samples_per_second_n": sn,
+                    "speedup": sn / s1,
+                    "efficiency": sn / (n * s1),
+                }
+            )
     return out
 
 
@@ -107,7 +136,9 @@ def answers(configs: list[dict]) -> dict[str, Any]:
     if not hyb:
         return {}
     best = max(hyb, key=lambda c: c["median_samples_per_second"])
-    default = next((c for c in hyb if (c["sharding"], c["dense"], c["pipeline"]) == ("auto", "fsdp", "sparse_dist")), None)
+    default = next(
+        (c for c in hyb if (c["sharding"], c["dense"], c["pipeline"]) == ("auto", "fsdp", "sparse_dist")), None
+    )
     ddp = [c for c in hyb if c["dense"] == "ddp" and c["pipeline"] == "sparse_dist" and "ratio_vs_reference" in c]
     ddp_auto = next((c for c in ddp if c["sharding"] == "auto"), None)
     a: dict[str, Any] = {"fastest": best["name"], "fastest_samples_per_second": best["median_samples_per_second"]}
@@ -118,10 +149,14 @@ def answers(configs: list[dict]) -> dict[str, Any]:
         a["target_default_within_5pct"] = behind <= 0.05
     # memory split: the default's peak per rank, and the configuration with the most even split
     balanced = min(hyb, key=lambda c: max(c["peak_rss_mb"]) / min(c["peak_rss_mb"]))
-    a["memory"] = {"default": default["peak_rss_mb"] if default else None,
-                   "default_estimate": [h + d for h, d in zip(default["est_host_mb"], default["est_device_mb"])]
-                   if default else None,
-                   "most_even": balanced["name"], "most_even_peak_rss_mb": balanced["peak_rss_mb"]}
+    a["memory"] = {
+        "default": default["peak_rss_mb"] if default else None,
+        "default_estimate": [h + d for h, d in zip(default["est_host_mb"], default["est_device_mb"])]
+        if default
+        else None,
+        "most_even": balanced["name"],
+        "most_even_peak_rss_mb": balanced["peak_rss_mb"],
+    }
     if ddp_auto:
         r = ddp_auto["ratio_vs_reference"]
         a["ddp_vs_reference"] = {"config": ddp_auto["name"], **{k: r[k] for k in ("median", "min", "max")}}
@@ -144,9 +179,12 @@ def answers(configs: list[dict]) -> dict[str, Any]:
             rated = [c for c in configs if c["world_size"] == world and c["kind"] == "hybridrec" and key in c]
             if rated:
                 top = max(rated, key=lambda c: c["median_samples_per_second"])
-                a[f"fastest_vs_{kind}"][str(world)] = {"config": top["name"], "reps": len(top[key]["per_rep"]),
-                                                       **{k: top[key][k] for k in ("median", "min", "max")},
-                                                       "target_met": top[key]["median"] >= 1.05}
+                a[f"fastest_vs_{kind}"][str(world)] = {
+                    "config": top["name"],
+                    "reps": len(top[key]["per_rep"]),
+                    **{k: top[key][k] for k in ("median", "min", "max")},
+                    "target_met": top[key]["median"] >= 1.05,
+                }
     return a
 
 
@@ -166,23 +204,34 @@ def report(res: dict[str, Any]) -> str:
         gpu += f" (CUDA {m['cuda']})"
     # the ranks' device: the runs' own record (older results: cuda whenever torch saw a GPU,
     # as hybridrec's launcher.device=auto and the reference pick)
-    devices = sorted({r["device"].split(":")[0] for r in res["runs"] if r.get("device")}) or \
-        ["cuda" if m["gpu"] else "cpu"]
+    devices = sorted({r["device"].split(":")[0] for r in res["runs"] if r.get("device")}) or [
+        "cuda" if m["gpu"] else "cpu"
+    ]
     L = [
         "# Benchmark report",
         "",
         f"`{s['command']}` ({s['preset']} preset), {s['date']}, {s['duration_s'] / 60:.1f} min.",
         "",
-        *([f"**Partial: {s['interrupted']}.** The sections below hold what finished; a configuration or "
-           "section that did not is missing, and a repetition cut short leaves fewer repetitions.", ""]
-          if s.get("interrupted") else []),
+        *(
+            [
+                f"**Partial: {s['interrupted']}.** The sections below hold what finished; a configuration or "
+                "section that did not is missing, and a repetition cut short leaves fewer repetitions.",
+                "",
+            ]
+            if s.get("interrupted")
+            else []
+        ),
         "## Machine and method",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {gpu}; Python {m['python']}, torch {m['torch']}, "
         f"torchrec {m['torchrec']}, fbgemm-gpu {m['fbgemm_gpu']}, Hydra {m['hydra']}."
-        + (f" The 1-minute load average while it ran: median {m['load_average']['median']:.1f}, max "
-           f"{m['load_average']['max']:.1f} ({m['load_average']['cores']} cores: more than one training process's "
-           "worth means other work shared them)." if m.get("load_average") else ""),
+        + (
+            f" The 1-minute load average while it ran: median {m['load_average']['median']:.1f}, max "
+            f"{m['load_average']['max']:.1f} ({m['load_average']['cores']} cores: more than one training process's "
+            "worth means other work shared them)."
+            if m.get("load_average")
+            else ""
+        ),
         f"- `ctr` experiment (DLRM, 64-dim tables, Adagrad), per-rank batch {s['per_rank_batch']} (global = "
         f"per-rank x ranks: weak scaling). {s['steps']} steps per run; the first {s['warmup_steps']} (tracing, "
         f"pipeline fill, lazy init) are excluded from the rate; {s['reps']} repetitions, alternating: every "
@@ -199,135 +248,194 @@ def report(res: dict[str, Any]) -> str:
         "- Every run's resolved config, overrides and raw numbers are in `results.json`.",
     ]
     if "cuda" in devices:
-        kernels = {kind: sorted({k for c in configs if c["kind"] == kind for k in c.get("compute_kernels", [])})
-                   for kind in ("hybridrec", "reference")}
-        L.append(f"- Ranks on {', '.join(devices)}: one GPU per rank, NCCL. Embedding kernels the planners chose: "
-                 f"hybridrec {', '.join(kernels['hybridrec']) or 'not recorded'}; reference "
-                 f"{', '.join(kernels['reference']) or 'not recorded'}. Step times are host wall time: on a GPU "
-                 "the host runs ahead of the device; samples/s are timed between synchronizing collectives.")
+        kernels = {
+            kind: sorted({k for c in configs if c["kind"] == kind for k in c.get("compute_kernels", [])})
+            for kind in ("hybridrec", "reference")
+        }
+        L.append(
+            f"- Ranks on {', '.join(devices)}: one GPU per rank, NCCL. Embedding kernels the planners chose: "
+            f"hybridrec {', '.join(kernels['hybridrec']) or 'not recorded'}; reference "
+            f"{', '.join(kernels['reference']) or 'not recorded'}. Step times are host wall time: on a GPU "
+            "the host runs ahead of the device; samples/s are timed between synchronizing collectives."
+        )
     if any(r.get("dense_ran") == "single" != r["dense"] for r in res["runs"]):
-        L.append("- On 1 rank, `mesh=fsdp` and `mesh=ddp` both run the dense part unwrapped (no peer to shard or "
-                 "reduce with: `parallelize.dense_mode`); their 1-rank rows measure the same program twice.")
+        L.append(
+            "- On 1 rank, `mesh=fsdp` and `mesh=ddp` both run the dense part unwrapped (no peer to shard or "
+            "reduce with: `parallelize.dense_mode`); their 1-rank rows measure the same program twice."
+        )
     L += [f"- {note}" for note in s.get("notes", [])]
     if devices == ["cpu"] and m["cores"] and m["cores"] <= n:
-        L.append(f"- On {m['cores']} cores, {n} ranks share the cores one rank uses: {n} ranks add communication, "
-                 f"not compute. Read the {n}-rank numbers as distributed overhead.")
+        L.append(
+            f"- On {m['cores']} cores, {n} ranks share the cores one rank uses: {n} ranks add communication, "
+            f"not compute. Read the {n}-rank numbers as distributed overhead."
+        )
     a = res["answers"]
     L += ["", "## Answers", ""]
     if a:
-        L.append(f"- Fastest at {ranks_label(n)}: **{a['fastest']}** ({a['fastest_samples_per_second']:,.0f} samples/s).")
+        L.append(
+            f"- Fastest at {ranks_label(n)}: **{a['fastest']}** ({a['fastest_samples_per_second']:,.0f} samples/s)."
+        )
         if "default" in a:
             verdict = "meets" if a["target_default_within_5pct"] else "misses"
-            L.append(f"- Default (`{a['default']}`) is {a['default_behind_fastest_pct']:.1f}% behind the fastest: "
-                     f"{verdict} the target (<= 5%).")
+            L.append(
+                f"- Default (`{a['default']}`) is {a['default_behind_fastest_pct']:.1f}% behind the fastest: "
+                f"{verdict} the target (<= 5%)."
+            )
         if "ddp_vs_reference" in a:
             d = a["ddp_vs_reference"]
             verdict = "meets" if a["target_ddp_at_least_reference"] else "misses"
-            L.append(f"- hybridrec `ddp` vs the hand-written TorchRec loop: {d['median']:.3f}x "
-                     f"({d['min']:.3f} - {d['max']:.3f} over repetitions): {verdict} the target (>= 1.0x).")
+            L.append(
+                f"- hybridrec `ddp` vs the hand-written TorchRec loop: {d['median']:.3f}x "
+                f"({d['min']:.3f} - {d['max']:.3f} over repetitions): {verdict} the target (>= 1.0x)."
+            )
         if "default_vs_reference" in a:
             d = a["default_vs_reference"]
             verdict = "meets" if a["target_default_at_least_reference"] else "misses"
-            L.append(f"- Default vs the hand-written TorchRec loop at {ranks_label(n)}: {d['median']:.3f}x "
-                     f"({d['min']:.3f} - {d['max']:.3f}): {verdict} the target (>= 1.0x).")
+            L.append(
+                f"- Default vs the hand-written TorchRec loop at {ranks_label(n)}: {d['median']:.3f}x "
+                f"({d['min']:.3f} - {d['max']:.3f}): {verdict} the target (>= 1.0x)."
+            )
         for kind, label in (("reference", "the reference"), ("pregenerated", "the pre-generated-batch reference")):
             for world, d in a.get(f"fastest_vs_{kind}", {}).items():
                 verdict = "meets" if d["target_met"] else "misses"
-                L.append(f"- Fastest at {ranks_label(int(world))} vs {label}: `{d['config']}` "
-                         f"{d['median']:.3f}x ({d['min']:.3f} - {d['max']:.3f}, {d['reps']} repetitions): {verdict} "
-                         "the target (>= 1.05x).")
+                L.append(
+                    f"- Fastest at {ranks_label(int(world))} vs {label}: `{d['config']}` "
+                    f"{d['median']:.3f}x ({d['min']:.3f} - {d['max']:.3f}, {d['reps']} repetitions): {verdict} "
+                    "the target (>= 1.05x)."
+                )
         for name, key in (("hybridrec `ddp`", "ddp_vs_pregenerated"), ("Default", "default_vs_pregenerated")):
             if key in a:
                 d = a[key]
-                L.append(f"- {name} vs the pre-generated-batch reference at {ranks_label(n)}: {d['median']:.3f}x "
-                         f"({d['min']:.3f} - {d['max']:.3f}).")
+                L.append(
+                    f"- {name} vs the pre-generated-batch reference at {ranks_label(n)}: {d['median']:.3f}x "
+                    f"({d['min']:.3f} - {d['max']:.3f})."
+                )
     if "memory" in a:
         mem = a["memory"]
         if mem["default"]:
-            L.append(f"- Memory per rank, default: peak RSS {_rank_list(mem['default'])} MB (planner estimate for "
-                     f"the tables {_rank_list(mem['default_estimate'])} MB); most even split: {mem['most_even']} "
-                     f"({_rank_list(mem['most_even_peak_rss_mb'])} MB).")
+            L.append(
+                f"- Memory per rank, default: peak RSS {_rank_list(mem['default'])} MB (planner estimate for "
+                f"the tables {_rank_list(mem['default_estimate'])} MB); most even split: {mem['most_even']} "
+                f"({_rank_list(mem['most_even_peak_rss_mb'])} MB)."
+            )
     if res["scaling"]:  # the default mode's scaling when measured
         sc = next((x for x in res["scaling"] if x["name"] == "auto · fsdp · sparse_dist"), res["scaling"][0])
-        L.append(f"- Scaling 1 -> {n} ranks ({sc['name']}): {sc['speedup']:.2f}x throughput "
-                 f"(efficiency {sc['efficiency']:.0%} of ideal {n}x); see Weak scaling.")
+        L.append(
+            f"- Scaling 1 -> {n} ranks ({sc['name']}): {sc['speedup']:.2f}x throughput "
+            f"(efficiency {sc['efficiency']:.0%} of ideal {n}x); see Weak scaling."
+        )
     rf = res.get("roofline")
     L += ["", "## Throughput and ratio vs reference", ""]
     if rf:
-        L += [f"Dense roofline: the dense part does {rf['flops_per_sample'] / 1e6:.2f} MFLOP per sample (forward + "
-              f"backward, torch's FlopCounterMode); the machine's sgemm rate ({rf['gemm']}) was "
-              f"{_rank_list(rf['sgemm_gflops'], '{:.1f}')} GFLOP/s at the start and end of the run. Dense roofline = "
-              "samples/s x FLOPs per sample / the median rate: the share of the machine's dense arithmetic "
-              "the mode turns into training.", ""]
+        L += [
+            f"Dense roofline: the dense part does {rf['flops_per_sample'] / 1e6:.2f} MFLOP per sample (forward + "
+            f"backward, torch's FlopCounterMode); the machine's sgemm rate ({rf['gemm']}) was "
+            f"{_rank_list(rf['sgemm_gflops'], '{:.1f}')} GFLOP/s at the start and end of the run. Dense roofline = "
+            "samples/s x FLOPs per sample / the median rate: the share of the machine's dense arithmetic "
+            "the mode turns into training.",
+            "",
+        ]
     else:
         L += ["Dense roofline: not measured in this preset.", ""]
-    L += ["| configuration | samples/s (median) | min - max | step p50 / p95 ms | vs reference | "
-          "vs pre-generated | dense roofline |",
-          "|---|---:|---:|---:|---:|---:|---:|"]
+    L += [
+        "| configuration | samples/s (median) | min - max | step p50 / p95 ms | vs reference | "
+        "vs pre-generated | dense roofline |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in configs:
         ratios = []
         for kind in REFERENCE_KINDS:
             r = c.get(f"ratio_vs_{kind}")
             ratios.append(f"{r['median']:.3f} ({r['min']:.3f} - {r['max']:.3f})" if r else "-")
         roof = f"{roofline_fraction(c['median_samples_per_second'], rf):.0%}" if rf else "-"
-        L.append(f"| {c['name']} | {c['median_samples_per_second']:,.0f} | {c['min_samples_per_second']:,.0f} - "
-                 f"{c['max_samples_per_second']:,.0f} | {c['step_time_p50_ms']:.1f} / {c['step_time_p95_ms']:.1f} | "
-                 f"{' | '.join(ratios)} | {roof} |")
+        L.append(
+            f"| {c['name']} | {c['median_samples_per_second']:,.0f} | {c['min_samples_per_second']:,.0f} - "
+            f"{c['max_samples_per_second']:,.0f} | {c['step_time_p50_ms']:.1f} / {c['step_time_p95_ms']:.1f} | "
+            f"{' | '.join(ratios)} | {roof} |"
+        )
     # GPU runs: torch's peak allocated device memory per rank, when the runs recorded it
     device_mem = any("peak_device_allocated_mb" in c for c in configs)
-    L += ["", "## Memory per rank", "",
-          "Peak RSS per rank (median over repetitions) beside the planner's estimate for the tables it "
-          "placed (host MB on CPU; the rest of RSS is the runtime, dense model, buffers and batches)."
-          + (" On GPU: the estimate is device memory, beside torch's peak allocated device memory." if device_mem
-             else ""), "",
-          "| configuration | sharding chosen (x shards per table) | peak RSS MB per rank | planner estimate MB per rank |"
-          + (" peak device allocated MB per rank |" if device_mem else ""),
-          "|---|---|---|---|" + ("---|" if device_mem else "")]
+    L += [
+        "",
+        "## Memory per rank",
+        "",
+        "Peak RSS per rank (median over repetitions) beside the planner's estimate for the tables it "
+        "placed (host MB on CPU; the rest of RSS is the runtime, dense model, buffers and batches)."
+        + (
+            " On GPU: the estimate is device memory, beside torch's peak allocated device memory." if device_mem else ""
+        ),
+        "",
+        "| configuration | sharding chosen (x shards per table) | peak RSS MB per rank | planner estimate MB per rank |"
+        + (" peak device allocated MB per rank |" if device_mem else ""),
+        "|---|---|---|---|" + ("---|" if device_mem else ""),
+    ]
     for c in configs:
         est = [h + d for h, d in zip(c.get("est_host_mb", []), c.get("est_device_mb", []))]
-        L.append(f"| {c['name']} | {', '.join(c['plan_types'])} | {_rank_list(c['peak_rss_mb'])} | "
-                 f"{_rank_list(est) if est else '-'} |"
-                 + (f" {_rank_list(c['peak_device_allocated_mb']) if 'peak_device_allocated_mb' in c else '-'} |"
-                    if device_mem else ""))
+        L.append(
+            f"| {c['name']} | {', '.join(c['plan_types'])} | {_rank_list(c['peak_rss_mb'])} | "
+            f"{_rank_list(est) if est else '-'} |"
+            + (
+                f" {_rank_list(c['peak_device_allocated_mb']) if 'peak_device_allocated_mb' in c else '-'} |"
+                if device_mem
+                else ""
+            )
+        )
     L += ["", "## Weak scaling", ""]
     if n > 1:
-        L += [f"Per-rank batch fixed at {s['per_rank_batch']}: 1 rank runs global batch {s['per_rank_batch']}, "
-              f"{n} ranks {n * s['per_rank_batch']}. Efficiency = samples/s at {n} ranks / ({n} x samples/s at 1 rank).",
-              "", f"| configuration | 1 rank samples/s | {n} ranks samples/s | speed-up | efficiency |",
-              "|---|---:|---:|---:|---:|"]
+        L += [
+            f"Per-rank batch fixed at {s['per_rank_batch']}: 1 rank runs global batch {s['per_rank_batch']}, "
+            f"{n} ranks {n * s['per_rank_batch']}. Efficiency = samples/s at {n} ranks / ({n} x samples/s at 1 rank).",
+            "",
+            f"| configuration | 1 rank samples/s | {n} ranks samples/s | speed-up | efficiency |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for sc in res["scaling"]:
-            L.append(f"| {sc['name']} | {sc['samples_per_second_1']:,.0f} | {sc['samples_per_second_n']:,.0f} | "
-                     f"{sc['speedup']:.2f}x | {sc['efficiency']:.0%} |")
+            L.append(
+                f"| {sc['name']} | {sc['samples_per_second_1']:,.0f} | {sc['samples_per_second_n']:,.0f} | "
+                f"{sc['speedup']:.2f}x | {sc['efficiency']:.0%} |"
+            )
     else:
         L.append("One world size in this run (1 rank): no scaling to report.")
     L += ["", "## Where the time goes (profiled)", ""]
     if res["profile"]:
         from hybridrec.reports.profiling import BREAKDOWN_PHASES
 
-        L += ["Host wall time per step on each rank's training thread, from torch.profiler traces of real runs "
-              f"(`profile.enabled=true`, {n} ranks, sharding auto, sparse_dist; separate runs, as the profiler slows "
-              "what it records). Each instant goes to the innermost labelled phase around it "
-              "(`hybridrec.reports.profiling.step_breakdown`); the sparse optimizer is fused into the embedding backward "
-              "and counts there; waiting while a collective runs counts as that collective.", "",
-              "| dense | rank | " + " | ".join(BREAKDOWN_PHASES) + " | step ms |",
-              "|---|---:|" + "---:|" * (len(BREAKDOWN_PHASES) + 1)]
+        L += [
+            "Host wall time per step on each rank's training thread, from torch.profiler traces of real runs "
+            f"(`profile.enabled=true`, {n} ranks, sharding auto, sparse_dist; separate runs, as the profiler slows "
+            "what it records). Each instant goes to the innermost labelled phase around it "
+            "(`hybridrec.reports.profiling.step_breakdown`); the sparse optimizer is fused into the embedding backward "
+            "and counts there; waiting while a collective runs counts as that collective.",
+            "",
+            "| dense | rank | " + " | ".join(BREAKDOWN_PHASES) + " | step ms |",
+            "|---|---:|" + "---:|" * (len(BREAKDOWN_PHASES) + 1),
+        ]
         for pr in res["profile"]:
             for rank, prof in enumerate(pr["profile"]):
                 b = prof["breakdown_ms"]
-                L.append(f"| {pr['dense']} | {rank} | " + " | ".join(f"{b[k]:.1f}" for k in BREAKDOWN_PHASES)
-                         + f" | {sum(b.values()):.1f} |")
+                L.append(
+                    f"| {pr['dense']} | {rank} | "
+                    + " | ".join(f"{b[k]:.1f}" for k in BREAKDOWN_PHASES)
+                    + f" | {sum(b.values()):.1f} |"
+                )
     else:
         L.append("Not run in this preset.")
     L += ["", "## Communication share (profiled)", ""]
     if res["profile"]:
-        L += ["Share of the profiled steps during which a collective ran (torch.profiler, `profile.enabled=true`, "
-              f"{n} ranks, sharding auto, sparse_dist). Overlapped comm counts as comm: an upper bound.", "",
-              "| dense | rank | comm share | comm ms | compute ms | comm ms by kind |", "|---|---:|---:|---:|---:|---|"]
+        L += [
+            "Share of the profiled steps during which a collective ran (torch.profiler, `profile.enabled=true`, "
+            f"{n} ranks, sharding auto, sparse_dist). Overlapped comm counts as comm: an upper bound.",
+            "",
+            "| dense | rank | comm share | comm ms | compute ms | comm ms by kind |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
         for pr in res["profile"]:
             for rank, prof in enumerate(pr["profile"]):
                 kinds = ", ".join(f"{k} {v:.1f}" for k, v in prof["comm_ms_by_kind"].items())
-                L.append(f"| {pr['dense']} | {rank} | {prof['comm_share']:.0%} | {prof['comm_ms']:.1f} | "
-                         f"{prof['compute_ms']:.1f} | {kinds} |")
+                L.append(
+                    f"| {pr['dense']} | {rank} | {prof['comm_share']:.0%} | {prof['comm_ms']:.1f} | "
+                    f"{prof['compute_ms']:.1f} | {kinds} |"
+                )
     else:
         L.append("Not run in this preset.")
     L += ["", "## Levers", ""]
@@ -336,9 +444,12 @@ def report(res: dict[str, Any]) -> str:
 
         lw = res["levers"].get("world_size", n)  # (recorded since the world size is a preset field)
         where = f"{gpu}" if "cuda" in devices else f"{m['cpu']}, {m['cores']} cores"
-        L += [f"Each lever on top of the default (`ctr`, {ranks_label(lw)}, auto · fsdp · sparse_dist), measured beside "
-              "the default and the reference in every repetition (`benchmarks/levers.py`).", "",
-              *levers.table(res["levers"], where, lw)]
+        L += [
+            f"Each lever on top of the default (`ctr`, {ranks_label(lw)}, auto · fsdp · sparse_dist), measured beside "
+            "the default and the reference in every repetition (`benchmarks/levers.py`).",
+            "",
+            *levers.table(res["levers"], where, lw),
+        ]
     else:
         L.append("Not run in this preset.")
     L += ["", "## Dense-heavy case: DDP vs FSDP2", ""]
@@ -346,10 +457,13 @@ def report(res: dict[str, Any]) -> str:
     if dm:
         import dense_memory
 
-        L += [f"`benchmarks/dense_memory.py` ({dm['steps']} steps per window, {dm['reps']} alternating windows): "
-              f"{dm['numel'] / 1e6:.1f} M dense parameters, {dm['flops_per_sample'] / 1e6:.1f} MFLOP per sample, "
-              f"dense Adagrad, {ranks_label(len(dm['ranks']['ddp']))}; bytes each rank holds after a step.", "",
-              *dense_memory.table(dm["ranks"], dm["flops_per_sample"], rf["sgemm_gflops_median"] if rf else None)]
+        L += [
+            f"`benchmarks/dense_memory.py` ({dm['steps']} steps per window, {dm['reps']} alternating windows): "
+            f"{dm['numel'] / 1e6:.1f} M dense parameters, {dm['flops_per_sample'] / 1e6:.1f} MFLOP per sample, "
+            f"dense Adagrad, {ranks_label(len(dm['ranks']['ddp']))}; bytes each rank holds after a step.",
+            "",
+            *dense_memory.table(dm["ranks"], dm["flops_per_sample"], rf["sgemm_gflops_median"] if rf else None),
+        ]
     else:
         L.append("Not run in this preset.")
     L += ["", "## Input pipeline", ""]
@@ -405,8 +519,9 @@ def charts(res: dict[str, Any], out: str) -> None:
     if ref:
         ax.axhline(ref["median_samples_per_second"], color="black", ls="--", label="TorchRec reference")
     if pregen:
-        ax.axhline(pregen["median_samples_per_second"], color="gray", ls=":",
-                   label="TorchRec reference, pre-generated batches")
+        ax.axhline(
+            pregen["median_samples_per_second"], color="gray", ls=":", label="TorchRec reference, pre-generated batches"
+        )
     ax.set_xticks(range(len(shardings)), shardings)
     ax.set(title=f"{ranks_label(n)}: throughput by strategy (median, min-max)", ylabel="samples/s")
     _save(fig, ax, out, CHARTS[0])
@@ -420,7 +535,9 @@ def charts(res: dict[str, Any], out: str) -> None:
         ax.bar(xs, [c["peak_rss_mb"][rank] for c in mem], width, label=f"rank {rank} peak RSS")
         est = [(x, c["est_host_mb"][rank] + c["est_device_mb"][rank]) for x, c in zip(xs, mem) if "est_host_mb" in c]
         if est:
-            ax.plot(*zip(*est), "k_", ms=28 / max(n, 2), mew=2, label="planner estimate (tables)" if rank == 0 else None)
+            ax.plot(
+                *zip(*est), "k_", ms=28 / max(n, 2), mew=2, label="planner estimate (tables)" if rank == 0 else None
+            )
     ax.set_xticks(range(len(mem)), [c["name"].split(" · ", 1)[1].replace(" · ", "\n") for c in mem], fontsize=7)
     ax.set(title=f"{ranks_label(n)}: memory per rank", ylabel="MB")
     _save(fig, ax, out, CHARTS[1])
@@ -430,8 +547,14 @@ def charts(res: dict[str, Any], out: str) -> None:
     fig, ax = plt.subplots(figsize=(7, max(3, 0.3 * len(rat) + 1.5)))
     for i, c in enumerate(rat):
         r = c["ratio_vs_reference"]
-        ax.errorbar(r["median"], i, xerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]], fmt="o",
-                    color="tab:blue" if c["dense"] == "ddp" else "tab:orange", capsize=3)
+        ax.errorbar(
+            r["median"],
+            i,
+            xerr=[[r["median"] - r["min"]], [r["max"] - r["median"]]],
+            fmt="o",
+            color="tab:blue" if c["dense"] == "ddp" else "tab:orange",
+            capsize=3,
+        )
     ax.axvline(1.0, color="black", ls="--")
     ax.set_yticks(range(len(rat)), [c["name"] for c in rat], fontsize=7)
     ax.set(title="hybridrec / TorchRec reference (same world size; blue ddp, orange fsdp)", xlabel="ratio")

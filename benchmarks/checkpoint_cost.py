@@ -34,9 +34,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def trained_checkpoint(experiment: str, tmp: str) -> str:
     ckpt = os.path.join(tmp, "ckpt")
-    subprocess.run([sys.executable, "-m", "hybridrec.train", f"+experiment={experiment}", "train.steps=2",
-                    f"checkpoint.dir={ckpt}", f"hydra.run.dir={os.path.join(tmp, 'run')}"],
-                   check=True, capture_output=True, cwd=os.path.dirname(HERE))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridrec.train",
+            f"+experiment={experiment}",
+            "train.steps=2",
+            f"checkpoint.dir={ckpt}",
+            f"hydra.run.dir={os.path.join(tmp, 'run')}",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=os.path.dirname(HERE),
+    )
     return os.path.join(ckpt, "step_00000002")
 
 
@@ -65,8 +76,16 @@ def measure(path: str, reps: int, tmp: str) -> dict[str, list[float]]:
         tick = time.perf_counter()
         safe_load(state, target, no_dist=True)
         times["load"].append(time.perf_counter() - tick)
-        recorded = TrainState(step=0, schedulers=[], features=[], num_dense_features=0, rng=torch.zeros(1),
-                              losses=torch.zeros(1), runs=[], files=files)
+        recorded = TrainState(
+            step=0,
+            schedulers=[],
+            features=[],
+            num_dense_features=0,
+            rng=torch.zeros(1),
+            losses=torch.zeros(1),
+            runs=[],
+            files=files,
+        )
         tick = time.perf_counter()
         # verify also wants hybridrec's two small files: their cost is in the noise, leave them out
         verify_dcp_files(target, recorded)
@@ -88,25 +107,27 @@ def report(experiment: str, path: str, times: dict[str, list[float]], reps: int)
     with open("/proc/cpuinfo") as f:
         flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     m["cpu"] += "".join(f", {flag}" for flag in ("avx512_bf16",) if flag in flags)
-    return "\n".join([
-        "# Checkpoint verification cost",
-        "",
-        f"`python benchmarks/checkpoint_cost.py --experiment {experiment} --reps {reps}`: {m['cpu']}, "
-        f"{m['cores']} cores, torch {m['torch']}. One process, the {experiment} checkpoint's tensors "
-        f"({size / 1e6:,.0f} MB on disk), files in the page cache; medians of {reps} alternating repetitions.",
-        "",
-        "| step | seconds (median) | next to DCP's own |",
-        "|---|---|---|",
-        f"| DCP save | {med['save']:.3f} | |",
-        f"| BLAKE3 of the written files (at commit) | {med['hash']:.3f} | {med['hash'] / med['save']:.0%} of the save |",
-        f"| DCP load (safe reader) | {med['load']:.3f} | |",
-        f"| checksum verification (before a load) | {med['verify']:.3f} | {med['verify'] / med['load']:.0%} of the load |",
-        "",
-        f"Throughput of the hashing: {size / med['hash'] / 1e9:.2f} GB/s on this machine. On a multi-rank "
-        f"save each rank hashes only the files it wrote; the verification before a load runs in one process "
-        f"(the one that checks before launch, then rank 0), so it grows with the checkpoint's size.",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# Checkpoint verification cost",
+            "",
+            f"`python benchmarks/checkpoint_cost.py --experiment {experiment} --reps {reps}`: {m['cpu']}, "
+            f"{m['cores']} cores, torch {m['torch']}. One process, the {experiment} checkpoint's tensors "
+            f"({size / 1e6:,.0f} MB on disk), files in the page cache; medians of {reps} alternating repetitions.",
+            "",
+            "| step | seconds (median) | next to DCP's own |",
+            "|---|---|---|",
+            f"| DCP save | {med['save']:.3f} | |",
+            f"| BLAKE3 of the written files (at commit) | {med['hash']:.3f} | {med['hash'] / med['save']:.0%} of the save |",
+            f"| DCP load (safe reader) | {med['load']:.3f} | |",
+            f"| checksum verification (before a load) | {med['verify']:.3f} | {med['verify'] / med['load']:.0%} of the load |",
+            "",
+            f"Throughput of the hashing: {size / med['hash'] / 1e9:.2f} GB/s on this machine. On a multi-rank "
+            f"save each rank hashes only the files it wrote; the verification before a load runs in one process "
+            f"(the one that checks before launch, then rank 0), so it grows with the checkpoint's size.",
+            "",
+        ]
+    )
 
 
 def main() -> None:

@@ -85,8 +85,12 @@ def steady_rate(run_dir: str, global_batch: int, warmup: int) -> float:
 
 def train_summary(overrides: list[str], out: str) -> dict:
     """``python -m hybridrec.train <overrides>``'s summary.json, the run written to ``out``."""
-    subprocess.run([sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={out}"],
-                   check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={out}"],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
 

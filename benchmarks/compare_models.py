@@ -41,9 +41,9 @@ BEST = ["checkpoint.keep_best=true", "checkpoint.keep_last=1", "checkpoint.dir=$
 MODELS = {"dlrm": "DLRM", "dcn": "DLRM-DCNv2", "deepfm": "DeepFM"}
 EXPERIMENTS = {
     "ctr": "synthetic click log shaped like Criteo Kaggle (13 dense features, 26 tables of up to 1 M rows, "
-           "64-dim embeddings), labels from a planted model",
+    "64-dim embeddings), labels from a planted model",
     "movielens": "MovieLens-100k ratings (label: rating >= 4), user, item and side features, 16-dim "
-                 "embeddings, the experiment's fixed random split",
+    "embeddings, the experiment's fixed random split",
 }
 
 
@@ -53,14 +53,25 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
     if os.path.exists(sweep_dir):  # an earlier comparison's jobs: Hydra would add to them
         shutil.rmtree(sweep_dir)
     os.makedirs(runs, exist_ok=True)
-    cmd = [sys.executable, "-m", "hybridrec.train", "-m", f"+experiment={experiment}", f"model={','.join(MODELS)}",
-           *BEST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridrec.train",
+        "-m",
+        f"+experiment={experiment}",
+        f"model={','.join(MODELS)}",
+        *BEST,
+        *overrides,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     run_logged(cmd, os.path.join(runs, f"{experiment}.log"))
     with open(os.path.join(sweep_dir, "summary.csv")) as f:
         rows = sorted(csv.DictReader(f), key=lambda r: int(r["job"]))  # the CSV ranks them by the objective
     if [(r["model"], r["status"]) for r in rows] != [(m, "ok") for m in MODELS]:
-        raise RuntimeError(f"{sweep_dir}/summary.csv: expected one finished job per model, got "
-                           f"{[(r.get('model'), r['status'], r['error']) for r in rows]}")
+        raise RuntimeError(
+            f"{sweep_dir}/summary.csv: expected one finished job per model, got "
+            f"{[(r.get('model'), r['status'], r['error']) for r in rows]}"
+        )
     for row in rows:
         with open(os.path.join(sweep_dir, row["dir"], "summary.json")) as f:
             summary = json.load(f)
@@ -74,14 +85,18 @@ def sweep(experiment: str, runs: str, overrides: list[str]) -> list[dict[str, st
 
 def table(rows: list[dict[str, str]]) -> str:
     o = rows[0]["objective"]
-    lines = [f"| model | test AUC | NE | {o['name']} (best) | at step | samples/s | dense parameters |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| model | test AUC | NE | {o['name']} (best) | at step | samples/s | dense parameters |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         o = r["objective"]
         at = f"{o['best_step']}" + (f" (stopped at {r['stopped']})" if r["stopped"] else "")
-        lines.append(f"| {MODELS[r['model']]} (`model={r['model']}`) | {float(r['test_auc']):.4f} | {float(r['test_ne']):.4f} "
-                     f"| {o['best_value']:.4f} | {at} | {float(r['samples_per_second']):,.0f} "
-                     f"| {int(r['dense_parameters']):,} |")
+        lines.append(
+            f"| {MODELS[r['model']]} (`model={r['model']}`) | {float(r['test_auc']):.4f} | {float(r['test_ne']):.4f} "
+            f"| {o['best_value']:.4f} | {at} | {float(r['samples_per_second']):,.0f} "
+            f"| {int(r['dense_parameters']):,} |"
+        )
     return "\n".join(lines)
 
 
@@ -92,22 +107,29 @@ def setting(experiment: str, rows: list[dict[str, str]], key: str) -> str:
     return values.pop()
 
 
-def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_s: float,
-           load: list[float]) -> str:
+def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_s: float, load: list[float]) -> str:
     m = machine()
     torch_version = {setting(e, rows, "torch") for e, rows in results.items()}
-    out = ["# Model comparison", "",
-           "`make compare-models` (`benchmarks/compare_models.py`): one Hydra multirun per experiment, "
-           "`python -m hybridrec.train -m +experiment=<experiment> model=dlrm,dcn,deepfm"
-           + "".join(f" {o}" for o in overrides) + "`. The numbers are each sweep's `summary.csv`.", ""]
+    out = [
+        "# Model comparison",
+        "",
+        "`make compare-models` (`benchmarks/compare_models.py`): one Hydra multirun per experiment, "
+        "`python -m hybridrec.train -m +experiment=<experiment> model=dlrm,dcn,deepfm"
+        + "".join(f" {o}" for o in overrides)
+        + "`. The numbers are each sweep's `summary.csv`.",
+        "",
+    ]
     for experiment, rows in results.items():
         out += [f"## {experiment}", "", f"`+experiment={experiment}`: {EXPERIMENTS[experiment]}.", "", table(rows), ""]
     ranks = lambda n: f"{n} rank" + ("" if n == "1" else "s")
-    run = "; ".join(f"`{e}`: up to {max(int(r['steps']) for r in rows)} steps of global batch "
-                    f"{setting(e, rows, 'global_batch_size')} on {ranks(setting(e, rows, 'world_size'))}"
-                    for e, rows in results.items())
+    run = "; ".join(
+        f"`{e}`: up to {max(int(r['steps']) for r in rows)} steps of global batch "
+        f"{setting(e, rows, 'global_batch_size')} on {ranks(setting(e, rows, 'world_size'))}"
+        for e, rows in results.items()
+    )
     out += [
-        "## Settings", "",
+        "## Settings",
+        "",
         f"- {run}; one seed, one run per model.",
         "- Each experiment's learning rates are its own, chosen for DLRM; each model's sizes for the "
         "experiment are in `conf/experiment_model/<experiment>/<model>.yaml`. DCN and DeepFM are not tuned "
@@ -132,8 +154,9 @@ def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "MODELS.md"))
-    parser.add_argument("--runs", default=os.path.join(ROOT, "outputs", "compare-models"),
-                        help="where the sweeps' job directories go")
+    parser.add_argument(
+        "--runs", default=os.path.join(ROOT, "outputs", "compare-models"), help="where the sweeps' job directories go"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sweeps")
     args = parser.parse_args()
     start = time.perf_counter()

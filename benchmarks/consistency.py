@@ -30,16 +30,28 @@ BEGIN, END = "<!-- consistency:begin -->", "<!-- consistency:end -->"
 
 def run(experiment: str, ranks: int, tmp: str) -> dict:
     out = os.path.join(tmp, f"{experiment}-{ranks}")
-    subprocess.run([sys.executable, "-m", "hybridrec.train", f"+experiment={experiment}",
-                    f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={out}"],
-                   check=True, capture_output=True, cwd=os.path.dirname(HERE))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridrec.train",
+            f"+experiment={experiment}",
+            f"launcher.nproc_per_node={ranks}",
+            f"hydra.run.dir={out}",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=os.path.dirname(HERE),
+    )
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
 
 
 def table(results: dict[str, dict[int, dict]]) -> str:
-    rows = ["| experiment | steps | train loss, 1 rank | 2 ranks | rel. diff | test AUC, 1 rank | 2 ranks | rel. diff |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| experiment | steps | train loss, 1 rank | 2 ranks | rel. diff | test AUC, 1 rank | 2 ranks | rel. diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, by_world in results.items():
         one, two = by_world[1], by_world[2]
         rel = lambda a, b: abs(a - b) / abs(a)

@@ -53,40 +53,72 @@ def run(seeds: list[int], out: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             log = os.path.join(tmp, f"log{seed}")
-            subprocess.run([sys.executable, "-m", "hybridrec.data.example", "--layout", "days", "--out", log,
-                            "--seed", str(seed)], check=True, capture_output=True, cwd=ROOT)
+            subprocess.run(
+                [sys.executable, "-m", "hybridrec.data.example", "--layout", "days", "--out", log, "--seed", str(seed)],
+                check=True,
+                capture_output=True,
+                cwd=ROOT,
+            )
             paths = [f"data.train_path={log}/train", f"data.valid_path={log}/valid", f"data.eval_path={log}/eval"]
             row: dict = {"seed": seed}
             for name, extra in (("continuous", []), ("once", [f"data.partitions.train_until={UNTIL}"])):
                 run_dir = os.path.join(tmp, f"{name}{seed}")
                 tick = time.perf_counter()
                 s = train_summary(["+experiment=continuous", *paths, *extra], run_dir)
-                row[name] = {**_later(s), "steps": s["steps"], "wall_s": round(time.perf_counter() - tick, 1),
-                             "objective": s["objective"]["value"],
-                             "days": [{"partition": d["partition"], "auc": d["eval"]["auc"], "trained": d["trained"],
-                                       "new_ids": d["new_ids"], "managed_ids": d.get("managed_ids", {})}
-                                      for d in s["freshness"]["partitions"]]}
+                row[name] = {
+                    **_later(s),
+                    "steps": s["steps"],
+                    "wall_s": round(time.perf_counter() - tick, 1),
+                    "objective": s["objective"]["value"],
+                    "days": [
+                        {
+                            "partition": d["partition"],
+                            "auc": d["eval"]["auc"],
+                            "trained": d["trained"],
+                            "new_ids": d["new_ids"],
+                            "managed_ids": d.get("managed_ids", {}),
+                        }
+                        for d in s["freshness"]["partitions"]
+                    ],
+                }
                 if seed == seeds[0] and name == "continuous":
                     os.makedirs(os.path.join(ROOT, "docs"), exist_ok=True)
-                    shutil.copy(os.path.join(run_dir, "report.png"), os.path.join(ROOT, "docs", "continuous_report.png"))
+                    shutil.copy(
+                        os.path.join(run_dir, "report.png"), os.path.join(ROOT, "docs", "continuous_report.png")
+                    )
             # every item id the log shows (the day-by-day run's last version): the full table
             distinct = row["continuous"]["days"][-1]["managed_ids"]["item_table"]["rows_used"]
             quarter = -(-distinct // 4) + 1  # + row 0, the row of ids without one
             row["distinct_items"] = distinct
-            for name, extra in (("managed_full", [f"data.sparse.1.num_embeddings={distinct + 1}"]),
-                                ("managed_quarter", [f"data.sparse.1.num_embeddings={quarter}"]),
-                                ("hash_quarter", [f"data.sparse.1.num_embeddings={quarter}",
-                                                  "data.sparse.1.id_mapping=hash", "data.sparse.2.id_mapping=hash"])):
+            for name, extra in (
+                ("managed_full", [f"data.sparse.1.num_embeddings={distinct + 1}"]),
+                ("managed_quarter", [f"data.sparse.1.num_embeddings={quarter}"]),
+                (
+                    "hash_quarter",
+                    [
+                        f"data.sparse.1.num_embeddings={quarter}",
+                        "data.sparse.1.id_mapping=hash",
+                        "data.sparse.2.id_mapping=hash",
+                    ],
+                ),
+            ):
                 sizes = [extra[0], extra[0].replace("sparse.1", "sparse.2"), *extra[1:]]
                 s = train_summary(["+experiment=continuous", *paths, *sizes], os.path.join(tmp, f"{name}{seed}"))
                 last = s["freshness"]["partitions"][-1].get("managed_ids", {}).get("item_table", {})
-                row[name] = {"auc": s["objective"]["value"], "rows": int(extra[0].split("=")[1]),
-                             "evicted": sum(d.get("managed_ids", {}).get("item_table", {}).get("evicted", 0)
-                                            for d in s["freshness"]["partitions"]),
-                             "last_day_misses": last.get("misses"), "last_day_hits": last.get("hits")}
+                row[name] = {
+                    "auc": s["objective"]["value"],
+                    "rows": int(extra[0].split("=")[1]),
+                    "evicted": sum(
+                        d.get("managed_ids", {}).get("item_table", {}).get("evicted", 0)
+                        for d in s["freshness"]["partitions"]
+                    ),
+                    "last_day_misses": last.get("misses"),
+                    "last_day_hits": last.get("hits"),
+                }
             res["seeds"].append(row)
-            print(f"seed {seed}: continuous AUC {row['continuous']['auc']:.4f}, once {row['once']['auc']:.4f}",
-                  flush=True)
+            print(
+                f"seed {seed}: continuous AUC {row['continuous']['auc']:.4f}, once {row['once']['auc']:.4f}", flush=True
+            )
     with open(os.path.join(out, "continuous.json"), "w") as f:
         json.dump(res, f, indent=1)
     write_markdown(os.path.join(out, "CONTINUOUS.md"), report(res), "continuous")
@@ -109,11 +141,14 @@ def report(res: dict) -> list[str]:
         "",
         "| model | progressive AUC, days 8-14 | NE | log loss |",
         "|---|---:|---:|---:|",
-        *[f"| {label} | {med(key, 'auc'):.4f} | {med(key, 'ne'):.4f} | {med(key, 'logloss'):.4f} |"
-          for key, label in (("continuous", "trained day by day"), ("once", "trained once, on days 1-7"))],
+        *[
+            f"| {label} | {med(key, 'auc'):.4f} | {med(key, 'ne'):.4f} | {med(key, 'logloss'):.4f} |"
+            for key, label in (("continuous", "trained day by day"), ("once", "trained once, on days 1-7"))
+        ],
         "",
         f"Continuous training is ahead by {gain:+.4f} AUC (median over seeds; per seed: "
-        + ", ".join(f"{r['continuous']['auc'] - r['once']['auc']:+.4f}" for r in rows) + ").",
+        + ", ".join(f"{r['continuous']['auc'] - r['once']['auc']:+.4f}" for r in rows)
+        + ").",
         "",
         "## Managed ids: a quarter of the table",
         "",
@@ -123,13 +158,21 @@ def report(res: dict) -> list[str]:
         "",
         "| item table | rows | progressive AUC | vs every id | evictions (14 days) | misses, last day |",
         "|---|---:|---:|---:|---:|---:|",
-        *[f"| {label} | {statistics.median(r[key]['rows'] for r in rows):,.0f} | {med(key, 'auc'):.4f} | "
-          f"{statistics.median(r[key]['auc'] - r['managed_full']['auc'] for r in rows):+.4f} | "
-          f"{statistics.median(r[key]['evicted'] for r in rows):,.0f} | "
-          + (f"{statistics.median(r[key]['last_day_misses'] / (r[key]['last_day_hits'] + r[key]['last_day_misses']) for r in rows):.1%} |"
-             if rows[0][key]["last_day_misses"] is not None else "- |")
-          for key, label in (("managed_full", "managed, every id"), ("managed_quarter", "managed, a quarter"),
-                             ("hash_quarter", "hashed, a quarter"))],
+        *[
+            f"| {label} | {statistics.median(r[key]['rows'] for r in rows):,.0f} | {med(key, 'auc'):.4f} | "
+            f"{statistics.median(r[key]['auc'] - r['managed_full']['auc'] for r in rows):+.4f} | "
+            f"{statistics.median(r[key]['evicted'] for r in rows):,.0f} | "
+            + (
+                f"{statistics.median(r[key]['last_day_misses'] / (r[key]['last_day_hits'] + r[key]['last_day_misses']) for r in rows):.1%} |"
+                if rows[0][key]["last_day_misses"] is not None
+                else "- |"
+            )
+            for key, label in (
+                ("managed_full", "managed, every id"),
+                ("managed_quarter", "managed, a quarter"),
+                ("hash_quarter", "hashed, a quarter"),
+            )
+        ],
         "",
         "## Per day (first seed)",
         "",
@@ -138,11 +181,16 @@ def report(res: dict) -> list[str]:
     ]
     first = rows[0]
     for c, o in zip(first["continuous"]["days"], first["once"]["days"]):
-        lines.append(f"| {c['partition']} | {c['auc']:.4f} | {o['auc']:.4f}{'' if o['trained'] else ' (scored only)'} "
-                     f"| {c['new_ids'].get('item', 0):,} |")
-    lines += ["", f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. The first day is scored by an "
-                  f"untrained model. Each run: about {statistics.fmean(r['continuous']['wall_s'] for r in rows):.0f} s "
-                  f"(process start, 14 days, 15 progressive evaluations, final validation and test)."]
+        lines.append(
+            f"| {c['partition']} | {c['auc']:.4f} | {o['auc']:.4f}{'' if o['trained'] else ' (scored only)'} "
+            f"| {c['new_ids'].get('item', 0):,} |"
+        )
+    lines += [
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}. The first day is scored by an "
+        f"untrained model. Each run: about {statistics.fmean(r['continuous']['wall_s'] for r in rows):.0f} s "
+        f"(process start, 14 days, 15 progressive evaluations, final validation and test).",
+    ]
     return lines
 
 

@@ -28,12 +28,21 @@ from common import ROOT, LoadAverage, machine, write_markdown
 DEMO = "outputs/demo"
 # (step, command, what it leaves). The commands are run from the repository root.
 COMMANDS = [
-    ("train", f"python -m hybridrec.train +experiment=ctr checkpoint.dir={DEMO}/checkpoints",
-     f"`{DEMO}/train/`: `train.log`, `metrics.jsonl`, `report.png`, `summary.json`; checkpoints"),
-    ("evaluate", f"python -m hybridrec.evaluate checkpoint={DEMO}/checkpoints",
-     f"`{DEMO}/evaluate/`: `metrics.json`, `predictions.parquet`"),
-    ("export", f"python -m hybridrec.export checkpoint={DEMO}/checkpoints out={DEMO}/export",
-     f"`{DEMO}/export/`: `model.pt2`, `model.json`, `preprocessing.json`"),
+    (
+        "train",
+        f"python -m hybridrec.train +experiment=ctr checkpoint.dir={DEMO}/checkpoints",
+        f"`{DEMO}/train/`: `train.log`, `metrics.jsonl`, `report.png`, `summary.json`; checkpoints",
+    ),
+    (
+        "evaluate",
+        f"python -m hybridrec.evaluate checkpoint={DEMO}/checkpoints",
+        f"`{DEMO}/evaluate/`: `metrics.json`, `predictions.parquet`",
+    ),
+    (
+        "export",
+        f"python -m hybridrec.export checkpoint={DEMO}/checkpoints out={DEMO}/export",
+        f"`{DEMO}/export/`: `model.pt2`, `model.json`, `preprocessing.json`",
+    ),
 ]
 # Where each step's run directory goes (Hydra's default is a dated folder under outputs/):
 # fixed names, so the table can point at them.
@@ -74,17 +83,26 @@ def main() -> None:
     test = summary["eval"]
     # what the data allows: the experiment's reference on the test split (the planted model)
     ref = next((r for r in summary.get("references", []) if r["metric"] == "eval.auc"), None)
-    lines = ["# The quick start, timed", "",
-             "`make demo` (`benchmarks/demo.py`): the README's three commands, one after the other.", "",
-             "| step | wall time | what it leaves |", "|---|---:|---|"]
+    lines = [
+        "# The quick start, timed",
+        "",
+        "`make demo` (`benchmarks/demo.py`): the README's three commands, one after the other.",
+        "",
+        "| step | wall time | what it leaves |",
+        "|---|---:|---|",
+    ]
     lines += [f"| {step} | {minutes(times[step])} | {leaves} |" for step, _, leaves in COMMANDS]
-    lines += [f"| all three | {minutes(sum(times.values()))} | test AUC {test['auc']:.4f}"
-              + (f" ({ref['name']}: {ref['value']:.4f})" if ref else "") + " |", "",
-              f"- {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchrec {m['torchrec']}; "
-              f"{datetime.date.today().isoformat()}.",
-              f"- The machine's 1-minute load average meanwhile: median {statistics.median(loads):.1f}, max "
-              f"{max(loads):.1f} (one training process on all {m['cores']} cores accounts for about {m['cores']}).",
-              "- Not included: `make install`, which the first `make demo` runs first (pip, a few minutes)."]
+    lines += [
+        f"| all three | {minutes(sum(times.values()))} | test AUC {test['auc']:.4f}"
+        + (f" ({ref['name']}: {ref['value']:.4f})" if ref else "")
+        + " |",
+        "",
+        f"- {m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchrec {m['torchrec']}; "
+        f"{datetime.date.today().isoformat()}.",
+        f"- The machine's 1-minute load average meanwhile: median {statistics.median(loads):.1f}, max "
+        f"{max(loads):.1f} (one training process on all {m['cores']} cores accounts for about {m['cores']}).",
+        "- Not included: `make install`, which the first `make demo` runs first (pip, a few minutes).",
+    ]
     write_markdown(os.path.join(folder, "DEMO.md"), lines, "demo")
     if args.results:
         write_markdown(os.path.join(ROOT, "benchmarks", "results", "DEMO.md"), lines, "results")

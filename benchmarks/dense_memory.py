@@ -30,13 +30,22 @@ from torch.distributed.tensor import DTensor
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONF = os.path.join(HERE, "..", "hybridrec", "conf")
 MODEL = [
-    "model=dcn", "model.embedding_dim=128", "model.dense_arch_layer_sizes=[512,256,128]",
-    "model.over_arch_layer_sizes=[1024,1024,512,256,1]", "model.dcn_num_layers=3",
-    "model.dcn_low_rank_dim=512", "data.num_embeddings_per_feature=[" + ",".join(["1000"] * 26) + "]",
-    "data.batch_size=2048", "sharding=table_wise", "optimizer=adagrad",
+    "model=dcn",
+    "model.embedding_dim=128",
+    "model.dense_arch_layer_sizes=[512,256,128]",
+    "model.over_arch_layer_sizes=[1024,1024,512,256,1]",
+    "model.dcn_num_layers=3",
+    "model.dcn_low_rank_dim=512",
+    "data.num_embeddings_per_feature=[" + ",".join(["1000"] * 26) + "]",
+    "data.batch_size=2048",
+    "sharding=table_wise",
+    "optimizer=adagrad",
 ]
-MODES = {"ddp": ["mesh=ddp"], "fsdp": ["mesh=fsdp"],
-         "fsdp bf16": ["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"]}
+MODES = {
+    "ddp": ["mesh=ddp"],
+    "fsdp": ["mesh=fsdp"],
+    "fsdp bf16": ["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"],
+}
 
 
 def local_bytes(t: torch.Tensor | None) -> int:
@@ -99,7 +108,9 @@ def measure(cfgs: list, steps: int, reps: int) -> list[list[dict]]:
         shutdown_distributed(clean=done)
 
 
-def run(steps: int, reps: int = 3, model: list[str] = MODEL, modes: dict[str, list[str]] = MODES) -> dict[str, list[dict]]:
+def run(
+    steps: int, reps: int = 3, model: list[str] = MODEL, modes: dict[str, list[str]] = MODES
+) -> dict[str, list[dict]]:
     """Each mode's per-rank bytes and samples/s: {"ddp": [rank 0, rank 1], "fsdp": [...], ...}."""
     from hybridrec.config import register_configs
     from hybridrec.run.launch import spawn
@@ -116,8 +127,9 @@ def totals(results: dict[str, list[dict]]) -> dict[str, list[int]]:
     return {mode: [m["params"] + m["grads"] + m["optimizer_state"] for m in ranks] for mode, ranks in results.items()}
 
 
-def table(results: dict[str, list[dict]], flops_per_sample: float | None = None,
-          sgemm_gflops: float | None = None) -> list[str]:
+def table(
+    results: dict[str, list[dict]], flops_per_sample: float | None = None, sgemm_gflops: float | None = None
+) -> list[str]:
     """The per-rank table (markdown lines), the FSDP2 / DDP bytes ratio and each mode's
     samples/s against DDP's (median over the alternating windows, with the range)."""
     mib = lambda b: f"{b / 2**20:,.1f}"
@@ -133,15 +145,20 @@ def table(results: dict[str, list[dict]], flops_per_sample: float | None = None,
         for r, m in enumerate(ranks):
             reps = m["samples_per_second_reps"]
             vs = statistics.median(a / b for a, b in zip(reps, ddp))
-            row = (f"| {mode} | {r} | {mib(m['params'])} | {mib(m['grads'])} | {mib(m['optimizer_state'])} | "
-                   f"{mib(tot[mode][r])} | {m['samples_per_second']:,.0f} | {min(reps):,.0f} - {max(reps):,.0f} | "
-                   f"{vs:.3f} |")
+            row = (
+                f"| {mode} | {r} | {mib(m['params'])} | {mib(m['grads'])} | {mib(m['optimizer_state'])} | "
+                f"{mib(tot[mode][r])} | {m['samples_per_second']:,.0f} | {min(reps):,.0f} - {max(reps):,.0f} | "
+                f"{vs:.3f} |"
+            )
             if roof:
                 row += f" {m['samples_per_second'] * flops_per_sample / (sgemm_gflops * 1e9):.0%} |"
             lines.append(row)
     ratio = max(tot["fsdp"]) / max(tot["ddp"])
-    return lines + ["", f"FSDP2 / DDP dense-state bytes, largest rank: {ratio:.3f} (ideal 1/2 = 0.500; the excess "
-                        "is shard padding). samples/s: the job's rows per second as each rank timed the same windows."]
+    return lines + [
+        "",
+        f"FSDP2 / DDP dense-state bytes, largest rank: {ratio:.3f} (ideal 1/2 = 0.500; the excess "
+        "is shard padding). samples/s: the job's rows per second as each rank timed the same windows.",
+    ]
 
 
 def main() -> None:

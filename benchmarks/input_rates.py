@@ -54,9 +54,13 @@ def _makers(data: str) -> dict[str, Any]:
 
     makers = sources(data, 200_000)
     for name, overrides, marker in (
-            ("MovieLens-100k ratings", ["+experiment=movielens"], os.path.join(ROOT, "data", "ml-100k", "u.data")),
-            ("example feature log (Parquet, multi-hot)", ["+experiment=feature_log"],
-             os.path.join(ROOT, "data", "example", "vocab", "item_id.parquet"))):
+        ("MovieLens-100k ratings", ["+experiment=movielens"], os.path.join(ROOT, "data", "ml-100k", "u.data")),
+        (
+            "example feature log (Parquet, multi-hot)",
+            ["+experiment=feature_log"],
+            os.path.join(ROOT, "data", "example", "vocab", "item_id.parquet"),
+        ),
+    ):
         if os.path.exists(marker):
             cfg = compose_config(overrides).data
             makers[name] = lambda b, cfg=cfg: build_source(sized(cfg, b), 0)
@@ -91,8 +95,13 @@ def one(data: str, name: str, batch: int, mode: str) -> float:
 
 def _run(data: str, name: str, batch: int, mode: str, tree: str = ROOT) -> float:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE])}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "input_rates.py"), "--one", data, name, str(batch), mode],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "input_rates.py"), "--one", data, name, str(batch), mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{name} {batch} {mode}: {proc.stderr[-2000:]}")
     return float(proc.stdout.strip().splitlines()[-1])
@@ -102,10 +111,23 @@ def consumption(batch: int, steps: int) -> float:
     """Training's own rate at ``batch`` rows per step: ``ctr``'s model on one rank, every step
     fed the same pre-built batch (steady state: after the first log window)."""
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, os.path.join(HERE, "fixed_batch.py"), "+experiment=ctr",
-                        f"data.batch_size={batch}", f"train.steps={steps}", f"train.log_every={max(1, steps // 6)}",
-                        "train.eval_every=0", "data.eval_batches=1", "data.valid_batches=1", f"hydra.run.dir={d}"],
-                       check=True, capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(HERE, "fixed_batch.py"),
+                "+experiment=ctr",
+                f"data.batch_size={batch}",
+                f"train.steps={steps}",
+                f"train.log_every={max(1, steps // 6)}",
+                "train.eval_every=0",
+                "data.eval_batches=1",
+                "data.valid_batches=1",
+                f"hydra.run.dir={d}",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
         rows = [r for r in map(json.loads, open(os.path.join(d, "metrics.jsonl"))) if "elapsed_s" in r]
         first, last = rows[0], rows[-1]
         return (last["step"] - first["step"]) * batch / (last["elapsed_s"] - first["elapsed_s"])
@@ -121,7 +143,7 @@ def measure(reps: int, quick: bool, baseline: str | None, data: str) -> dict[str
         configs += [(name, batch, "inline (baseline)") for name in names for batch in BATCHES]
     runs: dict[str, list[float]] = {}
     for rep in range(reps):
-        for name, batch, mode in (configs if rep % 2 == 0 else configs[::-1]):
+        for name, batch, mode in configs if rep % 2 == 0 else configs[::-1]:
             tree = baseline if mode == "inline (baseline)" else ROOT
             rate = _run(data, name, batch, mode.replace(" (baseline)", ""), tree)
             runs.setdefault(f"{name}|{batch}|{mode}", []).append(rate)
@@ -135,16 +157,25 @@ def table(res: dict[str, Any]) -> list[str]:
     L = []
     for batch in BATCHES:
         train = res["training"][str(batch)]
-        L += [f"## {batch:,} rows per step", "",
-              f"Training consumes {train:,.0f} rows/s (`ctr`, one rank, one pre-built batch). Rows/s of the input "
-              f"alone (median of the repetitions), and the input / training ratio:", "",
-              "| source | " + " | ".join(res["modes"]) + " | 2 workers / inline |" + (
-                  " inline / baseline inline |" if res["baseline"] else ""),
-              "|---|" + "---:|" * (len(res["modes"]) + 1 + bool(res["baseline"]))]
+        L += [
+            f"## {batch:,} rows per step",
+            "",
+            f"Training consumes {train:,.0f} rows/s (`ctr`, one rank, one pre-built batch). Rows/s of the input "
+            f"alone (median of the repetitions), and the input / training ratio:",
+            "",
+            "| source | "
+            + " | ".join(res["modes"])
+            + " | 2 workers / inline |"
+            + (" inline / baseline inline |" if res["baseline"] else ""),
+            "|---|" + "---:|" * (len(res["modes"]) + 1 + bool(res["baseline"])),
+        ]
         for name in res["names"]:
-            cells = [f"{med(f'{name}|{batch}|{m}'):,.0f} ({med(f'{name}|{batch}|{m}') / train:.1f}x)"
-                     for m in res["modes"]]
-            ratio = med(f"{name}|{batch}|2 workers") / med(f"{name}|{batch}|inline") if "2 workers" in res["modes"] else 0
+            cells = [
+                f"{med(f'{name}|{batch}|{m}'):,.0f} ({med(f'{name}|{batch}|{m}') / train:.1f}x)" for m in res["modes"]
+            ]
+            ratio = (
+                med(f"{name}|{batch}|2 workers") / med(f"{name}|{batch}|inline") if "2 workers" in res["modes"] else 0
+            )
             row = f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f} |"
             if res["baseline"]:
                 pairs = zip(res["runs"][f"{name}|{batch}|inline"], res["runs"][f"{name}|{batch}|inline (baseline)"])
@@ -164,8 +195,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="three sources, inline and 2 workers")
     parser.add_argument("--baseline", help="another checkout whose inline reader is measured alongside")
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "hybridrec-input-rates"),
-                        help="where the benchmark's files are written once (kept between runs)")
+    parser.add_argument(
+        "--data",
+        default=os.path.join(tempfile.gettempdir(), "hybridrec-input-rates"),
+        help="where the benchmark's files are written once (kept between runs)",
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--report", action="store_true", help="rewrite INPUT_RATES.md from input_rates.json")
     args = parser.parse_args()
@@ -181,11 +215,20 @@ def main() -> None:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "input_rates.json"), "w") as f:
             json.dump(res, f, indent=1)
-    args.reps, args.quick = res.get("settings", {}).get("reps", args.reps), res.get("settings", {}).get("quick", args.quick)
+    args.reps, args.quick = (
+        res.get("settings", {}).get("reps", args.reps),
+        res.get("settings", {}).get("quick", args.quick),
+    )
     cpu = res["machine"].get("cpu", "?")
-    text = "\n".join([f"# Input rates\n\n`python benchmarks/input_rates.py --reps {args.reps}"
-                      + (" --quick" if args.quick else "") + (" --baseline <checkout>" if res.get("baseline") else "")
-                      + f"` on {cpu}, {os.cpu_count()} cores.\n", *table(res)])
+    text = "\n".join(
+        [
+            f"# Input rates\n\n`python benchmarks/input_rates.py --reps {args.reps}"
+            + (" --quick" if args.quick else "")
+            + (" --baseline <checkout>" if res.get("baseline") else "")
+            + f"` on {cpu}, {os.cpu_count()} cores.\n",
+            *table(res),
+        ]
+    )
     with open(os.path.join(args.out, "INPUT_RATES.md"), "w") as f:
         f.write(text + "\n")
     print(text)

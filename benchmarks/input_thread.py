@@ -29,25 +29,30 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results", "INPUT_THREAD.md"))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    base = ["+experiment=ctr", f"train.steps={args.steps}", "train.eval_every=0", "data.num_workers=0",
-            *args.overrides]
+    base = ["+experiment=ctr", f"train.steps={args.steps}", "train.eval_every=0", "data.num_workers=0", *args.overrides]
     m = machine()
-    lines = ["# Input on a background thread", "",
-             f"`python benchmarks/input_thread.py` ({datetime.date.today().isoformat()}; {m['cpu']}, {m['cores']} cores; "
-             f"torch {m['torch']}): `python -m hybridrec.train {' '.join(base)} launcher.nproc_per_node=N` with "
-             f"`data.input_thread=true` and "
-             f"`false`, {args.reps} alternating repetitions each; \"busy\": one other process spinning on a core "
-             "for the whole measurement. samples/s: the whole training run (summary.json `train`); "
-             "step p50: the median step time. Medians over the repetitions.", "",
-             "| machine | ranks | setting | samples/s | step p50 ms | samples/s ratio thread / no thread |",
-             "|---|---:|---|---:|---:|---:|"]
+    lines = [
+        "# Input on a background thread",
+        "",
+        f"`python benchmarks/input_thread.py` ({datetime.date.today().isoformat()}; {m['cpu']}, {m['cores']} cores; "
+        f"torch {m['torch']}): `python -m hybridrec.train {' '.join(base)} launcher.nproc_per_node=N` with "
+        f"`data.input_thread=true` and "
+        f'`false`, {args.reps} alternating repetitions each; "busy": one other process spinning on a core '
+        "for the whole measurement. samples/s: the whole training run (summary.json `train`); "
+        "step p50: the median step time. Medians over the repetitions.",
+        "",
+        "| machine | ranks | setting | samples/s | step p50 ms | samples/s ratio thread / no thread |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
     for busy, ranks in ((b, r) for b in (False, True) for r in args.ranks):
         results = measure_alternating([*base, f"launcher.nproc_per_node={ranks}"], args.reps, busy, SETTINGS)
         rate = {k: statistics.median(r["samples_per_second"] for r in v) for k, v in results.items()}
         p50 = {k: statistics.median(r["step_time_p50_ms"] for r in v) for k, v in results.items()}
         for name in SETTINGS:
             ratio = f"{rate['thread'] / rate['no thread']:.3f}" if name == "thread" else ""
-            lines.append(f"| {'busy' if busy else 'quiet'} | {ranks} | `{SETTINGS[name]}` | {rate[name]:,.0f} | {p50[name]:.1f} | {ratio} |")
+            lines.append(
+                f"| {'busy' if busy else 'quiet'} | {ranks} | `{SETTINGS[name]}` | {rate[name]:,.0f} | {p50[name]:.1f} | {ratio} |"
+            )
         print("\n".join(lines[-2:]), flush=True)
     write_markdown(args.out, lines, "input_thread")
 

@@ -49,8 +49,13 @@ def measure(p: Any, out: str, reps: int, single: Callable, reference: Callable, 
             r = single(p, world, rep, out, tag, lever["overrides"], per_rank_batch=batch)
             rates[name].append(r["samples_per_second"])
             print(f"levers rep {rep + 1}/{reps}  {name:40s} {r['samples_per_second']:>9,.0f} samples/s", flush=True)
-    return {"rates": rates, "per_rank_batch": {n: int(p.per_rank_batch * LEVERS[n].get("batch", 1.0)) for n in names},
-            "overrides": {n: LEVERS[n]["overrides"] for n in names}, "reps": reps, "world_size": world}
+    return {
+        "rates": rates,
+        "per_rank_batch": {n: int(p.per_rank_batch * LEVERS[n].get("batch", 1.0)) for n in names},
+        "overrides": {n: LEVERS[n]["overrides"] for n in names},
+        "reps": reps,
+        "world_size": world,
+    }
 
 
 def summarize(res: dict) -> list[dict]:
@@ -61,8 +66,14 @@ def summarize(res: dict) -> list[dict]:
     for name, rs in rates.items():
         if name == "reference":
             continue
-        row = {"name": name, "median": statistics.median(rs), "min": min(rs), "max": max(rs),
-               "per_rank_batch": res["per_rank_batch"][name], "overrides": res["overrides"][name]}
+        row = {
+            "name": name,
+            "median": statistics.median(rs),
+            "min": min(rs),
+            "max": max(rs),
+            "per_rank_batch": res["per_rank_batch"][name],
+            "overrides": res["overrides"][name],
+        }
         for base in ("default", "reference"):
             ratios = [a / b for a, b in zip(rs, rates[base])]
             row[f"vs_{base}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
@@ -72,13 +83,20 @@ def summarize(res: dict) -> list[dict]:
 
 def table(res: dict, machine: str, world: int) -> list[str]:
     ratio = lambda r: f"{r['median']:.3f} ({r['min']:.3f} - {r['max']:.3f})"
-    lines = ["| lever | overrides | per-rank batch | samples/s (median) | min - max | vs default | vs reference |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| lever | overrides | per-rank batch | samples/s (median) | min - max | vs default | vs reference |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in summarize(res):
         overrides = " ".join(f"`{o}`" for o in row["overrides"]) or "-"
-        lines.append(f"| {row['name']} | {overrides} | {row['per_rank_batch']:,} | {row['median']:,.0f} | "
-                     f"{row['min']:,.0f} - {row['max']:,.0f} | {ratio(row['vs_default'])} | {ratio(row['vs_reference'])} |")
+        lines.append(
+            f"| {row['name']} | {overrides} | {row['per_rank_batch']:,} | {row['median']:,.0f} | "
+            f"{row['min']:,.0f} - {row['max']:,.0f} | {ratio(row['vs_default'])} | {ratio(row['vs_reference'])} |"
+        )
     ref = res["rates"]["reference"]
-    return lines + ["", f"Reference (hand-written TorchRec, per-rank batch {res['per_rank_batch']['default']:,}): "
-                        f"{statistics.median(ref):,.0f} samples/s ({min(ref):,.0f} - {max(ref):,.0f}); "
-                        f"{world} rank{'s' if world > 1 else ''}, {res['reps']} alternating repetitions, {machine}."]
+    return lines + [
+        "",
+        f"Reference (hand-written TorchRec, per-rank batch {res['per_rank_batch']['default']:,}): "
+        f"{statistics.median(ref):,.0f} samples/s ({min(ref):,.0f} - {max(ref):,.0f}); "
+        f"{world} rank{'s' if world > 1 else ''}, {res['reps']} alternating repetitions, {machine}.",
+    ]

@@ -53,7 +53,9 @@ def design(data: MovieLens, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tenso
     offsets, start = {}, 0
     for f in data.features:
         offsets[f.name], start = start, start + f.num_embeddings
-    batch = data._pairs_batch(data.user[rows], data.item[rows], data.rating[rows], np.ones(len(rows)))  # what the DLRM sees
+    batch = data._pairs_batch(
+        data.user[rows], data.item[rows], data.rating[rows], np.ones(len(rows))
+    )  # what the DLRM sees
     kjt = batch.sparse_features
     values = torch.cat([kjt[k].values() + offsets[k] for k in kjt.keys()])
     sample = torch.cat([torch.repeat_interleave(torch.arange(len(rows)), kjt[k].lengths().long()) for k in kjt.keys()])
@@ -98,9 +100,23 @@ def sweep(path: str) -> list[str]:
     """Markdown rows: each setting's best validation log loss (the experiment's evaluations,
     without early stopping) and where it peaked."""
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "hybridrec.train", "-m", "+experiment=movielens", f"data.path={path}",
-                        "train.steps=400", "train.early_stop_patience=0", *SWEEP, f"hydra.sweep.dir={out}",
-                        "hydra.sweep.subdir=${hydra.job.num}"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hybridrec.train",
+                "-m",
+                "+experiment=movielens",
+                f"data.path={path}",
+                "train.steps=400",
+                "train.early_stop_patience=0",
+                *SWEEP,
+                f"hydra.sweep.dir={out}",
+                "hydra.sweep.subdir=${hydra.job.num}",
+            ],
+            check=True,
+            capture_output=True,
+        )
         rows = []
         for job in sorted(os.listdir(out)):
             summary = os.path.join(out, job, "summary.json")
@@ -110,10 +126,15 @@ def sweep(path: str) -> list[str]:
             best = min(s["eval_history"], key=lambda e: e["logloss"])
             with open(os.path.join(out, job, ".hydra", "overrides.yaml")) as f:
                 overrides = ", ".join(o for o in yaml.safe_load(f) if ".lr=" in o)
-            rows.append(f"| {overrides} | {best['logloss']:.4f} | {best['auc']:.4f} | {best['step']} "
-                        f"| {s['valid']['logloss']:.4f} |")
-    return ["| setting | best validation log loss | its AUC | at step | at step 400 |", "|---|---:|---:|---:|---:|",
-            *rows]
+            rows.append(
+                f"| {overrides} | {best['logloss']:.4f} | {best['auc']:.4f} | {best['step']} "
+                f"| {s['valid']['logloss']:.4f} |"
+            )
+    return [
+        "| setting | best validation log loss | its AUC | at step | at step 400 |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def main() -> None:
@@ -128,15 +149,27 @@ def main() -> None:
     idx, width, dense, labels = design(data, train)
     v_idx, _, v_dense, v_labels = design(data, valid)
     fits = {l2: fit(idx, width, dense, labels, l2) for l2 in (1e-6, 1e-5, 1e-4, 1e-3)}
-    scores = {l2: binary_metrics(predict(p, v_idx, width, v_dense, len(valid)), v_labels)["logloss"]
-              for l2, p in fits.items()}
+    scores = {
+        l2: binary_metrics(predict(p, v_idx, width, v_dense, len(valid)), v_labels)["logloss"] for l2, p in fits.items()
+    }
     best = min(scores, key=scores.get)  # chosen on validation (the experiment's objective), scored once on test
     t_idx, _, t_dense, t_labels = design(data, test)
     baseline = binary_metrics(predict(fits[best], t_idx, width, t_dense, len(test)), t_labels)
 
     with tempfile.TemporaryDirectory() as run:
-        subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=movielens", f"data.path={args.path}",
-                        *BEST, f"hydra.run.dir={run}"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hybridrec.train",
+                "+experiment=movielens",
+                f"data.path={args.path}",
+                *BEST,
+                f"hydra.run.dir={run}",
+            ],
+            check=True,
+            capture_output=True,
+        )
         summary = json.load(open(os.path.join(run, "summary.json")))
         dlrm, dlrm_valid, chosen = summary["eval"], summary["valid"], summary["objective"]
     lines = [
@@ -161,11 +194,16 @@ def main() -> None:
         f"{dlrm['calibration']:.3f} | {dlrm_valid['logloss']:.4f} |",
     ]
     if args.sweep:
-        lines += ["", "## Selection sweep (validation split only)", "",
-                  f"`python -m hybridrec.train -m +experiment=movielens {' '.join(SWEEP)} train.steps=400 "
-                  "train.early_stop_patience=0` (validation every 25 steps); the experiment keeps the best setting, "
-                  "and early stopping with the best checkpoint finds its step.", "",
-                  *sweep(args.path)]
+        lines += [
+            "",
+            "## Selection sweep (validation split only)",
+            "",
+            f"`python -m hybridrec.train -m +experiment=movielens {' '.join(SWEEP)} train.steps=400 "
+            "train.early_stop_patience=0` (validation every 25 steps); the experiment keeps the best setting, "
+            "and early stopping with the best checkpoint finds its step.",
+            "",
+            *sweep(args.path),
+        ]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "MOVIELENS.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -61,8 +61,10 @@ def planted_probabilities(source: SyntheticClickLog, split: str, index: int) -> 
         logit += 3.0 / np.sqrt(len(source._sizes)) * (total / np.float32(k))
     probs = portable.sigmoid(logit)
     if not np.array_equal(u[-1] < probs, labels):
-        raise RuntimeError(f"{split} batch {index}: the labels are not draws from the recomputed planted model: "
-                           f"update planted_probabilities to hybridrec.data.synthetic's planted logit")
+        raise RuntimeError(
+            f"{split} batch {index}: the labels are not draws from the recomputed planted model: "
+            f"update planted_probabilities to hybridrec.data.synthetic's planted logit"
+        )
     return probs, labels
 
 

@@ -24,8 +24,11 @@ BLOCK = re.compile(r"(<!-- results:([\w#-]+) -->\n)(.*?)(<!-- /results:\2 -->)",
 def first_block(markdown: str, kind: str) -> str:
     """The first markdown ``table`` (lines starting with ``|``) or bullet ``list`` (``- ``
     items and their indented continuations) of ``markdown``."""
-    starts = (lambda line, block: line.startswith("|")) if kind == "table" else \
-        (lambda line, block: line.startswith("- ") or bool(block) and line.startswith("  "))
+    starts = (
+        (lambda line, block: line.startswith("|"))
+        if kind == "table"
+        else (lambda line, block: line.startswith("- ") or bool(block) and line.startswith("  "))
+    )
     block: list[str] = []
     for line in markdown.splitlines():
         if starts(line, block):
@@ -68,7 +71,8 @@ def pages() -> list[str]:
     """README.md and every guide under docs/."""
     docs = os.path.join(ROOT, "docs")
     return [os.path.join(ROOT, "README.md")] + sorted(
-        os.path.join(docs, name) for name in os.listdir(docs) if name.endswith(".md"))
+        os.path.join(docs, name) for name in os.listdir(docs) if name.endswith(".md")
+    )
 
 
 def main() -> None:
@@ -87,8 +91,9 @@ def main() -> None:
             with open(path, "w") as f:
                 f.write(new)
     if args.check and stale:
-        sys.exit(f"{', '.join(stale)}: result blocks differ from benchmarks/results: run "
-                 "python benchmarks/readme_numbers.py")
+        sys.exit(
+            f"{', '.join(stale)}: result blocks differ from benchmarks/results: run python benchmarks/readme_numbers.py"
+        )
     for name in stale:
         print(f"updated {name}")
 

@@ -90,20 +90,28 @@ def build_model(cfg, data, device: torch.device) -> DLRMTrain:
     """TorchRec's DLRM with the experiment's sizes, tables on the meta device (DMP
     materializes the local shards), the dense part on ``device``."""
     tables = [
-        EmbeddingBagConfig(name=f"t_{f.name}", embedding_dim=cfg.model.embedding_dim,
-                           num_embeddings=f.num_embeddings, feature_names=[f.name])
+        EmbeddingBagConfig(
+            name=f"t_{f.name}",
+            embedding_dim=cfg.model.embedding_dim,
+            num_embeddings=f.num_embeddings,
+            feature_names=[f.name],
+        )
         for f in data.features
     ]
-    return DLRMTrain(DLRM(
-        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
-        dense_in_features=data.num_dense_features,
-        dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
-        over_arch_layer_sizes=list(cfg.model.over_arch_layer_sizes),
-        dense_device=device,
-    ))
+    return DLRMTrain(
+        DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+            dense_in_features=data.num_dense_features,
+            dense_arch_layer_sizes=list(cfg.model.dense_arch_layer_sizes),
+            over_arch_layer_sizes=list(cfg.model.over_arch_layer_sizes),
+            dense_device=device,
+        )
+    )
 
 
-def build_planner(world_size: int, local_world_size: int, device_type: str, local_batch: int) -> EmbeddingShardingPlanner:
+def build_planner(
+    world_size: int, local_world_size: int, device_type: str, local_batch: int
+) -> EmbeddingShardingPlanner:
     """The planner as in dlrm_main.py: the ranks' device, per-rank batch, heuristic
     reservation (and TorchRec's default memory sizes)."""
     return EmbeddingShardingPlanner(
@@ -130,8 +138,11 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto", input_: str
     model = build_model(cfg, data, device)
 
     # Sparse optimizer fused into the embedding backward, before sharding.
-    apply_optimizer_in_backward(optimizer_class(cfg.optimizer.sparse._target_),
-                                model.model.sparse_arch.parameters(), kwargs(cfg.optimizer.sparse))
+    apply_optimizer_in_backward(
+        optimizer_class(cfg.optimizer.sparse._target_),
+        model.model.sparse_arch.parameters(),
+        kwargs(cfg.optimizer.sparse),
+    )
 
     planner = build_planner(world_size, int(os.environ["LOCAL_WORLD_SIZE"]), device.type, local_batch)
     plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
@@ -149,10 +160,18 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto", input_: str
         # (torchrec.datasets.random.RandomRecDataset), the same shapes (rows per rank, dense
         # features, ids per feature, table sizes) and no input cost on the training thread.
         sizes = [int(f.pooling_factor) for f in data.features]  # the synthetic log: ids per sample, fixed
-        batches = iter(RandomRecDataset(
-            keys=data.keys, batch_size=local_batch, hash_sizes=[f.num_embeddings for f in data.features],
-            ids_per_features=sizes, min_ids_per_features=sizes, num_dense=data.num_dense_features,
-            manual_seed=cfg.seed + rank, num_generated_batches=10))
+        batches = iter(
+            RandomRecDataset(
+                keys=data.keys,
+                batch_size=local_batch,
+                hash_sizes=[f.num_embeddings for f in data.features],
+                ids_per_features=sizes,
+                min_ids_per_features=sizes,
+                num_dense=data.num_dense_features,
+                manual_seed=cfg.seed + rank,
+                num_generated_batches=10,
+            )
+        )
     else:  # hybridrec's synthetic click log, each rank its rows of every global batch
         batches = loader.batches(data, "train", rank, world_size, steps)
     step_times, losses = [], []
@@ -172,9 +191,10 @@ def train(cfg, steps: int, warmup: int, device_choice: str = "auto", input_: str
     peak_rss = [None] * world_size  # ru_maxrss is KiB on Linux
     dist.all_gather_object(peak_rss, round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
     peak_device = [None] * world_size  # torch's caching allocator: tensors' peak on this GPU
-    dist.all_gather_object(peak_device, round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-                           if device.type == "cuda" else None)
-    loss_tail = torch.stack(losses[-max(1, steps // 10):]).mean()
+    dist.all_gather_object(
+        peak_device, round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None
+    )
+    loss_tail = torch.stack(losses[-max(1, steps // 10) :]).mean()
     dist.all_reduce(loss_tail)
     ms = np.array(step_times) * 1000
     out = {
@@ -208,11 +228,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=20, help="steps excluded from the rate")
     parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto: the GPU of LOCAL_RANK when torch sees one, else CPU")
-    parser.add_argument("--input", choices=["hybridrec", "pregenerated"], default="hybridrec",
-                        help="hybridrec: the synthetic click log built each step (hybridrec's input); "
-                             "pregenerated: TorchRec's RandomRecDataset, 10 batches generated up front and cycled")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto: the GPU of LOCAL_RANK when torch sees one, else CPU",
+    )
+    parser.add_argument(
+        "--input",
+        choices=["hybridrec", "pregenerated"],
+        default="hybridrec",
+        help="hybridrec: the synthetic click log built each step (hybridrec's input); "
+        "pregenerated: TorchRec's RandomRecDataset, 10 batches generated up front and cycled",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of +experiment=ctr (model/data/optimizer)")
     args = parser.parse_args()
     if not 1 <= args.warmup < args.steps:

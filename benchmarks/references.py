@@ -42,8 +42,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # (reference_torchrec.py composes hybridrec's config from the same overrides).
 SHAPES = {
     "ctr": ([], 1024),
-    "torchrec_example": (["data.num_embeddings_per_feature=[" + ",".join(["100000"] * 26) + "]",
-                          "model.over_arch_layer_sizes=[1024,1024,512,256,1]", "optimizer/sparse=adagrad"], 512),
+    "torchrec_example": (
+        [
+            "data.num_embeddings_per_feature=[" + ",".join(["100000"] * 26) + "]",
+            "model.over_arch_layer_sizes=[1024,1024,512,256,1]",
+            "optimizer/sparse=adagrad",
+        ],
+        512,
+    ),
 }
 PREGENERATED = "reference, pre-generated (RandomRecDataset)"
 LOOPS = {  # name -> (hybridrec's mesh, or the reference's --input)
@@ -58,22 +64,59 @@ def hybridrec(overrides: list[str], ranks: int, steps: int, warmup: int, tmp: st
     out = os.path.join(tmp, "hybridrec")
     shutil.rmtree(out, ignore_errors=True)
     threads_arg = [f"launcher.threads_per_rank={threads}"] if threads else []
-    subprocess.run([sys.executable, "-m", "hybridrec.train", "+experiment=ctr", *overrides, *threads_arg,
-                    f"launcher.nproc_per_node={ranks}", f"train.steps={steps}", f"train.log_every={warmup}",
-                    "train.eval_every=0", f"hydra.run.dir={out}"], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridrec.train",
+            "+experiment=ctr",
+            *overrides,
+            *threads_arg,
+            f"launcher.nproc_per_node={ranks}",
+            f"train.steps={steps}",
+            f"train.log_every={warmup}",
+            "train.eval_every=0",
+            f"hydra.run.dir={out}",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     with open(os.path.join(out, "summary.json")) as f:
         batch = json.load(f)["global_batch_size"]
     return steady_rate(out, batch, warmup)
 
 
-def reference(overrides: list[str], ranks: int, steps: int, warmup: int, tmp: str, input_: str,
-              threads: int | None) -> float:
+def reference(
+    overrides: list[str], ranks: int, steps: int, warmup: int, tmp: str, input_: str, threads: int | None
+) -> float:
     out = os.path.join(tmp, f"ref-{input_}.json")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    subprocess.run([torchrun, "--standalone", "--nproc_per_node", str(ranks), os.path.join(HERE, "reference_torchrec.py"),
-                    "--steps", str(steps), "--warmup", str(warmup), "--out", out, "--input", input_, "--device", "cpu",
-                    *overrides], check=True, capture_output=True, cwd=ROOT, env=env)
+    subprocess.run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            os.path.join(HERE, "reference_torchrec.py"),
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--out",
+            out,
+            "--input",
+            input_,
+            "--device",
+            "cpu",
+            *overrides,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+    )
     with open(out) as f:
         return json.load(f)["samples_per_second"]
 
@@ -93,11 +136,15 @@ def measure(shape: str, ranks: int, busy: bool, reps: int, steps: int, warmup: i
         for rep in range(reps):
             for name in list(LOOPS)[:: -1 if rep % 2 else 1]:
                 kind, arg = LOOPS[name]
-                rate = (hybridrec([*overrides, arg], ranks, steps, warmup, tmp, threads) if kind == "hybridrec"
-                        else reference(overrides, ranks, steps, warmup, tmp, arg, threads))
+                rate = (
+                    hybridrec([*overrides, arg], ranks, steps, warmup, tmp, threads)
+                    if kind == "hybridrec"
+                    else reference(overrides, ranks, steps, warmup, tmp, arg, threads)
+                )
                 rates[name].append(rate)
-                print(f"{shape} {ranks} ranks {'busy' if busy else 'quiet'} rep {rep + 1}: {name} {rate:,.0f}",
-                      flush=True)
+                print(
+                    f"{shape} {ranks} ranks {'busy' if busy else 'quiet'} rep {rep + 1}: {name} {rate:,.0f}", flush=True
+                )
     return rates
 
 
@@ -112,25 +159,34 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results", "REFERENCES.md"))
     args = parser.parse_args()
     m = machine()
-    lines = ["# hybridrec against both TorchRec references", "",
-             f"`python {' '.join(['benchmarks/references.py', *sys.argv[1:]])}` ({datetime.date.today().isoformat()}; "
-             f"{m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchrec {m['torchrec']}): {args.steps} steps, "
-             f"steady state after step {args.warmup}, {args.reps} alternating repetitions, medians; ratios are "
-             "per repetition (the loops ran back to back), then the median. \"busy\": one other process spinning "
-             "on a core for the whole measurement, and every loop given the other cores' threads (intra-op threads "
-             "per rank = (cores - 1) / ranks, at least 1). Shapes: see the script's docstring.", "",
-             "| shapes | machine | ranks | loop | samples/s (median) | min - max | / pre-generated (median, min - max) |",
-             "|---|---|---:|---|---:|---:|---:|"]
+    lines = [
+        "# hybridrec against both TorchRec references",
+        "",
+        f"`python {' '.join(['benchmarks/references.py', *sys.argv[1:]])}` ({datetime.date.today().isoformat()}; "
+        f"{m['cpu']}, {m['cores']} cores; torch {m['torch']}, torchrec {m['torchrec']}): {args.steps} steps, "
+        f"steady state after step {args.warmup}, {args.reps} alternating repetitions, medians; ratios are "
+        'per repetition (the loops ran back to back), then the median. "busy": one other process spinning '
+        "on a core for the whole measurement, and every loop given the other cores' threads (intra-op threads "
+        "per rank = (cores - 1) / ranks, at least 1). Shapes: see the script's docstring.",
+        "",
+        "| shapes | machine | ranks | loop | samples/s (median) | min - max | / pre-generated (median, min - max) |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
     for shape in args.shapes:
         for state in args.machine:
             for ranks in args.ranks:
                 rates = measure(shape, ranks, state == "busy", args.reps, args.steps, args.warmup)
                 for name, r in rates.items():
                     ratios = [a / b for a, b in zip(r, rates[PREGENERATED])]
-                    ratio = "" if name == PREGENERATED else \
-                        f"{statistics.median(ratios):.3f} ({min(ratios):.3f} - {max(ratios):.3f})"
-                    lines.append(f"| {shape} | {state} | {ranks} | {name} | {statistics.median(r):,.0f} | "
-                                 f"{min(r):,.0f} - {max(r):,.0f} | {ratio} |")
+                    ratio = (
+                        ""
+                        if name == PREGENERATED
+                        else f"{statistics.median(ratios):.3f} ({min(ratios):.3f} - {max(ratios):.3f})"
+                    )
+                    lines.append(
+                        f"| {shape} | {state} | {ranks} | {name} | {statistics.median(r):,.0f} | "
+                        f"{min(r):,.0f} - {max(r):,.0f} | {ratio} |"
+                    )
                 write_markdown(args.out, lines, "references")  # after each group: a long run keeps what it has
 
 

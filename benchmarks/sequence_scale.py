@@ -35,13 +35,31 @@ from common import ROOT, compose_config, machine, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The dry run's model and cluster (the sizes named in the module docstring).
-DRY_RUN = ["+experiment=sequences", "model=hstu", "model.num_blocks=24", "model.embedding_dim=1024",
-           "model.num_heads=8", "model.attention_dim=128", "model.linear_dim=128", "data=parquet_seq",
-           "data.items_column=items", "data.num_items=100000000", "topology.world_size=64",
-           "topology.local_world_size=8", "topology.compute_device=cuda", "topology.device_memory_gb=80"]
+DRY_RUN = [
+    "+experiment=sequences",
+    "model=hstu",
+    "model.num_blocks=24",
+    "model.embedding_dim=1024",
+    "model.num_heads=8",
+    "model.attention_dim=128",
+    "model.linear_dim=128",
+    "data=parquet_seq",
+    "data.items_column=items",
+    "data.num_items=100000000",
+    "topology.world_size=64",
+    "topology.local_world_size=8",
+    "topology.compute_device=cuda",
+    "topology.device_memory_gb=80",
+]
 # The measured stack: 8 SASRec blocks, 512 wide, on 2 CPU ranks.
-MEASURED = ["+experiment=sequences", "model=sasrec", "model.num_blocks=8", "model.embedding_dim=512",
-            "model.num_heads=8", "data.batch_size=64"]
+MEASURED = [
+    "+experiment=sequences",
+    "model=sasrec",
+    "model.num_blocks=8",
+    "model.embedding_dim=512",
+    "model.num_heads=8",
+    "data.batch_size=64",
+]
 MODES = {"ddp": ["mesh=ddp"], "fsdp": ["mesh=fsdp"]}
 ADAM_BYTES = 4 + 4 + 2 * 4  # fp32 parameter, gradient, exp_avg, exp_avg_sq
 
@@ -69,8 +87,13 @@ def dry_run(tmp: str) -> dict:
     path = os.path.join(tmp, "histories.parquet")
     _histories(path)
     overrides = [*DRY_RUN, f"data.path={path}"]
-    proc = subprocess.run([sys.executable, "-m", "hybridrec.plan", *overrides, f"hydra.run.dir={tmp}/plan"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybridrec.plan", *overrides, f"hydra.run.dir={tmp}/plan"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     if proc.returncode != 0:
         sys.exit(f"the dry run failed:\n{proc.stderr[-3000:]}")
     out = proc.stdout + proc.stderr
@@ -78,38 +101,57 @@ def dry_run(tmp: str) -> dict:
     rank0 = re.search(r"^0\s+([\d.]+) / ([\d.]+)\s+([\d.]+) / ([\d.]+)", out, re.M)
     if not table or not rank0:
         sys.exit(f"the dry run's plan table was not found:\n{out[-3000:]}")
-    return {"overrides": DRY_RUN, "rows": table.group(1), "dim": int(table.group(2)), "sharding": table.group(3),
-            "kernel": table.group(4), "device_gib": float(table.group(5)), "placement": table.group(7).strip(),
-            "rank0_device_gib": float(rank0.group(1)), "rank0_capacity_gib": float(rank0.group(2)),
-            "dense_parameters": dense_parameters(overrides)}
+    return {
+        "overrides": DRY_RUN,
+        "rows": table.group(1),
+        "dim": int(table.group(2)),
+        "sharding": table.group(3),
+        "kernel": table.group(4),
+        "device_gib": float(table.group(5)),
+        "placement": table.group(7).strip(),
+        "rank0_device_gib": float(rank0.group(1)),
+        "rank0_capacity_gib": float(rank0.group(2)),
+        "dense_parameters": dense_parameters(overrides),
+    }
 
 
 def report(res: dict) -> list[str]:
     m, d = res["machine"], res["dry_run"]
     gib = lambda b: f"{b / 2**30:,.2f}"
     dense = d["dense_parameters"] * ADAM_BYTES
-    lines = ["# Sequence rankers at scale", "",
-             f"`python benchmarks/sequence_scale.py --steps {res['steps']} --reps {res['reps']}` on {m['cpu']}, "
-             f"{m['cores']} cores, torch {m['torch']}.", "",
-             "## A 100M-item HSTU on 64 GPUs (dry run)", "",
-             f"`python -m hybridrec.plan {' '.join(d['overrides'])} data.path=<histories>`: TorchRec's planner for "
-             f"64 ranks of 80 GiB, 8 per node; the stack's state counted from the model built on the meta device "
-             f"({d['dense_parameters'] / 1e6:,.1f} M dense parameters, fp32 with Adam: {ADAM_BYTES} bytes each).", "",
-             "| part | placement | per rank |", "|---|---|---:|",
-             f"| item table, {d['rows']} x {d['dim']} (the planner's storage estimate) | {d['sharding']}, "
-             f"{d['placement']} | {d['rank0_device_gib']:.2f} GiB of {d['rank0_capacity_gib']:.0f} |",
-             f"| 24 HSTU blocks under DDP (every rank all of it) | replicated | {gib(dense)} GiB |",
-             f"| 24 HSTU blocks under FSDP2 (a unit per block) | sharded over 64 | {gib(dense / 64)} GiB |", "",
-             f"TorchRec's storage estimate for the table is {d['device_gib']:,.0f} GiB (its fp32 weights alone "
-             f"{gib(int(d['rows'].replace(',', '')) * d['dim'] * 4)} GiB; the estimator's sequence-table figure is "
-             f"quoted as it plans with it): no GPU holds it whole, and row-wise sharding gives each of "
-             f"the 64 ranks {d['rank0_device_gib']:.2f} GiB and a 64th of its lookups. The stack's state is "
-             f"{gib(dense)} GiB on every rank under DDP and {gib(dense / 64)} GiB under FSDP2, which leaves the "
-             f"difference to activations and longer histories.", "",
-             "## 8 SASRec blocks x 512 wide on 2 CPU ranks (measured)", "",
-             f"`{' '.join(MEASURED)}` with `mesh=ddp` and `mesh=fsdp`, gloo, dense Adam, {res['steps']} steps a "
-             f"window, {res['reps']} alternating windows. Bytes each rank holds after a step:", "",
-             *dense_memory.table(res["measured"])]
+    lines = [
+        "# Sequence rankers at scale",
+        "",
+        f"`python benchmarks/sequence_scale.py --steps {res['steps']} --reps {res['reps']}` on {m['cpu']}, "
+        f"{m['cores']} cores, torch {m['torch']}.",
+        "",
+        "## A 100M-item HSTU on 64 GPUs (dry run)",
+        "",
+        f"`python -m hybridrec.plan {' '.join(d['overrides'])} data.path=<histories>`: TorchRec's planner for "
+        f"64 ranks of 80 GiB, 8 per node; the stack's state counted from the model built on the meta device "
+        f"({d['dense_parameters'] / 1e6:,.1f} M dense parameters, fp32 with Adam: {ADAM_BYTES} bytes each).",
+        "",
+        "| part | placement | per rank |",
+        "|---|---|---:|",
+        f"| item table, {d['rows']} x {d['dim']} (the planner's storage estimate) | {d['sharding']}, "
+        f"{d['placement']} | {d['rank0_device_gib']:.2f} GiB of {d['rank0_capacity_gib']:.0f} |",
+        f"| 24 HSTU blocks under DDP (every rank all of it) | replicated | {gib(dense)} GiB |",
+        f"| 24 HSTU blocks under FSDP2 (a unit per block) | sharded over 64 | {gib(dense / 64)} GiB |",
+        "",
+        f"TorchRec's storage estimate for the table is {d['device_gib']:,.0f} GiB (its fp32 weights alone "
+        f"{gib(int(d['rows'].replace(',', '')) * d['dim'] * 4)} GiB; the estimator's sequence-table figure is "
+        f"quoted as it plans with it): no GPU holds it whole, and row-wise sharding gives each of "
+        f"the 64 ranks {d['rank0_device_gib']:.2f} GiB and a 64th of its lookups. The stack's state is "
+        f"{gib(dense)} GiB on every rank under DDP and {gib(dense / 64)} GiB under FSDP2, which leaves the "
+        f"difference to activations and longer histories.",
+        "",
+        "## 8 SASRec blocks x 512 wide on 2 CPU ranks (measured)",
+        "",
+        f"`{' '.join(MEASURED)}` with `mesh=ddp` and `mesh=fsdp`, gloo, dense Adam, {res['steps']} steps a "
+        f"window, {res['reps']} alternating windows. Bytes each rank holds after a step:",
+        "",
+        *dense_memory.table(res["measured"]),
+    ]
     return lines
 
 

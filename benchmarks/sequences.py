@@ -54,7 +54,7 @@ def _targets(source, split: str) -> tuple[np.ndarray, list[np.ndarray]]:
     """Each user's held-out item of ``split`` and the history before it."""
     cut = {"valid": 2, "eval": 1}[split]
     targets = source.items[source.ends - cut]
-    histories = [source.items[s: e - cut] for s, e in zip(source.starts, source.ends)]
+    histories = [source.items[s : e - cut] for s, e in zip(source.starts, source.ends)]
     return targets, histories
 
 
@@ -72,14 +72,16 @@ def baselines(source) -> dict[str, dict[str, float]]:
     pop_scores = np.broadcast_to(popularity, (len(targets), len(popularity)))
     transitions = np.zeros((source.catalogue, source.catalogue))
     for s, e in zip(source.starts, source.ends):
-        train = source.items[s: e - 2]
+        train = source.items[s : e - 2]
         np.add.at(transitions, (train[:-1], train[1:]), 1.0)
     last = np.array([h[-1] for h in histories])
     tie = popularity / (popularity.max() + 1)  # below one count: breaks ties only
     transition_scores = transitions[last] + tie[None, :]
     transition_scores[:, 0] = -1
-    return {"popularity": _metrics(_rank_of(pop_scores, targets)),
-            "item-to-item transitions": _metrics(_rank_of(transition_scores, targets))}
+    return {
+        "popularity": _metrics(_rank_of(pop_scores, targets)),
+        "item-to-item transitions": _metrics(_rank_of(transition_scores, targets)),
+    }
 
 
 class PlainSASRec(nn.Module):
@@ -92,11 +94,14 @@ class PlainSASRec(nn.Module):
         self.items, self.positions = nn.Embedding(items, dim), nn.Embedding(length, dim)
         self.dim, self.length = dim, length
         self.attn_norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(blocks))
-        self.attns = nn.ModuleList(nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
-                                   for _ in range(blocks))
+        self.attns = nn.ModuleList(
+            nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True) for _ in range(blocks)
+        )
         self.ffn_norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(blocks))
-        self.ffns = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout),
-                                                nn.Linear(dim, dim), nn.Dropout(dropout)) for _ in range(blocks))
+        self.ffns = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim), nn.Dropout(dropout))
+            for _ in range(blocks)
+        )
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, history: torch.Tensor, lengths: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -124,8 +129,9 @@ def plain_rate(cfg, steps: int) -> float:
     m = cfg.model
     model = PlainSASRec(data.catalogue, m.embedding_dim, cfg.data.max_length, m.num_blocks, m.num_heads, m.dropout)
     sparse = torch.optim.Adagrad(model.items.parameters(), lr=cfg.optimizer.sparse.lr)
-    dense = torch.optim.Adam([p for n, p in model.named_parameters() if not n.startswith("items.")],
-                             lr=cfg.optimizer.dense.lr)
+    dense = torch.optim.Adam(
+        [p for n, p in model.named_parameters() if not n.startswith("items.")], lr=cfg.optimizer.dense.lr
+    )
     tick = None
     for step, batch in enumerate(loader.batches(data, "train", 0, 1, steps), 1):
         features = batch.sparse_features.to_dict()
@@ -140,8 +146,10 @@ def plain_rate(cfg, steps: int) -> float:
 
 
 def hybridrec_run(model: str, steps: int, out: str) -> dict:
-    summary = train_summary(["+experiment=sequences", f"model={model}", f"train.steps={steps}",
-                             f"checkpoint.dir={out}/ckpt", *SETTINGS], out)
+    summary = train_summary(
+        ["+experiment=sequences", f"model={model}", f"train.steps={steps}", f"checkpoint.dir={out}/ckpt", *SETTINGS],
+        out,
+    )
     return summary
 
 
@@ -160,9 +168,12 @@ def main() -> None:
         res["hybridrec"] = {}
         for model in ("sasrec", "hstu"):
             summary = hybridrec_run(model, args.steps, os.path.join(tmp, model))
-            res["hybridrec"][model] = {"eval": summary["eval"], "samples_per_second": summary["samples_per_second"],
-                                       "steady": summary["train"]["steady_samples_per_second"],
-                                       "best_step": summary["objective"]["best_step"]}
+            res["hybridrec"][model] = {
+                "eval": summary["eval"],
+                "samples_per_second": summary["samples_per_second"],
+                "steady": summary["train"]["steady_samples_per_second"],
+                "best_step": summary["objective"]["best_step"],
+            }
         # speed: hybridrec's SASRec (steps/s from its summary) against the plain loop, alternating
         rates = {"hybridrec": [], "plain PyTorch": []}
         speed_steps = 60
@@ -170,8 +181,15 @@ def main() -> None:
             order = ["hybridrec", "plain PyTorch"] if rep % 2 == 0 else ["plain PyTorch", "hybridrec"]
             for name in order:
                 if name == "hybridrec":
-                    s = train_summary(["+experiment=sequences", f"train.steps={speed_steps}", "train.log_every=10",
-                                       "train.eval_every=0"], os.path.join(tmp, f"speed{rep}"))
+                    s = train_summary(
+                        [
+                            "+experiment=sequences",
+                            f"train.steps={speed_steps}",
+                            "train.log_every=10",
+                            "train.eval_every=0",
+                        ],
+                        os.path.join(tmp, f"speed{rep}"),
+                    )
                     rates[name].append(s["train"]["steady_samples_per_second"] / cfg.data.batch_size)
                 else:
                     rates[name].append(plain_rate(cfg, speed_steps))
@@ -184,31 +202,49 @@ def main() -> None:
 
 def report(res: dict) -> list[str]:
     m = res["machine"]
-    row = lambda name, e: (f"| {name} | {e['hr@10']:.4f} | {e['ndcg@10']:.4f} | {e['hr@50']:.4f} | "
-                           f"{e['ndcg@50']:.4f} | {e['mrr']:.4f} |")
-    L = ["# Next-item recommendation: MovieLens-100k", "",
-         f"`python benchmarks/sequences.py --steps {res['steps']}` on {m['cpu']}, {m['cores']} cores, torch "
-         f"{m['torch']}. Test split (each user's last item), every item of the catalogue ranked, nothing masked; "
-         f"hybridrec's runs: `+experiment=sequences {' '.join(res['settings'])}`, {res['steps']} steps of 128 users, "
-         f"scored with the checkpoint of the best validation NDCG@10.", "",
-         "| model | HR@10 | NDCG@10 | HR@50 | NDCG@50 | MRR |", "|---|---:|---:|---:|---:|---:|"]
+    row = lambda name, e: (
+        f"| {name} | {e['hr@10']:.4f} | {e['ndcg@10']:.4f} | {e['hr@50']:.4f} | {e['ndcg@50']:.4f} | {e['mrr']:.4f} |"
+    )
+    L = [
+        "# Next-item recommendation: MovieLens-100k",
+        "",
+        f"`python benchmarks/sequences.py --steps {res['steps']}` on {m['cpu']}, {m['cores']} cores, torch "
+        f"{m['torch']}. Test split (each user's last item), every item of the catalogue ranked, nothing masked; "
+        f"hybridrec's runs: `+experiment=sequences {' '.join(res['settings'])}`, {res['steps']} steps of 128 users, "
+        f"scored with the checkpoint of the best validation NDCG@10.",
+        "",
+        "| model | HR@10 | NDCG@10 | HR@50 | NDCG@50 | MRR |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, e in res["baselines"].items():
         L.append(row(name, e))
     for model, r in res["hybridrec"].items():
-        L.append(row(f"hybridrec {model.upper() if model == 'hstu' else 'SASRec'} (best step {r['best_step']})",
-                     r["eval"]))
-    L += ["", "The field's reference points, MovieLens-1M (generative-recommenders' README; another dataset, "
-              "6,040 users and 3,706 items against 943 and 1,682 here, not comparable numbers):", "",
-          "| model | HR@10 | NDCG@10 |", "|---|---:|---:|"]
+        L.append(
+            row(f"hybridrec {model.upper() if model == 'hstu' else 'SASRec'} (best step {r['best_step']})", r["eval"])
+        )
+    L += [
+        "",
+        "The field's reference points, MovieLens-1M (generative-recommenders' README; another dataset, "
+        "6,040 users and 3,706 items against 943 and 1,682 here, not comparable numbers):",
+        "",
+        "| model | HR@10 | NDCG@10 |",
+        "|---|---:|---:|",
+    ]
     L += [f"| {name} (ML-1M) | {hr:.4f} | {ndcg:.4f} |" for name, (hr, ndcg) in PUBLISHED_ML1M.items()]
     speed = res["speed"]
     h, p = statistics.median(speed["hybridrec"]), statistics.median(speed["plain PyTorch"])
     ratios = sorted(a / b for a, b in zip(speed["hybridrec"], speed["plain PyTorch"]))
-    L += ["", "## Speed", "",
-          f"One process, SASRec, the same batches (steps/s after 10 warm-up steps, median of {len(ratios)} "
-          f"alternating repetitions, ratio per repetition):", "",
-          "| hybridrec steps/s | plain PyTorch steps/s | hybridrec / plain |", "|---:|---:|---:|",
-          f"| {h:.2f} | {p:.2f} | {statistics.median(ratios):.2f} ({ratios[0]:.2f} - {ratios[-1]:.2f}) |"]
+    L += [
+        "",
+        "## Speed",
+        "",
+        f"One process, SASRec, the same batches (steps/s after 10 warm-up steps, median of {len(ratios)} "
+        f"alternating repetitions, ratio per repetition):",
+        "",
+        "| hybridrec steps/s | plain PyTorch steps/s | hybridrec / plain |",
+        "|---:|---:|---:|",
+        f"| {h:.2f} | {p:.2f} | {statistics.median(ratios):.2f} ({ratios[0]:.2f} - {ratios[-1]:.2f}) |",
+    ]
     return L
 
 

@@ -48,16 +48,39 @@ def run_suite(workers: int, extra: list[str]) -> dict:
             os.remove(os.path.join(OUT, name))
     junit = os.path.join(OUT, "junit.xml")
     env = {**os.environ, "COVERAGE_RCFILE": rc}
-    cmd = [sys.executable, "-m", "coverage", "run", "-m", "pytest", "-q", "-n", str(workers), "--dist", "loadfile",
-           f"--junitxml={junit}", "-p", "no:cacheprovider", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "coverage",
+        "run",
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        str(workers),
+        "--dist",
+        "loadfile",
+        f"--junitxml={junit}",
+        "-p",
+        "no:cacheprovider",
+        *extra,
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env)
     wall = time.monotonic() - start
     subprocess.run([sys.executable, "-m", "coverage", "combine", "-q"], cwd=ROOT, env=env, check=True)
     cov_json = os.path.join(OUT, "coverage.json")
     subprocess.run([sys.executable, "-m", "coverage", "json", "-q", "-o", cov_json], cwd=ROOT, env=env, check=True)
-    return {"wall_s": round(wall, 1), "exit": proc.returncode, "files": per_file(junit), "tests": per_test(junit),
-            "modules": per_module(cov_json), "commit": _commit(), "cpu": _cpu(), "date": time.strftime("%Y-%m-%d")}
+    return {
+        "wall_s": round(wall, 1),
+        "exit": proc.returncode,
+        "files": per_file(junit),
+        "tests": per_test(junit),
+        "modules": per_module(cov_json),
+        "commit": _commit(),
+        "cpu": _cpu(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def per_file(junit: str) -> dict[str, dict]:
@@ -80,7 +103,7 @@ def _split(case: ET.Element) -> tuple[str, list[str]]:
     tests/test_x.py and [TestY]."""
     parts = (case.get("classname") or "?").split(".")
     last = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
-    return "/".join(parts[: last + 1]) + ".py", parts[last + 1:]
+    return "/".join(parts[: last + 1]) + ".py", parts[last + 1 :]
 
 
 def per_test(junit: str) -> dict[str, float]:
@@ -103,7 +126,9 @@ def per_module(cov_json: str) -> dict[str, dict]:
 
 
 def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _cpu() -> str:
@@ -118,17 +143,29 @@ def _pct(covered: int, statements: int) -> str:
 
 
 def markdown(now: dict, before: dict | None) -> str:
-    lines = ["# The test suite: time per file, coverage per module", "",
-             f"Measured by `benchmarks/suite_profile.py` on {now['date']} at commit {now['commit']} ({now['cpu']}): "
-             f"the whole suite under coverage.py on 2 pytest-xdist workers, {now['wall_s'] / 60:.1f} min "
-             f"(coverage slows it down; `make test`'s own time is in docs/install.md).", ""]
+    lines = [
+        "# The test suite: time per file, coverage per module",
+        "",
+        f"Measured by `benchmarks/suite_profile.py` on {now['date']} at commit {now['commit']} ({now['cpu']}): "
+        f"the whole suite under coverage.py on 2 pytest-xdist workers, {now['wall_s'] / 60:.1f} min "
+        f"(coverage slows it down; `make test`'s own time is in docs/install.md).",
+        "",
+    ]
     tests = sum(r["tests"] for r in now["files"].values())
     secs = sum(r["seconds"] for r in now["files"].values())
-    head = "| test file | tests | passed | failed | skipped | seconds |" + (" before: tests | before: seconds |" if before else "")
-    lines += [f"## Per test file ({tests} tests, {secs / 60:.1f} min of test time over the workers)", "", head,
-              "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else "")]
-    names = sorted(set(now["files"]) | set(before["files"] if before else ()),
-                   key=lambda n: -(now["files"].get(n, {}).get("seconds", 0)))
+    head = "| test file | tests | passed | failed | skipped | seconds |" + (
+        " before: tests | before: seconds |" if before else ""
+    )
+    lines += [
+        f"## Per test file ({tests} tests, {secs / 60:.1f} min of test time over the workers)",
+        "",
+        head,
+        "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""),
+    ]
+    names = sorted(
+        set(now["files"]) | set(before["files"] if before else ()),
+        key=lambda n: -(now["files"].get(n, {}).get("seconds", 0)),
+    )
     for n in names:
         r = now["files"].get(n, {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "seconds": 0})
         row = f"| {n} | {r['tests']} | {r['passed']} | {r['failed']} | {r['skipped']} | {r['seconds']:.1f} |"
@@ -142,9 +179,13 @@ def markdown(now: dict, before: dict | None) -> str:
         lines += [f"| {name} | {secs:.1f} |" for name, secs in slowest]
     st = sum(m["statements"] for m in now["modules"].values())
     cv = sum(m["covered"] for m in now["modules"].values())
-    lines += ["", f"## Per module of hybridrec/ ({cv} of {st} statements covered, {_pct(cv, st)})", "",
-              "| module | statements | covered | covered % |" + (" before: covered % |" if before else ""),
-              "|---|---:|---:|---:|" + ("---:|" if before else "")]
+    lines += [
+        "",
+        f"## Per module of hybridrec/ ({cv} of {st} statements covered, {_pct(cv, st)})",
+        "",
+        "| module | statements | covered | covered % |" + (" before: covered % |" if before else ""),
+        "|---|---:|---:|---:|" + ("---:|" if before else ""),
+    ]
     for n in sorted(set(now["modules"]) | set(before["modules"] if before else ())):
         m = now["modules"].get(n, {"statements": 0, "covered": 0})
         row = f"| {n} | {m['statements']} | {m['covered']} | {_pct(m['covered'], m['statements'])} |"

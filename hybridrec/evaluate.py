@@ -37,15 +37,19 @@ def main(ev: DictConfig) -> float:
     # A user error is one line naming the key or file (HYDRA_FULL_ERROR=1: the traceback).
     try:
         if OmegaConf.is_missing(ev, "checkpoint"):
-            raise CheckpointError("checkpoint is not set: give checkpoint=<dir>, a training run's checkpoint.dir "
-                                  "(its newest loadable checkpoint) or one of its step_<N> directories")
+            raise CheckpointError(
+                "checkpoint is not set: give checkpoint=<dir>, a training run's checkpoint.dir "
+                "(its newest loadable checkpoint) or one of its step_<N> directories"
+            )
         path, which = resolve_checkpoint(ev.checkpoint, ev.allow_unverified)
         if which:
             log.info(which)
         state = check_checkpoint(path, ev.allow_unverified)
         if ev.launcher.max_restarts:
-            raise ValueError("launcher.max_restarts restarts training from its checkpoints; an evaluation "
-                             "that fails is run again as a whole: leave it 0")
+            raise ValueError(
+                "launcher.max_restarts restarts training from its checkpoints; an evaluation "
+                "that fails is run again as a whole: leave it 0"
+            )
         saved = saved_config(path, ev.trusted_targets)  # refuses a config that would run code
         cfg = evaluation_config(saved, ev, data_option=HydraConfig.get().runtime.choices.get("data") is not None)
         dims = check_job(cfg)
@@ -53,8 +57,10 @@ def main(ev: DictConfig) -> float:
         check_fits(state, data.features, data.num_dense_features, path)
         scored = [s for s in data.splits if s != "train"]
         if ev.split not in scored:
-            raise DataError(f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
-                            f"split={' or split='.join(scored)}")
+            raise DataError(
+                f"split={ev.split}: this data source has {' and '.join(scored)} to score: "
+                f"split={' or split='.join(scored)}"
+            )
         plan_before_launch(cfg, dims, data)
     except ValueError as e:  # CheckpointError, LaunchError, DataError and PlanError included
         exit_user_error(e, user_message(e))

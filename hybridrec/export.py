@@ -19,13 +19,17 @@ def check_export_dir(checkpoint: str, out: str) -> None:
     a symbolic link planted there (to another model's export, or anywhere) is refused, so
     an export never writes outside the directories the user named."""
     if os.path.islink(out):
-        raise CheckpointError(f"{out} is a symbolic link (to {os.path.realpath(out)}): the export is written into the "
-                              f"checkpoint's own export directory, never through a link; remove the link, or give "
-                              f"out=<dir> to write elsewhere")
+        raise CheckpointError(
+            f"{out} is a symbolic link (to {os.path.realpath(out)}): the export is written into the "
+            f"checkpoint's own export directory, never through a link; remove the link, or give "
+            f"out=<dir> to write elsewhere"
+        )
 
 
-USAGE = ("usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>] "
-         "[trusted_targets=<class>,...] [allow_unverified=true]")
+USAGE = (
+    "usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>] "
+    "[trusted_targets=<class>,...] [allow_unverified=true]"
+)
 
 
 def main(argv: list[str]) -> None:
@@ -33,8 +37,9 @@ def main(argv: list[str]) -> None:
         print(f"{USAGE}\n\n{writer.__doc__.strip()}")
         return
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = (set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified", "delta"}
-               or [a for a in argv if "=" not in a])
+    unknown = set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified", "delta"} or [
+        a for a in argv if "=" not in a
+    ]
     if "checkpoint" not in args or unknown or ("delta" in args and "out" in args):
         sys.exit(f"{USAGE} (unknown: {sorted(unknown)}; --help says more)")
     # Classes of the user's own that the checkpoint's config may name (never read from it).
@@ -77,14 +82,20 @@ def main(argv: list[str]) -> None:
     except OSError as e:  # disk full, a file named like the directory
         sys.exit(f"hybridrec.export: cannot write {e}")
     if "features" not in spec:  # a sequence ranker's user encoder
-        print(f"hybridrec.export: user encoder -> {os.path.join(out, PROGRAM)}, {spec['catalogue']:,} item vectors -> "
-              f"{os.path.join(out, spec['item_vectors'])} (how to score: {os.path.join(out, SPEC)})")
+        print(
+            f"hybridrec.export: user encoder -> {os.path.join(out, PROGRAM)}, {spec['catalogue']:,} item vectors -> "
+            f"{os.path.join(out, spec['item_vectors'])} (how to score: {os.path.join(out, SPEC)})"
+        )
         return
-    print(f"hybridrec.export: {len(spec['features'])} sparse and {spec['num_dense_features']} dense features -> "
-          f"{os.path.join(out, PROGRAM)} (outputs a {spec['output']}; inputs in {os.path.join(out, SPEC)})")
+    print(
+        f"hybridrec.export: {len(spec['features'])} sparse and {spec['num_dense_features']} dense features -> "
+        f"{os.path.join(out, PROGRAM)} (outputs a {spec['output']}; inputs in {os.path.join(out, SPEC)})"
+    )
     if spec["preprocessing"]:
-        print(f"hybridrec.export: raw rows -> inputs: {os.path.join(out, PREPROCESSING)} "
-              f"(hybridrec.serving.Preprocessor.load({out!r}))")
+        print(
+            f"hybridrec.export: raw rows -> inputs: {os.path.join(out, PREPROCESSING)} "
+            f"(hybridrec.serving.Preprocessor.load({out!r}))"
+        )
     else:
         print(f"hybridrec.export: no {PREPROCESSING}: {spec['preprocessing_missing']}")
 

@@ -30,8 +30,10 @@ def pairs(torch_version: str) -> list[str]:
     hybridrec has none for it)."""
     minor = ".".join(torch_version.split("+")[0].split(".")[:2])
     if minor not in PAIRS:
-        raise ValueError(f"torch {torch_version}: hybridrec runs on torch {', '.join(sorted(PAIRS))} (with their "
-                         f"fbgemm-gpu and torchrec); install one of them, or use the pinned build (no SYSTEM_TORCH)")
+        raise ValueError(
+            f"torch {torch_version}: hybridrec runs on torch {', '.join(sorted(PAIRS))} (with their "
+            f"fbgemm-gpu and torchrec); install one of them, or use the pinned build (no SYSTEM_TORCH)"
+        )
     fbgemm, torchrec = PAIRS[minor]
     return [f"fbgemm-gpu=={fbgemm}", f"torchrec=={torchrec}"]
 
@@ -56,17 +58,26 @@ def problems(gpu: bool, torch_version: str, torch_cuda: str | None, cuda_usable:
     """Why this environment is not the build asked for (empty: it is)."""
     found = []
     if gpu and torch_cuda is None:
-        found.append(f"torch {torch_version} has no CUDA (torch.version.cuda is None): the index offered a CPU "
-                     f"wheel; install the CUDA one (make install GPU=1 CUDA=cu128, matching the driver)")
+        found.append(
+            f"torch {torch_version} has no CUDA (torch.version.cuda is None): the index offered a CPU "
+            f"wheel; install the CUDA one (make install GPU=1 CUDA=cu128, matching the driver)"
+        )
     if not gpu and torch_cuda is not None:
-        found.append(f"torch {torch_version} is a CUDA build in a CPU install (several GB): `make clean install`, "
-                     f"with the CPU wheel offered (pip's --find-links or https://download.pytorch.org/whl/cpu)")
+        found.append(
+            f"torch {torch_version} is a CUDA build in a CPU install (several GB): `make clean install`, "
+            f"with the CPU wheel offered (pip's --find-links or https://download.pytorch.org/whl/cpu)"
+        )
     if installed(FBGEMM[not gpu]):
-        found.append(f"{FBGEMM[not gpu]}, the {'CPU' if gpu else 'CUDA'} build, is installed: it provides the "
-                     f"fbgemm_gpu module {FBGEMM[gpu]} provides; `make clean install{' GPU=1' if gpu else ''}`")
+        found.append(
+            f"{FBGEMM[not gpu]}, the {'CPU' if gpu else 'CUDA'} build, is installed: it provides the "
+            f"fbgemm_gpu module {FBGEMM[gpu]} provides; `make clean install{' GPU=1' if gpu else ''}`"
+        )
     if gpu and torch_cuda is not None and not cuda_usable:
-        print(f"install check: torch has CUDA {torch_cuda}, but no GPU is usable on this machine "
-              f"(fine on a login node; training here would be refused)", file=sys.stderr)
+        print(
+            f"install check: torch has CUDA {torch_cuda}, but no GPU is usable on this machine "
+            f"(fine on a login node; training here would be refused)",
+            file=sys.stderr,
+        )
     return found
 
 
@@ -74,8 +85,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", type=int, choices=(0, 1), required=True)
     parser.add_argument("--other", action="store_true", help="print the other build's installed packages")
-    parser.add_argument("--pairs", action="store_true",
-                        help="print the fbgemm-gpu and torchrec constraints for the installed torch")
+    parser.add_argument(
+        "--pairs", action="store_true", help="print the fbgemm-gpu and torchrec constraints for the installed torch"
+    )
     args = parser.parse_args(argv)
     gpu = bool(args.gpu)
     if args.pairs:
@@ -104,8 +116,10 @@ def main(argv: list[str]) -> int:
     for problem in found:
         print(f"hybridrec: install check: {problem}", file=sys.stderr)
     if not found:
-        print(f"torch {torch.__version__} | CUDA {torch.version.cuda} | GPUs {torch.cuda.device_count()} | "
-              f"torchrec {torchrec.__version__} | {FBGEMM[gpu]} {metadata.version(FBGEMM[gpu])}")
+        print(
+            f"torch {torch.__version__} | CUDA {torch.version.cuda} | GPUs {torch.cuda.device_count()} | "
+            f"torchrec {torchrec.__version__} | {FBGEMM[gpu]} {metadata.version(FBGEMM[gpu])}"
+        )
     return 1 if found else 0
 
 

@@ -67,7 +67,9 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     # Under torchrun every rank checks; rank 0 alone reads the files' content (it picks the
     # checkpoint the ranks load, verifying it again, trainer.Trainer).
     path = resume_path(cfg, verify_content=not already_launched() or os.environ["RANK"] == "0")
-    state = TrainState.from_files(path, cfg.checkpoint.allow_unverified) if path else None  # checked complete by resume_path
+    state = (
+        TrainState.from_files(path, cfg.checkpoint.allow_unverified) if path else None
+    )  # checked complete by resume_path
     data = build_source(cfg.data, cfg.seed) if state or not already_launched() else None
     if data:
         keep_fitted(cfg, data)  # fitted once here: the ranks get the values
@@ -82,8 +84,12 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
             f"start a new run in another checkpoint.dir"
         )
     prof = cfg.profile
-    if (state and prof.enabled and cfg.train.schedule != TrainSchedule.continuous
-            and state.step + prof.start_step + prof.steps > cfg.train.steps):
+    if (
+        state
+        and prof.enabled
+        and cfg.train.schedule != TrainSchedule.continuous
+        and state.step + prof.start_step + prof.steps > cfg.train.steps
+    ):
         # the window counts from this process's first step (tracing and lazy init happen again)
         raise ValueError(
             f"profile.start_step={prof.start_step} + profile.steps={prof.steps} must fit in the "
@@ -94,8 +100,9 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     # A search sweeper optimizes the returned value: without validation it would optimize the
     # train loss, in the direction of the validation objective. The basic sweeper's fixed list
     # of jobs may compare them on the train loss (the table says which it sorts by).
-    asked = (in_search() or cfg.checkpoint.keep_best or cfg.train.early_stop_patience > 0
-             or cfg.train.objective != "auto")
+    asked = (
+        in_search() or cfg.checkpoint.keep_best or cfg.train.early_stop_patience > 0 or cfg.train.objective != "auto"
+    )
     objective.check(cfg, data.splits if data else ["valid"], asked)  # under torchrun the ranks check the splits
     plan_before_launch(cfg, dims, data)
 
@@ -125,8 +132,11 @@ def main(cfg: DictConfig) -> float:
     value = summary["objective"]["value"]  # what a Hydra sweeper optimizes (train.objective)
     if math.isnan(value):  # e.g. AUC of a validation split with one class: no sweeper can rank NaN
         value = objective.declared(cfg).worst
-        print(f"hybridrec: {summary['objective']['name']} is NaN: the job returns {value}, the worst value",
-              file=sys.stderr, flush=True)
+        print(
+            f"hybridrec: {summary['objective']['name']} is NaN: the job returns {value}, the worst value",
+            file=sys.stderr,
+            flush=True,
+        )
     return value
 
 

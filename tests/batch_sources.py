@@ -40,9 +40,20 @@ STEPS = 3  # training batches read per case (evaluated splits: every batch)
 def _tsv(d: str, shards: int = 2, **kw: Any) -> CriteoTSV:
     train = write(os.path.join(d, "train.tsv"), rand_rows(300, seed=1))
     held = write(os.path.join(d, "held.tsv"), rand_rows(70, seed=2))
-    return CriteoTSV(batch_size=16, train_path=train, eval_path=held, num_embeddings_per_feature=SIZES,
-                     id_mapping="modulo", bad_rows="skip", block_size_mb=1, eval_batches=None, seed=0,
-                     valid_fraction=0.2, shards=shards, **kw)
+    return CriteoTSV(
+        batch_size=16,
+        train_path=train,
+        eval_path=held,
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        bad_rows="skip",
+        block_size_mb=1,
+        eval_batches=None,
+        seed=0,
+        valid_fraction=0.2,
+        shards=shards,
+        **kw,
+    )
 
 
 def _binary(d: str) -> CriteoBinary:
@@ -58,40 +69,54 @@ def _binary(d: str) -> CriteoBinary:
 def _parquet_table(first: int, n: int) -> pa.Table:
     r = np.arange(first, first + n)
     tags = [[int((i * 5 + j) % 20) for j in range(k)] for i, k in zip(r, (r * 7) % 4)]
-    return pa.table({
-        "click": pa.array((r % 3 == 0).astype(np.int8)),
-        "w": pa.array(((1 + r % 5) / 5).astype(np.float32)),
-        "x": pa.array(r * 0.5, pa.float64()),
-        "price": pa.array(np.where(r % 9 == 0, np.nan, r % 17), pa.float64()),
-        "user": pa.array([f"u{i % 11}" for i in r]),
-        "item": pa.array(r % 13, pa.int64()),
-        "tags": pa.array(tags, pa.list_(pa.int64())),
-        "tag_w": pa.array([[0.5 + j for j in range(len(t))] for t in tags], pa.list_(pa.float32())),
-    })
+    return pa.table(
+        {
+            "click": pa.array((r % 3 == 0).astype(np.int8)),
+            "w": pa.array(((1 + r % 5) / 5).astype(np.float32)),
+            "x": pa.array(r * 0.5, pa.float64()),
+            "price": pa.array(np.where(r % 9 == 0, np.nan, r % 17), pa.float64()),
+            "user": pa.array([f"u{i % 11}" for i in r]),
+            "item": pa.array(r % 13, pa.int64()),
+            "tags": pa.array(tags, pa.list_(pa.int64())),
+            "tag_w": pa.array([[0.5 + j for j in range(len(t))] for t in tags], pa.list_(pa.float32())),
+        }
+    )
 
 
 def _parquet(d: str, **kw: Any) -> ParquetSource:
     pq.write_table(_parquet_table(0, 70), os.path.join(d, "train.parquet"), row_group_size=9)
     pq.write_table(_parquet_table(100, 29), os.path.join(d, "eval.parquet"), row_group_size=7)
     pq.write_table(_parquet_table(200, 19), os.path.join(d, "valid.parquet"), row_group_size=5)
-    return ParquetSource(batch_size=8, train_path=os.path.join(d, "train.parquet"),
-                         eval_path=os.path.join(d, "eval.parquet"), valid_path=os.path.join(d, "valid.parquet"),
-                         label={"column": "click"}, weight="w",
-                         dense=[{"column": "x", "transform": "log1p"}, {"column": "price"}],
-                         sparse=[{"name": "item", "column": "item", "num_embeddings": 13},
-                                 {"name": "user", "column": "user", "num_embeddings": 50, "id_mapping": "hash"},
-                                 {"name": "tags", "column": "tags", "num_embeddings": 20, "weights_column": "tag_w",
-                                  "pooling": "mean"}],
-                         seed=0, **kw)
+    return ParquetSource(
+        batch_size=8,
+        train_path=os.path.join(d, "train.parquet"),
+        eval_path=os.path.join(d, "eval.parquet"),
+        valid_path=os.path.join(d, "valid.parquet"),
+        label={"column": "click"},
+        weight="w",
+        dense=[{"column": "x", "transform": "log1p"}, {"column": "price"}],
+        sparse=[
+            {"name": "item", "column": "item", "num_embeddings": 13},
+            {"name": "user", "column": "user", "num_embeddings": 50, "id_mapping": "hash"},
+            {"name": "tags", "column": "tags", "num_embeddings": 20, "weights_column": "tag_w", "pooling": "mean"},
+        ],
+        seed=0,
+        **kw,
+    )
 
 
 def _parquet_one_hot(d: str) -> ParquetSource:
     pq.write_table(_parquet_table(0, 70), os.path.join(d, "train.parquet"), row_group_size=16)
     pq.write_table(_parquet_table(100, 29), os.path.join(d, "eval.parquet"))
-    return ParquetSource(batch_size=8, train_path=os.path.join(d, "train.parquet"),
-                         eval_path=os.path.join(d, "eval.parquet"), label={"column": "click"},
-                         dense=[{"column": "x"}], sparse=[{"name": "item", "column": "item", "num_embeddings": 13}],
-                         seed=0)
+    return ParquetSource(
+        batch_size=8,
+        train_path=os.path.join(d, "train.parquet"),
+        eval_path=os.path.join(d, "eval.parquet"),
+        label={"column": "click"},
+        dense=[{"column": "x"}],
+        sparse=[{"name": "item", "column": "item", "num_embeddings": 13}],
+        seed=0,
+    )
 
 
 def _movielens(d: str, **kw: Any):
@@ -100,8 +125,17 @@ def _movielens(d: str, **kw: Any):
 
 
 def _synthetic(d: str, **kw: Any) -> SyntheticClickLog:
-    args = dict(batch_size=32, num_dense_features=5, num_embeddings_per_feature=[300, 200, 100, 51],
-                ids_per_feature=1, multi_hot_sizes=[], zipf_exponent=1.05, eval_batches=2, seed=3, valid_batches=1)
+    args = dict(
+        batch_size=32,
+        num_dense_features=5,
+        num_embeddings_per_feature=[300, 200, 100, 51],
+        ids_per_feature=1,
+        multi_hot_sizes=[],
+        zipf_exponent=1.05,
+        eval_batches=2,
+        seed=3,
+        valid_batches=1,
+    )
     args.update(kw)
     return SyntheticClickLog(**args)
 
@@ -124,9 +158,23 @@ def _movielens_rank(d: str):
     from hybridrec.data.movielens import MovieLensRank
 
     write_layout(tables(400, seed=6), d)
-    return MovieLensRank(batch_size=28, path=d, label_threshold=4, split="random", eval_fraction=0.2,
-                         side_features=True, bad_rows="skip", eval_batches=None, seed=0, list_size=5, negatives=2,
-                         negative_sampling="catalogue", eval_items="sampled", eval_negatives=3, ranking_k=5)
+    return MovieLensRank(
+        batch_size=28,
+        path=d,
+        label_threshold=4,
+        split="random",
+        eval_fraction=0.2,
+        side_features=True,
+        bad_rows="skip",
+        eval_batches=None,
+        seed=0,
+        list_size=5,
+        negatives=2,
+        negative_sampling="catalogue",
+        eval_items="sampled",
+        eval_negatives=3,
+        ranking_k=5,
+    )
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -143,8 +191,15 @@ def batch_digest(item: Any) -> str:
     h.update(repr(kjt.keys()).encode())
     for t in (batch.dense_features, kjt.values(), kjt.lengths(), batch.labels):
         h.update(_tensor_bytes(t))
-    for t in (kjt.weights_or_none(), batch.relevance, batch.weights, batch.query, batch.log_q,
-              getattr(item, "real", None), getattr(item, "rows", None)):
+    for t in (
+        kjt.weights_or_none(),
+        batch.relevance,
+        batch.weights,
+        batch.query,
+        batch.log_q,
+        getattr(item, "real", None),
+        getattr(item, "rows", None),
+    ):
         h.update(b"-" if t is None else _tensor_bytes(t))
     return h.hexdigest()
 
@@ -157,8 +212,13 @@ def digests(name: str, workers: int = 0) -> dict[str, str]:
         source = SOURCES[name](d)
         for world in WORLDS:
             shards = getattr(source, "shards", None) or world
-            if (source.batch_size % world or shards % world or source.pieces(world) < 1
-                    or source.lists and (source.batch_size // world) % source.list_size):
+            if (
+                source.batch_size % world
+                or shards % world
+                or source.pieces(world) < 1
+                or source.lists
+                and (source.batch_size // world) % source.list_size
+            ):
                 continue  # a layout the source's check_config refuses
             for rank in range(world):
                 for split in source.splits:

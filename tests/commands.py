@@ -32,8 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Read when a library is imported (OpenMP, MKL, NumPy's dispatch, CUDA, the interpreter
 # itself): a command that sets one of these needs a new interpreter.
 # PYTHONPATH is the exception: the child puts its entries first on sys.path itself.
-IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "NPY_", "CUDA_", "PYTHON", "LD_", "TORCH_", "KMP_", "GOMP_",
-               "COVERAGE_")
+IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "NPY_", "CUDA_", "PYTHON", "LD_", "TORCH_", "KMP_", "GOMP_", "COVERAGE_")
 
 _lock = threading.Lock()
 _server: Optional[tuple[subprocess.Popen, str]] = None
@@ -46,8 +45,12 @@ def _start_server() -> str:
         if _server is not None and _server[0].poll() is None:
             return _server[1]
         path = os.path.join(tempfile.mkdtemp(prefix="hybridrec-zygote-"), "socket")
-        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "zygote.py"), path], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "zygote.py"), path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = proc.stdout.readline()  # "ready" once it has imported everything
         if line.strip() != "ready":
             proc.kill()
@@ -75,8 +78,16 @@ def _needs_fresh(env: Optional[dict[str, str]]) -> bool:
 class Command:
     """A started command: ``pid``, ``wait(timeout)`` -> CompletedProcess (text output)."""
 
-    def __init__(self, kind: str, target: str, args: Sequence[str], cwd: Optional[str],
-                 env: Optional[dict[str, str]], input: Optional[str], fresh: bool) -> None:
+    def __init__(
+        self,
+        kind: str,
+        target: str,
+        args: Sequence[str],
+        cwd: Optional[str],
+        env: Optional[dict[str, str]],
+        input: Optional[str],
+        fresh: bool,
+    ) -> None:
         flag = {"module": ["-m", target], "path": [target], "code": ["-c", target]}[kind]
         self.args = [sys.executable, *flag, *map(str, args)]
         self._dir = tempfile.mkdtemp(prefix="hybridrec-command-")
@@ -88,15 +99,24 @@ class Command:
         self._sock: Optional[socket.socket] = None
         if fresh or _needs_fresh(env):
             with open(stdin) as i, open(self._out, "w") as o, open(self._err, "w") as e:
-                self._proc: Optional[subprocess.Popen] = subprocess.Popen(self.args, cwd=cwd, env=env, stdin=i,
-                                                                          stdout=o, stderr=e)
+                self._proc: Optional[subprocess.Popen] = subprocess.Popen(
+                    self.args, cwd=cwd, env=env, stdin=i, stdout=o, stderr=e
+                )
             self.pid = self._proc.pid
             return
         self._proc = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(_start_server())
-        request = {"kind": kind, "target": target, "args": list(map(str, args)), "cwd": os.path.abspath(cwd or os.getcwd()),
-                   "env": env, "stdin": stdin, "stdout": self._out, "stderr": self._err}
+        request = {
+            "kind": kind,
+            "target": target,
+            "args": list(map(str, args)),
+            "cwd": os.path.abspath(cwd or os.getcwd()),
+            "env": env,
+            "stdin": stdin,
+            "stdout": self._out,
+            "stderr": self._err,
+        }
         self._sock.sendall(json.dumps(request).encode() + b"\n")
         self._buffer = b""
         self.pid = json.loads(self._line(None))["pid"]
@@ -152,8 +172,14 @@ class Command:
             return ""
 
 
-def start(module: str, *args: str, cwd: Optional[str] = None, env: Optional[dict[str, str]] = None,
-          input: Optional[str] = None, fresh: bool = False) -> Command:
+def start(
+    module: str,
+    *args: str,
+    cwd: Optional[str] = None,
+    env: Optional[dict[str, str]] = None,
+    input: Optional[str] = None,
+    fresh: bool = False,
+) -> Command:
     """Start ``python -m module args``; ``env`` replaces the environment, as subprocess's."""
     return Command("module", module, args, cwd, env, input, fresh)
 
@@ -168,18 +194,39 @@ def start_argv(argv: Sequence[str], **kwargs) -> Command:
 
 
 def _defaults(kwargs: dict) -> dict:
-    return {"cwd": kwargs.get("cwd"), "env": kwargs.get("env"), "input": kwargs.get("input"),
-            "fresh": kwargs.get("fresh", False)}
+    return {
+        "cwd": kwargs.get("cwd"),
+        "env": kwargs.get("env"),
+        "input": kwargs.get("input"),
+        "fresh": kwargs.get("fresh", False),
+    }
 
 
-def subprocess_run(cmd: Sequence[str], *, stdout=None, stderr=None, capture_output: bool = False, text: bool = False,
-                   check: bool = False, timeout: Optional[float] = None, **kwargs) -> subprocess.CompletedProcess:
+def subprocess_run(
+    cmd: Sequence[str],
+    *,
+    stdout=None,
+    stderr=None,
+    capture_output: bool = False,
+    text: bool = False,
+    check: bool = False,
+    timeout: Optional[float] = None,
+    **kwargs,
+) -> subprocess.CompletedProcess:
     """A stand-in for ``subprocess.run`` in a module under test (``monkeypatch.setattr(module.subprocess,
     "run", commands.subprocess_run)``): Python commands of this interpreter go through the server,
     anything else to the real ``subprocess.run``. stdout may be a file (stderr=STDOUT joins it)."""
     if not cmd or cmd[0] != sys.executable or len(cmd) < 2 or (cmd[1].startswith("-") and cmd[1] not in ("-m", "-c")):
-        return _real_run(cmd, stdout=stdout, stderr=stderr, capture_output=capture_output, text=text, check=check,
-                         timeout=timeout, **kwargs)
+        return _real_run(
+            cmd,
+            stdout=stdout,
+            stderr=stderr,
+            capture_output=capture_output,
+            text=text,
+            check=check,
+            timeout=timeout,
+            **kwargs,
+        )
     done = start_argv(cmd, **kwargs).wait(timeout)
     out, err = done.stdout, done.stderr
     if hasattr(stdout, "write"):
@@ -189,9 +236,12 @@ def subprocess_run(cmd: Sequence[str], *, stdout=None, stderr=None, capture_outp
         stderr.write(err)
         stderr.flush()
     keep = capture_output or stdout == subprocess.PIPE
-    result = subprocess.CompletedProcess(cmd, done.returncode, (out if text else out.encode()) if keep else None,
-                                         (err if text else err.encode()) if capture_output or stderr == subprocess.PIPE
-                                         else None)
+    result = subprocess.CompletedProcess(
+        cmd,
+        done.returncode,
+        (out if text else out.encode()) if keep else None,
+        (err if text else err.encode()) if capture_output or stderr == subprocess.PIPE else None,
+    )
     if check:
         result.check_returncode()
     return result
@@ -200,9 +250,15 @@ def subprocess_run(cmd: Sequence[str], *, stdout=None, stderr=None, capture_outp
 _real_run = subprocess.run
 
 
-def run(module: str, *args: str, timeout: Optional[float] = 300, cwd: Optional[str] = None,
-        env: Optional[dict[str, str]] = None, input: Optional[str] = None,
-        fresh: bool = False) -> subprocess.CompletedProcess:
+def run(
+    module: str,
+    *args: str,
+    timeout: Optional[float] = 300,
+    cwd: Optional[str] = None,
+    env: Optional[dict[str, str]] = None,
+    input: Optional[str] = None,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
     ...)``: a CompletedProcess with the exit status and the text of stdout and stderr."""
     return start(module, *args, cwd=cwd, env=env, input=input, fresh=fresh).wait(timeout)

@@ -44,8 +44,12 @@ def pytest_collection_modifyitems(config, items):
         elif ON_CUDA and tiers == ["dist"] and gpus < 2:
             item.add_marker(pytest.mark.skip(reason=f"HYBRIDREC_TEST_DEVICE=cuda needs 2+ CUDA GPUs, {gpus} visible"))
     if wrong:
-        raise pytest.UsageError("each test needs exactly one of the markers " + ", ".join(TIERS)
-                                + " (module `pytestmark` or a decorator):\n" + "\n".join(wrong))
+        raise pytest.UsageError(
+            "each test needs exactly one of the markers "
+            + ", ".join(TIERS)
+            + " (module `pytestmark` or a decorator):\n"
+            + "\n".join(wrong)
+        )
 
 
 _COMPOSED: dict[tuple, DictConfig] = {}
@@ -131,8 +135,9 @@ def one_node_losses(tmp_path_factory):
     from trained import once
 
     def build(path):
-        proc = commands.run("hybridrec.train", *TWO_NODE_RUN, "launcher.nproc_per_node=2", f"hydra.run.dir={path}",
-                            timeout=240)
+        proc = commands.run(
+            "hybridrec.train", *TWO_NODE_RUN, "launcher.nproc_per_node=2", f"hydra.run.dir={path}", timeout=240
+        )
         assert proc.returncode == 0, f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-8000:]}"
 
     run = once(tmp_path_factory, "one-node-losses", build)

@@ -123,8 +123,6 @@ def _dense_placements(trainer: Trainer) -> str:
     return kinds.pop()
 
 
-
-
 def late_rank_health_check(delay_s: float, timeout_s: float) -> str:
     """Rank 1 arrives ``delay_s`` late at the start-up health check; returns what rank 0 saw."""
     import time
@@ -159,8 +157,12 @@ def train_replicated(cfgs: list[DictConfig], run_dir: str) -> list[dict[str, Any
                     total += (shard.tensor if hasattr(shard, "tensor") else shard).double().sum()
         sums = [None] * dist.get_world_size()
         dist.all_gather_object(sums, total.item())
-        return {"losses": trainer.losses, "eval": summary["eval"], "shard_sums": sums,
-                "topology": (trainer.plan or {}).get("topology")}
+        return {
+            "losses": trainer.losses,
+            "eval": summary["eval"],
+            "shard_sums": sums,
+            "topology": (trainer.plan or {}).get("topology"),
+        }
 
     return _train_each(cfgs, run_dir, collect)
 
@@ -176,8 +178,10 @@ def _reshard_states(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any
     from torch.distributed.fsdp import FSDPModule
 
     root = trainer.model._dmp_wrapped_module
-    units = {"root": root, **{f"unit{i}": u for i, u in enumerate(trainer.model.module.dense_units())
-                              if isinstance(u, FSDPModule)}}
+    units = {
+        "root": root,
+        **{f"unit{i}": u for i, u in enumerate(trainer.model.module.dense_units()) if isinstance(u, FSDPModule)},
+    }
     groups = {name: module._get_fsdp_state()._fsdp_param_group for name, module in units.items()}
     # a unit without parameters of its own (the root when every block is a unit) has no group
     return {name: None if g is None else g.post_forward_mesh_info is not None for name, g in groups.items()}
@@ -199,11 +203,15 @@ def rank_outcomes(cfg: DictConfig, run_dir: str) -> list[tuple[str, str, int]]:
         def job(cfg: DictConfig, run_dir: str, device: torch.device) -> dict[str, Any]:
             threads.append(torch.get_num_threads())
             raise error
+
         return job
 
     before, outcomes = torch.get_num_threads(), []
-    errors = (RuntimeError("a bug in the job"), Killed("rank 0's DataLoader worker was killed by SIGKILL", 9),
-              DataError("train.csv:3: a bad row"))
+    errors = (
+        RuntimeError("a bug in the job"),
+        Killed("rank 0's DataLoader worker was killed by SIGKILL", 9),
+        DataError("train.csv:3: a bad row"),
+    )
     try:
         for error in errors:
             os.environ["MASTER_PORT"] = str(_free_port())

@@ -53,8 +53,14 @@ def _rank_loop(rank: int, world: int, conn: Connection, out_dir: str) -> None:
 
     from hybridrec.parallel.distributed import as_launched_rank
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1")
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+    )
     as_launched_rank(parent_ends_it=False)
     # a rank's stdout and stderr go to a file per scenario: the report of a failure
     saved = os.dup(1), os.dup(2)
@@ -77,8 +83,11 @@ def _rank_loop(rank: int, world: int, conn: Connection, out_dir: str) -> None:
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
         if reply[0] == "ok" and dist.is_initialized():  # the next scenario could not start its own
-            reply = ("error", f"{getattr(fn, '__name__', fn)} returned with its process group up: "
-                              "a scenario destroys the group it creates")
+            reply = (
+                "error",
+                f"{getattr(fn, '__name__', fn)} returned with its process group up: "
+                "a scenario destroys the group it creates",
+            )
         try:
             conn.send(reply)
         except Exception as e:  # an unpicklable result
@@ -109,8 +118,9 @@ class Pool:
             # not daemonic: a rank starts DataLoader workers of its own, as a launched rank does
             # (it ends when the test process closes its pipe: _stop_all, before multiprocessing's
             # own exit handler joins it)
-            p = ctx.Process(target=_rank_loop, args=(rank, self.world, theirs, self.out_dir), daemon=False,
-                            name=f"pool-rank{rank}")
+            p = ctx.Process(
+                target=_rank_loop, args=(rank, self.world, theirs, self.out_dir), daemon=False, name=f"pool-rank{rank}"
+            )
             p.start()
             theirs.close()
             self.procs.append(p)
@@ -157,8 +167,11 @@ class Pool:
                 deadline = time.monotonic() + GRACE_S  # the others may be waiting in a collective
             if pending and time.monotonic() >= min(limit, deadline or limit):
                 for rank in pending:
-                    replies[rank] = ("error", "did not finish the scenario (left in a collective, or over "
-                                              f"{timeout:.0f} s): the pool's ranks were ended")
+                    replies[rank] = (
+                        "error",
+                        "did not finish the scenario (left in a collective, or over "
+                        f"{timeout:.0f} s): the pool's ranks were ended",
+                    )
                 self.stop()
                 break
         if all(kind == "ok" for kind, _ in replies.values()):
@@ -171,8 +184,10 @@ class Pool:
             kind, value = replies[rank]
             log = os.path.join(self.out_dir, f"scenario{n}_rank{rank}.log")
             output = open(log, errors="replace").read()[-4000:] if os.path.exists(log) else ""
-            report.append(f"--- rank {rank}: {'ok' if kind == 'ok' else value}"
-                          + (f"\n--- rank {rank} output:\n{output}" if output else ""))
+            report.append(
+                f"--- rank {rank}: {'ok' if kind == 'ok' else value}"
+                + (f"\n--- rank {rank} output:\n{output}" if output else "")
+            )
         raise ScenarioFailed("\n".join(report))
 
 

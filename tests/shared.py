@@ -73,37 +73,95 @@ def reader(path, batch=4, split="eval", **kw):
     """A CriteoTSV whose ``split`` files are ``path``; the other split gets a file of its own
     (splits may not share a file)."""
     other = write(os.path.join(tempfile.mkdtemp(), "other.tsv"), [row()] * batch)
-    args = dict(batch_size=batch, train_path=other, eval_path=other, num_embeddings_per_feature=SIZES,
-                id_mapping="modulo", bad_rows="skip", block_size_mb=1, eval_batches=None, seed=0)
+    args = dict(
+        batch_size=batch,
+        train_path=other,
+        eval_path=other,
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        bad_rows="skip",
+        block_size_mb=1,
+        eval_batches=None,
+        seed=0,
+    )
     args[f"{split}_path"] = str(path)
     args.update(kw)
     return CriteoTSV(**args)
 
 
 # ------------------------------------------------------------------------- MovieLens layout
-GENRE_NAMES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
-               "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
-               "War", "Western"]
+GENRE_NAMES = [
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+]
 
 
 def tables(n_ratings=300, seed=0):
     rng = np.random.default_rng(seed)
-    users = [{"user_id": u, "age": int(rng.integers(10, 70)), "gender": "MF"[u % 2],
-              "occupation": ["writer", "engineer", "student"][u % 3], "zip_code": f"{rng.integers(10000, 99999)}"}
-             for u in range(1, 21)]
+    users = [
+        {
+            "user_id": u,
+            "age": int(rng.integers(10, 70)),
+            "gender": "MF"[u % 2],
+            "occupation": ["writer", "engineer", "student"][u % 3],
+            "zip_code": f"{rng.integers(10000, 99999)}",
+        }
+        for u in range(1, 21)
+    ]
     items = []
     for i in range(1, 31):
         genres = {g: int(rng.random() < 0.2) for g in GENRE_NAMES}
-        items.append({"movie_id": i, "movie_title": f"Film {i} (199{i % 10})", "release_date": f"01-Jan-199{i % 10}",
-                      "video_release_date": None, "IMDb_URL": "http://x", **genres})
-    data = [{"user_id": int(rng.integers(1, 21)), "movie_id": int(rng.integers(1, 31)),
-             "rating": int(rng.integers(1, 6)), "timestamp": 880000000 + k} for k in range(n_ratings)]
+        items.append(
+            {
+                "movie_id": i,
+                "movie_title": f"Film {i} (199{i % 10})",
+                "release_date": f"01-Jan-199{i % 10}",
+                "video_release_date": None,
+                "IMDb_URL": "http://x",
+                **genres,
+            }
+        )
+    data = [
+        {
+            "user_id": int(rng.integers(1, 21)),
+            "movie_id": int(rng.integers(1, 31)),
+            "rating": int(rng.integers(1, 6)),
+            "timestamp": 880000000 + k,
+        }
+        for k in range(n_ratings)
+    ]
     return {"data": data, "users": users, "items": items}
 
 
 def ml(path, **kw):
-    args = dict(batch_size=20, path=str(path), label_threshold=4, split="random", eval_fraction=0.2,
-                side_features=True, bad_rows="skip", eval_batches=None, seed=0)
+    args = dict(
+        batch_size=20,
+        path=str(path),
+        label_threshold=4,
+        split="random",
+        eval_fraction=0.2,
+        side_features=True,
+        bad_rows="skip",
+        eval_batches=None,
+        seed=0,
+    )
     args.update(kw)
     return MovieLens(**args)
 
@@ -137,8 +195,15 @@ def assert_same_training(a, b, state_tol=TOL):
 # --------------------------------------------------------------------- multi-node launches
 # ctr's model on three small tables, each step's loss logged: two nodes of one rank each
 # (torchrun --nnodes 2, faked Slurm nodes) must train it with the losses of one 2-rank node.
-TWO_NODE_RUN = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
-                "data.eval_batches=1", "train.steps=6", "train.log_every=1", "sharding=table_row_wise"]
+TWO_NODE_RUN = [
+    "+experiment=ctr",
+    "data.num_embeddings_per_feature=[500,200,100]",
+    "data.batch_size=128",
+    "data.eval_batches=1",
+    "train.steps=6",
+    "train.log_every=1",
+    "sharding=table_row_wise",
+]
 
 
 def global_batch(source, split: str, index: int):
@@ -192,8 +257,9 @@ def ctr_raw_rows(source):
     import pyarrow as pa
 
     parts = [source.read("eval", 0, k, 0, source.batch_size) for k in range(source.num_batches("eval"))]
-    columns = {f"dense_{j}": np.concatenate([p.dense[:, j].numpy() for p in parts])
-               for j in range(source.num_dense_features)}
+    columns = {
+        f"dense_{j}": np.concatenate([p.dense[:, j].numpy() for p in parts]) for j in range(source.num_dense_features)
+    }
     for i, f in enumerate(source.features):
         per_row = []
         for p in parts:

@@ -38,8 +38,10 @@ def _dispatched() -> list[str]:
 
 # Each a set of NumPy's dispatch targets to turn off (NPY_DISABLE_CPU_FEATURES): its AVX-512
 # kernels, then every kernel above the baseline (AVX2 and FMA3 on x86-64).
-LEVELS = {"without AVX-512": lambda ts: [t for t in ts if "512" in t or t == "X86_V4"],
-          "the baseline kernels only": lambda ts: ts}
+LEVELS = {
+    "without AVX-512": lambda ts: [t for t in ts if "512" in t or t == "X86_V4"],
+    "the baseline kernels only": lambda ts: ts,
+}
 
 
 @pytest.mark.slow
@@ -52,13 +54,20 @@ def test_numpys_kernels_for_other_cpus_build_the_recorded_batches(level):
     off = LEVELS[level](_dispatched())
     if not off:
         pytest.skip(f"this CPU has no NumPy kernels to turn off for {level} ({_dispatched() or 'none dispatched'})")
-    code = ("import json, sys; sys.path.insert(0, 'tests');"
-            "from numpy._core._multiarray_umath import __cpu_features__ as f;"
-            "from batch_sources import SOURCES, digests;"
-            "print(json.dumps({'on': [t for t in %r if f.get(t)], 'digests': {n: digests(n) for n in SOURCES}}))" % off)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          env={**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(off)})
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests');"
+        "from numpy._core._multiarray_umath import __cpu_features__ as f;"
+        "from batch_sources import SOURCES, digests;"
+        "print(json.dumps({'on': [t for t in %r if f.get(t)], 'digests': {n: digests(n) for n in SOURCES}}))" % off
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(off)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["on"] == []  # the kernels really were off

@@ -16,26 +16,50 @@ from shared import benchmark_script
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 # Each before the scripts that import it: bench imports the other four.
-common, levers, roofline, bench_report, bench = map(benchmark_script, ("common", "levers", "roofline", "bench_report", "bench"))
+common, levers, roofline, bench_report, bench = map(
+    benchmark_script, ("common", "levers", "roofline", "bench_report", "bench")
+)
 
 
 def _run(rep, world, kind, rate, dense="fsdp", sharding="auto", **extra):
-    return {"kind": kind, "rep": rep, "world_size": world, "sharding": sharding, "dense": dense,
-            "pipeline": "sparse_dist", "samples_per_second": rate, "step_time_p50_ms": 1.0,
-            "step_time_p95_ms": 2.0, "peak_rss_mb": [100.0] * world, "plan": {"t": ["table_wise", 1]},
-            "memory_per_rank": [{"est_host_mb": 10.0, "est_device_mb": 0.0}] * world, **extra}
+    return {
+        "kind": kind,
+        "rep": rep,
+        "world_size": world,
+        "sharding": sharding,
+        "dense": dense,
+        "pipeline": "sparse_dist",
+        "samples_per_second": rate,
+        "step_time_p50_ms": 1.0,
+        "step_time_p95_ms": 2.0,
+        "peak_rss_mb": [100.0] * world,
+        "plan": {"t": ["table_wise", 1]},
+        "memory_per_rank": [{"est_host_mb": 10.0, "est_device_mb": 0.0}] * world,
+        **extra,
+    }
 
 
 @pytest.mark.unit
 def test_ratios_are_per_repetition_and_answers_follow():
     """The ratio to the reference pairs runs of the same repetition (so a slow phase of the
     machine cancels), then takes median and range; the answers read the medians."""
-    runs = [_run(0, 2, "reference", 100.0), _run(1, 2, "reference", 50.0), _run(2, 2, "reference", 80.0),
-            _run(0, 2, "hybridrec", 90.0), _run(1, 2, "hybridrec", 55.0), _run(2, 2, "hybridrec", 80.0),
-            _run(0, 2, "hybridrec", 100.0, "ddp"), _run(1, 2, "hybridrec", 60.0, "ddp"),
-            _run(2, 2, "hybridrec", 84.0, "ddp"),
-            _run(0, 1, "hybridrec", 70.0), _run(1, 1, "hybridrec", 40.0), _run(2, 1, "hybridrec", 50.0),
-            _run(0, 2, "pregenerated", 120.0), _run(1, 2, "pregenerated", 50.0), _run(2, 2, "pregenerated", 80.0)]
+    runs = [
+        _run(0, 2, "reference", 100.0),
+        _run(1, 2, "reference", 50.0),
+        _run(2, 2, "reference", 80.0),
+        _run(0, 2, "hybridrec", 90.0),
+        _run(1, 2, "hybridrec", 55.0),
+        _run(2, 2, "hybridrec", 80.0),
+        _run(0, 2, "hybridrec", 100.0, "ddp"),
+        _run(1, 2, "hybridrec", 60.0, "ddp"),
+        _run(2, 2, "hybridrec", 84.0, "ddp"),
+        _run(0, 1, "hybridrec", 70.0),
+        _run(1, 1, "hybridrec", 40.0),
+        _run(2, 1, "hybridrec", 50.0),
+        _run(0, 2, "pregenerated", 120.0),
+        _run(1, 2, "pregenerated", 50.0),
+        _run(2, 2, "pregenerated", 80.0),
+    ]
     configs = {c["name"]: c for c in bench_report.summarize(runs)}
     fsdp = configs["2 ranks · auto · fsdp · sparse_dist"]
     assert fsdp["median_samples_per_second"] == 80.0 and fsdp["rates"] == [90.0, 55.0, 80.0]
@@ -173,8 +197,13 @@ def test_the_input_section_measures_every_source_and_world_size(monkeypatch):
     input_scaling = benchmark_script("input_scaling")
     monkeypatch.setattr(input_scaling.subprocess, "run", commands.subprocess_run)
     res = input_scaling.measure(**bench.SMOKE_SECTIONS["input"])
-    sources = {"synthetic (ctr)", "Criteo TSV (8 shards)", "Criteo binary", "Parquet (the binary rows)",
-               "Parquet, data.shards=8"}  # quick=True: without the dcnv2 shape
+    sources = {
+        "synthetic (ctr)",
+        "Criteo TSV (8 shards)",
+        "Criteo binary",
+        "Parquet (the binary rows)",
+        "Parquet, data.shards=8",
+    }  # quick=True: without the dcnv2 shape
     assert set(res["scaling"]) == set(res["rates"]) == sources
     for s in res["scaling"].values():
         assert set(s["weak"]) == set(s["strong"]) == {"1", "2", "4", "8"} and min(s["weak"].values()) > 0
@@ -188,10 +217,13 @@ GPU_REFUSAL = "bench: the gpu preset needs CUDA: "
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("build, available, reason", [
-    (None, False, "torch {torch} is a CPU-only build"),
-    ("12.8", False, "torch has CUDA 12.8 but sees no usable GPU"),
-])
+@pytest.mark.parametrize(
+    "build, available, reason",
+    [
+        (None, False, "torch {torch} is a CPU-only build"),
+        ("12.8", False, "torch has CUDA 12.8 but sees no usable GPU"),
+    ],
+)
 def test_gpu_preset_refuses_without_cuda_in_one_line(monkeypatch, tmp_path, build, available, reason):
     """Each reason a machine cannot run the gpu preset stops it before anything runs (no
     output directory), in one line naming the reason."""
@@ -213,9 +245,13 @@ def test_gpu_preset_refuses_without_cuda_in_one_line(monkeypatch, tmp_path, buil
 def test_gpu_preset_without_a_visible_gpu_prints_one_line_and_no_traceback(tmp_path):
     """The real command with every GPU hidden (on a CPU-only build: that build is the reason)."""
     out = tmp_path / "bench-gpu"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--preset", "gpu",
-                           "--out", str(out)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), "--preset", "gpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert proc.returncode == 1 and proc.stdout == ""
     (line,) = proc.stderr.splitlines()
     assert line.startswith(GPU_REFUSAL) and not out.exists()
@@ -240,8 +276,11 @@ def test_gpu_preset_runs_every_gpu_on_cuda(monkeypatch, tmp_path):
         raise StopIteration
 
     monkeypatch.setattr(bench, "run_logged", record)
-    for runner in (lambda: bench.sweep(p, 4, 0, str(tmp_path)), lambda: bench.reference(p, 4, 0, str(tmp_path)),
-                   lambda: bench.single(p, 4, 0, str(tmp_path), "x", [])):
+    for runner in (
+        lambda: bench.sweep(p, 4, 0, str(tmp_path)),
+        lambda: bench.reference(p, 4, 0, str(tmp_path)),
+        lambda: bench.single(p, 4, 0, str(tmp_path), "x", []),
+    ):
         with pytest.raises(StopIteration):
             runner()
     sweep, ref, single = commands
@@ -278,8 +317,9 @@ def test_both_planners_choose_the_fused_cuda_kernels_for_the_gpu_preset(cfg_fact
     assert len(kernels) == 26 and set(kernels.values()) == {"fused"}
     assert sorted({r for m in plan.plan.values() for p in m.values() for r in p.ranks}) == [0, 1, 2, 3]
 
-    ours = cfg_factory(["+experiment=ctr", f"data.batch_size={4 * batch}", "launcher.device=cuda",
-                        "launcher.nproc_per_node=4"])
+    ours = cfg_factory(
+        ["+experiment=ctr", f"data.batch_size={4 * batch}", "launcher.device=cuda", "launcher.nproc_per_node=4"]
+    )
     tables = dry_plan(ours, planning_dims(ours), detect=False)["tables"]
     assert len(tables) == 26 and {t["compute_kernel"] for t in tables.values()} == {"fused"}
 
@@ -300,15 +340,39 @@ def _gpu_results(tmp_path):
     p = bench.on_local_gpus(bench.PRESETS["gpu"], 4)
     lever_rates = {n: [1000.0, 1100.0] for n in p.levers + ["reference"]}
     return {
-        "suite": {"preset": "gpu", **bench.dataclasses.asdict(p), "warmup_steps": p.warmup,
-                  "command": "python benchmarks/bench.py --preset gpu", "date": "2026-01-01T00:00:00+00:00",
-                  "duration_s": 600.0},
-        "machine": {"cpu": "Some CPU", "cores": 64, "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 4, "cuda": "12.6",
-                    "python": "3.11", "torch": "2.13.0", "torchrec": "1.8.0", "fbgemm_gpu": "1.8.0", "hydra": "1.3.2"},
-        "configs": configs, "scaling": bench_report.scaling(configs), "answers": bench_report.answers(configs),
-        "profile": [], "roofline": None, "runs": runs,
-        "levers": {"rates": lever_rates, "per_rank_batch": {n: 8192 for n in p.levers},
-                   "overrides": {n: levers.LEVERS[n]["overrides"] for n in p.levers}, "reps": 2, "world_size": 4},
+        "suite": {
+            "preset": "gpu",
+            **bench.dataclasses.asdict(p),
+            "warmup_steps": p.warmup,
+            "command": "python benchmarks/bench.py --preset gpu",
+            "date": "2026-01-01T00:00:00+00:00",
+            "duration_s": 600.0,
+        },
+        "machine": {
+            "cpu": "Some CPU",
+            "cores": 64,
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "gpu_count": 4,
+            "cuda": "12.6",
+            "python": "3.11",
+            "torch": "2.13.0",
+            "torchrec": "1.8.0",
+            "fbgemm_gpu": "1.8.0",
+            "hydra": "1.3.2",
+        },
+        "configs": configs,
+        "scaling": bench_report.scaling(configs),
+        "answers": bench_report.answers(configs),
+        "profile": [],
+        "roofline": None,
+        "runs": runs,
+        "levers": {
+            "rates": lever_rates,
+            "per_rank_batch": {n: 8192 for n in p.levers},
+            "overrides": {n: levers.LEVERS[n]["overrides"] for n in p.levers},
+            "reps": 2,
+            "world_size": 4,
+        },
     }
 
 
@@ -326,8 +390,10 @@ def test_report_of_four_gpus_names_four_ranks_and_the_gpus(tmp_path):
     assert "4 x NVIDIA H100 80GB HBM3" in text.split("## Answers")[0]
     assert "Embedding kernels the planners chose: hybridrec fused; reference fused" in text
     assert "Not run on GPUs: the profiled breakdown" in text and "Dense roofline: not measured" in text
-    assert "| 4 ranks · auto · fsdp · sparse_dist | table_wise x1 | 100, 100, 100, 100 | 10, 10, 10, 10 | " \
-           "500, 500, 500, 500 |" in text
+    assert (
+        "| 4 ranks · auto · fsdp · sparse_dist | table_wise x1 | 100, 100, 100, 100 | 10, 10, 10, 10 | "
+        "500, 500, 500, 500 |" in text
+    )
     assert "4 ranks, 2 alternating repetitions, 4 x NVIDIA H100 80GB HBM3 (CUDA 12.6)." in text  # the levers
     positions = [text.index(section) for section in bench_report.REPORT_SECTIONS]
     assert positions == sorted(positions)
@@ -356,10 +422,26 @@ def test_the_pregenerated_reference_feeds_the_experiments_shapes(tmp_path):
     """reference_torchrec.py --input pregenerated: TorchRec's RandomRecDataset with the
     synthetic log's shapes (rows per rank, ids per feature, dense width) trains and reports."""
     out = tmp_path / "ref.json"
-    proc = commands.run("torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reference_torchrec.py"),
-                        "--steps", "6", "--warmup", "2", "--out", str(out), "--input", "pregenerated", "--device", "cpu",
-                        "data.batch_size=128", "data.num_embeddings_per_feature=[500,200,100]", timeout=300)
+    proc = commands.run(
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.join(os.path.dirname(__file__), "..", "benchmarks", "reference_torchrec.py"),
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+        "--input",
+        "pregenerated",
+        "--device",
+        "cpu",
+        "data.batch_size=128",
+        "data.num_embeddings_per_feature=[500,200,100]",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.load(open(out))
     assert result["input"] == "pregenerated" and result["world_size"] == 2 and result["samples_per_second"] > 0

@@ -47,8 +47,12 @@ def runs(tmp_path_factory):
     ]
     two = spawn(train_and_gather, 2, cfgs, str(tmp / "r2"))
     # ... and the 2-rank checkpoint continued on 1 rank
-    one = spawn(train_and_gather, 1, [_cfg(f"checkpoint.dir={tmp / 'd'}",
-                                            f"checkpoint.resume={a / 'step_00000004'}")], str(tmp / "r3"))
+    one = spawn(
+        train_and_gather,
+        1,
+        [_cfg(f"checkpoint.dir={tmp / 'd'}", f"checkpoint.resume={a / 'step_00000004'}")],
+        str(tmp / "r3"),
+    )
     return tmp, two, [*one, first]
 
 
@@ -146,14 +150,24 @@ def test_a_planted_pickle_is_refused_and_never_run(runs, tmp_path):
     torch.save({"rng": _Planted(marker), "losses": torch.zeros(4)}, ckpt / "trainer_state.pt")
     rehash(ckpt)  # checksums fixed up: what refuses it is the pickle check, not the checksum
     export = ["hybridrec.export", f"checkpoint={ckpt}"]
-    resume = ["hybridrec.train", *RUN, f"checkpoint.resume={ckpt}", f"checkpoint.dir={tmp_path}",
-              f"hydra.run.dir={tmp_path / 'run'}"]
+    resume = [
+        "hybridrec.train",
+        *RUN,
+        f"checkpoint.resume={ckpt}",
+        f"checkpoint.dir={tmp_path}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     for cmd, prefix in ((export, "hybridrec.export: "), (resume, "hybridrec: ")):
         proc = commands.run(*cmd, timeout=120)
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        assert proc.stderr.strip().splitlines()[-1].startswith(
-            f"{prefix}{ckpt / 'trainer_state.pt'} is not safe to open: it holds a pickled object that would call "
-            "posix.system"), proc.stderr[-2000:]
+        assert (
+            proc.stderr.strip()
+            .splitlines()[-1]
+            .startswith(
+                f"{prefix}{ckpt / 'trainer_state.pt'} is not safe to open: it holds a pickled object that would call "
+                "posix.system"
+            )
+        ), proc.stderr[-2000:]
         assert "refused, nothing in it was run" in proc.stderr
         assert not marker.exists()
     assert not (ckpt / "export").exists()
@@ -182,17 +196,28 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(ValueError, match="not writable"):
         probe_writable(str(blocker / "ckpt"))
-    proc = commands.run("hybridrec.train", *BASE, f"checkpoint.dir={blocker / 'ckpt'}",
-                        f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    proc = commands.run(
+        "hybridrec.train", *BASE, f"checkpoint.dir={blocker / 'ckpt'}", f"hydra.run.dir={tmp_path / 'run'}", timeout=60
+    )
     assert proc.returncode != 0 and "not writable" in proc.stderr
 
 
 @pytest.mark.slow
 def test_non_finite_loss_stops_before_a_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = commands.run("hybridrec.train", *BASE, "train.steps=8", "train.log_every=1", "optimizer=sgd",
-                        "optimizer.dense.lr=1e30", "optimizer.sparse.lr=1e30", f"checkpoint.dir={ckpt}",
-                        "checkpoint.every_n_steps=1", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    proc = commands.run(
+        "hybridrec.train",
+        *BASE,
+        "train.steps=8",
+        "train.log_every=1",
+        "optimizer=sgd",
+        "optimizer.dense.lr=1e30",
+        "optimizer.sparse.lr=1e30",
+        f"checkpoint.dir={ckpt}",
+        "checkpoint.every_n_steps=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        timeout=120,
+    )
     assert proc.returncode != 0 and "non-finite loss" in proc.stderr
     step = int(proc.stderr.split("non-finite loss")[1].split("at step ")[1].split(":")[0])
     last = latest(str(ckpt))
@@ -222,14 +247,27 @@ def test_async_staging_copies_every_kind_of_tensor_to_the_host(one_rank_group):
 
     table = torch.arange(12.0).reshape(4, 3)
     sharded = init_from_local_shards([Shard(table.clone(), ShardMetadata([0, 0], [4, 3], "rank:0/cpu"))], 4, 3)
-    state = {"model": {"dense": torch.ones(3), "table": sharded,
-                       "fsdp": distribute_tensor(torch.randn(4, 2), init_device_mesh("cpu", (1,)), [DShard(0)])},
-             "optim": {"step": 7, "state": [torch.zeros(2)]}}
+    state = {
+        "model": {
+            "dense": torch.ones(3),
+            "table": sharded,
+            "fsdp": distribute_tensor(torch.randn(4, 2), init_device_mesh("cpu", (1,)), [DShard(0)]),
+        },
+        "optim": {"step": 7, "state": [torch.zeros(2)]},
+    }
     staged = _stage(state)
-    originals = [state["model"]["dense"], sharded.local_shards()[0].tensor, state["model"]["fsdp"].to_local(),
-                 state["optim"]["state"][0]]
-    copies = [staged["model"]["dense"], staged["model"]["table"].local_shards()[0].tensor,
-              staged["model"]["fsdp"].to_local(), staged["optim"]["state"][0]]
+    originals = [
+        state["model"]["dense"],
+        sharded.local_shards()[0].tensor,
+        state["model"]["fsdp"].to_local(),
+        state["optim"]["state"][0],
+    ]
+    copies = [
+        staged["model"]["dense"],
+        staged["model"]["table"].local_shards()[0].tensor,
+        staged["model"]["fsdp"].to_local(),
+        staged["optim"]["state"][0],
+    ]
     for original, copy in zip(originals, copies):
         assert copy.device.type == "cpu" and torch.equal(copy, original)
         assert copy.untyped_storage().data_ptr() != original.untyped_storage().data_ptr()  # a copy, not a view
@@ -253,8 +291,15 @@ def _saved(tmp_path, overrides, features=None, num_dense=None):
     path = tmp_path / "step_00000010"
     path.mkdir()
     OmegaConf.save(cfg, path / "config.yaml", resolve=True)
-    state = TrainState(step=10, schedulers=[], features=features, num_dense_features=num_dense,
-                       rng=torch.zeros(1, 8, dtype=torch.uint8), losses=torch.zeros(10), runs=["r"])
+    state = TrainState(
+        step=10,
+        schedulers=[],
+        features=features,
+        num_dense_features=num_dense,
+        rng=torch.zeros(1, 8, dtype=torch.uint8),
+        losses=torch.zeros(10),
+        runs=["r"],
+    )
     return str(path), state
 
 
@@ -268,18 +313,34 @@ def _check(path, state, overrides):
 def test_resume_across_parallelism_and_training_settings_is_compatible(tmp_path):
     path, state = _saved(tmp_path, BASE + ["mesh=fsdp", "sharding=table_wise"])
     # another world size, mesh, sharding, pipeline, batch, learning rate, length: same weights
-    _check(path, state, BASE + ["mesh=ddp", "sharding=row_wise", "launcher.nproc_per_node=2", "topology.world_size=2",
-                                "train.pipeline=base", "data.batch_size=128", "optimizer.dense.lr=0.5",
-                                "train.steps=100", "seed=3"])
+    _check(
+        path,
+        state,
+        BASE
+        + [
+            "mesh=ddp",
+            "sharding=row_wise",
+            "launcher.nproc_per_node=2",
+            "topology.world_size=2",
+            "train.pipeline=base",
+            "data.batch_size=128",
+            "optimizer.dense.lr=0.5",
+            "train.steps=100",
+            "seed=3",
+        ],
+    )
 
 
 @pytest.mark.unit
 def test_two_tower_temperature_may_change_on_resume(tmp_path):
-    features = [{"name": n, "num_embeddings": 10, "pooling_factor": 1.0}
-                for n in ("user", "item", "age", "gender", "occupation", "zip")]
+    features = [
+        {"name": n, "num_embeddings": 10, "pooling_factor": 1.0}
+        for n in ("user", "item", "age", "gender", "occupation", "zip")
+    ]
     path, state = _saved(tmp_path, ["model=two_tower", "loss=sampled_softmax"], features, 13)
     cfg = compose_cfg(["model=two_tower", "loss=sampled_softmax", "model.temperature=0.05", "model.normalize=false"])
     from hybridrec.data import SparseFeature
+
     check_compatible(cfg, path, state, [SparseFeature(**f) for f in features], 13)
     cfg = compose_cfg(["model=two_tower", "loss=sampled_softmax", "model.tower_layer_sizes=[32,16]"])
     with pytest.raises(CheckpointError, match=r"model.tower_layer_sizes: checkpoint \[64, 32\], run \[32, 16\]"):
@@ -289,8 +350,10 @@ def test_two_tower_temperature_may_change_on_resume(tmp_path):
 @pytest.mark.unit
 def test_another_model_is_refused_naming_every_difference(tmp_path):
     # The two-tower retrieval checkpoint of the README, resumed by the ctr experiment (same checkpoint.dir)
-    features = [{"name": n, "num_embeddings": 100, "pooling_factor": 1.0}
-                for n in ("user", "item", "age", "gender", "occupation", "zip", "genres")]
+    features = [
+        {"name": n, "num_embeddings": 100, "pooling_factor": 1.0}
+        for n in ("user", "item", "age", "gender", "occupation", "zip", "genres")
+    ]
     path, state = _saved(tmp_path, ["+experiment=movielens_retrieval"], features, 2)
     with pytest.raises(CheckpointError) as e:
         _check(path, state, ["+experiment=ctr", "checkpoint.dir=ckpt"])
@@ -306,9 +369,18 @@ def test_another_model_is_refused_naming_every_difference(tmp_path):
 def test_resized_tables_layers_and_optimizers_are_refused(tmp_path):
     path, state = _saved(tmp_path, BASE)
     with pytest.raises(CheckpointError) as e:
-        _check(path, state, BASE + ["data.num_embeddings_per_feature=[300,200,100,60]", "model.embedding_dim=4",
-                                    "model.dense_arch_layer_sizes=[16,4]", "optimizer=sgd",
-                                    f"checkpoint.resume={path}"])
+        _check(
+            path,
+            state,
+            BASE
+            + [
+                "data.num_embeddings_per_feature=[300,200,100,60]",
+                "model.embedding_dim=4",
+                "model.dense_arch_layer_sizes=[16,4]",
+                "optimizer=sgd",
+                f"checkpoint.resume={path}",
+            ],
+        )
     assert str(e.value) == (
         f"checkpoint {path} does not fit this run (model.embedding_dim: checkpoint 8, run 4; "
         f"model.dense_arch_layer_sizes: checkpoint [16, 8], run [16, 4]; t_cat_3 rows: checkpoint 50, run 60; "
@@ -324,15 +396,20 @@ def test_the_state_carries_the_metrics_history_up_to_its_step(tmp_path):
     record after the checkpoint's step is refused: the resumed run would train it again."""
     path, state = _saved(tmp_path, BASE)
     state.losses = torch.zeros(10, dtype=torch.float64)
-    state.history = [{"step": 10, "loss": 0.5, "loss_mean": 0.6, "lr": {"dense": 0.1}},
-                     {"step": 10, "split": "valid", "eval": {"auc": 0.7, "n": 64}},
-                     {"event": "resume", "step": 5, "path": "/ck/step_00000005"}]
+    state.history = [
+        {"step": 10, "loss": 0.5, "loss_mean": 0.6, "lr": {"dense": 0.1}},
+        {"step": 10, "split": "valid", "eval": {"auc": 0.7, "n": 64}},
+        {"event": "resume", "step": 5, "path": "/ck/step_00000005"},
+    ]
     state.to_files(path)
     assert TrainState.from_files(path).history == state.history
     state.history = [{"step": 11, "loss": 0.5}]  # written after the checkpoint's step
     state.to_files(path)
-    with pytest.raises(CheckpointError, match=r"field 'history\[0\]' is .* expected a metrics record with a step "
-                                              r"from 0 to 10"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"field 'history\[0\]' is .* expected a metrics record with a step "
+        r"from 0 to 10",
+    ):
         TrainState.from_files(path)
 
 
@@ -358,5 +435,6 @@ def test_a_checkpoint_of_another_generator_version_is_not_resumed(tmp_path):
         assert str(e.value) == (
             f"checkpoint {path} was trained on rows of version 1 of SyntheticClickLog, and this hybridrec draws "
             f"version {SyntheticClickLog.version}: the same seed gives other rows, so the run cannot go on where it "
-            f"stopped; train anew (another checkpoint.dir, or checkpoint.resume=never)")
+            f"stopped; train anew (another checkpoint.dir, or checkpoint.resume=never)"
+        )
     check_compatible(*args[:-2], source.features, source.num_dense_features, None)  # files: no version to match

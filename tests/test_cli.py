@@ -19,11 +19,23 @@ pytestmark = pytest.mark.dist  # every test starts ranks: the elastic launcher, 
 # The ctr experiment's 26 features on small tables and small MLPs, on a shorter run: it still
 # learns the planted signal in 40 steps, at a fraction of the full model's cost. The width
 # stays 64: narrower, the planner makes most tables data-parallel, not table-wise.
-SHORT = ["+experiment=ctr", "data.num_embeddings_per_feature=[1000,500,300,200,100,50,20,10,10,5,5,5,5,5,5,5,5,5,5,5,5,"
-         "5,5,5,4,3]", "model.dense_arch_layer_sizes=[64,64]", "model.over_arch_layer_sizes=[64,32,1]",
-         "data.batch_size=512", "train.steps=40", "train.log_every=10", "data.eval_batches=4"]
-TINY = ["data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
-        "train.steps=6", "train.log_every=3", "data.eval_batches=2"]
+SHORT = [
+    "+experiment=ctr",
+    "data.num_embeddings_per_feature=[1000,500,300,200,100,50,20,10,10,5,5,5,5,5,5,5,5,5,5,5,5,5,5,5,4,3]",
+    "model.dense_arch_layer_sizes=[64,64]",
+    "model.over_arch_layer_sizes=[64,32,1]",
+    "data.batch_size=512",
+    "train.steps=40",
+    "train.log_every=10",
+    "data.eval_batches=4",
+]
+TINY = [
+    "data.num_embeddings_per_feature=[500,200,100]",
+    "data.batch_size=128",
+    "train.steps=6",
+    "train.log_every=3",
+    "data.eval_batches=2",
+]
 
 
 def _run(cmd, timeout=240):
@@ -46,9 +58,21 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     without a warning on the console. Over 20 s: a new interpreter and fork server, and the
     40 steps the planted signal needs to be learned."""
     run_dir = tmp_path / "run"
-    proc = _run([sys.executable, "-m", "hybridrec.train", *SHORT, "launcher.nproc_per_node=2",
-                 "train.eval_every=20", "profile.enabled=true", "profile.start_step=0", "profile.steps=5",
-                 "logger=tensorboard", f"hydra.run.dir={run_dir}"])
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "hybridrec.train",
+            *SHORT,
+            "launcher.nproc_per_node=2",
+            "train.eval_every=20",
+            "profile.enabled=true",
+            "profile.start_step=0",
+            "profile.steps=5",
+            "logger=tensorboard",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
     assert f"outputs in {run_dir}" in proc.stdout
     s = _summary(run_dir)
     assert s["world_size"] == 2 and s["steps"] == 40 and s["dense_parallel"] == "fsdp"
@@ -83,7 +107,9 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
         assert p["comm_ms"] + p["compute_ms"] == pytest.approx(p["profiled_ms"])
         # the per-step breakdown covers the step: its phases add up to the profiled time
         assert sum(p["breakdown_ms"].values()) * 5 == pytest.approx(p["profiled_ms"], rel=1e-3)
-        assert p["breakdown_ms"]["dense forward + backward"] > 0 and p["breakdown_ms"]["embedding lookup + all-to-all"] > 0
+        assert (
+            p["breakdown_ms"]["dense forward + backward"] > 0 and p["breakdown_ms"]["embedding lookup + all-to-all"] > 0
+        )
         assert "embedding all-to-all" in p["comm_ms_by_kind"]
         # profile.start_step=0: the window starts at the first step
         trace = json.load(open(run_dir / "profile" / f"trace_rank{r}.json"))
@@ -94,8 +120,9 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(run_dir / "tensorboard"))
     # the console: rank 0's plan table (once) and progress; no warnings, nothing from rank 1
     lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.strip()]
-    noise = [line for line in lines if re.search(r"warn|error|traceback|rank ?1\b", line, re.I)
-             and "USDT" not in line]  # the profiler's own start/stop lines
+    noise = [
+        line for line in lines if re.search(r"warn|error|traceback|rank ?1\b", line, re.I) and "USDT" not in line
+    ]  # the profiler's own start/stop lines
     assert noise == [], noise
     assert not re.search(r"warn", proc.stdout + proc.stderr, re.I)
     assert (proc.stdout + proc.stderr).count("Embedding plan: 2 rank(s)") == 1
@@ -103,8 +130,11 @@ def test_two_ranks_via_elastic_launcher(tmp_path):
     # without a terminal: one line per progress report, and rank 0's log in train.log in
     # Hydra's format, as a one-rank run writes it (tests/test_movielens.py)
     assert_readable(proc.stdout + proc.stderr, run_dir, steps=40, log_every=10)
-    order = [m.split(":")[0] if " @ " in m else m.split()[1] for m in trainer_log(run_dir)
-             if m.startswith("step ") or " @ step " in m]
+    order = [
+        m.split(":")[0] if " @ " in m else m.split()[1]
+        for m in trainer_log(run_dir)
+        if m.startswith("step ") or " @ step " in m
+    ]
     assert order == ["10/40", "20/40", "valid @ step 20", "30/40", "40/40", "valid @ step 40", "eval @ step 40"]
 
 
@@ -113,8 +143,19 @@ def test_torchrun_shares_one_run_directory(tmp_path):
     is the subject, so a real subprocess."""
     run_dir = tmp_path / "run"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    _run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "hybridrec.train",
-          *TINY, "sharding=row_wise", f"hydra.run.dir={run_dir}"])
+    _run(
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "hybridrec.train",
+            *TINY,
+            "sharding=row_wise",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
     s = _summary(run_dir)
     assert s["world_size"] == 2
     assert {p["sharding_type"] for p in s["plan"].values()} == {"row_wise"}
@@ -127,8 +168,9 @@ def sweep(tmp_path_factory):
     Adam has no CPU kernel: refused before launch) and sgd, which runs after the failure.
     Forked from the preloaded command server: the subject is the sweep, not the start-up."""
     out = tmp_path_factory.mktemp("multirun") / "sweep"
-    proc = commands.run("hybridrec.train", "-m", *TINY, "optimizer=adagrad,adam,sgd", f"hydra.sweep.dir={out}",
-                        timeout=300)
+    proc = commands.run(
+        "hybridrec.train", "-m", *TINY, "optimizer=adagrad,adam,sgd", f"hydra.sweep.dir={out}", timeout=300
+    )
     return out, proc
 
 
@@ -148,14 +190,19 @@ def test_multirun_sweeps_optimizers(sweep):
     assert [r["chosen"] for r in rows] == ["yes", ""]
     rows.sort(key=lambda r: int(r["job"]))
     assert [(r["job"], r["status"], r["optimizer"], r["dir"]) for r in rows] == [
-        ("0", "ok", "adagrad", jobs[0]), ("2", "ok", "sgd", jobs[2])]
+        ("0", "ok", "adagrad", jobs[0]),
+        ("2", "ok", "sgd", jobs[2]),
+    ]
     for row, s in zip(rows, summaries):
         assert float(row["test_auc"]) == s["eval"]["auc"] and float(row["valid_ne"]) == s["valid"]["ne"]
         assert float(row["samples_per_second"]) == s["samples_per_second"] > 0
         assert float(row["peak_rss_mb"]) == max(s["peak_rss_mb"]) > 100
         # the default DLRM over 3 tables: bottom 13-64-16, top over 16 + 6 dot products (4 vectors) -> 64-32-1
-        assert int(row["dense_parameters"]) == s["dense_parameters"] == (
-            13 * 64 + 64 + 64 * 16 + 16 + (16 + 6) * 64 + 64 + 64 * 32 + 32 + 32 + 1)
+        assert (
+            int(row["dense_parameters"])
+            == s["dense_parameters"]
+            == (13 * 64 + 64 + 64 * 16 + 16 + (16 + 6) * 64 + 64 + 64 * 32 + 32 + 32 + 1)
+        )
     markdown = (sweep / "summary.md").read_text()
     assert markdown.count("| ok | ") == 2 and "| optimizer |" in markdown
     assert f"hybridrec: sweep summary in {sweep}/summary.md" in proc.stdout and markdown in proc.stdout
@@ -193,10 +240,33 @@ def test_two_simulated_nodes_match_one_node(tmp_path, one_node_losses):
         port = s.getsockname()[1]
     args = TWO_NODE_RUN
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    nodes = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(n),
-                               "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "t",
-                               "-m", "hybridrec.train", *args, f"hydra.run.dir={tmp_path / 'nodes'}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                torchrun,
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--node_rank",
+                str(n),
+                "--rdzv_backend",
+                "c10d",
+                "--rdzv_endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv_id",
+                "t",
+                "-m",
+                "hybridrec.train",
+                *args,
+                f"hydra.run.dir={tmp_path / 'nodes'}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in (0, 1)
+    ]
     for node in nodes:
         out, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-3000:]

@@ -65,11 +65,14 @@ print("ok", compat.read_proc_state(1) is not None)
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("torch_version, expected", [
-    ("2.13.0", ["fbgemm-gpu==1.8.0", "torchrec==1.8.0"]),
-    ("2.12.1+cu128", ["fbgemm-gpu==1.7.0", "torchrec==1.7.0"]),
-    ("2.11.0+cu130", ["fbgemm-gpu==1.6.0", "torchrec==1.6.1"]),
-])
+@pytest.mark.parametrize(
+    "torch_version, expected",
+    [
+        ("2.13.0", ["fbgemm-gpu==1.8.0", "torchrec==1.8.0"]),
+        ("2.12.1+cu128", ["fbgemm-gpu==1.7.0", "torchrec==1.7.0"]),
+        ("2.11.0+cu130", ["fbgemm-gpu==1.6.0", "torchrec==1.6.1"]),
+    ],
+)
 def test_a_hosts_torch_gets_the_fbgemm_and_torchrec_that_load_with_it(torch_version, expected):
     from hybridrec import install_check
 

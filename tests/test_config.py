@@ -20,10 +20,29 @@ from hybridrec.run.validation import validate
 GROUPS = {
     "model": ["dlrm", "dcn", "deepfm", "two_tower", "sasrec", "hstu"],
     "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax", "next_item"],
-    "data": ["synthetic", "synthetic_criteo", "criteo", "criteo_binary", "movielens", "movielens_rank", "parquet",
-             "example_log", "example_days", "movielens_seq", "parquet_seq"],
-    "sharding": ["auto", "table_wise", "row_wise", "column_wise", "table_row_wise",
-                 "table_column_wise", "data_parallel", "grid"],
+    "data": [
+        "synthetic",
+        "synthetic_criteo",
+        "criteo",
+        "criteo_binary",
+        "movielens",
+        "movielens_rank",
+        "parquet",
+        "example_log",
+        "example_days",
+        "movielens_seq",
+        "parquet_seq",
+    ],
+    "sharding": [
+        "auto",
+        "table_wise",
+        "row_wise",
+        "column_wise",
+        "table_row_wise",
+        "table_column_wise",
+        "data_parallel",
+        "grid",
+    ],
     "optimizer": ["adagrad", "sgd", "adam"],
     "mesh": ["fsdp", "hsdp", "ddp", "single"],
     "topology": ["detect"],
@@ -37,9 +56,18 @@ def test_every_group_option_is_shipped():
         shipped = sorted(f[:-5] for f in os.listdir(os.path.join(conf, group)) if f.endswith(".yaml"))
         if group == "optimizer":  # and the sub-groups optimizer/sparse, optimizer/dense
             assert sorted(os.listdir(os.path.join(conf, group, "sparse"))) == [
-                "adagrad.yaml", "adam.yaml", "rowwise_adagrad.yaml", "sgd.yaml"]
+                "adagrad.yaml",
+                "adam.yaml",
+                "rowwise_adagrad.yaml",
+                "sgd.yaml",
+            ]
             assert sorted(os.listdir(os.path.join(conf, group, "dense"))) == [
-                "adagrad.yaml", "adagrad_zero.yaml", "adam.yaml", "adamw.yaml", "sgd.yaml"]
+                "adagrad.yaml",
+                "adagrad_zero.yaml",
+                "adam.yaml",
+                "adamw.yaml",
+                "sgd.yaml",
+            ]
         assert shipped == sorted(options), group
 
 
@@ -59,8 +87,11 @@ def test_every_option_composes_and_validates(group, option):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("part,option", [("sparse", o) for o in ["rowwise_adagrad", "adagrad", "adam", "sgd"]]
-                         + [("dense", o) for o in ["adagrad", "adam", "adamw", "sgd"]])
+@pytest.mark.parametrize(
+    "part,option",
+    [("sparse", o) for o in ["rowwise_adagrad", "adagrad", "adam", "sgd"]]
+    + [("dense", o) for o in ["adagrad", "adam", "adamw", "sgd"]],
+)
 def test_every_optimizer_sub_option_composes(part, option):
     cfg = compose_cfg([f"optimizer/{part}={option}"])
     validate(cfg, world_size=1)
@@ -158,18 +189,31 @@ def test_cli_bad_world_size_fails_before_any_rank_starts(tmp_path):
 def test_lr_schedule_formula():
     from hybridrec.parallel.optim import lr_multiplier
 
-    f = lr_multiplier(compose_cfg([
-        "optimizer.dense_schedule.name=linear", "optimizer.dense_schedule.warmup_steps=4",
-        "optimizer.dense_schedule.decay_start=6", "optimizer.dense_schedule.decay_steps=4",
-        "optimizer.dense_schedule.end_factor=0.1"]).optimizer.dense_schedule)
+    f = lr_multiplier(
+        compose_cfg(
+            [
+                "optimizer.dense_schedule.name=linear",
+                "optimizer.dense_schedule.warmup_steps=4",
+                "optimizer.dense_schedule.decay_start=6",
+                "optimizer.dense_schedule.decay_steps=4",
+                "optimizer.dense_schedule.end_factor=0.1",
+            ]
+        ).optimizer.dense_schedule
+    )
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]  # warmup
     assert f(5) == 1.0 and f(6) == 1.0  # constant until decay_start
     assert f(8) == pytest.approx(0.1 + 0.9 * 0.5) and f(10) == pytest.approx(0.1) and f(99) == pytest.approx(0.1)
-    cos = lr_multiplier(compose_cfg(["optimizer.sparse_schedule.name=cosine",
-                                     "optimizer.sparse_schedule.decay_steps=10"]).optimizer.sparse_schedule)
+    cos = lr_multiplier(
+        compose_cfg(
+            ["optimizer.sparse_schedule.name=cosine", "optimizer.sparse_schedule.decay_steps=10"]
+        ).optimizer.sparse_schedule
+    )
     assert cos(0) == 1.0 and cos(5) == pytest.approx(0.5) and cos(10) == pytest.approx(0.0)
-    poly = lr_multiplier(compose_cfg(["optimizer.dense_schedule.name=polynomial",
-                                      "optimizer.dense_schedule.decay_steps=10"]).optimizer.dense_schedule)
+    poly = lr_multiplier(
+        compose_cfg(
+            ["optimizer.dense_schedule.name=polynomial", "optimizer.dense_schedule.decay_steps=10"]
+        ).optimizer.dense_schedule
+    )
     assert poly(5) == pytest.approx(0.25) and poly(10) == pytest.approx(0.0)  # (1 - p)^2
     assert lr_multiplier(compose_cfg([]).optimizer.dense_schedule)(1000) == 1.0
 
@@ -178,8 +222,7 @@ def test_lr_schedule_formula():
 @pytest.mark.parametrize(
     "overrides,world_size,message",
     [
-        (["mesh=hsdp", "mesh.replicate=2", "mesh.shard=2"], 2,
-         r"replicate=2 x shard=2 = 4 but world_size=2"),
+        (["mesh=hsdp", "mesh.replicate=2", "mesh.shard=2"], 2, r"replicate=2 x shard=2 = 4 but world_size=2"),
         (["mesh=single"], 2, "mesh=single .* needs 1 rank"),
         (["mesh.reshard_after_forward=0"], 2, "reshard_after_forward"),
         (["optimizer.dense_schedule.name=cosine"], 1, "needs decay_steps >= 1"),
@@ -197,7 +240,8 @@ def test_hsdp_degrees_default_to_ranks_per_node():
     from hybridrec.parallel.parallel_dims import ParallelDims
 
     degrees = lambda overrides: (lambda d: (d.replicate, d.shard))(
-        ParallelDims.build(compose_cfg(overrides).mesh, 16, 8, "cuda"))
+        ParallelDims.build(compose_cfg(overrides).mesh, 16, 8, "cuda")
+    )
     assert degrees(["mesh=hsdp"]) == (2, 8)
     assert degrees(["mesh=hsdp", "mesh.replicate=4"]) == (4, 4)
     assert degrees(["mesh=fsdp"]) == (1, 16)
@@ -222,8 +266,11 @@ def test_sparse_weight_decay_is_refused_not_ignored():
 @pytest.mark.slow
 def test_readme_result_blocks_are_current():
     """README.md quotes benchmarks/results/*.md through marked blocks, never typed by hand."""
-    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "readme_numbers.py"),
-                           "--check"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "readme_numbers.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -237,17 +284,28 @@ def test_readme_result_blocks_are_current():
         (["mesh=hsdp", "mesh.replicate=-1", "mesh.shard=-2"], r"^mesh.replicate must be >= 1 \(or unset\), got -1$"),
         (["mesh=hsdp", "mesh.replicate=0", "mesh.shard=0"], r"^mesh.replicate must be >= 1 \(or unset\), got 0$"),
         (["model.embedding_dim=0"], r"^model.embedding_dim must be >= 1, got 0$"),
-        (["+train.stepz=30"], r"^unknown key train.stepz \(did you mean train.steps\?\): the keys of train are steps, "),
+        (
+            ["+train.stepz=30"],
+            r"^unknown key train.stepz \(did you mean train.steps\?\): the keys of train are steps, ",
+        ),
         (["+seeed=1"], r"^unknown key seeed \(did you mean seed\?\): the keys of the top level are model, "),
-        (["sharding.tables=[{match:t_cat_0}]", "+sharding.tables.0.min_partitions=4"],
-         r"^unknown key sharding.tables.0.min_partitions \(did you mean sharding.tables.0.min_partition\?\)"),
-        (["data=criteo"], r"^data.train_path and data.eval_path are not set: give data.train_path=\.\.\. "
-                          r"data.eval_path=\.\.\. on the command line or in an experiment$"),
+        (
+            ["sharding.tables=[{match:t_cat_0}]", "+sharding.tables.0.min_partitions=4"],
+            r"^unknown key sharding.tables.0.min_partitions \(did you mean sharding.tables.0.min_partition\?\)",
+        ),
+        (
+            ["data=criteo"],
+            r"^data.train_path and data.eval_path are not set: give data.train_path=\.\.\. "
+            r"data.eval_path=\.\.\. on the command line or in an experiment$",
+        ),
         (["data=criteo", "data.train_path=x"], r"^data.eval_path is not set"),
         (["topology.world_size=0"], r"^topology.world_size must be >= 1 \(or unset\), got 0$"),
         (["topology.world_size=-4"], r"^topology.world_size must be >= 1 \(or unset\), got -4$"),
         (["topology.local_world_size=0"], r"^topology.local_world_size must be >= 1 \(or unset\), got 0$"),
-        (["topology.device_memory_gb=-1"], r"^topology.device_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
+        (
+            ["topology.device_memory_gb=-1"],
+            r"^topology.device_memory_gb must be > 0 \(or unset to detect it\), got -1.0$",
+        ),
         (["topology.host_memory_gb=-1"], r"^topology.host_memory_gb must be > 0 \(or unset to detect it\), got -1.0$"),
     ],
 )
@@ -280,8 +338,13 @@ def test_cli_errors_are_one_line(tmp_path):
     if torch.version.cuda is None:  # asking for CUDA where torch has none: no silent CPU run
         proc = _cli("launcher.device=cuda", f"hydra.run.dir={tmp_path}")
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        assert proc.stderr.strip().splitlines()[-1].startswith(
-            f"hybridrec: invalid config: launcher.device=cuda but torch {torch.__version__} is a CPU-only build")
+        assert (
+            proc.stderr.strip()
+            .splitlines()[-1]
+            .startswith(
+                f"hybridrec: invalid config: launcher.device=cuda but torch {torch.__version__} is a CPU-only build"
+            )
+        )
 
 
 @pytest.mark.unit

@@ -36,10 +36,21 @@ def _log(d, rows=2800):
 
 
 def _cfg(d, *extra):
-    return compose_cfg(["+experiment=continuous", f"data.train_path={d}/train", f"data.valid_path={d}/valid",
-                        f"data.eval_path={d}/eval", "data.batch_size=64", "model.embedding_dim=8",
-                        "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]",
-                        "train.log_every=2", "launcher.device=cpu", *extra])
+    return compose_cfg(
+        [
+            "+experiment=continuous",
+            f"data.train_path={d}/train",
+            f"data.valid_path={d}/valid",
+            f"data.eval_path={d}/eval",
+            "data.batch_size=64",
+            "model.embedding_dim=8",
+            "model.dense_arch_layer_sizes=[16,8]",
+            "model.over_arch_layer_sizes=[16,1]",
+            "train.log_every=2",
+            "launcher.device=cpu",
+            *extra,
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- the listing
@@ -60,8 +71,11 @@ def test_partitions_are_ordered_by_their_time_and_incomplete_ones_wait(tmp_path)
 def test_a_malformed_or_duplicated_partition_is_one_line(tmp_path):
     os.makedirs(tmp_path / "day=2026-11-04")
     os.makedirs(tmp_path / "day=2026-13-45")
-    with pytest.raises(DataError, match=r"day=2026-13-45: the partition name does not match "
-                                        r"data.partitions.pattern='day=%Y-%m-%d' \(or is no real time\)"):
+    with pytest.raises(
+        DataError,
+        match=r"day=2026-13-45: the partition name does not match "
+        r"data.partitions.pattern='day=%Y-%m-%d' \(or is no real time\)",
+    ):
         list_partitions(str(tmp_path), PATTERN)
     warned = set()
     assert [p.name for p in list_partitions(str(tmp_path), PATTERN, strict=False, warned=warned)] == ["day=2026-11-04"]
@@ -73,17 +87,24 @@ def test_a_malformed_or_duplicated_partition_is_one_line(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("override, message", [
-    (["train.schedule=continuous", "data=example_log"], "train.schedule=continuous trains day by day over a "
-                                                        "partitioned log: set data.partitions"),
-    (["data.partitions.follow=true", "data.partitions.ready_marker=null"], "data.partitions.follow=true reads "
-                                                                           "partitions while they are written"),
-    (["data.partitions.train_until=someday"], "data.partitions.train_until='someday' is neither a partition name"),
-    (["data.partitions.pattern=d%d"], "needs %Y"),
-    (["train.objective=valid.auc"], "a continuous run is judged by its progressive validation"),
-    (["train.early_stop_patience=2", "train.eval_every=5"], "a continuous run ships its latest model"),
-    (["data.valid_fraction=0.1", "data.valid_path=null"], "every partition is scored before it is trained on"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            ["train.schedule=continuous", "data=example_log"],
+            "train.schedule=continuous trains day by day over a partitioned log: set data.partitions",
+        ),
+        (
+            ["data.partitions.follow=true", "data.partitions.ready_marker=null"],
+            "data.partitions.follow=true reads partitions while they are written",
+        ),
+        (["data.partitions.train_until=someday"], "data.partitions.train_until='someday' is neither a partition name"),
+        (["data.partitions.pattern=d%d"], "needs %Y"),
+        (["train.objective=valid.auc"], "a continuous run is judged by its progressive validation"),
+        (["train.early_stop_patience=2", "train.eval_every=5"], "a continuous run ships its latest model"),
+        (["data.valid_fraction=0.1", "data.valid_path=null"], "every partition is scored before it is trained on"),
+    ],
+)
 def test_a_bad_continuous_config_is_refused_before_launch(override, message):
     cfg = compose_cfg(["+experiment=continuous", *override])
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -112,12 +133,18 @@ def runs(log, tmp_path_factory):
     with, and the checkpoints the exports and deltas are made of. One launch per world size."""
     root = tmp_path_factory.mktemp("runs")
     ck = root / "ck"
-    cfgs = lambda *extra: [_cfg(log, "sharding=row_wise"),
-                           _cfg(log, "sharding=row_wise", "data.partitions.train_until=2023-11-20"),
-                           _cfg(log, "sharding=row_wise", *SMALL_ITEMS, *extra)]
+    cfgs = lambda *extra: [
+        _cfg(log, "sharding=row_wise"),
+        _cfg(log, "sharding=row_wise", "data.partitions.train_until=2023-11-20"),
+        _cfg(log, "sharding=row_wise", *SMALL_ITEMS, *extra),
+    ]
     empty = _empty_days(copy_of(log, root / "empty"))
-    one = spawn(train_and_gather, 1, [*cfgs(f"checkpoint.dir={ck}", *CHECKPOINTS, "checkpoint.export_deltas=true"),
-                                      _cfg(empty)], str(root / "w1"))
+    one = spawn(
+        train_and_gather,
+        1,
+        [*cfgs(f"checkpoint.dir={ck}", *CHECKPOINTS, "checkpoint.export_deltas=true"), _cfg(empty)],
+        str(root / "w1"),
+    )
     two = spawn(train_and_gather, 2, cfgs(), str(root / "w2"))
     return {1: one[:3], 2: two, "empty": one[3], "checkpoints": ck}
 
@@ -165,8 +192,9 @@ def test_two_ranks_train_day_by_day_as_one(runs):
         assert_same_training(one, two)
         a, b = (r["summary"]["freshness"]["partitions"] for r in (one, two))
         for x, y in zip(a, b):
-            assert {k: v for k, v in x.items() if k not in ("eval", "new_ids")} == \
-                   {k: v for k, v in y.items() if k not in ("eval", "new_ids")}
+            assert {k: v for k, v in x.items() if k not in ("eval", "new_ids")} == {
+                k: v for k, v in y.items() if k not in ("eval", "new_ids")
+            }
             assert x["eval"] == pytest.approx(y["eval"], rel=1e-5, abs=1e-6)
 
 
@@ -192,10 +220,15 @@ def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(runs, log, 
     shutil.copytree(a / "step_00000006", b / "step_00000006")
     changed = copy_of(log, tmp_path / "changed")
     generate_days(str(tmp_path / "other"), rows=1400, seed=2)
-    shutil.copy(tmp_path / "other" / "train" / day_name(0) / "part-00000.parquet",
-                changed / "train" / day_name(0) / "part-00000.parquet")
-    with pytest.raises(Exception, match=r"partition day=2023-11-14 of .* changed since it was trained on "
-                                        r"\(part-00000\.parquet was [\d,]+ bytes, now [\d,]+\)"):
+    shutil.copy(
+        tmp_path / "other" / "train" / day_name(0) / "part-00000.parquet",
+        changed / "train" / day_name(0) / "part-00000.parquet",
+    )
+    with pytest.raises(
+        Exception,
+        match=r"partition day=2023-11-14 of .* changed since it was trained on "
+        r"\(part-00000\.parquet was [\d,]+ bytes, now [\d,]+\)",
+    ):
         spawn(train_and_gather, 1, [run(changed, b)], str(tmp_path / "w3"))
 
 
@@ -203,11 +236,24 @@ def _command(d, ck, run_dir, *extra):
     """`python -m hybridrec.train +experiment=continuous ...` on the log in ``d``, 4 steps a
     day, train.steps=20 (a continuous run's length is its partitions: 56 steps), checkpoints
     every 6 steps and at each day's end; forked from the preloaded command server."""
-    return ["hybridrec.train", "+experiment=continuous", f"data.train_path={d}/train", f"data.valid_path={d}/valid",
-            f"data.eval_path={d}/eval", "data.batch_size=64", "model.embedding_dim=8",
-            "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]", "launcher.device=cpu",
-            "train.steps=20", "checkpoint.every_n_steps=6", "checkpoint.keep_last=50", f"checkpoint.dir={ck}",
-            f"hydra.run.dir={run_dir}", *extra]
+    return [
+        "hybridrec.train",
+        "+experiment=continuous",
+        f"data.train_path={d}/train",
+        f"data.valid_path={d}/valid",
+        f"data.eval_path={d}/eval",
+        "data.batch_size=64",
+        "model.embedding_dim=8",
+        "model.dense_arch_layer_sizes=[16,8]",
+        "model.over_arch_layer_sizes=[16,1]",
+        "launcher.device=cpu",
+        "train.steps=20",
+        "checkpoint.every_n_steps=6",
+        "checkpoint.keep_last=50",
+        f"checkpoint.dir={ck}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
 
 
 def _finished(proc, run_dir):
@@ -220,7 +266,8 @@ def _same_run(a, b):
     progressive AUC, the objective and the test split."""
     assert a["train_loss"] == b["train_loss"]
     assert [(p["partition"], p.get("eval", {}).get("auc")) for p in a["freshness"]["partitions"]] == [
-        (p["partition"], p.get("eval", {}).get("auc")) for p in b["freshness"]["partitions"]]
+        (p["partition"], p.get("eval", {}).get("auc")) for p in b["freshness"]["partitions"]
+    ]
     assert a["objective"] == b["objective"] and a["eval"] == b["eval"]
 
 
@@ -268,7 +315,8 @@ def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"hybridrec: partition {day_name(5)} of {d}/train has no _SUCCESS (still being written, or lost) and later "
         f"partitions are complete: the run stopped before it, after {day_name(4)} (its checkpoint is kept). "
-        "data.partitions.follow=true waits for it; data.partitions.skip_unready=true trains past it for good")
+        "data.partitions.follow=true waits for it; data.partitions.skip_unready=true trains past it for good"
+    )
     assert max(os.listdir(ck)) == "step_00000020"  # days 0-4, 4 steps each
     # a day it trained on, its item ids rewritten (same row count): refused by its digest
     edited = copy_of(d, tmp_path / "edited")
@@ -278,13 +326,17 @@ def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    pq.write_table(table.set_column(table.schema.get_field_index("item_id"), "item_id",
-                                    pc.add(table["item_id"], 1)), path)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("item_id"), "item_id", pc.add(table["item_id"], 1)), path
+    )
     other = copy_of(ck, tmp_path / "other")
     refused = commands.run(*_command(edited, other, tmp_path / "refused"))
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-    assert re.search(rf"hybridrec: partition {day_name(1)} of .* changed since it was trained on "
-                     r"\(part-00000\.parquet was [\d,]+ bytes, now [\d,]+\)", refused.stderr), refused.stderr[-2000:]
+    assert re.search(
+        rf"hybridrec: partition {day_name(1)} of .* changed since it was trained on "
+        r"\(part-00000\.parquet was [\d,]+ bytes, now [\d,]+\)",
+        refused.stderr,
+    ), refused.stderr[-2000:]
     assert sorted(os.listdir(other)) == sorted(os.listdir(ck))  # nothing trained, nothing written
     # the marker arrives: the same command trains on, as the run never stopped
     marker.write_text("")
@@ -294,8 +346,10 @@ def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good
     _same_run(summary, uninterrupted)
     # skipped for good when asked, and recorded
     marker.unlink()
-    skipped = _finished(commands.run(*_command(d, tmp_path / "ck2", tmp_path / "run2",
-                                               "data.partitions.skip_unready=true")), tmp_path / "run2")
+    skipped = _finished(
+        commands.run(*_command(d, tmp_path / "ck2", tmp_path / "run2", "data.partitions.skip_unready=true")),
+        tmp_path / "run2",
+    )
     assert skipped["freshness"]["skipped"] == [{"partition": day_name(5), "missing": "_SUCCESS"}]
     assert [p["partition"] for p in skipped["freshness"]["partitions"]] == [day_name(x) for x in range(14) if x != 5]
     # the first day without its marker: nothing can be trained, one line
@@ -303,8 +357,11 @@ def test_a_day_without_its_marker_stops_the_run_before_it_or_is_skipped_for_good
     (first / "train" / day_name(0) / "_SUCCESS").unlink()
     refused = commands.run(*_command(first, tmp_path / "ck3", tmp_path / "run3"))
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-    assert refused.stderr.strip().splitlines()[-1].startswith(
-        f"hybridrec: partition {day_name(0)} of {first}/train, the first, has no _SUCCESS"), refused.stderr[-2000:]
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"hybridrec: partition {day_name(0)} of {first}/train, the first, has no _SUCCESS")
+    ), refused.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -321,11 +378,20 @@ def test_a_following_run_trains_on_partitions_as_they_arrive(tmp_path):
     early = d / "train" / day_name(5)
     shutil.move(str(early), str(later / "early"))
     run_dir = tmp_path / "run"
-    args = ["+experiment=continuous", f"hydra.run.dir={run_dir}",
-            f"data.train_path={d}/train", f"data.valid_path={d}/valid", f"data.eval_path={d}/eval",
-            "data.batch_size=64", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
-            "launcher.device=cpu", "data.partitions.follow=true",
-            "data.partitions.poll_s=0.5", "data.partitions.stop_after_idle_s=6"]
+    args = [
+        "+experiment=continuous",
+        f"hydra.run.dir={run_dir}",
+        f"data.train_path={d}/train",
+        f"data.valid_path={d}/valid",
+        f"data.eval_path={d}/eval",
+        "data.batch_size=64",
+        "model.embedding_dim=8",
+        "model.dense_arch_layer_sizes=[16,8]",
+        "launcher.device=cpu",
+        "data.partitions.follow=true",
+        "data.partitions.poll_s=0.5",
+        "data.partitions.stop_after_idle_s=6",
+    ]
     command = commands.start("hybridrec.train", *args, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ended = threading.Event()
 
@@ -394,8 +460,12 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(runs, tmp_path
     a, b = patched.state_dict(), reference.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     n = 5
-    inputs = (torch.rand(n, 3), torch.zeros(n * 4, dtype=torch.int64), torch.ones(n * 4, dtype=torch.int32),
-              torch.ones(n * 4))
+    inputs = (
+        torch.rand(n, 3),
+        torch.zeros(n * 4, dtype=torch.int64),
+        torch.ones(n * 4, dtype=torch.int32),
+        torch.ones(n * 4),
+    )
     assert torch.equal(patched(*inputs), reference(*inputs))
     with pytest.raises(delta.DeltaError, match="nothing changed"):
         delta.write(step(16), str(base))
@@ -404,10 +474,14 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(runs, tmp_path
     serving = ck / "serving"
     assert len(delta.deltas_of(str(serving))) == 13
     export(step(56), str(tmp_path / "last"))
-    a, b = delta.load(str(serving)).state_dict(), torch.export.load(str(tmp_path / "last" / "model.pt2")).module().state_dict()
+    a, b = (
+        delta.load(str(serving)).state_dict(),
+        torch.export.load(str(tmp_path / "last" / "model.pt2")).module().state_dict(),
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert pq.read_table(serving / "deltas" / "managed_ids_00013.parquet").equals(
-        pq.read_table(tmp_path / "last" / "managed_ids.parquet"))
+        pq.read_table(tmp_path / "last" / "managed_ids.parquet")
+    )
     # the deltas of one export put beside another's: the first is refused, nothing applied
     os.makedirs(full / "deltas")
     shutil.copy(first, full / "deltas" / "delta_00001.pt")
@@ -431,8 +505,7 @@ def test_an_export_plus_its_deltas_is_the_full_export_bit_for_bit(runs, tmp_path
 def _managed(parts, capacity, min_count=1, eviction="lfu"):
     from hybridrec.data.parquet.managed import ManagedIds
 
-    return ManagedIds({"t": capacity}, min_count, eviction,
-                      lambda p: {"t": np.array(parts[p], np.uint64)})
+    return ManagedIds({"t": capacity}, min_count, eviction, lambda p: {"t": np.array(parts[p], np.uint64)})
 
 
 @pytest.mark.unit
@@ -443,7 +516,13 @@ def test_managed_ids_get_a_row_of_their_own_in_the_partition_they_reach_min_coun
     assert rows(1, [5, 7, 9]) == [1, 2, 0]  # 7 reaches 2 on day 1
     assert rows(2, [5, 7, 9, 11]) == [1, 2, 3, 0]  # rows never change hands with room to spare
     assert m.stats("t", 2, np.array([9, 9, 11], np.uint64)) == {
-        "rows_used": 3, "rows": 10, "hits": 2, "misses": 1, "admitted": 1, "evicted": 0}
+        "rows_used": 3,
+        "rows": 10,
+        "hits": 2,
+        "misses": 1,
+        "admitted": 1,
+        "evicted": 0,
+    }
 
 
 @pytest.mark.unit
@@ -478,8 +557,11 @@ def test_a_partition_linked_to_another_is_refused(tmp_path):
     os.makedirs(tmp_path / "day=2026-11-04")
     (tmp_path / "day=2026-11-04" / "part-0.parquet").write_bytes(b"")
     os.symlink(tmp_path / "day=2026-11-04", tmp_path / "day=2026-11-05")
-    with pytest.raises(DataError, match=r"day=2026-11-05/part-0.parquet is also .*day=2026-11-04/part-0.parquet: "
-                                        r"two partitions hold the same file"):
+    with pytest.raises(
+        DataError,
+        match=r"day=2026-11-05/part-0.parquet is also .*day=2026-11-04/part-0.parquet: "
+        r"two partitions hold the same file",
+    ):
         list_partitions(str(tmp_path), PATTERN)
 
 
@@ -518,14 +600,19 @@ def test_a_partition_trained_on_that_changed_or_went_away_is_refused_by_rank_0(t
     kept, digests, held_back, skipped = _rank0_stream(tmp_path, {})._choose(strict=True)
     assert [p.name for p in kept] == ["day=2026-11-04", "day=2026-11-05"] and held_back is None and skipped == []
     # what a checkpoint taken in day 05 records: both were read (scored), 04 trained on
-    state = lambda: {"freshness": [{"partition": "day=2026-11-04"}, {"partition": "day=2026-11-05"}],
-                     "partitions": [{"name": n, "digest": digests[n]} for n in digests]}
+    state = lambda: {
+        "freshness": [{"partition": "day=2026-11-04"}, {"partition": "day=2026-11-05"}],
+        "partitions": [{"name": n, "digest": digests[n]} for n in digests],
+    }
     assert _rank0_stream(tmp_path, state())._choose(strict=True)[1] == digests  # as it was: goes on
 
     day = tmp_path / "day=2026-11-05"
     (day / "part-0.parquet").write_bytes(b"rows of day=2026-11-05, rewritten")
-    assert re.fullmatch(r"partition day=2026-11-05 of .* changed since it was trained on \(part-0.parquet was 22 "
-                        r"bytes, now 33\): a resumed run must read .*", _rank0_stream(tmp_path, state())._choose(True))
+    assert re.fullmatch(
+        r"partition day=2026-11-05 of .* changed since it was trained on \(part-0.parquet was 22 "
+        r"bytes, now 33\): a resumed run must read .*",
+        _rank0_stream(tmp_path, state())._choose(True),
+    )
     (day / "part-0.parquet").write_bytes(b"ROWS OF DAY=2026-11-05")  # same size, other bytes
     assert "(its files' bytes differ from the digest recorded then)" in _rank0_stream(tmp_path, state())._choose(True)
     os.rename(day / "part-0.parquet", day / "part-1.parquet")
@@ -541,15 +628,25 @@ def test_a_partition_trained_on_that_changed_or_went_away_is_refused_by_rank_0(t
 
     digest = continuous.partition_digest
     monkeypatch.setattr(continuous, "partition_digest", gone_while_hashed)
-    assert re.fullmatch(rf"{tmp_path}: No such file or directory \(.*day=2026-11-04/part-0.parquet\) while reading "
-                        r"the partitions", _rank0_stream(tmp_path, state())._choose(True))
+    assert re.fullmatch(
+        rf"{tmp_path}: No such file or directory \(.*day=2026-11-04/part-0.parquet\) while reading "
+        r"the partitions",
+        _rank0_stream(tmp_path, state())._choose(True),
+    )
     monkeypatch.undo()
     shutil.rmtree(day)
-    assert re.fullmatch(r"partition day=2026-11-05 of .*, trained on before the checkpoint, is gone: a resumed run "
-                        r"must read the partitions it trained on. .*", _rank0_stream(tmp_path, state())._choose(True))
+    assert re.fullmatch(
+        r"partition day=2026-11-05 of .*, trained on before the checkpoint, is gone: a resumed run "
+        r"must read the partitions it trained on. .*",
+        _rank0_stream(tmp_path, state())._choose(True),
+    )
     os.makedirs(tmp_path / "day=2026-13-45")  # strict listing: a malformed name is rank 0's refusal too
     assert "day=2026-13-45: the partition name does not match" in _rank0_stream(tmp_path, {})._choose(strict=True)
 
     with pytest.raises(DataError, match="train.schedule=continuous needs a partitioned log"):
         Stream(object(), {}, 0)
-    assert [progressive_metric(o) for o in ("auto", "progressive.ne", "progressive.logloss")] == ["auc", "ne", "logloss"]
+    assert [progressive_metric(o) for o in ("auto", "progressive.ne", "progressive.logloss")] == [
+        "auc",
+        "ne",
+        "logloss",
+    ]

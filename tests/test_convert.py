@@ -118,7 +118,9 @@ def test_refusals_are_one_line_with_exit_code_2(tmp_path, capsys):
     out = str(tmp_path / "npy")
     convert([path, "--out", out])
     before = _npys(out)
-    assert "day_0_dense.npy exists (and 2 more output files): pass --overwrite" in _refused(capsys, [path, "--out", out])
+    assert "day_0_dense.npy exists (and 2 more output files): pass --overwrite" in _refused(
+        capsys, [path, "--out", out]
+    )
     convert([path, "--out", out, "--overwrite"])
     assert _npys(out) == before
     assert "no such file" in _refused(capsys, [str(tmp_path / "nope.tsv"), "--out", out])
@@ -172,10 +174,12 @@ def test_parquet_columns_are_the_tsv_readers_rows(tmp_path):
     assert list(data.defaults) == ["/schema/data/parquet@_here_", "_self_"]
     assert OmegaConf.to_container(data.label) == {"column": "label", "threshold": None}
     assert [OmegaConf.to_container(d) for d in data.dense] == [
-        {"column": c, "transform": "none"} for c in DENSE_COLUMNS]
+        {"column": c, "transform": "none"} for c in DENSE_COLUMNS
+    ]
     assert [OmegaConf.to_container(d) for d in data.sparse] == [
         {"name": f"cat_{f}", "column": c, "num_embeddings": SIZES[f], "id_mapping": "none"}
-        for f, c in enumerate(SPARSE_COLUMNS)]
+        for f, c in enumerate(SPARSE_COLUMNS)
+    ]
     assert not glob.glob(str(tmp_path / "pq" / "*.partial"))
 
 
@@ -201,8 +205,10 @@ def test_npy_days_convert_to_the_parquet_of_their_tsv(tmp_path, capsys):
     day = str(tmp_path / "npy" / "day_0_dense.npy")
     report = json.load(open(tmp_path / "d" / "convert_report.json"))["files"][day]
     assert report["bad_rows"] == 2 and report["rows"] == len(labels) - 2
-    assert report["errors"] == [f"{day}:5: labels: label 2 is not 0 or 1",
-                                f"{day}:7: dense: dense value nan is not finite"]
+    assert report["errors"] == [
+        f"{day}:5: labels: label 2 is not 0 or 1",
+        f"{day}:7: dense: dense value nan is not finite",
+    ]
     dense_a, ids_a, labels_a = _columns(tmp_path / "a" / "day_0.parquet")
     keep = np.ones(len(labels), bool)
     keep[[5, 7]] = False
@@ -221,28 +227,37 @@ def test_parquet_refusals_are_one_line_with_exit_code_2(tmp_path, capsys):
     npy = str(tmp_path / "npy")
     assert "is the .npy layout already: --format parquet" in _refused(capsys, [npy, "--out", str(tmp_path / "x")])
     assert "--num-embeddings applies to --format parquet" in _refused(
-        capsys, [path, "--out", str(tmp_path / "x"), "--num-embeddings", "10"])
+        capsys, [path, "--out", str(tmp_path / "x"), "--num-embeddings", "10"]
+    )
     with pytest.raises(SystemExit) as e:  # argparse's usage error
         convert([path, "--out", str(tmp_path / "x"), "--num-embeddings", "a,b"])
     assert e.value.code == 2 and "a,b: not integers separated by commas" in capsys.readouterr().err
     out = str(_parquet(tmp_path / "pq", path))
-    assert "day_0.parquet exists: pass --overwrite" in _refused(capsys, [path, "--out", out, "--format", "parquet",
-                                                                          "--num-embeddings", str(SIZES[0])])
+    assert "day_0.parquet exists: pass --overwrite" in _refused(
+        capsys, [path, "--out", out, "--format", "parquet", "--num-embeddings", str(SIZES[0])]
+    )
     # converting more days into the directory: the same tables, or a refusal (the files would disagree)
     other = write(tmp_path / "day_1.tsv", rand_rows(20, seed=1))
     assert "describes other columns (table sizes or id mapping)" in _refused(
-        capsys, [other, "--out", out, "--format", "parquet", "--num-embeddings", "7"])
+        capsys, [other, "--out", out, "--format", "parquet", "--num-embeddings", "7"]
+    )
     _parquet(out, other)
     assert sorted(os.listdir(out)) == ["conf", "convert_report.json", "day_0.parquet", "day_1.parquet"]
     open(tmp_path / "npy" / "notes.txt", "w").write("x")
     assert "convert TSV and .npy days separately" in _refused(
-        capsys, [str(tmp_path / "npy" / "*"), "--out", str(tmp_path / "y"), "--format", "parquet"])
+        capsys, [str(tmp_path / "npy" / "*"), "--out", str(tmp_path / "y"), "--format", "parquet"]
+    )
 
 
 def _parquet_cfg(out, **paths):
     """The data config `--config-dir <out>/conf data=criteo_parquet` gives training."""
-    return compose_cfg([f"hydra.searchpath=[file://{out / 'conf'}]", "data=criteo_parquet",
-                        *(f"data.{k}={v}" for k, v in paths.items())]).data
+    return compose_cfg(
+        [
+            f"hydra.searchpath=[file://{out / 'conf'}]",
+            "data=criteo_parquet",
+            *(f"data.{k}={v}" for k, v in paths.items()),
+        ]
+    ).data
 
 
 def _assert_same_batches(a, b):
@@ -261,15 +276,31 @@ def test_the_parquet_source_reads_the_batches_of_the_tsv_and_binary_sources(tmp_
     convert([str(tmp_path / "tsv"), "--out", str(tmp_path / "npy"), "--workers", "1"])
     _parquet(tmp_path / "pq", str(tmp_path / "tsv"), "--row-group-size", "50")
     tsv = reader(test, batch=16, train_path=train, shards=1)
-    binary = CriteoBinary(16, str(tmp_path / "npy" / "train_dense.npy"), str(tmp_path / "npy" / "test_dense.npy"),
-                          SIZES, "modulo", None, 0)
-    parquet = build_source(_parquet_cfg(tmp_path / "pq", train_path=tmp_path / "pq" / "train.parquet",
-                                        eval_path=tmp_path / "pq" / "test.parquet", batch_size=16), seed=0)
+    binary = CriteoBinary(
+        16,
+        str(tmp_path / "npy" / "train_dense.npy"),
+        str(tmp_path / "npy" / "test_dense.npy"),
+        SIZES,
+        "modulo",
+        None,
+        0,
+    )
+    parquet = build_source(
+        _parquet_cfg(
+            tmp_path / "pq",
+            train_path=tmp_path / "pq" / "train.parquet",
+            eval_path=tmp_path / "pq" / "test.parquet",
+            batch_size=16,
+        ),
+        seed=0,
+    )
     assert parquet.keys == tsv.keys and parquet.num_dense_features == 13
     for split, n in (("train", 12), ("eval", 5)):  # train: every whole batch of the 196 rows; eval: 70 rows, padded
         kw = dict(num_batches=n) if split == "train" else {}
-        got = {name: list(loader.batches(source, split, 0, 1, **kw)) for name, source in
-               (("tsv", tsv), ("binary", binary), ("parquet", parquet))}
+        got = {
+            name: list(loader.batches(source, split, 0, 1, **kw))
+            for name, source in (("tsv", tsv), ("binary", binary), ("parquet", parquet))
+        }
         assert len(got["parquet"]) == n
         for name in ("tsv", "binary"):
             for a, b in zip(got[name], got["parquet"], strict=True):
@@ -288,27 +319,50 @@ def test_training_on_the_converted_files_equals_training_on_the_tsv(tmp_path):
     test = write(tmp_path / "tsv" / "test.tsv", rand_rows(40, seed=5))
     # in this process: the worker pool has its own test above
     convert([str(tmp_path / "tsv"), "--out", str(tmp_path / "npy"), "--workers", "1"])
-    convert([str(tmp_path / "npy"), "--out", str(tmp_path / "pq"), "--format", "parquet", "--num-embeddings", "50",
-             "--workers", "1"])
+    convert(
+        [
+            str(tmp_path / "npy"),
+            "--out",
+            str(tmp_path / "pq"),
+            "--format",
+            "parquet",
+            "--num-embeddings",
+            "50",
+            "--workers",
+            "1",
+        ]
+    )
     sizes = f"data.num_embeddings_per_feature=[{','.join(['50'] * 26)}]"
     common = ["data.batch_size=16", "train.steps=4", "train.log_every=1"]
     runs = {
         "tsv": ["data=criteo", "data.shards=1", sizes, f"data.train_path={train}", f"data.eval_path={test}"],
-        "npy": ["data=criteo_binary", sizes, f"data.train_path={tmp_path / 'npy' / 'train_dense.npy'}",
-                f"data.eval_path={tmp_path / 'npy' / 'test_dense.npy'}"],
+        "npy": [
+            "data=criteo_binary",
+            sizes,
+            f"data.train_path={tmp_path / 'npy' / 'train_dense.npy'}",
+            f"data.eval_path={tmp_path / 'npy' / 'test_dense.npy'}",
+        ],
         # TSV -> .npy -> Parquet, read through the data config the conversion wrote
-        "parquet": ["--config-dir", str(tmp_path / "pq" / "conf"), "data=criteo_parquet",
-                    f"data.train_path={tmp_path / 'pq' / 'train.parquet'}",
-                    f"data.eval_path={tmp_path / 'pq' / 'test.parquet'}"],
+        "parquet": [
+            "--config-dir",
+            str(tmp_path / "pq" / "conf"),
+            "data=criteo_parquet",
+            f"data.train_path={tmp_path / 'pq' / 'train.parquet'}",
+            f"data.eval_path={tmp_path / 'pq' / 'test.parquet'}",
+        ],
     }
     # the runs side by side: this test's time is about one run's
-    procs = {name: commands.start("hybridrec.train", *args, *common, f"hydra.run.dir={tmp_path / name}")
-             for name, args in runs.items()}
+    procs = {
+        name: commands.start("hybridrec.train", *args, *common, f"hydra.run.dir={tmp_path / name}")
+        for name, args in runs.items()
+    }
     for name, proc in procs.items():
         done = proc.wait(timeout=180)
         assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
-    losses = {name: [r["loss"] for r in map(json.loads, open(tmp_path / name / "metrics.jsonl")) if "loss" in r]
-              for name in runs}
+    losses = {
+        name: [r["loss"] for r in map(json.loads, open(tmp_path / name / "metrics.jsonl")) if "loss" in r]
+        for name in runs
+    }
     assert len(losses["tsv"]) == 4 and losses["tsv"] == losses["npy"] == losses["parquet"]
     summary = {name: json.load(open(tmp_path / name / "summary.json")) for name in runs}
     assert summary["tsv"]["eval"] == summary["npy"]["eval"] == summary["parquet"]["eval"]

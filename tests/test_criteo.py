@@ -41,8 +41,15 @@ def test_hash_mapping_spreads_ids_the_modulo_keeps():
 @pytest.mark.unit
 def test_bad_rows_are_skipped_counted_and_located(tmp_path):
     good = row()
-    rows = [good, "1\t2\t3", row(ints=["x"] + [1] * 12), row(label=2), row(cats=["zz"] + ["a"] * 25),
-            row(cats=["123456789"] + ["a"] * 25), good]
+    rows = [
+        good,
+        "1\t2\t3",
+        row(ints=["x"] + [1] * 12),
+        row(label=2),
+        row(cats=["zz"] + ["a"] * 25),
+        row(cats=["123456789"] + ["a"] * 25),
+        good,
+    ]
     write(tmp_path / "a.tsv", rows)
     write(tmp_path / "b.tsv.gz", [good] * 3, gz=True)
     write(tmp_path / "c.tsv", [])  # empty file among others: fine, reported with 0 rows
@@ -98,8 +105,10 @@ def test_ranks_partition_each_global_batch(tmp_path, world_size):
     """Each rank reads only its shards, and together they make the 1-rank global batches."""
     write(tmp_path / "a.tsv", rand_rows(400))
     whole = [b for b in loader.batches(reader(tmp_path / "a.tsv", batch=12, shards=6), "eval", 0, 1)]
-    parts = [list(loader.batches(reader(tmp_path / "a.tsv", batch=12, shards=6), "eval", r, world_size))
-             for r in range(world_size)]
+    parts = [
+        list(loader.batches(reader(tmp_path / "a.tsv", batch=12, shards=6), "eval", r, world_size))
+        for r in range(world_size)
+    ]
     assert sum(int(b.real.sum()) for b in whole) == 400  # every row, the tails padded
     for i, w in enumerate(whole):
         got = [p[i] if i < len(p) else None for p in parts]  # a rank may run out first: padding
@@ -126,9 +135,18 @@ def test_binary_format_written_by_torchrec_reads_the_same_rows(tmp_path):
     BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / f"day_0_{p}.npy") for p in ("dense", "sparse", "labels")))
     os.makedirs(tmp_path / "train")
     train = write(tmp_path / "train" / "day_1.tsv", rand_rows(6, seed=4))
-    BinaryCriteoUtils.tsv_to_npys(train, *(str(tmp_path / "train" / f"day_1_{p}.npy") for p in ("dense", "sparse", "labels")))
-    binary = CriteoBinary(batch_size=6, train_path=str(tmp_path / "train"), eval_path=str(tmp_path),
-                          num_embeddings_per_feature=SIZES, id_mapping="modulo", eval_batches=None, seed=0)
+    BinaryCriteoUtils.tsv_to_npys(
+        train, *(str(tmp_path / "train" / f"day_1_{p}.npy") for p in ("dense", "sparse", "labels"))
+    )
+    binary = CriteoBinary(
+        batch_size=6,
+        train_path=str(tmp_path / "train"),
+        eval_path=str(tmp_path),
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        eval_batches=None,
+        seed=0,
+    )
     text = [b.batch for b in loader.batches(reader(tsv, batch=6), "eval", 0, 1)]
     for world_size in (1, 2, 3):
         parts = [[b.batch for b in loader.batches(binary, "eval", r, world_size)] for r in range(world_size)]
@@ -154,9 +172,18 @@ def test_train_on_criteo_files_end_to_end(tmp_path):
     train = write(tmp_path / "train.tsv.gz", rows[:500] + ["1\tbroken"], gz=True)
     eval_ = write(tmp_path / "eval.tsv", rows[500:])
     run = tmp_path / "run"
-    proc = commands.run("hybridrec.train", "data=criteo", f"data.train_path={train}", f"data.eval_path={eval_}",
-                        "data.batch_size=50", "data.shards=2", "train.steps=12", "train.log_every=4",
-                        f"hydra.run.dir={run}", timeout=180)
+    proc = commands.run(
+        "hybridrec.train",
+        "data=criteo",
+        f"data.train_path={train}",
+        f"data.eval_path={eval_}",
+        "data.batch_size=50",
+        "data.shards=2",
+        "train.steps=12",
+        "train.log_every=4",
+        f"hydra.run.dir={run}",
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.load(open(run / "summary.json"))
     assert s["eval"]["n"] == 100 and 0 <= s["eval"]["auc"] <= 1
@@ -165,8 +192,15 @@ def test_train_on_criteo_files_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_missing_data_path_fails_before_any_rank_starts(tmp_path):
-    proc = commands.run("hybridrec.train", "data=criteo", "data.train_path=/nope", "data.eval_path=/nope",
-                        "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}", timeout=60)
+    proc = commands.run(
+        "hybridrec.train",
+        "data=criteo",
+        "data.train_path=/nope",
+        "data.eval_path=/nope",
+        "launcher.nproc_per_node=2",
+        f"hydra.run.dir={tmp_path}",
+        timeout=60,
+    )
     assert proc.returncode != 0 and "data.train_path=/nope" in proc.stderr and "[rank" not in proc.stderr
 
 
@@ -188,7 +222,7 @@ def test_a_line_that_is_not_utf8_costs_that_line_only(tmp_path):
     lines = [row() for _ in range(1000)]
     data = ("\n".join(lines) + "\n").encode()
     at = data.index(b"\n", sum(len(line) + 1 for line in lines[:10]) + 5)  # inside line 11
-    open(tmp_path / "a.tsv", "wb").write(data[:at - 3] + b"\xff" + data[at - 2:])
+    open(tmp_path / "a.tsv", "wb").write(data[: at - 3] + b"\xff" + data[at - 2 :])
     source = reader(tmp_path / "a.tsv", batch=8)
     list(loader.batches(source, "eval", 0, 1))
     f = source.report()["files"][str(tmp_path / "a.tsv")]
@@ -232,16 +266,26 @@ def test_every_line_is_counted_and_row_indices_do_not_depend_on_the_block_size(t
         parts[mb] = list(read_tsv_file(path, mb * 2**20, False, report))
         f = report.to_dict()["files"][path]
         assert f["rows"] + f["bad_rows"] == 12_000 and f["bad_rows"] == 4
-        assert f["errors"][:3] == [f"{path}:11: 2 fields, expected 40", f"{path}:5001: 2 fields, expected 40",
-                                   f"{path}:7001: empty line"]
+        assert f["errors"][:3] == [
+            f"{path}:11: 2 fields, expected 40",
+            f"{path}:5001: 2 fields, expected 40",
+            f"{path}:7001: empty line",
+        ]
     lines = {mb: np.concatenate([p[3] for p in blocks]) for mb, blocks in parts.items()}
     assert len(parts[1]) > 1 and np.array_equal(lines[1], lines[16])
     assert np.array_equal(lines[1], np.delete(np.arange(1, 12_001), [10, 5_000, 7_000, 11_999]))  # each kept row's line
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("value,accepted", [("9223372036854775807", True), ("-9223372036854775808", True),
-                                            ("9223372036854775808", False), ("12345678901234567890", False)])
+@pytest.mark.parametrize(
+    "value,accepted",
+    [
+        ("9223372036854775807", True),
+        ("-9223372036854775808", True),
+        ("9223372036854775808", False),
+        ("12345678901234567890", False),
+    ],
+)
 def test_a_19_digit_integer_gets_the_same_verdict_whatever_its_neighbours(tmp_path, value, accepted):
     probe = row(ints=[value] + [1] * 12)
     verdicts = []
@@ -270,14 +314,23 @@ def test_a_file_two_splits_would_read_is_refused(tmp_path):
     """The eval day inside the training directory (or glob), or validation = a training file."""
     for day in ("day_0", "day_1"):
         write(tmp_path / f"{day}.tsv", rand_rows(8))
-    common = dict(batch_size=4, num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="skip",
-                  block_size_mb=1, eval_batches=None, seed=0)
+    common = dict(
+        batch_size=4,
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        bad_rows="skip",
+        block_size_mb=1,
+        eval_batches=None,
+        seed=0,
+    )
     with pytest.raises(DataError, match=r"day_1.tsv is in both data.train_path and data.eval_path"):
         CriteoTSV(train_path=str(tmp_path), eval_path=str(tmp_path / "day_1.tsv"), **common)
     os.makedirs(tmp_path / "test")
     test = write(tmp_path / "test" / "day_2.tsv", rand_rows(4))
     with pytest.raises(DataError, match=r"day_0.tsv is in both data.train_path and data.valid_path"):
-        CriteoTSV(train_path=str(tmp_path / "day_*.tsv"), eval_path=test, valid_path=str(tmp_path / "day_0.tsv"), **common)
+        CriteoTSV(
+            train_path=str(tmp_path / "day_*.tsv"), eval_path=test, valid_path=str(tmp_path / "day_0.tsv"), **common
+        )
     for day in ("day_0", "day_1"):
         tsv = str(tmp_path / f"{day}.tsv")
         BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / f"{day}_{p}.npy") for p in ("dense", "sparse", "labels")))
@@ -304,10 +357,16 @@ def test_valid_fraction_holds_out_disjoint_seeded_rows(tmp_path):
     write(tmp_path / "a.tsv", rows)
     data = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)
     assert data.splits == ("train", "valid", "eval")
-    real = lambda b: (b.batch, b.real) if isinstance(b, loader.EvalBatch) else (b, torch.ones(len(b.labels), dtype=torch.bool))
-    ident = lambda batches: sorted(int(round(float(torch.expm1(x))))
-                                   for b, r in map(real, batches) for x in b.dense_features[r, 0])
-    train, valid = ident(loader.batches(data, "train", 0, 1, 200 // 5 * 3 // 4)), ident(loader.batches(data, "valid", 0, 1))
+    real = lambda b: (
+        (b.batch, b.real) if isinstance(b, loader.EvalBatch) else (b, torch.ones(len(b.labels), dtype=torch.bool))
+    )
+    ident = lambda batches: sorted(
+        int(round(float(torch.expm1(x)))) for b, r in map(real, batches) for x in b.dense_features[r, 0]
+    )
+    train, valid = (
+        ident(loader.batches(data, "train", 0, 1, 200 // 5 * 3 // 4)),
+        ident(loader.batches(data, "valid", 0, 1)),
+    )
     assert not set(train) & set(valid) and 30 <= len(valid) <= 70
     assert len(set(train) | set(valid)) >= 195  # every row but the few training did not reach
     again = reader(tmp_path / "a.tsv", batch=5, split="train", valid_fraction=0.25)

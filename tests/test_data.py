@@ -13,8 +13,16 @@ pytestmark = pytest.mark.unit
 
 
 def _log(**kw):
-    args = dict(batch_size=512, num_dense_features=4, num_embeddings_per_feature=[1000, 37],
-                ids_per_feature=3, multi_hot_sizes=[], zipf_exponent=1.05, eval_batches=2, seed=0)
+    args = dict(
+        batch_size=512,
+        num_dense_features=4,
+        num_embeddings_per_feature=[1000, 37],
+        ids_per_feature=3,
+        multi_hot_sizes=[],
+        zipf_exponent=1.05,
+        eval_batches=2,
+        seed=0,
+    )
     args.update(kw)
     return SyntheticClickLog(**args)
 

@@ -64,10 +64,14 @@ def _jobs(args: list[str]) -> list[list[str]]:
     overrides = [a for a in args if a not in ("-m", "--multirun") and not a.startswith("--")]
     parsed = OverridesParser.create().parse_overrides(overrides)
     # a search sweeper's interval has no values to list: its two ends stand for it
-    choices = [[o.input_line] if not o.is_sweep_override() else
-               [f"{o.get_key_element()}={v}" for v in (o.value().start, o.value().end)]
-               if isinstance(o.value(), IntervalSweep) else
-               [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in parsed]
+    choices = [
+        [o.input_line]
+        if not o.is_sweep_override()
+        else [f"{o.get_key_element()}={v}" for v in (o.value().start, o.value().end)]
+        if isinstance(o.value(), IntervalSweep)
+        else [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()]
+        for o in parsed
+    ]
     return [list(job) for job in itertools.product(*choices)]
 
 
@@ -107,8 +111,9 @@ def _tier(args: list[str]):
     return pytest.mark.slow if len(_jobs(args)) > 4 else pytest.mark.unit
 
 
-@pytest.mark.parametrize("app,args", [pytest.param(*c[:2], marks=_tier(c[1]), id=" ".join(c[1])[:90])
-                                      for c in COMMANDS if not c[2]])
+@pytest.mark.parametrize(
+    "app,args", [pytest.param(*c[:2], marks=_tier(c[1]), id=" ".join(c[1])[:90]) for c in COMMANDS if not c[2]]
+)
 def test_readme_commands_compose_and_validate(app, args):
     for job in _jobs(args):
         _check(app, job)
@@ -187,8 +192,12 @@ def test_the_readme_is_a_front_page():
 def test_the_guides_build_as_a_site_without_a_warning(tmp_path):
     """mkdocs --strict fails on a link to a missing page or heading, and on a page left out
     of the navigation."""
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.isfile(tmp_path / "continuous" / "index.html")
 

@@ -20,9 +20,15 @@ pytestmark = pytest.mark.dist  # every test starts ranks
 # train, and the resumed run must then end bit for bit where the uninterrupted one does.
 # ctr's model on 8 small tables: its 1M-row tables would make each start and save cost
 # seconds, and the restart path is the same for any size.
-ARGS = ["+experiment=ctr", "train.steps=30", "train.log_every=10",
-        "data.num_embeddings_per_feature=[20000,10000,5000,2000,1000,500,100,20]",
-        "data.eval_batches=2", "checkpoint.every_n_steps=10", "launcher.nproc_per_node=2"]
+ARGS = [
+    "+experiment=ctr",
+    "train.steps=30",
+    "train.log_every=10",
+    "data.num_embeddings_per_feature=[20000,10000,5000,2000,1000,500,100,20]",
+    "data.eval_batches=2",
+    "checkpoint.every_n_steps=10",
+    "launcher.nproc_per_node=2",
+]
 RUN = [sys.executable, "-m", "hybridrec.train", *ARGS]
 
 
@@ -40,8 +46,11 @@ def _workers(launcher_pid: int) -> list[int]:
             continue
         procs[int(entry)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
     servers = {pid for pid, (ppid, cmd) in procs.items() if ppid == launcher_pid and "forkserver" in cmd}
-    return sorted(pid for pid, (ppid, cmd) in procs.items()
-                  if ppid in servers or (ppid == launcher_pid and "spawn_main" in cmd and "resource_tracker" not in cmd))
+    return sorted(
+        pid
+        for pid, (ppid, cmd) in procs.items()
+        if ppid in servers or (ppid == launcher_pid and "spawn_main" in cmd and "resource_tracker" not in cmd)
+    )
 
 
 def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
@@ -49,9 +58,12 @@ def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
     subprocess. The uninterrupted reference run is forked from the preloaded command server.
     Over 20 s: two 30-step runs of 2 ranks, one of them started twice."""
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.Popen(RUN + ["launcher.max_restarts=1", f"checkpoint.dir={ckpt}",
-                                   f"hydra.run.dir={tmp_path / 'run'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        RUN + ["launcher.max_restarts=1", f"checkpoint.dir={ckpt}", f"hydra.run.dir={tmp_path / 'run'}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 180
     while latest(str(ckpt)) is None:  # some work is saved ...
         assert proc.poll() is None and time.time() < deadline, "no checkpoint was written"
@@ -63,8 +75,13 @@ def test_killed_rank_is_restarted_and_resumes_exactly(tmp_path):
     assert proc.returncode == 0, err[-3000:]
     resumed = json.load(open(tmp_path / "run" / "summary.json"))
     assert resumed["train"]["resumed_from_step"] >= 10  # the new ranks started from a checkpoint
-    ref_run = commands.run("hybridrec.train", *ARGS, f"checkpoint.dir={tmp_path / 'ref_ckpt'}",
-                           f"hydra.run.dir={tmp_path / 'ref'}", timeout=300)
+    ref_run = commands.run(
+        "hybridrec.train",
+        *ARGS,
+        f"checkpoint.dir={tmp_path / 'ref_ckpt'}",
+        f"hydra.run.dir={tmp_path / 'ref'}",
+        timeout=300,
+    )
     assert ref_run.returncode == 0, ref_run.stderr[-3000:]
     reference = json.load(open(tmp_path / "ref" / "summary.json"))
     # the interrupted run ends exactly where the uninterrupted one does

@@ -40,8 +40,10 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
     dense_params = [p for n, p in model.named_parameters() if "embedding_bags" not in n]
     sparse = torch.optim.SGD(ebc.parameters(), lr=cfg.optimizer.sparse.lr)
     dense = torch.optim.SGD(dense_params, lr=cfg.optimizer.dense.lr)
-    schedules = [LambdaLR(sparse, lr_multiplier(cfg.optimizer.sparse_schedule)),
-                 LambdaLR(dense, lr_multiplier(cfg.optimizer.dense_schedule))]
+    schedules = [
+        LambdaLR(sparse, lr_multiplier(cfg.optimizer.sparse_schedule)),
+        LambdaLR(dense, lr_multiplier(cfg.optimizer.dense_schedule)),
+    ]
     losses, norms = [], []
     for batch in loader.batches(data, "train", 0, 1, cfg.train.steps):
         loss, _ = model(batch)
@@ -58,10 +60,17 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor], list[flo
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
-    cfgs = [_cfg("optimizer=sgd"), _cfg("optimizer=adagrad"), _cfg("optimizer=adagrad"),
-            _cfg("optimizer=adagrad", "seed=1"), _cfg(ADAGRAD),
-            _cfg("optimizer=sgd", *SCHEDULED), _cfg(*ADAMW), _cfg("mesh=single"),
-            _cfg("train.eval_every=3")]
+    cfgs = [
+        _cfg("optimizer=sgd"),
+        _cfg("optimizer=adagrad"),
+        _cfg("optimizer=adagrad"),
+        _cfg("optimizer=adagrad", "seed=1"),
+        _cfg(ADAGRAD),
+        _cfg("optimizer=sgd", *SCHEDULED),
+        _cfg(*ADAMW),
+        _cfg("mesh=single"),
+        _cfg("train.eval_every=3"),
+    ]
     return spawn(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
 
 
@@ -96,11 +105,17 @@ ADAGRAD = "optimizer.sparse._target_=torch.optim.Adagrad"
 # than fp32 noise elsewhere. Its weights are compared at atol 1e-5 (losses still at TOL).
 ADAGRAD_STATE_TOL = dict(rtol=1e-5, atol=1e-5)
 # warmup then cosine decay (sparse), warmup then polynomial decay (dense), clipping
-SCHEDULED = ["optimizer.sparse_schedule.warmup_steps=2", "optimizer.sparse_schedule.name=cosine",
-             "optimizer.sparse_schedule.decay_start=3", "optimizer.sparse_schedule.decay_steps=4",
-             "optimizer.dense_schedule.warmup_steps=3", "optimizer.dense_schedule.name=polynomial",
-             "optimizer.dense_schedule.decay_start=3", "optimizer.dense_schedule.decay_steps=5",
-             "optimizer.clip_grad_norm=0.1"]
+SCHEDULED = [
+    "optimizer.sparse_schedule.warmup_steps=2",
+    "optimizer.sparse_schedule.name=cosine",
+    "optimizer.sparse_schedule.decay_start=3",
+    "optimizer.sparse_schedule.decay_steps=4",
+    "optimizer.dense_schedule.warmup_steps=3",
+    "optimizer.dense_schedule.name=polynomial",
+    "optimizer.dense_schedule.decay_start=3",
+    "optimizer.dense_schedule.decay_steps=5",
+    "optimizer.clip_grad_norm=0.1",
+]
 ADAMW = ["optimizer/dense=adamw", "optimizer.dense.lr=0.01", "optimizer.clip_grad_norm=1.0"]
 # (variant name, overrides, expected sharding type per table, shards per table)
 VARIANTS = [
@@ -112,28 +127,54 @@ VARIANTS = [
     ("grid", ["sharding=grid", SPLIT, ADAGRAD], "grid_shard", 4),
     ("data_parallel", ["sharding=data_parallel"], "data_parallel", 2),
     # one model, four placements, from per-table constraints
-    ("mixed", [ADAGRAD, "sharding.tables=[{match:t_cat_0,sharding_types:[column_wise],min_partition:4},"
-               "{match:t_cat_1,sharding_types:[row_wise]},{match:t_cat_2,sharding_types:[table_row_wise]},"
-               "{match:t_cat_3,sharding_types:[data_parallel],compute_kernels:[dense]}]"],
-     {"t_cat_0": "column_wise", "t_cat_1": "row_wise", "t_cat_2": "table_row_wise",
-      "t_cat_3": "data_parallel"}, None),
+    (
+        "mixed",
+        [
+            ADAGRAD,
+            "sharding.tables=[{match:t_cat_0,sharding_types:[column_wise],min_partition:4},"
+            "{match:t_cat_1,sharding_types:[row_wise]},{match:t_cat_2,sharding_types:[table_row_wise]},"
+            "{match:t_cat_3,sharding_types:[data_parallel],compute_kernels:[dense]}]",
+        ],
+        {"t_cat_0": "column_wise", "t_cat_1": "row_wise", "t_cat_2": "table_row_wise", "t_cat_3": "data_parallel"},
+        None,
+    ),
     ("table_wise+ddp", ["sharding=table_wise", "mesh=ddp"], "table_wise", 1),
     ("row_wise+sgd", ["sharding=row_wise", "optimizer=sgd"], "row_wise", 2),
     # dense parallelism variants, all against the same 1-rank run
     ("hsdp 1x2", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=1", "mesh.shard=2"], "table_wise", 1),
     ("hsdp 2x1", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=2", "mesh.shard=1"], "table_wise", 1),
-    ("fsdp per-layer units, prefetch, no reshard",
-     ["sharding=table_wise", "mesh.units=layer", "mesh.forward_prefetch=2", "mesh.backward_prefetch=1",
-      "mesh.reshard_after_forward=false"], "table_wise", 1),
+    (
+        "fsdp per-layer units, prefetch, no reshard",
+        [
+            "sharding=table_wise",
+            "mesh.units=layer",
+            "mesh.forward_prefetch=2",
+            "mesh.backward_prefetch=1",
+            "mesh.reshard_after_forward=false",
+        ],
+        "table_wise",
+        1,
+    ),
     ("fsdp one root unit", ["sharding=table_wise", "mesh.units=root"], "table_wise", 1),
-    ("fsdp reshard to 2, cpu offload", ["sharding=table_wise", "mesh.reshard_after_forward=2",
-                                        "mesh.cpu_offload=true"], "table_wise", 1),
+    (
+        "fsdp reshard to 2, cpu offload",
+        ["sharding=table_wise", "mesh.reshard_after_forward=2", "mesh.cpu_offload=true"],
+        "table_wise",
+        1,
+    ),
     ("adamw + clipping", ["sharding=row_wise", *ADAMW], "row_wise", 2),
     ("sgd + schedules + clipping", ["sharding=row_wise", "optimizer=sgd", *SCHEDULED], "row_wise", 2),
 ]
 # what each variant must match at 1 rank (default: the rowwise-Adagrad run)
-REFERENCE = {"row_wise+sgd": 0, "column_wise": 4, "table_column_wise": 4, "grid": 4, "mixed": 4,
-             "adamw + clipping": 6, "sgd + schedules + clipping": 5}
+REFERENCE = {
+    "row_wise+sgd": 0,
+    "column_wise": 4,
+    "table_column_wise": 4,
+    "grid": 4,
+    "mixed": 4,
+    "adamw + clipping": 6,
+    "sgd + schedules + clipping": 5,
+}
 PLACEMENTS = {"table_wise+ddp": "replicated", "hsdp 1x2": "RS(0)", "hsdp 2x1": "RS(0)"}
 
 

@@ -36,17 +36,25 @@ def _saved(overrides):
 
 # ------------------------------------------------------------------------------ unit
 @pytest.mark.unit
-@pytest.mark.parametrize("overrides", [["+experiment=ctr"], ["+experiment=movielens_rank"],
-                                       ["+experiment=movielens_retrieval"],
-                                       ["data=criteo", "data.train_path=a", "data.eval_path=b", "mesh=hsdp"],
-                                       ["model=deepfm", "loss=approx_ndcg", "data=movielens_rank", "optimizer=adam"]],
-                         ids=lambda o: o[0])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+experiment=ctr"],
+        ["+experiment=movielens_rank"],
+        ["+experiment=movielens_retrieval"],
+        ["data=criteo", "data.train_path=a", "data.eval_path=b", "mesh=hsdp"],
+        ["model=deepfm", "loss=approx_ndcg", "data=movielens_rank", "optimizer=adam"],
+    ],
+    ids=lambda o: o[0],
+)
 def test_a_saved_config_is_typed_again_as_it_was(overrides):
     cfg = compose_cfg(overrides)
     again = typed(_saved(overrides))
     assert OmegaConf.to_container(again) == OmegaConf.to_container(cfg)
     for path in ("model", "loss", "data", "mesh", "optimizer.sparse", "optimizer.dense", "sharding"):
-        assert OmegaConf.get_type(OmegaConf.select(again, path)) == OmegaConf.get_type(OmegaConf.select(cfg, path)), path
+        assert OmegaConf.get_type(OmegaConf.select(again, path)) == OmegaConf.get_type(OmegaConf.select(cfg, path)), (
+            path
+        )
     assert isinstance(again.mesh.dense, DenseParallel)  # an enum again, as training code reads it
 
 
@@ -64,14 +72,34 @@ def test_a_saved_config_with_a_wrong_key_or_value_is_refused_by_name():
 
 @pytest.mark.unit
 def test_the_evaluation_config_is_the_checkpoints_with_the_data_changes():
-    saved = _saved(["data=criteo", "data.train_path=a.tsv", "data.eval_path=b.tsv", "data.eval_batches=4",
-                    "topology.world_size=4", "checkpoint.dir=ckpt", "launcher.nproc_per_node=4", "seed=7"])
-    ev = _evaluate_cfg(["checkpoint=ckpt/step_00000010", "data.eval_path=day_23.tsv", "data.eval_batches=null",
-                        "launcher.nproc_per_node=2"])
+    saved = _saved(
+        [
+            "data=criteo",
+            "data.train_path=a.tsv",
+            "data.eval_path=b.tsv",
+            "data.eval_batches=4",
+            "topology.world_size=4",
+            "checkpoint.dir=ckpt",
+            "launcher.nproc_per_node=4",
+            "seed=7",
+        ]
+    )
+    ev = _evaluate_cfg(
+        [
+            "checkpoint=ckpt/step_00000010",
+            "data.eval_path=day_23.tsv",
+            "data.eval_batches=null",
+            "launcher.nproc_per_node=2",
+        ]
+    )
     cfg = evaluation_config(saved, ev, data_option=False)
     assert cfg.data.eval_path == "day_23.tsv" and cfg.data.eval_batches is None and cfg.data.train_path == "a.tsv"
     assert cfg.data.id_mapping == IdMapping.modulo and cfg.seed == 7  # the split and ids the model was trained on
-    assert cfg.launcher.nproc_per_node == 2 and cfg.topology.world_size is None and cfg.topology.compute_device == Device.auto
+    assert (
+        cfg.launcher.nproc_per_node == 2
+        and cfg.topology.world_size is None
+        and cfg.topology.compute_device == Device.auto
+    )
     assert cfg.checkpoint.dir is None and cfg.checkpoint.resume == "never"
     # data=<option>: that option's config, then its keys
     ev = _evaluate_cfg(["checkpoint=x", "data=criteo_binary", "data.train_path=t", "data.eval_path=e"])
@@ -97,9 +125,18 @@ def test_only_a_committed_complete_checkpoint_is_taken(tmp_path):
 
 @pytest.mark.unit
 def test_data_that_does_not_fit_the_tables_is_refused():
-    state = TrainState(step=4, schedulers=[], features=[{"name": "a", "num_embeddings": 10, "pooling_factor": 1.0},
-                                                        {"name": "b", "num_embeddings": 5, "pooling_factor": 1.0}],
-                       num_dense_features=3, rng=torch.zeros(1, 1), losses=torch.zeros(4), runs=[])
+    state = TrainState(
+        step=4,
+        schedulers=[],
+        features=[
+            {"name": "a", "num_embeddings": 10, "pooling_factor": 1.0},
+            {"name": "b", "num_embeddings": 5, "pooling_factor": 1.0},
+        ],
+        num_dense_features=3,
+        rng=torch.zeros(1, 1),
+        losses=torch.zeros(4),
+        runs=[],
+    )
     check_fits(state, [SparseFeature("a", 10), SparseFeature("b", 5, 2.0)], 3, "ck")  # pooling may differ
     with pytest.raises(CheckpointError, match=r"sparse feature 1 is b \(6 rows\) but ck was trained with b \(5 rows\)"):
         check_fits(state, [SparseFeature("a", 10), SparseFeature("b", 6)], 3, "ck")
@@ -122,17 +159,27 @@ def test_split_metrics_follow_the_declarations():
     scores, labels = torch.tensor([2.0, -1.0, 0.5, -3.0]), torch.tensor([1.0, 0.0, 0.0, 1.0])
     calibrated = split_metrics(scores, labels, BCE(), _Rows())
     assert {"auc", "ne", "logloss", "calibration", "ctr", "accuracy", "n"} == calibrated.keys()
-    ranked = split_metrics(scores, labels, Pairwise(list_size=2), _Ranking(), relevance=torch.tensor([2.0, 0, 1, 0]),
-                           query=torch.tensor([5, 5, 9, 9]))
+    ranked = split_metrics(
+        scores,
+        labels,
+        Pairwise(list_size=2),
+        _Ranking(),
+        relevance=torch.tensor([2.0, 0, 1, 0]),
+        query=torch.tensor([5, 5, 9, 9]),
+    )
     assert "ne" not in ranked and ranked["auc"] == calibrated["auc"] and ranked["queries"] == 2
     assert ranked["ndcg@2"] == pytest.approx(1.0) and ranked["recall@2"] == 1.0  # each query's relevant row first
 
 
 @pytest.mark.unit
 def test_the_predictions_file_is_parquet_with_its_meaning(tmp_path):
-    cols = {"row": torch.tensor([0, 1, 2]), "label": torch.tensor([1.0, 0.0, 1.0]),
-            "score": torch.tensor([0.0, -2.0, 3.0]), "query": torch.tensor([4, 4, 6]),
-            "relevance": torch.tensor([5.0, 0.0, 4.0])}
+    cols = {
+        "row": torch.tensor([0, 1, 2]),
+        "label": torch.tensor([1.0, 0.0, 1.0]),
+        "score": torch.tensor([0.0, -2.0, 3.0]),
+        "query": torch.tensor([4, 4, 6]),
+        "relevance": torch.tensor([5.0, 0.0, 4.0]),
+    }
     assert write_predictions(str(tmp_path / "p.parquet"), cols, calibrated=True) == 3
     table = pq.read_table(tmp_path / "p.parquet")
     assert table.column_names == ["row", "label", "score", "probability", "query", "relevance"]
@@ -144,9 +191,19 @@ def test_the_predictions_file_is_parquet_with_its_meaning(tmp_path):
 
 
 # ------------------------------------------------------------------------------ dist
-RANK = ["+experiment=movielens_rank", "data.list_size=4", "data.negatives=2", "data.batch_size=24",
-        "data.eval_negatives=5", "train.steps=6", "train.log_every=3", "loss=pairwise", "model.embedding_dim=8",
-        "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]
+RANK = [
+    "+experiment=movielens_rank",
+    "data.list_size=4",
+    "data.negatives=2",
+    "data.batch_size=24",
+    "data.eval_negatives=5",
+    "train.steps=6",
+    "train.log_every=3",
+    "loss=pairwise",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[16,1]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +215,10 @@ def trained(tmp_path_factory):
     runs = {"clicks": BASE, "ranking": [*RANK, f"data.path={tmp / 'ml'}"]}
     cfgs = [compose_cfg([*o, f"checkpoint.dir={tmp / name}"]) for name, o in runs.items()]
     results = spawn(train_and_summarize, 1, cfgs, str(tmp / "runs"))
-    return {name: (tmp / name / f"step_{cfg.train.steps:08d}", r["summary"])
-            for (name, cfg), r in zip(zip(runs, cfgs), results)}
+    return {
+        name: (tmp / name / f"step_{cfg.train.steps:08d}", r["summary"])
+        for (name, cfg), r in zip(zip(runs, cfgs), results)
+    }
 
 
 def _evaluate(checkpoint, out, *args):
@@ -187,12 +246,15 @@ def test_a_checkpoint_scores_as_training_scored_it_on_1_and_2_ranks(trained, tmp
     os.makedirs(ckpt / "step_00000010")
     one, p1, proc = _evaluate(ckpt, tmp_path / "one")
     said = proc.stdout + proc.stderr
-    assert f"its newest loadable checkpoint, {ckpt / checkpoint.name} (newer, not loadable: " \
-           f"{ckpt / 'step_00000010'} is not a complete checkpoint" in said
+    assert (
+        f"its newest loadable checkpoint, {ckpt / checkpoint.name} (newer, not loadable: "
+        f"{ckpt / 'step_00000010'} is not a complete checkpoint" in said
+    )
     assert f"{flipped} is damaged: {shard} does not match the checksum recorded when it was saved" in said
     export = commands.run("hybridrec.export", f"checkpoint={ckpt}", f"out={tmp_path / 'export'}", timeout=300)
-    assert export.returncode == 0 and f"its newest loadable checkpoint, {ckpt / checkpoint.name}" in export.stdout, \
+    assert export.returncode == 0 and f"its newest loadable checkpoint, {ckpt / checkpoint.name}" in export.stdout, (
         export.stderr[-2000:]
+    )
     two, p2, _ = _evaluate(checkpoint, tmp_path / "two", "launcher.nproc_per_node=2")
     final = summary["eval"]  # the training run's own final evaluation, of the same weights
     assert one["eval"] == final and one["checkpoint"]["step"] == 8 and one["split"] == "eval"
@@ -229,8 +291,10 @@ def test_a_ranking_checkpoint_gets_per_query_metrics_and_query_ids(trained, tmp_
 def test_refusals_before_launch_are_one_line(tmp_path):
     """No checkpoint given, a checkpoint.dir without a loadable checkpoint: one line each, no rank."""
     os.makedirs(tmp_path / "ckpt" / "step_00000002")
-    for args, message in (([], "hybridrec: checkpoint is not set: give checkpoint=<dir>"),
-                          ([f"checkpoint={tmp_path / 'ckpt'}"], "holds no loadable checkpoint")):
+    for args, message in (
+        ([], "hybridrec: checkpoint is not set: give checkpoint=<dir>"),
+        ([f"checkpoint={tmp_path / 'ckpt'}"], "holds no loadable checkpoint"),
+    ):
         proc = commands.run("hybridrec.evaluate", *args, f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode != 0 and "Traceback" not in proc.stderr and message in last, proc.stderr[-2000:]

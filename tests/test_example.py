@@ -38,7 +38,8 @@ def test_the_same_seed_writes_the_same_bytes(log, tmp_path):
     generate(str(tmp_path / "again"), rows=ROWS, seed=3)
     first = _files(log)
     assert list(first) == [f"eval/part-0000{i}.parquet" for i in range(2)] + [
-        f"train/part-0000{i}.parquet" for i in range(4)] + [f"valid/part-0000{i}.parquet" for i in range(2)]
+        f"train/part-0000{i}.parquet" for i in range(4)
+    ] + [f"valid/part-0000{i}.parquet" for i in range(2)]
     assert _files(tmp_path / "again") == first
     generate(str(tmp_path / "other"), rows=ROWS, seed=4)
     other = _files(tmp_path / "other")
@@ -57,8 +58,13 @@ def test_the_files_hold_the_columns_the_data_config_declares(log):
     assert all((np.diff(t) >= 0).all() for t in ts) and ts[0][-1] < ts[1][0] and ts[1][-1] < ts[2][0]
 
     data = OmegaConf.load(os.path.join(CONF_DIR, "data", "example_log.yaml"))
-    named = [data.label.column, data.weight, *(d.column for d in data.dense), *(s.column for s in data.sparse),
-             *(s.weights_column for s in data.sparse if s.get("weights_column"))]
+    named = [
+        data.label.column,
+        data.weight,
+        *(d.column for d in data.dense),
+        *(s.column for s in data.sparse),
+        *(s.weights_column for s in data.sparse if s.get("weights_column")),
+    ]
     assert set(named) <= set(SCHEMA.names), set(named) - set(SCHEMA.names)
     sparse = {s.name: s for s in data.sparse}
     train = tables["train"]
@@ -106,16 +112,30 @@ def _vocabulary(log):
     preloaded command server)."""
     out = log / "vocab"
     if not os.path.exists(out / "item_id.parquet"):
-        proc = commands.run("hybridrec.data.vocab", str(log / "train"), "--column", "item_id", "--min-count", "1",
-                            "--out", str(out), timeout=120)
+        proc = commands.run(
+            "hybridrec.data.vocab",
+            str(log / "train"),
+            "--column",
+            "item_id",
+            "--min-count",
+            "1",
+            "--out",
+            str(out),
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "item_id.parquet"
 
 
 def _paths(log):
     vocab = _vocabulary(log)
-    return [f"data.train_path={log / 'train'}", f"data.valid_path={log / 'valid'}", f"data.eval_path={log / 'eval'}",
-            f"data.sparse.1.vocabulary={vocab}", f"data.sparse.2.vocabulary={vocab}"]
+    return [
+        f"data.train_path={log / 'train'}",
+        f"data.valid_path={log / 'valid'}",
+        f"data.eval_path={log / 'eval'}",
+        f"data.sparse.1.vocabulary={vocab}",
+        f"data.sparse.2.vocabulary={vocab}",
+    ]
 
 
 @pytest.mark.slow
@@ -140,9 +160,17 @@ def test_a_short_run_learns_the_clicks(tmp_path):
     log = tmp_path / "log"
     generate(str(log), rows=20_000, seed=0)
     run = tmp_path / "run"
-    proc = commands.run("hybridrec.train", "+experiment=feature_log", *_paths(log), "data.batch_size=512",
-                        "train.steps=60", "train.eval_every=30", "launcher.device=cpu", f"hydra.run.dir={run}",
-                        timeout=300)
+    proc = commands.run(
+        "hybridrec.train",
+        "+experiment=feature_log",
+        *_paths(log),
+        "data.batch_size=512",
+        "train.steps=60",
+        "train.eval_every=30",
+        "launcher.device=cpu",
+        f"hydra.run.dir={run}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.load(open(run / "summary.json"))
     assert summary["objective"]["name"] == "valid.logloss"

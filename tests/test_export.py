@@ -22,11 +22,22 @@ pytestmark = pytest.mark.slow  # a torch.export trace takes seconds
 DLRM = ["model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]
 MODELS = {
     "dlrm": ["data.num_embeddings_per_feature=[300,200,100,50]", "data.ids_per_feature=2", *DLRM],
-    "dcn": ["model=dcn", "data.num_embeddings_per_feature=[300,200,100,50]", *DLRM, "model.dcn_num_layers=2",
-            "model.dcn_low_rank_dim=4"],
+    "dcn": [
+        "model=dcn",
+        "data.num_embeddings_per_feature=[300,200,100,50]",
+        *DLRM,
+        "model.dcn_num_layers=2",
+        "model.dcn_low_rank_dim=4",
+    ],
     # multi-hot genres (some rows without any), and a ranking objective: raw scores
-    "deepfm": ["+experiment=movielens_rank", "model=deepfm", "loss=listwise", "model.embedding_dim=8",
-               "model.dense_arch_layer_sizes=[16,8]", "model.deep_layer_sizes=[16]"],
+    "deepfm": [
+        "+experiment=movielens_rank",
+        "model=deepfm",
+        "loss=listwise",
+        "model.embedding_dim=8",
+        "model.dense_arch_layer_sizes=[16,8]",
+        "model.deep_layer_sizes=[16]",
+    ],
     "two_tower": ["+experiment=movielens_retrieval", "model.embedding_dim=8", "model.tower_layer_sizes=[16,8]"],
 }
 
@@ -101,15 +112,23 @@ def test_the_guides_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     # new interpreter imports is the subject: a plain subprocess, not a command forked from a
     # server that has imported them all already.
     check = "\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('hybridrec', 'torchrec', 'fbgemm_gpu')))\n"
-    proc = subprocess.run([sys.executable, "-c", example + check], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", example + check],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed, imported = proc.stdout.strip().splitlines()
     assert imported == "[]"
     ids = torch.tensor([f.num_embeddings // 2 for f in data.features])
-    row = RecBatch(torch.zeros(1, data.num_dense_features),
-                   KeyedJaggedTensor(keys=data.keys, values=ids, lengths=torch.ones(len(ids), dtype=torch.int32)),
-                   torch.zeros(1))
+    row = RecBatch(
+        torch.zeros(1, data.num_dense_features),
+        KeyedJaggedTensor(keys=data.keys, values=ids, lengths=torch.ones(len(ids), dtype=torch.int32)),
+        torch.zeros(1),
+    )
     with torch.no_grad():
         expected = torch.sigmoid(model.score(row))
     assert printed.startswith("probability tensor([") and f"{expected.item():.4f}" in printed

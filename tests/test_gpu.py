@@ -49,8 +49,9 @@ def _train(tmp_path, name, *overrides):
 
 @needs_gpus(1)
 def test_the_install_is_the_cuda_build():
-    proc = subprocess.run([sys.executable, "-P", "hybridrec/install_check.py", "--gpu", "1"],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-P", "hybridrec/install_check.py", "--gpu", "1"], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -69,8 +70,9 @@ def test_ctr_trains_and_resumes_on_one_gpu(tmp_path):
 @needs_gpus(1)
 def test_a_uvm_caching_table_trains(tmp_path):
     """fused_uvm_caching: the table in host memory behind a device cache, planned and trained."""
-    s = _train(tmp_path, "uvm", *CTR, "train.steps=60",
-               "sharding.tables=[{match:t_cat_0,compute_kernels:[fused_uvm_caching]}]")
+    s = _train(
+        tmp_path, "uvm", *CTR, "train.steps=60", "sharding.tables=[{match:t_cat_0,compute_kernels:[fused_uvm_caching]}]"
+    )
     assert s["plan"]["t_cat_0"]["compute_kernel"] == "fused_uvm_caching"
     assert s["eval"]["auc"] > 0.6
 
@@ -79,10 +81,15 @@ def test_a_uvm_caching_table_trains(tmp_path):
 def test_one_gpu_trains_like_the_cpu(tmp_path):
     """The same seed gives the same tables on both devices (hybridrec draws them on the host),
     so one GPU must follow the CPU run step by step, up to kernel-order rounding."""
-    cpu = spawn(train_and_gather, 1, [compose_cfg(BASE + ["launcher.device=cpu", "sharding=table_wise"])],
-                str(tmp_path / "cpu"))[0]
-    gpu = spawn(train_and_gather, 1, [compose_cfg(BASE + ["launcher.device=cuda", "sharding=table_wise"])],
-                str(tmp_path / "gpu"))[0]
+    cpu = spawn(
+        train_and_gather, 1, [compose_cfg(BASE + ["launcher.device=cpu", "sharding=table_wise"])], str(tmp_path / "cpu")
+    )[0]
+    gpu = spawn(
+        train_and_gather,
+        1,
+        [compose_cfg(BASE + ["launcher.device=cuda", "sharding=table_wise"])],
+        str(tmp_path / "gpu"),
+    )[0]
     torch.testing.assert_close(torch.tensor(gpu["losses"]), torch.tensor(cpu["losses"]), rtol=1e-4, atol=1e-5)
     assert gpu["summary"]["eval"]["auc"] == pytest.approx(cpu["summary"]["eval"]["auc"], abs=1e-3)
 
@@ -94,8 +101,13 @@ def test_a_gpu_checkpoint_evaluates_exports_and_serves(tmp_path):
     through the Preprocessor and the program score as evaluate does."""
     ckpt = tmp_path / "ckpt"
     _train(tmp_path, "train", *CTR, "train.steps=30", f"checkpoint.dir={ckpt}")
-    _run("hybridrec.evaluate", f"checkpoint={ckpt}", "predictions=true", "launcher.device=cuda",
-         f"hydra.run.dir={tmp_path / 'eval'}")
+    _run(
+        "hybridrec.evaluate",
+        f"checkpoint={ckpt}",
+        "predictions=true",
+        "launcher.device=cuda",
+        f"hydra.run.dir={tmp_path / 'eval'}",
+    )
     _run("hybridrec.export", f"checkpoint={ckpt}", f"out={tmp_path / 'export'}")
     predictions = pq.read_table(tmp_path / "eval" / "predictions.parquet").to_pydict()
     assert predictions["row"] == sorted(predictions["row"])

@@ -70,8 +70,12 @@ def test_a_slot_holds_the_rows_and_frees_itself_once_copied():
     from hybridrec.data.rows import Rows
 
     ring = handoff.SlotRing(workers=1, slots=2, slot_bytes=1 << 16)
-    rows = Rows.of(np.ones((3, 2)), [(np.array([1, 2, 3, 4]), np.array([2, 1, 1]))], np.array([0, 1, 0]),
-                   {"times": np.arange(12).reshape(3, 4)})
+    rows = Rows.of(
+        np.ones((3, 2)),
+        [(np.array([1, 2, 3, 4]), np.array([2, 1, 1]))],
+        np.array([0, 1, 0]),
+        {"times": np.arange(12).reshape(3, 4)},
+    )
     handles = [ring.put(0, rows), ring.put(0, rows)]
     assert not ring.free[0].acquire(block=False)  # both slots taken until copied out
     back = ring.take(handles[0])

@@ -34,15 +34,27 @@ CONFIG_CASES = [
     ([*CTR, "optimizer.dense.lr=0"], "optimizer.dense.lr=0.0 is out of range: it must be > 0"),
     ([*CTR, "optimizer.sparse.eps=-1"], "optimizer.sparse.eps=-1.0 is out of range: it must be > 0"),
     ([*CTR, "optimizer=adam", "optimizer.dense.betas=[0.9,1.5]"], "optimizer.dense.betas=[0.9, 1.5] is out of range"),
-    ([*CTR, "optimizer=adam", "optimizer.dense.weight_decay=-0.1"], "optimizer.dense.weight_decay=-0.1 is out of range"),
-    ([*CTR, "optimizer=sgd", "optimizer.dense.momentum=1.2"], "optimizer.dense.momentum=1.2 is out of range: it must be in [0, 1)"),
+    (
+        [*CTR, "optimizer=adam", "optimizer.dense.weight_decay=-0.1"],
+        "optimizer.dense.weight_decay=-0.1 is out of range",
+    ),
+    (
+        [*CTR, "optimizer=sgd", "optimizer.dense.momentum=1.2"],
+        "optimizer.dense.momentum=1.2 is out of range: it must be in [0, 1)",
+    ),
     ([*CTR, "optimizer.sparse.weight_decay=0.1"], "optimizer.sparse.weight_decay is not applied"),
     ([*CTR, "optimizer.clip_grad_norm=0"], "optimizer.clip_grad_norm must be > 0"),
-    ([*CTR, "optimizer.dense_schedule.warmup_steps=-1"], "optimizer.dense_schedule.warmup_steps=-1: a number of steps, must be >= 0"),
+    (
+        [*CTR, "optimizer.dense_schedule.warmup_steps=-1"],
+        "optimizer.dense_schedule.warmup_steps=-1: a number of steps, must be >= 0",
+    ),
     ([*CTR, "optimizer.sparse_schedule.decay_steps=-3"], "optimizer.sparse_schedule.decay_steps=-3: a number of steps"),
     ([*CTR, "optimizer=adam", "optimizer.dense.betas=[0.9]"], "optimizer.dense.betas=[0.9]: Adam's two decay rates"),
     ([*CTR, "optimizer.sparse._target_=torch.optim.Adadelta"], "cannot be fused by TorchRec"),
-    ([*CTR, "+optimizer.dense.foo=1"], "optimizer.dense (torch.optim.Adagrad): got an unexpected keyword argument 'foo'"),
+    (
+        [*CTR, "+optimizer.dense.foo=1"],
+        "optimizer.dense (torch.optim.Adagrad): got an unexpected keyword argument 'foo'",
+    ),
     # counts and sizes
     ([*CTR, "train.steps=0"], "train.steps must be >= 1, got 0"),
     ([*CTR, "train.log_every=0"], "train.log_every must be >= 1"),
@@ -60,53 +72,90 @@ CONFIG_CASES = [
     (["+experiment=movielens_rank", "data.negatives=-2"], "data.negatives must be >= 0, got -2"),
     ([*CTR, "model.embedding_dim=0"], "model.embedding_dim must be >= 1"),
     ([*CTR, "model.over_arch_layer_sizes=[64,2]"], "model.over_arch_layer_sizes must end with 1"),
-    ([*CTR, "model.dense_arch_layer_sizes=[64,32]"], "model.dense_arch_layer_sizes must end with model.embedding_dim=64"),
-    ([*CTR, "model.dense_arch_layer_sizes=[0,16]"], "model.dense_arch_layer_sizes=[0, 16]: an MLP's layer sizes, each >= 1"),
-    ([*CTR, "model.over_arch_layer_sizes=[0,1]"], "model.over_arch_layer_sizes=[0, 1]: an MLP's layer sizes, each >= 1"),
-    ([*CTR, "model=dcn", "model.dcn_low_rank_dim=0"], "model.dcn_low_rank_dim=0: the cross network's rank must be >= 1"),
+    (
+        [*CTR, "model.dense_arch_layer_sizes=[64,32]"],
+        "model.dense_arch_layer_sizes must end with model.embedding_dim=64",
+    ),
+    (
+        [*CTR, "model.dense_arch_layer_sizes=[0,16]"],
+        "model.dense_arch_layer_sizes=[0, 16]: an MLP's layer sizes, each >= 1",
+    ),
+    (
+        [*CTR, "model.over_arch_layer_sizes=[0,1]"],
+        "model.over_arch_layer_sizes=[0, 1]: an MLP's layer sizes, each >= 1",
+    ),
+    (
+        [*CTR, "model=dcn", "model.dcn_low_rank_dim=0"],
+        "model.dcn_low_rank_dim=0: the cross network's rank must be >= 1",
+    ),
     ([*CTR, "checkpoint.keep_last=0"], "checkpoint.keep_last=0: must be >= 1"),
     ([*CTR, "checkpoint.every_n_steps=-2"], "checkpoint.every_n_steps=-2: must be >= 0"),
     ([*CTR, "checkpoint.every_n_steps=5"], "checkpoint.every_n_steps is set but checkpoint.dir is not"),
     ([*CTR, "checkpoint.keep_best=true"], "checkpoint.keep_best=true keeps the checkpoint of the best"),
     ([*CTR, "checkpoint.max_loss_ratio=0.5"], "checkpoint.max_loss_ratio=0.5 would call a loss exploded"),
-    ([*CTR, "checkpoint.max_loss_ratio=0"], "must be >= 1 (5 by default), or null to check only that losses are finite"),
+    (
+        [*CTR, "checkpoint.max_loss_ratio=0"],
+        "must be >= 1 (5 by default), or null to check only that losses are finite",
+    ),
     ([*CTR, "launcher.threads_per_rank=0"], "launcher.threads_per_rank must be >= 1"),
     ([*CTR, "launcher.collective_timeout_s=0"], "launcher.collective_timeout_s=0.0: a timeout in seconds, must be > 0"),
     ([*CTR, "launcher.health_check_timeout_s=-1"], "launcher.health_check_timeout_s=-1.0: a timeout in seconds"),
     ([*CTR, "launcher.max_restarts=-1"], "launcher.max_restarts=-1: must be >= 0"),
-    ([*CTR, "launcher.nproc_per_node=3"], "data.batch_size=2048 is the global batch and must divide evenly over world_size=3"),
+    (
+        [*CTR, "launcher.nproc_per_node=3"],
+        "data.batch_size=2048 is the global batch and must divide evenly over world_size=3",
+    ),
     ([*CTR, "launcher.max_restarts=2"], "launcher.max_restarts restarts ranks from the newest checkpoint"),
     ([*CTR, "profile.enabled=true", "profile.start_step=500"], "must fit in train.steps=400"),
     ([*CTR, "mesh.shard=0"], "mesh.shard must be >= 1"),
-    ([*CTR, "mesh.shard=3"], "mesh.shard=3 is read only by mesh=hsdp (its dense shard degree); mesh=fsdp would ignore it"),
+    (
+        [*CTR, "mesh.shard=3"],
+        "mesh.shard=3 is read only by mesh=hsdp (its dense shard degree); mesh=fsdp would ignore it",
+    ),
     ([*CTR, "mesh=ddp", "mesh.replicate=2"], "mesh.replicate=2 is read only by mesh=hsdp"),
     ([*CTR, "mesh.forward_prefetch=-1"], "mesh.forward_prefetch=-1: must be >= 0"),
     ([*CTR, "topology.host_memory_gb=-1"], "topology.host_memory_gb must be > 0"),
     ([*CTR, "+train.stepz=30"], "unknown key train.stepz (did you mean train.steps?)"),
-    ([*CTR, "model.embedding_dim=50"], "model.embedding_dim=50: TorchRec's fused embedding kernels (fbgemm) take widths "
-                                       "that are multiples of 4; use 48 or 52"),
+    (
+        [*CTR, "model.embedding_dim=50"],
+        "model.embedding_dim=50: TorchRec's fused embedding kernels (fbgemm) take widths "
+        "that are multiples of 4; use 48 or 52",
+    ),
     # sequence rankers
-    (["+experiment=sequences", "model=dlrm"], "next-item training takes a sequence model (model=sasrec or hstu), a "
-                                              "next-item source"),
+    (
+        ["+experiment=sequences", "model=dlrm"],
+        "next-item training takes a sequence model (model=sasrec or hstu), a next-item source",
+    ),
     (["+experiment=sequences", "loss=pointwise"], "got model=SASRec, data=MovieLensSequences, loss=BCE"),
     (["+experiment=ctr", "model=sasrec", "loss=next_item"], "data=SyntheticClickLog"),
-    (["+experiment=sequences", "data.max_length=300"], "data.max_length=300 is more history than the model has "
-                                                        "positions (model.max_length=50)"),
+    (
+        ["+experiment=sequences", "data.max_length=300"],
+        "data.max_length=300 is more history than the model has positions (model.max_length=50)",
+    ),
     (["+experiment=sequences", "data.max_length=0"], "data.max_length=0: the most recent items a history keeps, >= 1"),
     (["+experiment=sequences", "data.train_negatives=-1"], "data.train_negatives=-1: ids drawn per batch"),
     (["+experiment=sequences", "model.num_blocks=0"], "model.num_blocks=0: must be >= 1"),
     (["+experiment=sequences", "model.dropout=1.5"], "model.dropout=1.5: must be in [0, 1)"),
     (["+experiment=sequences", "model.num_heads=3"], "model.embedding_dim=64 must be divisible by model.num_heads=3"),
-    (["+experiment=sequences", "data.negative_sampling=popularity"],
-     "data.negative_sampling=popularity chooses how sampled negatives are drawn, and data.train_negatives=0 samples "
-     "none"),
-    (["+experiment=sequences", "loss.in_batch=true"], "loss.in_batch=true adds the batch's next items to sampled "
-                                                      "negatives, and data.train_negatives=0 scores every item"),
+    (
+        ["+experiment=sequences", "data.negative_sampling=popularity"],
+        "data.negative_sampling=popularity chooses how sampled negatives are drawn, and data.train_negatives=0 samples "
+        "none",
+    ),
+    (
+        ["+experiment=sequences", "loss.in_batch=true"],
+        "loss.in_batch=true adds the batch's next items to sampled "
+        "negatives, and data.train_negatives=0 scores every item",
+    ),
     # continuous training
-    (["+experiment=continuous", "data.partitions.ready_marker=../_SUCCESS"],
-     "data.partitions.ready_marker='../_SUCCESS': the name of a file inside each partition"),
-    (["+experiment=continuous", "data.partitions.ready_marker=''"],
-     "data.partitions.ready_marker='': the name of a file inside each partition"),
+    (
+        ["+experiment=continuous", "data.partitions.ready_marker=../_SUCCESS"],
+        "data.partitions.ready_marker='../_SUCCESS': the name of a file inside each partition",
+    ),
+    (
+        ["+experiment=continuous", "data.partitions.ready_marker=''"],
+        "data.partitions.ready_marker='': the name of a file inside each partition",
+    ),
 ]
 
 
@@ -140,7 +189,9 @@ def test_more_ranks_or_threads_than_cores_warns_with_the_numbers():
     cores = len(os.sched_getaffinity(0))
     cfg = compose_cfg([*CTR, f"launcher.nproc_per_node={4 * cores}"])
     note = oversubscribed(cfg, env={})
-    assert note and f"launcher.nproc_per_node={4 * cores} ranks x 1 thread(s) each" in note and f"on {cores} cores" in note
+    assert (
+        note and f"launcher.nproc_per_node={4 * cores} ranks x 1 thread(s) each" in note and f"on {cores} cores" in note
+    )
     cfg = compose_cfg([*CTR, "launcher.threads_per_rank=1000"])
     assert f"= 1000 threads on {cores} cores" in oversubscribed(cfg, env={})
     assert oversubscribed(compose_cfg(CTR), env={}) is None  # the default splits the cores
@@ -162,18 +213,21 @@ def test_the_entry_point_warns_of_oversubscription_before_launch(caplog):
 
 @pytest.mark.unit
 def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
-    from hybridrec.run.launch import _check_output_dir
+    from hybridrec.run.callbacks import _check_output_dir
 
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as e:
         _check_output_dir("hydra.run.dir", str(tmp_path / "file" / "run"))
-    assert e.value.code == (f"hybridrec: hydra.run.dir={tmp_path}/file/run: cannot create the output directory "
-                            f"({tmp_path}/file is a file, not a directory): give another hydra.run.dir")
+    assert e.value.code == (
+        f"hybridrec: hydra.run.dir={tmp_path}/file/run: cannot create the output directory "
+        f"({tmp_path}/file is a file, not a directory): give another hydra.run.dir"
+    )
 
 
 # ----------------------------------------------------------------------------------- data
 # Each writer puts a small dataset under ``d`` and returns the source reading it; the case
 # reads every batch of every split, as one rank of one would.
+
 
 def _tsv(d, rows, name="a.tsv", **kw):
     path = os.path.join(d, name)
@@ -182,15 +236,27 @@ def _tsv(d, rows, name="a.tsv", **kw):
     else:
         write(path, rows)
     other = write(os.path.join(d, "other.tsv"), [row()] * 4)
-    args = dict(batch_size=4, train_path=other, eval_path=path, num_embeddings_per_feature=SIZES,
-                id_mapping="modulo", bad_rows="fail", block_size_mb=1, eval_batches=None, seed=0)
+    args = dict(
+        batch_size=4,
+        train_path=other,
+        eval_path=path,
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        bad_rows="fail",
+        block_size_mb=1,
+        eval_batches=None,
+        seed=0,
+    )
     return CriteoTSV(**{**args, **kw})
 
 
 def _npy(d, dense=None, sparse=None, labels=None, raw=None):
     """A one-day .npy layout of 8 rows with one part replaced (``raw``: bytes for dense)."""
-    parts = {"dense": np.ones((8, 13), np.float32), "sparse": np.ones((8, 26), np.int32),
-             "labels": np.ones((8, 1), np.int32)}
+    parts = {
+        "dense": np.ones((8, 13), np.float32),
+        "sparse": np.ones((8, 26), np.int32),
+        "labels": np.ones((8, 1), np.int32),
+    }
     for name, value in (("dense", dense), ("sparse", sparse), ("labels", labels)):
         if value is not None:
             parts[name] = value
@@ -200,8 +266,10 @@ def _npy(d, dense=None, sparse=None, labels=None, raw=None):
         open(os.path.join(d, "day_0_dense.npy"), "wb").write(raw)
     os.makedirs(os.path.join(d, "eval"))
     for name, value in parts.items():
-        np.save(os.path.join(d, "eval", f"day_1_{name}.npy"), value if raw is None or name != "dense"
-                else np.ones((8, 13), np.float32))
+        np.save(
+            os.path.join(d, "eval", f"day_1_{name}.npy"),
+            value if raw is None or name != "dense" else np.ones((8, 13), np.float32),
+        )
     return CriteoBinary(4, d, os.path.join(d, "eval"), SIZES, "modulo", None, 0)
 
 
@@ -222,10 +290,15 @@ def _parquet(d, null_ids):
     table = pa.table({"click": pa.array([1, 0, 1, 0], pa.int8()), "item": pa.array([1, None, 2, 3], pa.int64())})
     for split in ("train", "eval"):
         pq.write_table(table, os.path.join(d, f"{split}.parquet"))
-    return ParquetSource(batch_size=2, train_path=os.path.join(d, "train.parquet"),
-                         eval_path=os.path.join(d, "eval.parquet"), label={"column": "click"},
-                         sparse=[{"name": "item", "column": "item", "num_embeddings": 5, "null_ids": null_ids}],
-                         bad_rows="fail", seed=0)
+    return ParquetSource(
+        batch_size=2,
+        train_path=os.path.join(d, "train.parquet"),
+        eval_path=os.path.join(d, "eval.parquet"),
+        label={"column": "click"},
+        sparse=[{"name": "item", "column": "item", "num_embeddings": 5, "null_ids": null_ids}],
+        bad_rows="fail",
+        seed=0,
+    )
 
 
 def _with(array, index, value):
@@ -246,56 +319,132 @@ def _sequences(d, **kw):
     from hybridrec.data.sequences import MovieLensSequences
 
     write_layout(tables(), d)  # 30 movies
-    args = dict(batch_size=4, path=d, max_length=5, train_negatives=0, negative_sampling="uniform", bad_rows="fail",
-                eval_batches=None, seed=0)
+    args = dict(
+        batch_size=4,
+        path=d,
+        max_length=5,
+        train_negatives=0,
+        negative_sampling="uniform",
+        bad_rows="fail",
+        eval_batches=None,
+        seed=0,
+    )
     return MovieLensSequences(**{**args, **kw})
 
 
 SPARSE = np.ones((8, 26), np.int32)
 DATA_CASES = [
     ("criteo label 2", lambda d: _tsv(d, [row(), row(label=2)]), "a.tsv:2: label '2' is not 0 or 1"),
-    ("criteo non-integer dense", lambda d: _tsv(d, [row(ints=["1.5"] + [1] * 12)]), "a.tsv:1: int_0 '1.5' is not an integer"),
+    (
+        "criteo non-integer dense",
+        lambda d: _tsv(d, [row(ints=["1.5"] + [1] * 12)]),
+        "a.tsv:1: int_0 '1.5' is not an integer",
+    ),
     ("criteo id not hex", lambda d: _tsv(d, [row(cats=["xyz"] * 26)]), "a.tsv:1: cat_0 'xyz' is not a hex id"),
-    ("criteo plain text named .gz", lambda d: _tsv(d, [row()] * 4, name="a.tsv.gz"),
-     "a.tsv.gz: named .gz but it is not gzip (it starts with b'1\\t': plain text: drop the .gz"),
-    ("criteo random bytes named .gz", lambda d: _tsv(d, bytes(range(256)) * 8, name="a.tsv.gz"),
-     "a.tsv.gz: named .gz but it is not gzip (it starts with b'\\x00\\x01': not gzip)"),
-    ("criteo one huge bad line", lambda d: _tsv(d, [row()] * 4, bad_rows="skip", shards=4, train_path=write(
-        os.path.join(d, "train.tsv"), [row(cats=["a" * 300_000] + ["a"] * 25)] + [row()] * 3)),
-     "0 usable rows in shard 0 of data.shards=4, fewer than its 1 rows of one global batch (data.batch_size=4): "
-     "its 1 block(s) of lines held 0 valid rows"),
-    ("criteo empty .tsv.gz", lambda d: _tsv(d, [row()] * 4, train_path=_gz(d, b"")),
-     "data.train_path: every file is empty (no text, once decompressed): "),
-    ("criteo every row bad", lambda d: _tsv(d, [row()] * 4, bad_rows="skip", train_path=write(
-        os.path.join(d, "bad.tsv"), [row(label="x")] * 6)),
-     "the train split has no usable rows: every one of its 6 lines is bad (the first: "),
-    ("criteo binary named .tsv", lambda d: _tsv(d, bytes(range(256)) * 8),
-     "a.tsv: not a text file (a NUL byte at byte 0 of its text); data.eval_path names Criteo's tab-separated logs"),
-    ("criteo binary named .tsv.gz", lambda d: _tsv(d, [row()] * 4, train_path=_gz(d, bytes(range(256)))),
-     "a.tsv.gz: not a text file (a NUL byte at byte 0 of its text); data.train_path"),
-    ("npy label 2", lambda d: _npy(d, labels=_with(np.ones((8, 1), np.int32), 5, 2)),
-     "day_0_labels.npy row 5: label 2 is not 0 or 1"),
-    ("npy NaN dense", lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (6, 3), np.nan)),
-     "day_0_dense.npy row 6: dense value nan is not finite"),
-    ("npy infinite dense", lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (1, 0), np.inf)),
-     "day_0_dense.npy row 1: dense value inf is not finite"),
-    ("npy float64 beyond float32", lambda d: _npy(d, dense=_with(np.ones((8, 13)), (2, 4), 1e300)),
-     "day_0_dense.npy row 2: dense value 1e+300 (float64) is beyond float32's range (3.4e38)"),
-    ("parquet null id, null_ids=bad", lambda d: _parquet(d, "bad"), "train.parquet:1: item is null "
-                                                                   "(data.sparse[0].null_ids=bad)"),
-    ("npy negative id", lambda d: _npy(d, sparse=_with(SPARSE, (2, 7), -5)), "day_0_sparse.npy row 2: id -5 is negative"),
-    ("npy float ids", lambda d: _npy(d, sparse=SPARSE.astype(np.float32)),
-     "day_0_sparse.npy: dtype float32, expected integer ids"),
-    ("npy text labels", lambda d: _npy(d, labels=np.array([["1"]] * 8)), "day_0_labels.npy: dtype <U1, expected numbers"),
+    (
+        "criteo plain text named .gz",
+        lambda d: _tsv(d, [row()] * 4, name="a.tsv.gz"),
+        "a.tsv.gz: named .gz but it is not gzip (it starts with b'1\\t': plain text: drop the .gz",
+    ),
+    (
+        "criteo random bytes named .gz",
+        lambda d: _tsv(d, bytes(range(256)) * 8, name="a.tsv.gz"),
+        "a.tsv.gz: named .gz but it is not gzip (it starts with b'\\x00\\x01': not gzip)",
+    ),
+    (
+        "criteo one huge bad line",
+        lambda d: _tsv(
+            d,
+            [row()] * 4,
+            bad_rows="skip",
+            shards=4,
+            train_path=write(os.path.join(d, "train.tsv"), [row(cats=["a" * 300_000] + ["a"] * 25)] + [row()] * 3),
+        ),
+        "0 usable rows in shard 0 of data.shards=4, fewer than its 1 rows of one global batch (data.batch_size=4): "
+        "its 1 block(s) of lines held 0 valid rows",
+    ),
+    (
+        "criteo empty .tsv.gz",
+        lambda d: _tsv(d, [row()] * 4, train_path=_gz(d, b"")),
+        "data.train_path: every file is empty (no text, once decompressed): ",
+    ),
+    (
+        "criteo every row bad",
+        lambda d: _tsv(
+            d, [row()] * 4, bad_rows="skip", train_path=write(os.path.join(d, "bad.tsv"), [row(label="x")] * 6)
+        ),
+        "the train split has no usable rows: every one of its 6 lines is bad (the first: ",
+    ),
+    (
+        "criteo binary named .tsv",
+        lambda d: _tsv(d, bytes(range(256)) * 8),
+        "a.tsv: not a text file (a NUL byte at byte 0 of its text); data.eval_path names Criteo's tab-separated logs",
+    ),
+    (
+        "criteo binary named .tsv.gz",
+        lambda d: _tsv(d, [row()] * 4, train_path=_gz(d, bytes(range(256)))),
+        "a.tsv.gz: not a text file (a NUL byte at byte 0 of its text); data.train_path",
+    ),
+    (
+        "npy label 2",
+        lambda d: _npy(d, labels=_with(np.ones((8, 1), np.int32), 5, 2)),
+        "day_0_labels.npy row 5: label 2 is not 0 or 1",
+    ),
+    (
+        "npy NaN dense",
+        lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (6, 3), np.nan)),
+        "day_0_dense.npy row 6: dense value nan is not finite",
+    ),
+    (
+        "npy infinite dense",
+        lambda d: _npy(d, dense=_with(np.ones((8, 13), np.float32), (1, 0), np.inf)),
+        "day_0_dense.npy row 1: dense value inf is not finite",
+    ),
+    (
+        "npy float64 beyond float32",
+        lambda d: _npy(d, dense=_with(np.ones((8, 13)), (2, 4), 1e300)),
+        "day_0_dense.npy row 2: dense value 1e+300 (float64) is beyond float32's range (3.4e38)",
+    ),
+    (
+        "parquet null id, null_ids=bad",
+        lambda d: _parquet(d, "bad"),
+        "train.parquet:1: item is null (data.sparse[0].null_ids=bad)",
+    ),
+    (
+        "npy negative id",
+        lambda d: _npy(d, sparse=_with(SPARSE, (2, 7), -5)),
+        "day_0_sparse.npy row 2: id -5 is negative",
+    ),
+    (
+        "npy float ids",
+        lambda d: _npy(d, sparse=SPARSE.astype(np.float32)),
+        "day_0_sparse.npy: dtype float32, expected integer ids",
+    ),
+    (
+        "npy text labels",
+        lambda d: _npy(d, labels=np.array([["1"]] * 8)),
+        "day_0_labels.npy: dtype <U1, expected numbers",
+    ),
     ("npy not a .npy", lambda d: _npy(d, raw=b"label,dense\n1,2\n"), "day_0_dense.npy: not a readable .npy file"),
-    ("npy wrong width", lambda d: _npy(d, dense=np.ones((8, 12), np.float32)), "day_0_dense.npy: shape (8, 12), expected (rows, 13)"),
+    (
+        "npy wrong width",
+        lambda d: _npy(d, dense=np.ones((8, 12), np.float32)),
+        "day_0_dense.npy: shape (8, 12), expected (rows, 13)",
+    ),
     ("movielens rating 99", lambda d: _ratings(d, "3\t4\t99\t881250949"), "u.data:301: rating 99 is outside 1..5"),
     ("movielens rating 0", lambda d: _ratings(d, "3\t4\t0\t881250949"), "u.data:301: rating 0 is outside 1..5"),
     ("movielens user 0", lambda d: _ratings(d, "0\t4\t3\t881250949"), "u.data:301: user id 0 is outside 1..2147483647"),
-    ("movielens non-integer", lambda d: _ratings(d, "3\t4\t4.5\t881250949"), "u.data:301: non-integer in an integer field"),
+    (
+        "movielens non-integer",
+        lambda d: _ratings(d, "3\t4\t4.5\t881250949"),
+        "u.data:301: non-integer in an integer field",
+    ),
     ("movielens missing field", lambda d: _ratings(d, "3\t4\t4"), "u.data:301: 3 fields, expected 4"),
-    ("sequences more negatives than items", lambda d: _sequences(d, train_negatives=1000),
-     "data.train_negatives=1000 draws more ids per batch than"),
+    (
+        "sequences more negatives than items",
+        lambda d: _sequences(d, train_negatives=1000),
+        "data.train_negatives=1000 draws more ids per batch than",
+    ),
 ]
 
 
@@ -329,8 +478,9 @@ def test_a_bad_rating_costs_its_row_only_and_is_counted(tmp_path):
 def test_the_guide_counts_the_cases():
     guide = open(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoints.md")).read()
     counted = re.search(r"(\d+) config values and (\d+) data files", guide)
-    assert counted and (int(counted[1]), int(counted[2])) == (len(CONFIG_CASES), len(DATA_CASES)), \
+    assert counted and (int(counted[1]), int(counted[2])) == (len(CONFIG_CASES), len(DATA_CASES)), (
         f"docs/checkpoints.md: write '{len(CONFIG_CASES)} config values and {len(DATA_CASES)} data files'"
+    )
 
 
 @pytest.mark.unit

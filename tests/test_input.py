@@ -30,12 +30,15 @@ def _columns(batch) -> dict[str, torch.Tensor]:
     return cols
 
 
-def global_batches(source, split: str, world_size: int, workers: int, n: int = None, start: int = 0,
-                   thread: bool = False):
+def global_batches(
+    source, split: str, world_size: int, workers: int, n: int = None, start: int = 0, thread: bool = False
+):
     """The global batches the ranks of a world size see together: per batch, each column
     concatenated over ranks (ranks that ran out contribute padding), padding rows removed."""
-    per_rank = [list(loader.batches(source, split, r, world_size, n, start, num_workers=workers, thread=thread))
-                for r in range(world_size)]
+    per_rank = [
+        list(loader.batches(source, split, r, world_size, n, start, num_workers=workers, thread=thread))
+        for r in range(world_size)
+    ]
     out = []
     for i in range(max(len(p) for p in per_rank)):
         parts = [p[i] if i < len(p) else loader.padding_batch(source, world_size) for p in per_rank]
@@ -47,8 +50,11 @@ def global_batches(source, split: str, world_size: int, workers: int, n: int = N
             cols = [_columns(b.batch) for b in parts]
             whole = {k: torch.cat([c[k] for c in cols]) for k in cols[0]}
             keep = {k: v[real] for k, v in whole.items() if not k.endswith(".values")}  # row columns
-            ids = {k: v[torch.repeat_interleave(real, whole[k.replace(".values", ".lengths")])]
-                   for k, v in whole.items() if k.endswith(".values")}  # the real rows' ids
+            ids = {
+                k: v[torch.repeat_interleave(real, whole[k.replace(".values", ".lengths")])]
+                for k, v in whole.items()
+                if k.endswith(".values")
+            }  # the real rows' ids
             out.append((keep, ids, int(real.sum())))
     return out
 
@@ -70,24 +76,51 @@ def assert_same(a, b):
 def _tsv(tmp_path, shards=4, batch=16, valid_fraction=0.0):
     train = write(tmp_path / "train.tsv", rand_rows(300, seed=1) + ["1\tbroken"])
     eval_ = write(tmp_path / "eval.tsv", rand_rows(70, seed=2))  # 4 batches and a partial one
-    return CriteoTSV(batch_size=batch, train_path=train, eval_path=eval_, num_embeddings_per_feature=SIZES,
-                     id_mapping="modulo", bad_rows="skip", block_size_mb=1, eval_batches=None, seed=0,
-                     valid_fraction=valid_fraction, shards=shards)
+    return CriteoTSV(
+        batch_size=batch,
+        train_path=train,
+        eval_path=eval_,
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        bad_rows="skip",
+        block_size_mb=1,
+        eval_batches=None,
+        seed=0,
+        valid_fraction=valid_fraction,
+        shards=shards,
+    )
 
 
 def _binary(tmp_path):
     for split, n in (("train", 90), ("eval", 37)):
         os.makedirs(tmp_path / split, exist_ok=True)
         tsv = write(tmp_path / split / "day_0.tsv", rand_rows(n, seed=n))
-        BinaryCriteoUtils.tsv_to_npys(tsv, *(str(tmp_path / split / f"day_0_{p}.npy") for p in ("dense", "sparse", "labels")))
-    return CriteoBinary(batch_size=16, train_path=str(tmp_path / "train"), eval_path=str(tmp_path / "eval"),
-                        num_embeddings_per_feature=SIZES, id_mapping="modulo", eval_batches=None, seed=0)
+        BinaryCriteoUtils.tsv_to_npys(
+            tsv, *(str(tmp_path / split / f"day_0_{p}.npy") for p in ("dense", "sparse", "labels"))
+        )
+    return CriteoBinary(
+        batch_size=16,
+        train_path=str(tmp_path / "train"),
+        eval_path=str(tmp_path / "eval"),
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        eval_batches=None,
+        seed=0,
+    )
 
 
 def _synthetic(tmp_path):
-    return SyntheticClickLog(batch_size=16, num_dense_features=3, num_embeddings_per_feature=[100, 7],
-                             ids_per_feature=1, multi_hot_sizes=[2, 3], zipf_exponent=1.05, eval_batches=3,
-                             seed=0, valid_batches=2)
+    return SyntheticClickLog(
+        batch_size=16,
+        num_dense_features=3,
+        num_embeddings_per_feature=[100, 7],
+        ids_per_feature=1,
+        multi_hot_sizes=[2, 3],
+        zipf_exponent=1.05,
+        eval_batches=3,
+        seed=0,
+        valid_batches=2,
+    )
 
 
 def _movielens(tmp_path, layout):
@@ -95,29 +128,53 @@ def _movielens(tmp_path, layout):
 
 
 def _movielens_rank(tmp_path, layout):
-    args = dict(batch_size=24, path=str(layout), label_threshold=4, split="random", eval_fraction=0.2,
-                side_features=True, bad_rows="skip", eval_batches=None, seed=0)
-    return MovieLensRank(list_size=4, negatives=2, negative_sampling="batch", eval_items="sampled",
-                         eval_negatives=5, ranking_k=5, **args)
+    args = dict(
+        batch_size=24,
+        path=str(layout),
+        label_threshold=4,
+        split="random",
+        eval_fraction=0.2,
+        side_features=True,
+        bad_rows="skip",
+        eval_batches=None,
+        seed=0,
+    )
+    return MovieLensRank(
+        list_size=4, negatives=2, negative_sampling="batch", eval_items="sampled", eval_negatives=5, ranking_k=5, **args
+    )
 
 
 SOURCES = {"synthetic": _synthetic, "criteo_tsv": _tsv, "criteo_binary": _binary}
 
 
 # The TSV and binary readers take seconds here (worker processes over several shards).
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow if n.startswith("criteo") else pytest.mark.unit)
-                                  for n in [*SOURCES, "movielens", "movielens_rank"]])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow if n.startswith("criteo") else pytest.mark.unit)
+        for n in [*SOURCES, "movielens", "movielens_rank"]
+    ],
+)
 def test_batches_are_the_same_for_any_world_size_and_worker_count(tmp_path, name, layout):
     make = SOURCES.get(name) or (lambda p: (_movielens if name == "movielens" else _movielens_rank)(p, layout))
-    reference = {split: global_batches(make(tmp_path), split, 1, 0, 25 if split == "train" else None)
-                 for split in ("train", "eval")}
-    for world_size, workers, thread in ((2, 0, False), (4, 0, False), (1, 2, False), (2, 2, False), (1, 0, True),
-                                        (2, 0, True)):
+    reference = {
+        split: global_batches(make(tmp_path), split, 1, 0, 25 if split == "train" else None)
+        for split in ("train", "eval")
+    }
+    for world_size, workers, thread in (
+        (2, 0, False),
+        (4, 0, False),
+        (1, 2, False),
+        (2, 2, False),
+        (1, 0, True),
+        (2, 0, True),
+    ):
         if name == "movielens_rank" and world_size == 4:
             continue  # 4 lists per global batch: whole lists per rank need a world size dividing 4
         for split in ("train", "eval"):
-            got = global_batches(make(tmp_path), split, world_size, workers, 25 if split == "train" else None,
-                                 thread=thread)
+            got = global_batches(
+                make(tmp_path), split, world_size, workers, 25 if split == "train" else None, thread=thread
+            )
             assert_same(got, reference[split])
 
 
@@ -163,8 +220,11 @@ def test_eval_rows_are_named_the_same_for_any_world_size(tmp_path, name, layout)
             for item in loader.batches(make(tmp_path), "eval", rank, world_size):
                 assert (item.rows[~item.real] == -1).all()
                 real = item.real
-                for i, label, dense in zip(item.rows[real].tolist(), item.batch.labels[real].tolist(),
-                                           item.batch.dense_features[real, 0].tolist()):
+                for i, label, dense in zip(
+                    item.rows[real].tolist(),
+                    item.batch.labels[real].tolist(),
+                    item.batch.dense_features[real, 0].tolist(),
+                ):
                     assert i not in rows, (name, world_size, i)
                     rows[i] = (label, dense)
         return rows
@@ -213,9 +273,18 @@ def test_workers_stop_at_the_end_on_error_and_when_abandoned(tmp_path):
     assert multiprocessing.active_children() == []
     write(tmp_path / "bad.tsv", [row()] * 40 + ["1\tbroken"])
     write(tmp_path / "eval.tsv", [row()] * 4)
-    bad = CriteoTSV(batch_size=4, train_path=str(tmp_path / "bad.tsv"), eval_path=str(tmp_path / "eval.tsv"),
-                    num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="fail", block_size_mb=1,
-                    eval_batches=None, seed=0, shards=2)
+    bad = CriteoTSV(
+        batch_size=4,
+        train_path=str(tmp_path / "bad.tsv"),
+        eval_path=str(tmp_path / "eval.tsv"),
+        num_embeddings_per_feature=SIZES,
+        id_mapping="modulo",
+        bad_rows="fail",
+        block_size_mb=1,
+        eval_batches=None,
+        seed=0,
+        shards=2,
+    )
     with pytest.raises(DataError, match=r"bad.tsv:41: 2 fields, expected 40$"):  # one line, not a worker traceback
         list(loader.batches(bad, "train", 0, 1, 30, num_workers=2))
     assert multiprocessing.active_children() == []
@@ -233,9 +302,18 @@ def test_the_input_thread_stops_when_abandoned_and_raises_at_the_bad_batch(tmp_p
     write(tmp_path / "eval.tsv", [row()] * 4)
     got = {}
     for thread in (False, True):
-        bad = CriteoTSV(batch_size=4, train_path=str(tmp_path / "bad.tsv"), eval_path=str(tmp_path / "eval.tsv"),
-                        num_embeddings_per_feature=SIZES, id_mapping="modulo", bad_rows="fail", block_size_mb=1,
-                        eval_batches=None, seed=0, shards=1)
+        bad = CriteoTSV(
+            batch_size=4,
+            train_path=str(tmp_path / "bad.tsv"),
+            eval_path=str(tmp_path / "eval.tsv"),
+            num_embeddings_per_feature=SIZES,
+            id_mapping="modulo",
+            bad_rows="fail",
+            block_size_mb=1,
+            eval_batches=None,
+            seed=0,
+            shards=1,
+        )
         got[thread] = []
         with pytest.raises(DataError, match=r"bad.tsv:401: 2 fields, expected 40$"):
             for batch in loader.batches(bad, "train", 0, 1, 200, thread=thread):
@@ -250,8 +328,9 @@ CRITEO = ["data=criteo", "data.batch_size=64", "data.shards=2", "train.steps=6",
 
 def _train(tmp_path, name, *overrides, ranks=1):
     run = tmp_path / name
-    proc = commands.run("hybridrec.train", *CRITEO, f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={run}",
-                        *overrides, timeout=300)
+    proc = commands.run(
+        "hybridrec.train", *CRITEO, f"launcher.nproc_per_node={ranks}", f"hydra.run.dir={run}", *overrides, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.load(open(run / "summary.json"))
 
@@ -283,11 +362,17 @@ def test_the_input_thread_trains_the_same_run(tmp_path):
     common = [*CRITEO, f"data.train_path={train}", f"data.eval_path={eval_}", "train.eval_every=2", "train.log_every=1"]
     threads = ("true", "false")
     # both runs in one scenario on the pool's 2 ranks: run i writes into runs/i
-    results = spawn(train_and_summarize, 2, [compose_cfg([*common, f"data.input_thread={t}"]) for t in threads],
-                    str(tmp_path / "runs"))
+    results = spawn(
+        train_and_summarize,
+        2,
+        [compose_cfg([*common, f"data.input_thread={t}"]) for t in threads],
+        str(tmp_path / "runs"),
+    )
     runs = {t: r["summary"] for t, r in zip(threads, results)}
-    losses = {t: [json.loads(line).get("loss") for line in open(tmp_path / "runs" / str(i) / "metrics.jsonl")]
-              for i, t in enumerate(threads)}
+    losses = {
+        t: [json.loads(line).get("loss") for line in open(tmp_path / "runs" / str(i) / "metrics.jsonl")]
+        for i, t in enumerate(threads)
+    }
     assert losses["true"] == losses["false"] and len([x for x in losses["true"] if x is not None]) == 6
     assert runs["true"]["eval"] == runs["false"]["eval"] and runs["true"]["data"] == runs["false"]["data"]
 
@@ -297,8 +382,17 @@ def test_an_empty_eval_set_fails_before_training(tmp_path):
     train = write(tmp_path / "train.tsv", rand_rows(200, seed=1))
     eval_ = write(tmp_path / "eval.tsv", ["x"] * 3)  # lines, none of them a row
     run = tmp_path / "run"
-    proc = commands.run("hybridrec.train", "data=criteo", f"data.train_path={train}", f"data.eval_path={eval_}",
-                        "data.batch_size=64", "data.shards=2", "train.steps=4", f"hydra.run.dir={run}", timeout=300)
+    proc = commands.run(
+        "hybridrec.train",
+        "data=criteo",
+        f"data.train_path={train}",
+        f"data.eval_path={eval_}",
+        "data.batch_size=64",
+        "data.shards=2",
+        "train.steps=4",
+        f"hydra.run.dir={run}",
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("hybridrec: ") and "eval" in proc.stderr
     assert not (run / "metrics.jsonl").exists() or not open(run / "metrics.jsonl").read()  # no step trained

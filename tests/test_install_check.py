@@ -1,6 +1,5 @@
 """make install's check: the environment holds the build asked for, CPU or CUDA."""
 
-
 import pytest
 
 from hybridrec import install_check

@@ -14,12 +14,19 @@ import pytest
 import commands
 from conftest import compose_cfg
 from hybridrec.parallel.devices import Cuda
-from hybridrec.run.launch import check_submitit, job_nodes, start_method, world_size
+from hybridrec.run.callbacks import check_submitit
+from hybridrec.run.launch import job_nodes, start_method, world_size
 from shared import TWO_NODE_RUN
 
 # The ctr experiment's model on three small tables, a few steps: seconds per job.
-TINY = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "data.batch_size=128",
-        "train.steps=4", "train.log_every=2", "data.eval_batches=1"]
+TINY = [
+    "+experiment=ctr",
+    "data.num_embeddings_per_feature=[500,200,100]",
+    "data.batch_size=128",
+    "train.steps=4",
+    "train.log_every=2",
+    "data.eval_batches=1",
+]
 
 
 def _job_dirs(sweep):
@@ -34,8 +41,16 @@ def test_submitit_local_sweep_runs_each_job(tmp_path):
     job's process itself. Over 20 s: each job is a new interpreter with a fork server of its
     own."""
     sweep = tmp_path / "sweep"
-    proc = commands.run("hybridrec.train", "-m", "hydra/launcher=submitit_local", *TINY, "sharding=table_wise,row_wise",
-                        "launcher.nproc_per_node=2", f"hydra.sweep.dir={sweep}", timeout=240)
+    proc = commands.run(
+        "hybridrec.train",
+        "-m",
+        "hydra/launcher=submitit_local",
+        *TINY,
+        "sharding=table_wise,row_wise",
+        "launcher.nproc_per_node=2",
+        f"hydra.sweep.dir={sweep}",
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     jobs = _job_dirs(sweep)
     assert len(jobs) == 2 and "sharding=table_wise" in jobs[0] and "sharding=row_wise" in jobs[1]
@@ -47,7 +62,10 @@ def test_submitit_local_sweep_runs_each_job(tmp_path):
         assert 0 < s["train_loss"] < 0.7 and s["eval"]["n"] == 128
     # the sweep summary, from the submitting process once submitit's jobs are done
     rows = sorted(csv.DictReader(open(sweep / "summary.csv")), key=lambda r: int(r["job"]))  # CSV: best first
-    assert [(r["status"], r["sharding"], r["dir"]) for r in rows] == [("ok", "table_wise", jobs[0]), ("ok", "row_wise", jobs[1])]
+    assert [(r["status"], r["sharding"], r["dir"]) for r in rows] == [
+        ("ok", "table_wise", jobs[0]),
+        ("ok", "row_wise", jobs[1]),
+    ]
     assert f"hybridrec: sweep summary in {sweep}/summary.md" in proc.stdout
     # ran by submitit: one folder of logs and pickles per job, the job's own id in Hydra's record
     ids = sorted(d for d in os.listdir(sweep / ".submitit") if d.isdigit())
@@ -56,8 +74,15 @@ def test_submitit_local_sweep_runs_each_job(tmp_path):
         assert any(f"id: '{i}'" in open(sweep / job / ".hydra" / "hydra.yaml").read() for i in ids)
 
 
-SLURM = ["hydra/launcher=slurm", *TINY, "launcher.nproc_per_node=8", "launcher.device=cuda",
-         "hydra.launcher.nodes=4", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90"]
+SLURM = [
+    "hydra/launcher=slurm",
+    *TINY,
+    "launcher.nproc_per_node=8",
+    "launcher.device=cuda",
+    "hydra.launcher.nodes=4",
+    "hydra.launcher.partition=gpu",
+    "hydra.launcher.timeout_min=90",
+]
 
 
 @pytest.mark.slow
@@ -88,8 +113,16 @@ def test_slurm_submission_script(tmp_path):
     assert "no cluster" in proc.stderr and script.exists()  # reached sbatch
     text = script.read_text()
     lines = text.splitlines()
-    for flag in ["--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=64",
-                 "--partition=gpu", "--time=90", "--array=0-1%2", "--job-name=train"]:
+    for flag in [
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+        "--cpus-per-task=64",
+        "--partition=gpu",
+        "--time=90",
+        "--array=0-1%2",
+        "--job-name=train",
+    ]:
         assert f"#SBATCH {flag}" in lines, (flag, text)
     assert "export SUBMITIT_EXECUTOR=slurm" in lines  # what hybridrec.run.launch.job_nodes keys on
     srun = [line for line in lines if line.startswith("srun ")]
@@ -141,18 +174,29 @@ def _hydra_cfg(overrides):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("overrides, message", [
-    (["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=8"],
-     "tasks_per_node=8: hybridrec runs one task per node"),
-    (["hydra/launcher=submitit_slurm", "launcher.device=cuda", "launcher.nproc_per_node=8"],
-     r"asks for 0 GPU\(s\) per node: set hydra.launcher.gpus_per_node=8"),
-    (["hydra/launcher=slurm", "launcher.nproc_per_node=4", "hydra.launcher.gpus_per_node=8"],
-     "gpus_per_node=8 but launcher.nproc_per_node=4"),
-    (["hydra/launcher=local", "hydra.launcher.nodes=2"], "1 with submitit's local executor"),
-    (["hydra/launcher=slurm", "hydra.launcher.timeout_min=0"], "timeout_min must be >= 1"),
-    (["hydra/launcher=slurm", "hydra.launcher.nodes=3", "data.batch_size=64"],
-     "must divide evenly over world_size=3"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["hydra/launcher=slurm", "hydra.launcher.tasks_per_node=8"],
+            "tasks_per_node=8: hybridrec runs one task per node",
+        ),
+        (
+            ["hydra/launcher=submitit_slurm", "launcher.device=cuda", "launcher.nproc_per_node=8"],
+            r"asks for 0 GPU\(s\) per node: set hydra.launcher.gpus_per_node=8",
+        ),
+        (
+            ["hydra/launcher=slurm", "launcher.nproc_per_node=4", "hydra.launcher.gpus_per_node=8"],
+            "gpus_per_node=8 but launcher.nproc_per_node=4",
+        ),
+        (["hydra/launcher=local", "hydra.launcher.nodes=2"], "1 with submitit's local executor"),
+        (["hydra/launcher=slurm", "hydra.launcher.timeout_min=0"], "timeout_min must be >= 1"),
+        (
+            ["hydra/launcher=slurm", "hydra.launcher.nodes=3", "data.batch_size=64"],
+            "must divide evenly over world_size=3",
+        ),
+    ],
+)
 def test_launcher_rules(overrides, message):
     with pytest.raises(ValueError, match=message):
         check_submitit(_hydra_cfg(overrides))
@@ -161,8 +205,17 @@ def test_launcher_rules(overrides, message):
 @pytest.mark.unit
 def test_launcher_rules_accept_what_the_configs_ship():
     check_submitit(_hydra_cfg(["hydra/launcher=slurm", "launcher.nproc_per_node=8", "launcher.device=cuda"]))
-    check_submitit(_hydra_cfg(["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null",
-                               "hydra.launcher.gres=gpu:a100:8", "launcher.nproc_per_node=8", "launcher.device=cuda"]))
+    check_submitit(
+        _hydra_cfg(
+            [
+                "hydra/launcher=slurm",
+                "hydra.launcher.gpus_per_node=null",
+                "hydra.launcher.gres=gpu:a100:8",
+                "launcher.nproc_per_node=8",
+                "launcher.device=cuda",
+            ]
+        )
+    )
     check_submitit(_hydra_cfg(["hydra/launcher=local", "launcher.nproc_per_node=2"]))
     check_submitit(_hydra_cfg(["launcher.nproc_per_node=3"]))  # Hydra's basic launcher: not checked here
 
@@ -182,9 +235,16 @@ def test_two_faked_slurm_nodes_train_like_one_node(tmp_path, one_node_losses):
     args = TWO_NODE_RUN
     nodes = []
     for node in (0, 1):
-        env = {**os.environ, **SLURM_ENV, "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "2",
-               "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NODEID": str(node),
-               "SLURM_PROCID": str(node), "MASTER_PORT": str(port)}
+        env = {
+            **os.environ,
+            **SLURM_ENV,
+            "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_NTASKS": "2",
+            "SLURM_JOB_NODELIST": "localhost,localhost",
+            "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node),
+            "MASTER_PORT": str(port),
+        }
         nodes.append(commands.start("hybridrec.train", *args, f"hydra.run.dir={tmp_path / 'slurm'}", env=env))
     for node in nodes:
         done = node.wait(timeout=240)

@@ -30,8 +30,12 @@ def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
     deferred to run time is still a cycle), except under ``if TYPE_CHECKING``."""
     found = set()
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
@@ -68,7 +72,7 @@ def test_no_import_cycles():
         path.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == 1:
-                cycle = path[path.index(t):] + [t]
+                cycle = path[path.index(t) :] + [t]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if t not in state:
                 visit(t)
@@ -101,8 +105,13 @@ def test_every_module_is_in_a_package_named_for_its_job():
 def test_each_layer_imports_only_the_layers_below_it():
     """Run-time imports (a function's too); ``if TYPE_CHECKING`` ones are annotations only."""
     modules = _modules()
-    upward = [f"{m} -> {t}" for m, p in sorted(modules.items()) if m != "hybridrec"
-              for t in sorted(_imports(p, modules)) if t != "hybridrec" and _layer(t) > _layer(m)]
+    upward = [
+        f"{m} -> {t}"
+        for m, p in sorted(modules.items())
+        if m != "hybridrec"
+        for t in sorted(_imports(p, modules))
+        if t != "hybridrec" and _layer(t) > _layer(m)
+    ]
     assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
 
 
@@ -116,18 +125,35 @@ def test_each_package_says_what_it_may_import():
         assert line.group(1) == (", ".join(LAYERS[:i]) or "nothing of hybridrec"), (name, line.group(1))
 
 
+def test_no_module_over_600_lines():
+    """A module that grows past this is split by job (a package's modules each do one thing)."""
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
+
+
 def test_benchmarks_do_not_edit_sys_path():
-    edits = [f"{p.name}:{i}" for p in (ROOT / "benchmarks").glob("*.py")
-             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"sys\.path\.(insert|append)", line)]
+    edits = [
+        f"{p.name}:{i}"
+        for p in (ROOT / "benchmarks").glob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"sys\.path\.(insert|append)", line)
+    ]
     assert not edits, edits
 
 
 # The private names hybridrec reaches for in TorchRec's and torch's objects.
-PRIVATE = re.compile(r"\.(_model|_dmp_wrapped_module|_topology|_enumerator|_storage_reservation|_remaining_restarts|"
-                     r"_monitor_workers|_start_workers|_return_value|_get_post_forward_mesh_info)\b")
+PRIVATE = re.compile(
+    r"\.(_model|_dmp_wrapped_module|_topology|_enumerator|_storage_reservation|_remaining_restarts|"
+    r"_monitor_workers|_start_workers|_return_value|_get_post_forward_mesh_info)\b"
+)
 
 
 def test_private_attributes_only_in_compat():
-    uses = [f"{p.relative_to(ROOT)}:{i}" for p in PACKAGE.rglob("*.py") if p.name != "compat.py"
-            for i, line in enumerate(p.read_text().splitlines(), 1) if PRIVATE.search(line)]
+    uses = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "compat.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if PRIVATE.search(line)
+    ]
     assert not uses, uses

@@ -42,8 +42,14 @@ def test_without_a_terminal_progress_is_one_line_per_report(caplog):
 def test_progress_of_a_resumed_run_counts_from_its_first_step(caplog):
     # resumed at step 400 of 1000, 2 s per step: at step 600, 400 steps are left (800 s)
     with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
-        _train(Progress(1000, 400, enabled=True, logger=log, terminal=False), steps=1000, log_every=300,
-               seconds_per_step=2.0, start=400, batch=2048)
+        _train(
+            Progress(1000, 400, enabled=True, logger=log, terminal=False),
+            steps=1000,
+            log_every=300,
+            seconds_per_step=2.0,
+            start=400,
+            batch=2048,
+        )
     lines = _lines(caplog)
     assert [line.split()[1] for line in lines] == ["600/1000", "900/1000", "1000/1000"]
     assert lines[0] == "step 600/1000  loss 0.0008  1,024 samples/s  ETA 13:20"
@@ -67,9 +73,12 @@ def test_on_a_terminal_the_bar_shows_progress_and_the_files_get_the_lines(tmp_pa
     assert "\r" in out.err and "10/10" in out.err and "loss=0.0500" in out.err and "samples_s=1,000" in out.err
     assert "valid @ step 10" in out.out and "step 3/10" not in out.err + out.out  # above the bar, no progress line
     assert (tmp_path / "train.log").read_text().splitlines() == [
-        "step 3/10  loss 0.1667  1,000 samples/s  ETA 00:07", "step 6/10  loss 0.0833  1,000 samples/s  ETA 00:04",
-        "step 9/10  loss 0.0556  1,000 samples/s  ETA 00:01", "step 10/10  loss 0.0500  1,000 samples/s  ETA 00:00",
-        "valid @ step 10: AUC 0.5"]
+        "step 3/10  loss 0.1667  1,000 samples/s  ETA 00:07",
+        "step 6/10  loss 0.0833  1,000 samples/s  ETA 00:04",
+        "step 9/10  loss 0.0556  1,000 samples/s  ETA 00:01",
+        "step 10/10  loss 0.0500  1,000 samples/s  ETA 00:00",
+        "valid @ step 10: AUC 0.5",
+    ]
 
 
 def test_other_ranks_report_nothing(caplog, capsys):
@@ -79,15 +88,18 @@ def test_other_ranks_report_nothing(caplog, capsys):
     assert _lines(caplog) == [] and capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("verbose, shown", [
-    (False, False),
-    (True, True),
-    ("torchrec", True),  # a parent of the logger
-    ("torchrec.distributed.planner", True),
-    (["hydra", "torchrec.distributed"], True),
-    ("torchrec.distributed.plan", False),  # a prefix of its name, not a parent
-    ("hybridrec", False),
-])
+@pytest.mark.parametrize(
+    "verbose, shown",
+    [
+        (False, False),
+        (True, True),
+        ("torchrec", True),  # a parent of the logger
+        ("torchrec.distributed.planner", True),
+        (["hydra", "torchrec.distributed"], True),
+        ("torchrec.distributed.plan", False),  # a prefix of its name, not a parent
+        ("hybridrec", False),
+    ],
+)
 def test_hydra_verbose_names_a_logger_or_a_parent(verbose, shown):
     assert verbose_about("torchrec.distributed.planner.partitioners", verbose) == shown
 
@@ -151,15 +163,25 @@ def test_a_resumed_run_writes_the_checkpoints_history_then_the_resume_then_its_o
     for step in (10, 20, 30, 40):
         killed.log(step=step, loss=1.0, loss_mean=1.0)
     killed.close()
-    history = [{"step": 10, "loss": 1.0, "loss_mean": 1.0}, {"step": 20, "loss": 1.0, "loss_mean": 1.0},
-               {"step": 20, "split": "valid", "eval": {"auc": 0.6}}]
+    history = [
+        {"step": 10, "loss": 1.0, "loss_mean": 1.0},
+        {"step": 20, "loss": 1.0, "loss_mean": 1.0},
+        {"step": 20, "split": "valid", "eval": {"auc": 0.6}},
+    ]
     resumed = MetricsLog(str(path))
     resumed.replay(history, 20, "/ck/step_00000020")
     resumed.log(step=30, loss=0.9, loss_mean=0.9)
     resumed.close()
     records = [json.loads(line) for line in open(path)]
-    assert records == resumed.records == [*history, {"event": "resume", "step": 20, "path": "/ck/step_00000020"},
-                                          {"step": 30, "loss": 0.9, "loss_mean": 0.9}]
+    assert (
+        records
+        == resumed.records
+        == [
+            *history,
+            {"event": "resume", "step": 20, "path": "/ck/step_00000020"},
+            {"step": 30, "loss": 0.9, "loss_mean": 0.9},
+        ]
+    )
     assert resumes(records) == [{"step": 20, "path": "/ck/step_00000020"}]
     assert evaluations(records, "valid") == [{"step": 20, "split": "valid", "auc": 0.6}]
     assert MetricsLog(None).records == []  # other ranks: nothing kept, nothing saved

@@ -24,9 +24,18 @@ sig = lambda x: 1 / (1 + math.exp(-x))
 def batch(items=None, log_q=None, labels=LABELS, rel=REL, w=W):
     n = len(labels)
     items = list(range(n)) if items is None else items
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["item"], values=torch.tensor(items), lengths=torch.ones(n, dtype=torch.int32))
-    return RecBatch(torch.zeros(n, 1), kjt, torch.tensor(labels), torch.tensor(rel), torch.tensor(w),
-                    torch.zeros(n, dtype=torch.long), torch.tensor(log_q or [0.0] * n))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["item"], values=torch.tensor(items), lengths=torch.ones(n, dtype=torch.int32)
+    )
+    return RecBatch(
+        torch.zeros(n, 1),
+        kjt,
+        torch.tensor(labels),
+        torch.tensor(rel),
+        torch.tensor(w),
+        torch.zeros(n, dtype=torch.long),
+        torch.tensor(log_q or [0.0] * n),
+    )
 
 
 def test_pointwise_losses_average_real_rows_per_list():
@@ -51,7 +60,9 @@ def test_listwise_softmax_targets_are_normalized_relevance():
     lse1 = math.log(math.exp(2) + math.exp(0) + math.exp(1))
     first = -(0.75 * (2 - lse1) + 0.25 * (1 - lse1))
     second = -(0.5 - math.log(math.exp(0.5) + math.exp(0)))  # softmax over the 2 real rows
-    assert ListwiseSoftmax(list_size=3)(torch.tensor(S), batch()).item() == pytest.approx((first + second) / 2, rel=1e-6)
+    assert ListwiseSoftmax(list_size=3)(torch.tensor(S), batch()).item() == pytest.approx(
+        (first + second) / 2, rel=1e-6
+    )
 
 
 def test_approx_ndcg_by_its_definition():

@@ -41,8 +41,10 @@ def _event(name, start, end, thread=1):
 
 def test_comm_split_adds_up_and_does_not_double_count_overlaps():
     events = [
-        _event("ProfilerStep*", 0, 100), _event("ProfilerStep*", 100, 200),
-        _event("gloo:all_to_all", 10, 30), _event("gloo:all_gather", 20, 40),  # overlap: 30 us
+        _event("ProfilerStep*", 0, 100),
+        _event("ProfilerStep*", 100, 200),
+        _event("gloo:all_to_all", 10, 30),
+        _event("gloo:all_gather", 20, 40),  # overlap: 30 us
         _event("gloo:all_reduce", 190, 230),  # clipped at the window's end: 10 us
         _event("aten::mm", 50, 90),  # compute, not counted
     ]
@@ -63,13 +65,20 @@ def test_comm_split_files_nccl_kernels_under_their_kind():
         _event("nccl:_all_gather_base", 100, 102),  # the host's launch record: not comm time
     ]
     kinds = comm_compute_split(events)["comm_ms_by_kind"]
-    assert kinds == pytest.approx({"embedding all-to-all": 0.1, "FSDP2 all-gather": 0.05,
-                                   "FSDP2 reduce-scatter": 0.06, "all-reduce (gradients, metrics)": 0.01})
+    assert kinds == pytest.approx(
+        {
+            "embedding all-to-all": 0.1,
+            "FSDP2 all-gather": 0.05,
+            "FSDP2 reduce-scatter": 0.06,
+            "all-reduce (gradients, metrics)": 0.01,
+        }
+    )
 
 
 def test_step_breakdown_innermost_label_wins_and_waits_go_to_the_collective():
     main = [
-        _event("ProfilerStep#1", 0, 1000), _event("ProfilerStep#2", 1000, 2000),
+        _event("ProfilerStep#1", 0, 1000),
+        _event("ProfilerStep#2", 1000, 2000),
         _event("## next_batch ##", 0, 50),
         _event("## forward 1 ##", 50, 400),
         _event("aten::addmm", 60, 160),  # unlabelled: dense, like its phase
@@ -85,8 +94,11 @@ def test_step_breakdown_innermost_label_wins_and_waits_go_to_the_collective():
         _event("aten::mm", 1000, 1500),
         # 1500-2000: forward's own span while an all-to-all runs: a wait for the embeddings
     ]
-    workers = [_event("gloo:all_reduce", 600, 700, thread=2), _event("gloo:all_to_all", 1500, 1800, thread=2),
-               _event("gloo:all_to_all", 550, 580, thread=3)]  # overlaps compute: not a wait
+    workers = [
+        _event("gloo:all_reduce", 600, 700, thread=2),
+        _event("gloo:all_to_all", 1500, 1800, thread=2),
+        _event("gloo:all_to_all", 550, 580, thread=3),
+    ]  # overlaps compute: not a wait
     b = step_breakdown(main + workers)
     assert list(b) == list(BREAKDOWN_PHASES)
     assert sum(b.values()) == pytest.approx(1.0)  # ms per step: 2 steps of 1000 us
@@ -109,15 +121,38 @@ def test_summary_shows_gpu_memory_beside_the_planners_estimate():
     from hybridrec.reports.summary import format_summary
 
     assert peak_device_mb(torch.device("cpu")) == {}  # on CPU the host RSS is the measure
-    train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0,
-             "resumed_from_step": 0}
-    objective = {"name": "train_loss", "direction": "minimize", "value": 0.5, "best_step": None, "best_value": None,
-                 "best_checkpoint": None, "stopped_early_at": None, "early_stop_patience": 0}
-    s = {"world_size": 2, "device": "cuda:0", "dense_parallel": "fsdp", "train": train, "train_loss": 0.5,
-         "objective": objective, "references": [], "resumes": [],
-         "eval": {"auc": 0.7, "n": 64}, "peak_rss_mb": [900.0, 910.0],
-         "memory_per_rank": [{"rank": r, "est_device_mb": 2048.0, "peak_device_allocated_mb": 1500.0 + r,
-                              "peak_device_reserved_mb": 1800.0} for r in (0, 1)]}
+    train = {"steps": 10, "samples": 640, "wall_time_s": 1.0, "samples_per_second": 640.0, "resumed_from_step": 0}
+    objective = {
+        "name": "train_loss",
+        "direction": "minimize",
+        "value": 0.5,
+        "best_step": None,
+        "best_value": None,
+        "best_checkpoint": None,
+        "stopped_early_at": None,
+        "early_stop_patience": 0,
+    }
+    s = {
+        "world_size": 2,
+        "device": "cuda:0",
+        "dense_parallel": "fsdp",
+        "train": train,
+        "train_loss": 0.5,
+        "objective": objective,
+        "references": [],
+        "resumes": [],
+        "eval": {"auc": 0.7, "n": 64},
+        "peak_rss_mb": [900.0, 910.0],
+        "memory_per_rank": [
+            {
+                "rank": r,
+                "est_device_mb": 2048.0,
+                "peak_device_allocated_mb": 1500.0 + r,
+                "peak_device_reserved_mb": 1800.0,
+            }
+            for r in (0, 1)
+        ],
+    }
     assert "GPU peak allocated / planned  1,500 / 2,048 MB, 1,501 / 2,048 MB" in format_summary(s)
     s["memory_per_rank"] = [{"rank": 0, "est_device_mb": 0.0, "peak_rss_mb": 900.0}]
     assert "GPU" not in format_summary(s)

@@ -97,8 +97,16 @@ def test_train_movielens_end_to_end(layout, tmp_path):
     """The command forked from the preloaded command server: what it trains and prints is the
     subject, not the interpreter's start-up."""
     run = tmp_path / "run"
-    proc = commands.run("hybridrec.train", "+experiment=movielens", f"data.path={layout}", "data.batch_size=20",
-                        "train.steps=10", "train.log_every=5", f"hydra.run.dir={run}", timeout=180)
+    proc = commands.run(
+        "hybridrec.train",
+        "+experiment=movielens",
+        f"data.path={layout}",
+        "data.batch_size=20",
+        "train.steps=10",
+        "train.log_every=5",
+        f"hydra.run.dir={run}",
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.load(open(run / "summary.json"))
     assert s["eval"]["n"] == 60 and 0 <= s["eval"]["auc"] <= 1 and s["data"]["rows"] == 300 + 20 + 30

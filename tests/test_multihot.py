@@ -48,9 +48,16 @@ class TinySource(Source):
     split has ``eval_rows`` rows: its last global batch is short (the loader pads it). The
     other keyword arguments are the ``data`` config's (built by Hydra as a run builds a source)."""
 
-    def __init__(self, batch_size: int, num_dense_features: int = 4, seed: int = 0,
-                 eval_batches: Optional[int] = None, features: Optional[list] = None,
-                 eval_rows: Optional[int] = None, **_config) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        num_dense_features: int = 4,
+        seed: int = 0,
+        eval_batches: Optional[int] = None,
+        features: Optional[list] = None,
+        eval_rows: Optional[int] = None,
+        **_config,
+    ) -> None:
         features = features or FEATURES
         self.features = [f for f, _ in features]
         self._most = [k for _, k in features]
@@ -82,8 +89,8 @@ class TinySource(Source):
         part_ids, part_weights = [], []
         for (values, lengths), w in zip(ids, weights):
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            part_ids.append((values[offsets[lo]:offsets[hi]], lengths[lo:hi]))
-            part_weights.append(None if w is None else w[offsets[lo]:offsets[hi]])
+            part_ids.append((values[offsets[lo] : offsets[hi]], lengths[lo:hi]))
+            part_weights.append(None if w is None else w[offsets[lo] : offsets[hi]])
         return Rows.of(dense[lo:hi], part_ids, labels[lo:hi], weights=part_weights if self.weighted else None)
 
 
@@ -98,8 +105,11 @@ def _expected(source: TinySource, split: str, index: int, lo: int, hi: int) -> d
     for f, (values, lengths), w in zip(source.features, ids, weights):
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         part = slice(offsets[lo], offsets[hi])
-        out[f.name] = (torch.from_numpy(values[part]), torch.from_numpy(lengths[lo:hi]).long(),
-                       torch.ones(offsets[hi] - offsets[lo]) if w is None else torch.from_numpy(w[part]))
+        out[f.name] = (
+            torch.from_numpy(values[part]),
+            torch.from_numpy(lengths[lo:hi]).long(),
+            torch.ones(offsets[hi] - offsets[lo]) if w is None else torch.from_numpy(w[part]),
+        )
     return out
 
 
@@ -138,8 +148,13 @@ def test_a_padded_eval_batch_keeps_the_real_rows_and_pads_with_id_0_of_weight_1(
     _assert_kjt(kjt, {name: tuple(torch.cat([r, p]) for r, p in zip(real[name], padding)) for name in real})
     # a rank whose split ran out feeds padding only: weighted too
     pad = loader.padding_batch(source, 2).batch.sparse_features
-    _assert_kjt(pad, {f.name: (torch.zeros(8, dtype=torch.int64), torch.ones(8, dtype=torch.int64), torch.ones(8))
-                      for f in source.features})
+    _assert_kjt(
+        pad,
+        {
+            f.name: (torch.zeros(8, dtype=torch.int64), torch.ones(8, dtype=torch.int64), torch.ones(8))
+            for f in source.features
+        },
+    )
 
 
 @pytest.mark.unit
@@ -149,8 +164,13 @@ def test_worker_processes_send_the_weights_with_the_ids():
     workers = list(loader.batches(source, "eval", 1, 2, num_workers=2))
     for a, b in zip(inline, workers, strict=True):
         assert torch.equal(a.real, b.real)
-        _assert_kjt(b.batch.sparse_features, {k: (jt.values(), jt.lengths().long(), jt.weights())
-                                             for k, jt in a.batch.sparse_features.to_dict().items()})
+        _assert_kjt(
+            b.batch.sparse_features,
+            {
+                k: (jt.values(), jt.lengths().long(), jt.weights())
+                for k, jt in a.batch.sparse_features.to_dict().items()
+            },
+        )
 
 
 @pytest.mark.unit
@@ -164,7 +184,10 @@ def test_rows_of_weighs_unweighted_features_1_and_rows_without_weights_are_unwei
     # a weighted model reads weights of every batch: rows without any weigh 1.0
     assert plain.batch(["a", "b"], weighted=True).sparse_features.weights().tolist() == [1.0] * 4
     merged = Rows.cat([rows, plain])  # each feature's ids: the first part's, then the second's
-    assert merged.values.tolist() == [3, 4, 5, 3, 4, 5, 7, 7] and merged.lengths.tolist() == [[2, 1, 2, 1], [1, 0, 1, 0]]
+    assert merged.values.tolist() == [3, 4, 5, 3, 4, 5, 7, 7] and merged.lengths.tolist() == [
+        [2, 1, 2, 1],
+        [1, 0, 1, 0],
+    ]
     assert merged.id_weights.tolist() == [1.0] * 6 + [0.5, 1.0]
     padded = merged.padded(5)  # a padding row: one id 0 of weight 1 in every feature
     assert padded.values.tolist() == [3, 4, 5, 3, 4, 5, 0, 7, 7, 0] and padded.lengths[:, 4].tolist() == [1, 1]
@@ -175,11 +198,20 @@ def test_rows_of_weighs_unweighted_features_1_and_rows_without_weights_are_unwei
 SMALL = ["model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]"]
 MODELS = {
     "dlrm": ["model=dlrm", *SMALL, "model.over_arch_layer_sizes=[16,1]"],
-    "dcn": ["model=dcn", *SMALL, "model.over_arch_layer_sizes=[16,1]", "model.dcn_num_layers=2",
-            "model.dcn_low_rank_dim=4"],
+    "dcn": [
+        "model=dcn",
+        *SMALL,
+        "model.over_arch_layer_sizes=[16,1]",
+        "model.dcn_num_layers=2",
+        "model.dcn_low_rank_dim=4",
+    ],
     "deepfm": ["model=deepfm", *SMALL, "model.deep_layer_sizes=[16]"],
-    "two_tower": ["model=two_tower", "model.embedding_dim=8", "model.tower_layer_sizes=[16,8]",
-                  "model.user_features=[user,history]"],
+    "two_tower": [
+        "model=two_tower",
+        "model.embedding_dim=8",
+        "model.tower_layer_sizes=[16,8]",
+        "model.user_features=[user,history]",
+    ],
 }
 
 
@@ -203,7 +235,8 @@ def test_every_model_trains_on_multi_hot_weighted_shared_and_mean_features(name)
     by_table = {t.name: t.feature_names for t in tables}
     assert sum(len(t.feature_names) for t in tables) == len(source.features)
     assert (by_table["t_item"] if name == "two_tower" else by_table["t_shared"]) == (
-        ["history", "item"] if name == "two_tower" else ["left", "right"])
+        ["history", "item"] if name == "two_tower" else ["left", "right"]
+    )
     if name in ("dlrm", "dcn"):  # TorchRec's DLRM counts features, not tables, from the configs
         assert model.model.sparse_arch.F == len(source.features) == 5
     batch = next(loader.batches(source, "train", 0, 1, 1))
@@ -220,14 +253,21 @@ def test_every_model_trains_on_multi_hot_weighted_shared_and_mean_features(name)
 
 @pytest.mark.unit
 def test_mean_pooling_averages_and_weights_multiply():
-    features = [SparseFeature("s", 10), SparseFeature("m", 10, pooling="mean"),
-                SparseFeature("w", 10, table="t_s", weighted=True),
-                SparseFeature("wm", 10, pooling="mean", weighted=True)]
+    features = [
+        SparseFeature("s", 10),
+        SparseFeature("m", 10, pooling="mean"),
+        SparseFeature("w", 10, table="t_s", weighted=True),
+        SparseFeature("wm", 10, pooling="mean", weighted=True),
+    ]
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=["s", "m", "w", "wm"], values=torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9]),
-        lengths=torch.tensor([2, 0, 0, 3, 1, 1, 2, 0]), weights=torch.tensor([1.0, 1, 1, 1, 1, 2, 3, 0.5, 4]))
-    unweighted = KeyedJaggedTensor.from_lengths_sync(keys=["s", "m"], values=torch.tensor([1, 2, 3, 4, 5]),
-                                                     lengths=torch.tensor([2, 0, 0, 3]))
+        keys=["s", "m", "w", "wm"],
+        values=torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9]),
+        lengths=torch.tensor([2, 0, 0, 3, 1, 1, 2, 0]),
+        weights=torch.tensor([1.0, 1, 1, 1, 1, 2, 3, 0.5, 4]),
+    )
+    unweighted = KeyedJaggedTensor.from_lengths_sync(
+        keys=["s", "m"], values=torch.tensor([1, 2, 3, 4, 5]), lengths=torch.tensor([2, 0, 0, 3])
+    )
     for feats, batch in ((features, kjt), (features[:2], unweighted)):
         arch = SparseArch(feats, 4)  # what DLRM, DCN and DeepFM pool with
         ebc = arch.embedding_bag_collection
@@ -246,19 +286,29 @@ def test_mean_pooling_averages_and_weights_multiply():
         if len(feats) == 4:
             torch.testing.assert_close(out["w"], torch.stack([2 * s[6], 3 * s[7]]))  # t_s: shared with s
             # weighted mean: sum(weight * embedding) / ids
-            torch.testing.assert_close(out["wm"], torch.stack([(0.5 * table["t_wm"][8] + 4 * table["t_wm"][9]) / 2,
-                                                               torch.zeros(4)]))
+            torch.testing.assert_close(
+                out["wm"], torch.stack([(0.5 * table["t_wm"][8] + 4 * table["t_wm"][9]) / 2, torch.zeros(4)])
+            )
 
 
 @pytest.mark.unit
 def test_features_sharing_a_table_must_agree_on_its_rows_and_pooling():
-    with pytest.raises(ValueError, match=r"sharing table t_x must have the same num_embeddings: "
-                                         r"a num_embeddings=10, b num_embeddings=12"):
+    with pytest.raises(
+        ValueError,
+        match=r"sharing table t_x must have the same num_embeddings: "
+        r"a num_embeddings=10, b num_embeddings=12",
+    ):
         tables_of([SparseFeature("a", 10, table="t_x"), SparseFeature("c", 5), SparseFeature("b", 12, table="t_x")])
-    with pytest.raises(ValueError, match=r"sharing table t_x must have the same pooling: "
-                                         r"a pooling=sum, b pooling=mean"):
-        build_model(compose_cfg(MODELS["dlrm"]),
-                    [SparseFeature("a", 10, table="t_x"), SparseFeature("b", 10, table="t_x", pooling="mean")], 4)
+    with pytest.raises(
+        ValueError,
+        match=r"sharing table t_x must have the same pooling: "
+        r"a pooling=sum, b pooling=mean",
+    ):
+        build_model(
+            compose_cfg(MODELS["dlrm"]),
+            [SparseFeature("a", 10, table="t_x"), SparseFeature("b", 10, table="t_x", pooling="mean")],
+            4,
+        )
     with pytest.raises(ValueError, match="sparse feature a is given twice"):
         tables_of([SparseFeature("a", 10), SparseFeature("a", 10)])
     with pytest.raises(ValueError, match=r"sparse feature a: pooling='max'"):
@@ -279,26 +329,42 @@ def test_the_planner_gets_each_features_pooling_factor_on_a_shared_table():
     model = build_model(cfg, source.features, source.num_dense_features)
     constraints = build_constraints(inputs.sharding, model.sparse_module().embedding_bag_configs(), inputs.pooling)
     assert {t: c.pooling_factors for t, c in constraints.items()} == {
-        "t_multi": [2.5], "t_wmulti": [2.0], "t_shared": [1.5, 1.0], "t_avg": [2.0]}
+        "t_multi": [2.5],
+        "t_wmulti": [2.0],
+        "t_shared": [1.5, 1.0],
+        "t_avg": [2.0],
+    }
 
 
 # ------------------------------------------------------------------------------- checkpoints
 # features as checkpoints saved them before tables, pooling and weights
-OLD = [{"name": "a", "num_embeddings": 10, "pooling_factor": 1.0},
-       {"name": "b", "num_embeddings": 5, "pooling_factor": 1.0}]
+OLD = [
+    {"name": "a", "num_embeddings": 10, "pooling_factor": 1.0},
+    {"name": "b", "num_embeddings": 5, "pooling_factor": 1.0},
+]
 
 
 def _state(features) -> TrainState:
-    return TrainState(step=1, schedulers=[], features=features, num_dense_features=3, rng=torch.zeros(1, 1),
-                      losses=torch.zeros(1), runs=[])
+    return TrainState(
+        step=1,
+        schedulers=[],
+        features=features,
+        num_dense_features=3,
+        rng=torch.zeros(1, 1),
+        losses=torch.zeros(1),
+        runs=[],
+    )
 
 
 @pytest.mark.unit
 def test_a_checkpoint_fits_only_features_that_use_its_tables_alike():
     # saved before features had tables, pooling and weights: the defaults are what it was trained with
     check_fits(_state(OLD), [SparseFeature("a", 10), SparseFeature("b", 5, 3.0, table="t_b")], 3, "ck")
-    with pytest.raises(CheckpointError, match=r"sparse feature 1 is b \(5 rows, mean pooling, weighted\) but ck was "
-                                              r"trained with b \(5 rows\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"sparse feature 1 is b \(5 rows, mean pooling, weighted\) but ck was "
+        r"trained with b \(5 rows\)",
+    ):
         check_fits(_state(OLD), [SparseFeature("a", 10), SparseFeature("b", 5, pooling="mean", weighted=True)], 3, "ck")
     with pytest.raises(CheckpointError, match=r"sparse feature 1 is b \(5 rows, table t_a\)"):
         check_fits(_state(OLD), [SparseFeature("a", 10), SparseFeature("b", 5, table="t_a")], 3, "ck")
@@ -320,9 +386,17 @@ def test_resuming_with_features_fed_otherwise_names_each_change():
 
 # ---------------------------------------------------------------------- sharded = unsharded
 # The tiny training run on TinySource (Hydra builds it from data._target_, as a run builds its source).
-RUN = ["data._target_=test_multihot.TinySource", "data.batch_size=32", "data.num_dense_features=4",
-       "data.eval_batches=2", *MODELS["dlrm"], "optimizer=sgd", "train.steps=5", "train.log_every=5",
-       "launcher.device=cpu"]
+RUN = [
+    "data._target_=test_multihot.TinySource",
+    "data.batch_size=32",
+    "data.num_dense_features=4",
+    "data.eval_batches=2",
+    *MODELS["dlrm"],
+    "optimizer=sgd",
+    "train.steps=5",
+    "train.log_every=5",
+    "launcher.device=cpu",
+]
 
 
 def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -335,10 +409,14 @@ def plain_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
     ebc.to_empty(device="cpu")
     init_embeddings(ebc, cfg.seed)
     dense_params = [p for n, p in model.named_parameters() if "embedding_bags" not in n]
-    optimizers = [torch.optim.SGD(ebc.parameters(), lr=cfg.optimizer.sparse.lr),
-                  torch.optim.SGD(dense_params, lr=cfg.optimizer.dense.lr)]
-    schedules = [LambdaLR(optimizers[0], lr_multiplier(cfg.optimizer.sparse_schedule)),
-                 LambdaLR(optimizers[1], lr_multiplier(cfg.optimizer.dense_schedule))]
+    optimizers = [
+        torch.optim.SGD(ebc.parameters(), lr=cfg.optimizer.sparse.lr),
+        torch.optim.SGD(dense_params, lr=cfg.optimizer.dense.lr),
+    ]
+    schedules = [
+        LambdaLR(optimizers[0], lr_multiplier(cfg.optimizer.sparse_schedule)),
+        LambdaLR(optimizers[1], lr_multiplier(cfg.optimizer.dense_schedule)),
+    ]
     losses = []
     for batch in loader.batches(data, "train", 0, 1, cfg.train.steps):
         loss, _ = model(batch)
@@ -376,8 +454,12 @@ def test_a_weighted_multi_hot_model_exports_to_a_program_that_takes_the_weights(
     spec = write_program(model, source.features, source.num_dense_features, str(tmp_path), {})
     assert list(spec["inputs"]) == ["dense", "values", "lengths", "weights"]
     assert [(f["name"], f["table"], f["pooling"], f["weighted"]) for f in spec["features"]] == [
-        ("multi", "t_multi", "sum", False), ("wmulti", "t_wmulti", "sum", True), ("left", "t_shared", "sum", False),
-        ("right", "t_shared", "sum", False), ("avg", "t_avg", "mean", False)]
+        ("multi", "t_multi", "sum", False),
+        ("wmulti", "t_wmulti", "sum", True),
+        ("left", "t_shared", "sum", False),
+        ("right", "t_shared", "sum", False),
+        ("avg", "t_avg", "mean", False),
+    ]
     program = torch.export.load(tmp_path / PROGRAM)
     calls = [n.target for n in program.graph.nodes if n.op == "call_function"]  # the means taken with aten too
     assert all(str(t).startswith("aten.") or getattr(t, "__module__", None) == "_operator" for t in calls), calls
@@ -390,8 +472,12 @@ def test_a_weighted_multi_hot_model_exports_to_a_program_that_takes_the_weights(
     with torch.no_grad():
         expected = torch.sigmoid(model.score(batch))
         got = run(batch.dense_features, sparse.values(), sparse.lengths(), sparse.weights())
-        few = run(batch.dense_features[:rows], sparse.values()[keep], lengths[:, :rows].reshape(-1).contiguous(),
-                  sparse.weights()[keep])
+        few = run(
+            batch.dense_features[:rows],
+            sparse.values()[keep],
+            lengths[:, :rows].reshape(-1).contiguous(),
+            sparse.weights()[keep],
+        )
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(few, expected[:rows], rtol=1e-6, atol=1e-6)
     # the weights count: other weights, other scores

@@ -15,9 +15,17 @@ from hybridrec.config.objective import Selection, resolve
 from hybridrec.run.errors import user_message
 from hybridrec.train import check_before_launch
 
-TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
-        "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
-        "model.over_arch_layer_sizes=[16,1]", "train.log_every=20"]
+TINY = [
+    "+experiment=ctr",
+    "data.batch_size=64",
+    "data.num_embeddings_per_feature=[300,200,100,50]",
+    "data.ids_per_feature=2",
+    "data.eval_batches=2",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[16,1]",
+    "train.log_every=20",
+]
 
 
 @pytest.mark.unit
@@ -37,8 +45,12 @@ def test_auto_follows_what_the_loss_and_the_data_declare():
 @pytest.mark.unit
 def test_the_best_so_far_and_the_evaluations_since():
     objective, selection = resolve("valid.auc", False, None), Selection()
-    assert [selection.update(objective, v, step) for step, v in ((10, 0.6), (20, 0.7), (30, math.nan), (40, 0.65))] \
-        == [True, True, False, False]
+    assert [selection.update(objective, v, step) for step, v in ((10, 0.6), (20, 0.7), (30, math.nan), (40, 0.65))] == [
+        True,
+        True,
+        False,
+        False,
+    ]
     assert (selection.best_step, selection.best_value, selection.evals_since_best) == (20, 0.7, 2)
     assert Selection.from_dict(json.loads(json.dumps(selection.to_dict()))) == selection  # saved as JSON
     assert objective.worst == -math.inf and resolve("auto", True, None).worst == math.inf
@@ -54,13 +66,18 @@ def test_the_shipped_optuna_sweeper_takes_the_objectives_direction():
 
 @pytest.mark.unit
 def test_an_objective_without_a_validation_split_is_refused_before_launch(tmp_path):
-    for asked in (["train.objective=valid.auc"], ["train.early_stop_patience=2", "train.eval_every=10"],
-                  ["checkpoint.keep_best=true", "train.eval_every=10", f"checkpoint.dir={tmp_path}"]):
+    for asked in (
+        ["train.objective=valid.auc"],
+        ["train.early_stop_patience=2", "train.eval_every=10"],
+        ["checkpoint.keep_best=true", "train.eval_every=10", f"checkpoint.dir={tmp_path}"],
+    ):
         with pytest.raises(ValueError) as refused:
             check_before_launch(compose_cfg([*TINY, "data.valid_batches=0", *asked]))
-        assert user_message(refused.value).startswith("hybridrec: invalid config: train.objective=") and \
-            "needs a validation split, and this data has none: give it one with data.valid_batches" in \
-            user_message(refused.value)
+        assert user_message(refused.value).startswith(
+            "hybridrec: invalid config: train.objective="
+        ) and "needs a validation split, and this data has none: give it one with data.valid_batches" in user_message(
+            refused.value
+        )
     check_before_launch(compose_cfg([*TINY, "data.valid_batches=0"]))  # a single run: the train loss
     with pytest.raises(ValueError, match="checkpoint.keep_best=true .* needs checkpoint.dir and train.eval_every"):
         check_before_launch(compose_cfg([*TINY, "checkpoint.keep_best=true"]))
@@ -75,8 +92,13 @@ def _train(tmp_path, name, *args):
 # A run at a learning rate too high to keep improving: validation log loss is best at step 80
 # (0.529), then worse at each of the next three evaluations (by 0.018 or more); patience 3
 # stops it at step 110.
-OVERFIT = ["train.eval_every=10", "checkpoint.keep_best=true", "train.early_stop_patience=3",
-           "optimizer.sparse.lr=0.3", "optimizer.dense.lr=0.3"]
+OVERFIT = [
+    "train.eval_every=10",
+    "checkpoint.keep_best=true",
+    "train.early_stop_patience=3",
+    "optimizer.sparse.lr=0.3",
+    "optimizer.dense.lr=0.3",
+]
 
 
 @pytest.mark.slow
@@ -99,8 +121,9 @@ def test_keep_best_and_early_stopping_across_a_resume(tmp_path):
     _train(tmp_path, "first", *OVERFIT, "train.steps=90", f"checkpoint.dir={tmp_path / 'b'}")
     resumed = _train(tmp_path, "resumed", *OVERFIT, "train.steps=600", f"checkpoint.dir={tmp_path / 'b'}")
     assert resumed["provenance"]["resumed_from"]["step"] == 90
-    assert {k: v for k, v in resumed["objective"].items() if k != "best_checkpoint"} == \
-        {k: v for k, v in o.items() if k != "best_checkpoint"}
+    assert {k: v for k, v in resumed["objective"].items() if k != "best_checkpoint"} == {
+        k: v for k, v in o.items() if k != "best_checkpoint"
+    }
     assert resumed["eval"] == whole["eval"]  # the same best weights, scored on the test split
     # resuming the early-stopped run trains nothing more
     again = _train(tmp_path, "again", *OVERFIT, "train.steps=600", f"checkpoint.dir={tmp_path / 'b'}")
@@ -113,12 +136,23 @@ def test_an_optuna_study_chooses_on_validation_and_survives_a_failed_trial(tmp_p
     Optuna's best trial, the summary's chosen job and the best validation value agree. About
     25 s: a sweep starts its jobs' ranks with the elastic launcher, even for one rank."""
     sweep = tmp_path / "study"
-    proc = commands.run("hybridrec.train", "-m", *TINY, "train.steps=20", "train.eval_every=10",
-                        "hydra/sweeper=objective", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3",
-                        "optimizer=choice(adam,sgd,adagrad)", f"hydra.sweep.dir={sweep}",
-                        # each job's checkpoints in its own directory: resolved before its rank starts
-                        "checkpoint.keep_best=true", "checkpoint.dir=${hydra:runtime.output_dir}/ckpt",
-                        "hydra.sweep.subdir=${hydra.job.num}", timeout=300)
+    proc = commands.run(
+        "hybridrec.train",
+        "-m",
+        *TINY,
+        "train.steps=20",
+        "train.eval_every=10",
+        "hydra/sweeper=objective",
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.n_trials=3",
+        "optimizer=choice(adam,sgd,adagrad)",
+        f"hydra.sweep.dir={sweep}",
+        # each job's checkpoints in its own directory: resolved before its rank starts
+        "checkpoint.keep_best=true",
+        "checkpoint.dir=${hydra:runtime.output_dir}/ckpt",
+        "hydra.sweep.subdir=${hydra.job.num}",
+        timeout=300,
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     study = OmegaConf.load(sweep / "optimization_results.yaml")
     rows = list(csv.DictReader(open(sweep / "summary.csv")))
@@ -149,7 +183,9 @@ def test_keep_best_by_default_wherever_there_is_a_best_checkpoint_to_keep(tmp_pa
     assert compose_cfg(TINY).checkpoint.keep_best is None
     validate(compose_cfg([*TINY, f"checkpoint.dir={tmp_path}"]), 1)
     with pytest.raises(ValueError, match="checkpoint.keep_best=true keeps the checkpoint of the best"):
-        validate(compose_cfg([*TINY, "checkpoint.keep_best=true", "train.eval_every=0", f"checkpoint.dir={tmp_path}"]), 1)
+        validate(
+            compose_cfg([*TINY, "checkpoint.keep_best=true", "train.eval_every=0", f"checkpoint.dir={tmp_path}"]), 1
+        )
 
 
 @pytest.mark.unit
@@ -158,12 +194,17 @@ def test_references_name_a_split_and_a_metric_the_run_reports():
 
     ctr = compose_cfg(TINY)
     assert [(r.name, r.metric) for r in ctr.train.references] == [
-        ("planted model", "valid.logloss"), ("planted model", "valid.auc"), ("planted model", "eval.auc")]
+        ("planted model", "valid.logloss"),
+        ("planted model", "valid.auc"),
+        ("planted model", "eval.auc"),
+    ]
     validate(ctr, 1)
     ref = "{name: x, metric: %s, value: %s, source: s, data: hybridrec.data.synthetic.SyntheticClickLog}"
-    for metric, value, message in (("train.auc", 1, "must be valid.<metric> or eval.<metric>"),
-                                   ("valid.ndcg@10", 1, "a metric this loss and data report: logloss, ne, auc"),
-                                   ("valid.auc", "nan", r"train.references.0.value=nan is not a finite number")):
+    for metric, value, message in (
+        ("train.auc", 1, "must be valid.<metric> or eval.<metric>"),
+        ("valid.ndcg@10", 1, "a metric this loss and data report: logloss, ne, auc"),
+        ("valid.auc", "nan", r"train.references.0.value=nan is not a finite number"),
+    ):
         with pytest.raises(ValueError, match=message):
             validate(compose_cfg([*TINY, f"train.references=[{ref % (metric, value)}]"]), 1)
     with pytest.raises(ValueError, match=r"train.references\[0\].value.* not set"):

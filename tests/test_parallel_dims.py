@@ -71,8 +71,14 @@ def test_cpu_offload_on_cuda_gets_a_gloo_backend_for_cpu_tensors():
 
 
 def test_planning_dims_take_the_mesh_planning_keys():
-    cfg = compose_cfg(["topology.world_size=64", "topology.local_world_size=8", "topology.compute_device=cuda",
-                       "mesh.embedding_replicas=4"])
+    cfg = compose_cfg(
+        [
+            "topology.world_size=64",
+            "topology.local_world_size=8",
+            "topology.compute_device=cuda",
+            "mesh.embedding_replicas=4",
+        ]
+    )
     d = planning_dims(cfg)
     assert (d.world_size, d.local_world_size, d.device_type) == (64, 8, "cuda")
     assert (d.embedding_group, d.embedding_group_per_node) == (16, 2)
@@ -105,8 +111,14 @@ def test_the_2d_sync_has_one_owner():
             self.syncs.append(self.step)
 
     model = Replicas()
-    p = Parallelized(model, None, ParallelDims.build(compose_cfg([]).mesh, 1, 1, "cpu"), sync_every=3,
-                     dense_parameters=0, dense=DenseParallel.single)
+    p = Parallelized(
+        model,
+        None,
+        ParallelDims.build(compose_cfg([]).mesh, 1, 1, "cpu"),
+        sync_every=3,
+        dense_parameters=0,
+        dense=DenseParallel.single,
+    )
     for step in range(1, 8):
         model.step = step
         p.after_step(step, last=step == 7)
@@ -116,19 +128,21 @@ def test_the_2d_sync_has_one_owner():
     assert pipeline._dmp_collection_sync_interval_batches is None
 
 
-
-@pytest.mark.parametrize("overrides, world, expected", [
-    (["mesh=fsdp"], 1, "single"),  # no peer: FSDP2 would only add its per-step work
-    (["mesh=ddp"], 1, "single"),
-    (["mesh=fsdp"], 2, "fsdp"),
-    (["mesh=ddp"], 2, "ddp"),
-    (["mesh=hsdp"], 4, "hsdp"),
-    (["mesh=single"], 1, "single"),
-    # mixed precision on one rank: autocast, no FSDP2; its CPU offload is more than communication
-    (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 1, "single"),
-    (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 2, "fsdp"),
-    (["mesh=fsdp", "mesh.cpu_offload=true"], 1, "fsdp"),
-])
+@pytest.mark.parametrize(
+    "overrides, world, expected",
+    [
+        (["mesh=fsdp"], 1, "single"),  # no peer: FSDP2 would only add its per-step work
+        (["mesh=ddp"], 1, "single"),
+        (["mesh=fsdp"], 2, "fsdp"),
+        (["mesh=ddp"], 2, "ddp"),
+        (["mesh=hsdp"], 4, "hsdp"),
+        (["mesh=single"], 1, "single"),
+        # mixed precision on one rank: autocast, no FSDP2; its CPU offload is more than communication
+        (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 1, "single"),
+        (["mesh=fsdp", "mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"], 2, "fsdp"),
+        (["mesh=fsdp", "mesh.cpu_offload=true"], 1, "fsdp"),
+    ],
+)
 def test_the_dense_wrapper_a_job_runs(overrides, world, expected):
     from hybridrec.parallel.parallelize import dense_mode
 

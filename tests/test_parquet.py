@@ -49,16 +49,18 @@ def rows_table(first, n):
     r = np.arange(first, first + n)
     lengths = (r * 7) % 4  # 0..3 tags
     tags = [[int((i * 5 + j) % 20) for j in range(k)] for i, k in zip(r, lengths)]
-    return pa.table({
-        "row": pa.array(r, pa.int64()),
-        "click": pa.array((r % 3 == 0).astype(np.int8)),
-        "w": pa.array(((1 + r % 5) / 5).astype(np.float32)),
-        "x": pa.array(r * 0.5, pa.float64()),
-        "user": pa.array([f"u{i % 11}" for i in r]),
-        "item": pa.array(r % 13, pa.int64()),
-        "tags": pa.array(tags, pa.list_(pa.int64())),
-        "tag_w": pa.array([[0.5 + j for j in range(len(t))] for t in tags], pa.list_(pa.float32())),
-    })
+    return pa.table(
+        {
+            "row": pa.array(r, pa.int64()),
+            "click": pa.array((r % 3 == 0).astype(np.int8)),
+            "w": pa.array(((1 + r % 5) / 5).astype(np.float32)),
+            "x": pa.array(r * 0.5, pa.float64()),
+            "user": pa.array([f"u{i % 11}" for i in r]),
+            "item": pa.array(r % 13, pa.int64()),
+            "tags": pa.array(tags, pa.list_(pa.int64())),
+            "tag_w": pa.array([[0.5 + j for j in range(len(t))] for t in tags], pa.list_(pa.float32())),
+        }
+    )
 
 
 def write(path, table, row_group_size=None):
@@ -75,8 +77,16 @@ SPARSE = [
 
 
 def source(train, eval_, batch=8, **kw):
-    args = dict(batch_size=batch, train_path=str(train), eval_path=str(eval_), label={"column": "click"},
-                weight="w", dense=[{"column": "row"}, {"column": "x"}], sparse=SPARSE, seed=0)
+    args = dict(
+        batch_size=batch,
+        train_path=str(train),
+        eval_path=str(eval_),
+        label={"column": "click"},
+        weight="w",
+        dense=[{"column": "row"}, {"column": "x"}],
+        sparse=SPARSE,
+        seed=0,
+    )
     args.update(kw)
     return ParquetSource(**args)
 
@@ -101,8 +111,15 @@ def unbatch(batch, keys):
         values, weights = jt.values().tolist(), jt.weights().tolist()
         offsets = np.concatenate([[0], np.cumsum(jt.lengths().numpy())])
         features.append([(tuple(values[a:b]), tuple(weights[a:b])) for a, b in zip(offsets[:-1], offsets[1:])])
-    return [(tuple(batch.dense_features[i].tolist()), batch.labels[i].item(), batch.weights[i].item(),
-             tuple(f[i] for f in features)) for i in range(len(batch.labels))]
+    return [
+        (
+            tuple(batch.dense_features[i].tolist()),
+            batch.labels[i].item(),
+            batch.weights[i].item(),
+            tuple(f[i] for f in features),
+        )
+        for i in range(len(batch.labels))
+    ]
 
 
 def global_batches(data, split, world, workers=0, steps=None):
@@ -124,8 +141,12 @@ def expected_row(i):
     k = (i * 7) % 4
     tags = tuple(int((i * 5 + j) % 20) for j in range(k))
     user = ref_str(f"u{i % 11}") % 50
-    return ((float(i), i * 0.5), float(i % 3 == 0), float(np.float32((1 + i % 5) / 5)),
-            (((i % 13,), (1.0,)), ((user,), (1.0,)), (tags, tuple(0.5 + j for j in range(k)))))
+    return (
+        (float(i), i * 0.5),
+        float(i % 3 == 0),
+        float(np.float32((1 + i % 5) / 5)),
+        (((i % 13,), (1.0,)), ((user,), (1.0,)), (tags, tuple(0.5 + j for j in range(k)))),
+    )
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -155,8 +176,9 @@ def test_a_read_decodes_only_the_row_groups_of_its_rows_and_keeps_the_last(files
     data = source(files / "train", files / "eval")
     read = []
     original = pq.ParquetFile.read_row_group
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
-                        lambda self, g, **kw: read.append(g) or original(self, g, **kw))
+    monkeypatch.setattr(
+        pq.ParquetFile, "read_row_group", lambda self, g, **kw: read.append(g) or original(self, g, **kw)
+    )
     data.read("train", 0, 1, 4, 8)  # rows 12..15 of a.parquet: groups 2 (10..14) and 3 (15..19)
     assert read == [2, 3]
     data.read("train", 0, 2, 0, 4)  # rows 16..19: group 3 again, kept
@@ -184,8 +206,11 @@ def test_shards_give_each_rank_its_own_rows_and_the_same_batches_for_any_world_s
     assert data.report()["dropped_tail_rows"] == {"train": 1}
     read = []
     original = pq.ParquetFile.read_row_group
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
-                        lambda self, g, **kw: read.append((self.metadata.num_rows, g)) or original(self, g, **kw))
+    monkeypatch.setattr(
+        pq.ParquetFile,
+        "read_row_group",
+        lambda self, g, **kw: read.append((self.metadata.num_rows, g)) or original(self, g, **kw),
+    )
     fresh = source(files / "train", files / "eval", shards=4)
     read.clear()  # (building it sampled the first training rows for the pooling factors)
     list(loader.batches(fresh, "train", 3, 4, 5))  # rank 3 of 4: shard 3 = rows 30..40 (b.parquet rows 7..17)
@@ -208,16 +233,29 @@ def test_rows_and_the_dropped_tail_are_counted_once(files):
 def test_multi_hot_lengths_values_and_weights_are_the_files(tmp_path):
     ids = [[3, 1, 4], None, [], [1, 5, 9, 2, 6], [7]]
     weights = [[0.5, 1.5, 2.0], None, [], [1, 2, 3, 4, 5], [0.25]]
-    table = pa.table({"click": pa.array([1, 0, 1, 0, 1], pa.int8()), "ids": pa.array(ids, pa.list_(pa.int32())),
-                      "wts": pa.array(weights, pa.list_(pa.float64())),
-                      "one": pa.array([4, None, 2, 0, 1], pa.int64())})
+    table = pa.table(
+        {
+            "click": pa.array([1, 0, 1, 0, 1], pa.int8()),
+            "ids": pa.array(ids, pa.list_(pa.int32())),
+            "wts": pa.array(weights, pa.list_(pa.float64())),
+            "one": pa.array([4, None, 2, 0, 1], pa.int64()),
+        }
+    )
     write(tmp_path / "t.parquet", table)
     write(tmp_path / "e.parquet", table)
-    sparse = [{"name": "ids", "column": "ids", "num_embeddings": 10, "weights_column": "wts"},
-              {"name": "cut", "column": "ids", "num_embeddings": 10, "max_length": 2, "truncate": True},
-              {"name": "one", "column": "one", "num_embeddings": 5}]
-    data = ParquetSource(batch_size=5, train_path=str(tmp_path / "t.parquet"), eval_path=str(tmp_path / "e.parquet"),
-                         label={"column": "click"}, sparse=sparse, seed=0)
+    sparse = [
+        {"name": "ids", "column": "ids", "num_embeddings": 10, "weights_column": "wts"},
+        {"name": "cut", "column": "ids", "num_embeddings": 10, "max_length": 2, "truncate": True},
+        {"name": "one", "column": "one", "num_embeddings": 5},
+    ]
+    data = ParquetSource(
+        batch_size=5,
+        train_path=str(tmp_path / "t.parquet"),
+        eval_path=str(tmp_path / "e.parquet"),
+        label={"column": "click"},
+        sparse=sparse,
+        seed=0,
+    )
     rows = data.read("train", 0, 0, 0, 5)
     assert rows.feature(0)[1].tolist() == [3, 0, 0, 5, 1] and rows.feature(0)[0].tolist() == [3, 1, 4, 1, 5, 9, 2, 6, 7]
     assert rows.feature(0)[2].tolist() == [0.5, 1.5, 2.0, 1, 2, 3, 4, 5, 0.25]
@@ -232,7 +270,9 @@ def test_multi_hot_lengths_values_and_weights_are_the_files(tmp_path):
 def test_hashing_is_seeded_splitmix64_of_ints_and_strings(tmp_path):
     strings = ["", "a", "abc", "héllo", "a" * 300, "u123"]
     assert hash_strings(pa.array(strings), 0).tolist() == [ref_str(s) for s in strings]
-    assert hash_strings(pa.array(strings, pa.large_string()).slice(1), 7).tolist() == [ref_str(s, 7) for s in strings[1:]]
+    assert hash_strings(pa.array(strings, pa.large_string()).slice(1), 7).tolist() == [
+        ref_str(s, 7) for s in strings[1:]
+    ]
     ints = np.array([0, 1, -1, 2**62, 10_000_123])
     # a null whose span holds bytes ("xy"): they belong to no string
     offsets, valid = np.array([0, 2, 4, 5, 5], np.int32), np.packbits([1, 0, 1, 1], bitorder="little")
@@ -242,14 +282,26 @@ def test_hashing_is_seeded_splitmix64_of_ints_and_strings(tmp_path):
     assert hash_ints(ints, 3).tolist() == [ref_int(int(v), 3) for v in ints]
 
     users = [f"u{i % 37}" for i in range(200)]
-    table = pa.table({"click": pa.array([0, 1] * 100, pa.int8()), "user": pa.array(users),
-                      "cat": pa.array(users).dictionary_encode(), "item": pa.array(np.arange(200) * 1000, pa.int64())})
+    table = pa.table(
+        {
+            "click": pa.array([0, 1] * 100, pa.int8()),
+            "user": pa.array(users),
+            "cat": pa.array(users).dictionary_encode(),
+            "item": pa.array(np.arange(200) * 1000, pa.int64()),
+        }
+    )
     write(tmp_path / "t.parquet", table, 64)
     write(tmp_path / "e.parquet", table)
     sparse = [{"name": n, "column": n, "num_embeddings": 1000, "id_mapping": "hash"} for n in ("user", "cat", "item")]
-    make = lambda seed: ParquetSource(batch_size=200, train_path=str(tmp_path / "t.parquet"),
-                                      eval_path=str(tmp_path / "e.parquet"), label={"column": "click"},
-                                      sparse=sparse, hash_seed=seed, seed=0)
+    make = lambda seed: ParquetSource(
+        batch_size=200,
+        train_path=str(tmp_path / "t.parquet"),
+        eval_path=str(tmp_path / "e.parquet"),
+        label={"column": "click"},
+        sparse=sparse,
+        hash_seed=seed,
+        seed=0,
+    )
     rows = make(0).read("train", 0, 0, 0, 200)
     assert rows.feature(0)[0].tolist() == [ref_str(u) % 1000 for u in users]
     assert rows.feature(1)[0].tolist() == rows.feature(0)[0].tolist()  # a dictionary column: its strings
@@ -260,29 +312,78 @@ def test_hashing_is_seeded_splitmix64_of_ints_and_strings(tmp_path):
 
 def test_vocabularies_map_known_ids_and_send_the_rest_to_row_0(tmp_path):
     # counts: b 3, a 2, c 2, d 1; ints 7: 3, 5: 2, 9: 1
-    part1 = pa.table({"click": pa.array([1, 0, 1], pa.int8()), "s": ["a", "b", "c"], "n": pa.array([7, 5, 9], pa.int64()),
-                      "l": pa.array([["b", "d"], [], None], pa.list_(pa.string()))})
-    part2 = pa.table({"click": pa.array([0, 1], pa.int8()), "s": ["c", "a"], "n": pa.array([7, 5], pa.int32()),
-                      "l": pa.array([["b"], ["x", None]], pa.list_(pa.string()))})
+    part1 = pa.table(
+        {
+            "click": pa.array([1, 0, 1], pa.int8()),
+            "s": ["a", "b", "c"],
+            "n": pa.array([7, 5, 9], pa.int64()),
+            "l": pa.array([["b", "d"], [], None], pa.list_(pa.string())),
+        }
+    )
+    part2 = pa.table(
+        {
+            "click": pa.array([0, 1], pa.int8()),
+            "s": ["c", "a"],
+            "n": pa.array([7, 5], pa.int32()),
+            "l": pa.array([["b"], ["x", None]], pa.list_(pa.string())),
+        }
+    )
     write(tmp_path / "data/p1.parquet", part1)
     write(tmp_path / "data/p2.parquet", part2)
     write(tmp_path / "eval/e.parquet", part1)
     out = str(tmp_path / "vocab")
-    assert vocab_main([str(tmp_path / "data"), "--column", "s", "--column", "n", "--column", "l",
-                       "--min-count", "2", "--out", out]) == 0
+    assert (
+        vocab_main(
+            [
+                str(tmp_path / "data"),
+                "--column",
+                "s",
+                "--column",
+                "n",
+                "--column",
+                "l",
+                "--min-count",
+                "2",
+                "--out",
+                out,
+            ]
+        )
+        == 0
+    )
     s, n = pq.read_table(f"{out}/s.parquet"), pq.read_table(f"{out}/n.parquet")
     assert s.to_pydict() == {"id": ["a", "c"], "count": [2, 2]}  # ties by id; b is only in l
     assert n.to_pydict() == {"id": [5, 7], "count": [2, 2]}
     assert pq.read_table(f"{out}/l.parquet").to_pydict() == {"id": ["b"], "count": [2]}
     first = open(f"{out}/s.parquet", "rb").read()
-    vocab_main([str(tmp_path / "data/p*.parquet"), "--column", "s", "--column", "n", "--column", "l",
-                "--min-count", "2", "--out", out])
+    vocab_main(
+        [
+            str(tmp_path / "data/p*.parquet"),
+            "--column",
+            "s",
+            "--column",
+            "n",
+            "--column",
+            "l",
+            "--min-count",
+            "2",
+            "--out",
+            out,
+        ]
+    )
     assert open(f"{out}/s.parquet", "rb").read() == first  # deterministic, byte for byte
 
-    sparse = [{"name": c, "column": c, "num_embeddings": 3, "id_mapping": "vocabulary", "vocabulary": f"{out}/{c}.parquet"}
-              for c in ("s", "n", "l")]
-    data = ParquetSource(batch_size=5, train_path=str(tmp_path / "data"), eval_path=str(tmp_path / "eval"),
-                         label={"column": "click"}, sparse=sparse, seed=0)
+    sparse = [
+        {"name": c, "column": c, "num_embeddings": 3, "id_mapping": "vocabulary", "vocabulary": f"{out}/{c}.parquet"}
+        for c in ("s", "n", "l")
+    ]
+    data = ParquetSource(
+        batch_size=5,
+        train_path=str(tmp_path / "data"),
+        eval_path=str(tmp_path / "eval"),
+        label={"column": "click"},
+        sparse=sparse,
+        seed=0,
+    )
     rows = data.read("train", 0, 0, 0, 5)
     # the last row is bad (a null id in its list): padding, one id 0 in every feature
     assert rows.real.tolist() == [True] * 4 + [False]
@@ -291,26 +392,58 @@ def test_vocabularies_map_known_ids_and_send_the_rest_to_row_0(tmp_path):
     assert rows.feature(2)[0].tolist() == [1, 0, 1, 0] and rows.feature(2)[1].tolist() == [2, 0, 0, 1, 1]  # d -> 0
     assert data.report()["collisions"]["s"] == {"sample_ids": 4, "oov_share": 0.25}
 
-    with pytest.raises(DataError, match=r"^data.sparse\[0\].num_embeddings=2 is too small for .*s.parquet \(2 ids\): "
-                                        r"it needs 3 rows \(row 0 is every id not in the vocabulary\)$"):
-        ParquetSource(batch_size=5, train_path=str(tmp_path / "data"), eval_path=str(tmp_path / "eval"),
-                      label={"column": "click"}, sparse=[{**sparse[0], "num_embeddings": 2}], seed=0)
+    with pytest.raises(
+        DataError,
+        match=r"^data.sparse\[0\].num_embeddings=2 is too small for .*s.parquet \(2 ids\): "
+        r"it needs 3 rows \(row 0 is every id not in the vocabulary\)$",
+    ):
+        ParquetSource(
+            batch_size=5,
+            train_path=str(tmp_path / "data"),
+            eval_path=str(tmp_path / "eval"),
+            label={"column": "click"},
+            sparse=[{**sparse[0], "num_embeddings": 2}],
+            seed=0,
+        )
     with pytest.raises(DataError, match=r"column 'n' \(data.sparse\[0\].column\) is int64, expected strings"):
-        ParquetSource(batch_size=5, train_path=str(tmp_path / "data"), eval_path=str(tmp_path / "eval"),
-                      label={"column": "click"}, sparse=[{**sparse[0], "column": "n"}], seed=0)
+        ParquetSource(
+            batch_size=5,
+            train_path=str(tmp_path / "data"),
+            eval_path=str(tmp_path / "eval"),
+            label={"column": "click"},
+            sparse=[{**sparse[0], "column": "n"}],
+            seed=0,
+        )
 
 
 def test_dense_transforms_and_the_fitted_standardization(tmp_path):
     x = np.array([0.0, 1.0, 3.0, -2.0, 10.0, 7.0])
-    table = pa.table({"click": pa.array([1, 0] * 3, pa.int8()), "x": x, "k": pa.array([1, 2, 3, 4, 5, 6], pa.int32()),
-                      "i": pa.array([0] * 6, pa.int64())})
+    table = pa.table(
+        {
+            "click": pa.array([1, 0] * 3, pa.int8()),
+            "x": x,
+            "k": pa.array([1, 2, 3, 4, 5, 6], pa.int32()),
+            "i": pa.array([0] * 6, pa.int64()),
+        }
+    )
     write(tmp_path / "t.parquet", table, 4)  # the fit merges two row groups
     write(tmp_path / "e.parquet", table)
     sparse = [{"name": "i", "column": "i", "num_embeddings": 1}]
-    dense = [{"column": "x", "transform": "log1p"}, {"column": "x", "transform": "standardize"},
-             {"column": "k", "transform": "standardize", "mean": 2.0, "std": 4.0}, {"column": "k"}]
-    data = ParquetSource(batch_size=6, train_path=str(tmp_path / "t.parquet"), eval_path=str(tmp_path / "e.parquet"),
-                         label={"column": "click"}, sparse=sparse, dense=dense, seed=0)
+    dense = [
+        {"column": "x", "transform": "log1p"},
+        {"column": "x", "transform": "standardize"},
+        {"column": "k", "transform": "standardize", "mean": 2.0, "std": 4.0},
+        {"column": "k"},
+    ]
+    data = ParquetSource(
+        batch_size=6,
+        train_path=str(tmp_path / "t.parquet"),
+        eval_path=str(tmp_path / "e.parquet"),
+        label={"column": "click"},
+        sparse=sparse,
+        dense=dense,
+        seed=0,
+    )
     got = data.read("train", 0, 0, 0, 6).dense.numpy()
     np.testing.assert_allclose(got[:, 0], np.log1p(np.maximum(x, 0)), rtol=1e-6)  # negatives clamp to 0
     np.testing.assert_allclose(got[:, 1], (x - x.mean()) / x.std(), rtol=1e-5)
@@ -321,41 +454,74 @@ def test_dense_transforms_and_the_fitted_standardization(tmp_path):
     assert fitted[0] == {"column": "x", "transform": "log1p", "mean": None, "std": None}
     assert fitted[2] == {"column": "k", "transform": "standardize", "mean": 2.0, "std": 4.0}
     dense[1] = fitted[1]  # merged into the config: nothing is fitted again
-    again = ParquetSource(batch_size=6, train_path=str(tmp_path / "t.parquet"), eval_path=str(tmp_path / "e.parquet"),
-                          label={"column": "click"}, sparse=sparse, dense=dense, seed=0)
+    again = ParquetSource(
+        batch_size=6,
+        train_path=str(tmp_path / "t.parquet"),
+        eval_path=str(tmp_path / "e.parquet"),
+        label={"column": "click"},
+        sparse=sparse,
+        dense=dense,
+        seed=0,
+    )
     assert again.fitted() == {} and np.array_equal(again.read("train", 0, 0, 0, 6).dense.numpy(), got)
 
 
 def test_label_threshold_and_sample_weights_reach_the_batch(tmp_path):
-    table = pa.table({"rating": [1.0, 3.5, 4.0, 5.0], "w": pa.array([0.5, 2.0, 0.0, 1.0], pa.float32()),
-                      "i": pa.array([0, 1, 2, 3], pa.int64())})
+    table = pa.table(
+        {
+            "rating": [1.0, 3.5, 4.0, 5.0],
+            "w": pa.array([0.5, 2.0, 0.0, 1.0], pa.float32()),
+            "i": pa.array([0, 1, 2, 3], pa.int64()),
+        }
+    )
     write(tmp_path / "t.parquet", table)
     write(tmp_path / "e.parquet", table)
-    data = ParquetSource(batch_size=4, train_path=str(tmp_path / "t.parquet"), eval_path=str(tmp_path / "e.parquet"),
-                         label={"column": "rating", "threshold": 3.5}, weight="w",
-                         sparse=[{"name": "i", "column": "i", "num_embeddings": 4}], seed=0)
+    data = ParquetSource(
+        batch_size=4,
+        train_path=str(tmp_path / "t.parquet"),
+        eval_path=str(tmp_path / "e.parquet"),
+        label={"column": "rating", "threshold": 3.5},
+        weight="w",
+        sparse=[{"name": "i", "column": "i", "num_embeddings": 4}],
+        seed=0,
+    )
     batch = next(loader.batches(data, "train", 0, 1, 1))
     assert batch.labels.tolist() == [0, 0, 1, 1] and batch.weights.tolist() == [0.5, 2.0, 0.0, 1.0]
     assert data.extra_fields == ("weights",)
 
 
 def test_bad_rows_are_padding_counted_with_file_and_row(tmp_path):
-    table = pa.table({
-        "click": pa.array([1, None, 2, 0, 1, 0, 1, 0], pa.int8()),
-        "x": [1.0, 1.0, 1.0, None, float("nan"), 1.0, 1.0, 1.0],
-        "item": pa.array([1, 2, 3, 4, 5, 99, 6, 7], pa.int64()),
-        "tags": pa.array([[1], [1], [1], [1], [1], [1], [1, 2, 3, 4, 5], [1, None]], pa.list_(pa.int64())),
-        "tag_w": pa.array([[1.0], [1.0], [1.0], [1.0], [1.0], [1.0], [1.0] * 5, [1.0, 1.0]], pa.list_(pa.float32())),
-    })
+    table = pa.table(
+        {
+            "click": pa.array([1, None, 2, 0, 1, 0, 1, 0], pa.int8()),
+            "x": [1.0, 1.0, 1.0, None, float("nan"), 1.0, 1.0, 1.0],
+            "item": pa.array([1, 2, 3, 4, 5, 99, 6, 7], pa.int64()),
+            "tags": pa.array([[1], [1], [1], [1], [1], [1], [1, 2, 3, 4, 5], [1, None]], pa.list_(pa.int64())),
+            "tag_w": pa.array(
+                [[1.0], [1.0], [1.0], [1.0], [1.0], [1.0], [1.0] * 5, [1.0, 1.0]], pa.list_(pa.float32())
+            ),
+        }
+    )
     mismatched = table.slice(0, 1).set_column(4, "tag_w", pa.array([[1.0, 2.0]], pa.list_(pa.float32())))
     table = pa.concat_tables([table, mismatched])
     bad = write(tmp_path / "e/bad.parquet", table, 3)
     write(tmp_path / "t/t.parquet", pa.concat_tables([table.slice(0, 1)] * 4))
-    sparse = [{"name": "item", "column": "item", "num_embeddings": 13},
-              {"name": "tags", "column": "tags", "num_embeddings": 20, "weights_column": "tag_w", "max_length": 4}]
-    make = lambda **kw: ParquetSource(**{"batch_size": 1, "train_path": str(tmp_path / "t"),
-                                         "eval_path": str(tmp_path / "e"), "label": {"column": "click"},
-                                         "dense": [{"column": "x"}], "sparse": sparse, "seed": 0, **kw})
+    sparse = [
+        {"name": "item", "column": "item", "num_embeddings": 13},
+        {"name": "tags", "column": "tags", "num_embeddings": 20, "weights_column": "tag_w", "max_length": 4},
+    ]
+    make = lambda **kw: ParquetSource(
+        **{
+            "batch_size": 1,
+            "train_path": str(tmp_path / "t"),
+            "eval_path": str(tmp_path / "e"),
+            "label": {"column": "click"},
+            "dense": [{"column": "x"}],
+            "sparse": sparse,
+            "seed": 0,
+            **kw,
+        }
+    )
     data = make(batch_size=4, train_path=str(tmp_path / "e"), eval_path=str(tmp_path / "t"))
     batches = list(loader.batches(data, "train", 0, 1, 2))
     assert [w for b in batches for w in b.weights.tolist()] == [1, 0, 0, 0, 0, 0, 0, 0]  # weight 0: no loss
@@ -373,7 +539,9 @@ def test_bad_rows_are_padding_counted_with_file_and_row(tmp_path):
     rows = data.read("eval", 0, 6, 0, 1), data.read("eval", 0, 7, 0, 1), data.read("eval", 0, 8, 0, 1)
     assert [r.report.files[bad].errors for r in rows] == [
         [f"{bad}:6: tags has 5 ids, more than data.sparse[1].max_length=4"],
-        [f"{bad}:7: tags has a null id in its list"], [f"{bad}:8: tag_w has 2 weights for 1 ids of tags"]]
+        [f"{bad}:7: tags has a null id in its list"],
+        [f"{bad}:8: tag_w has 2 weights for 1 ids of tags"],
+    ]
     # the batch keeps its shape: a bad row is padding in its place, scored by no metric
     ev = list(loader.batches(make(batch_size=3), "eval", 0, 1))
     assert [r for b in ev for r in b.rows.tolist()] == [0] + [-1] * 8
@@ -422,8 +590,11 @@ def test_files_and_columns_that_do_not_fit_are_named(tmp_path):
         source(tmp_path / "t", tmp_path / "e", label={"column": "clicks"})
     with pytest.raises(DataError, match=r"column 'user' \(data.sparse\[0\].column\) is string, expected integers"):
         source(tmp_path / "t", tmp_path / "e", sparse=[{"name": "u", "column": "user", "num_embeddings": 5}])
-    with pytest.raises(DataError, match=r"^the train split has 10 rows: fewer than one global batch "
-                                        r"\(data.batch_size=16\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"^the train split has 10 rows: fewer than one global batch "
+        r"\(data.batch_size=16\)$",
+    ):
         source(tmp_path / "t", tmp_path / "e", batch=16)
     with pytest.raises(DataError, match=r"is in both data.train_path and data.eval_path"):
         source(tmp_path / "t", tmp_path / "t/a.parquet")
@@ -435,34 +606,72 @@ def test_files_and_columns_that_do_not_fit_are_named(tmp_path):
 GOOD = {"label": {"column": "click"}, "sparse": [{"name": "a", "column": "a", "num_embeddings": 10}], "dense": []}
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"sparse": []}, "data.sparse lists no feature: give at least one (name, column, num_embeddings)"),
-    ({"label": {"column": None}}, "data.label.column is not set: name the label column"),
-    ({"sparse": [GOOD["sparse"][0]] * 2}, "data.sparse[1].name='a' is used twice: feature names are the batch's keys"),
-    ({"sparse": [{**GOOD["sparse"][0], "num_embeddings": 0}]}, "data.sparse[0].num_embeddings must be >= 1, got 0"),
-    ({"sparse": [{**GOOD["sparse"][0], "max_length": 0}]}, "data.sparse[0].max_length must be >= 1 (or unset: any length)"),
-    ({"sparse": [{**GOOD["sparse"][0], "truncate": True}]}, "data.sparse[0].truncate=true cuts lists to max_length"),
-    ({"sparse": [{**GOOD["sparse"][0], "id_mapping": "vocabulary"}]},
-     "data.sparse[0]: id_mapping=vocabulary and a vocabulary file go together (id_mapping=vocabulary, vocabulary=None)"),
-    ({"sparse": [{**GOOD["sparse"][0], "table": "t"}, {"name": "b", "column": "b", "num_embeddings": 20, "table": "t"}]},
-     "data.sparse: a and b share table t but differ in num_embeddings (10 vs 20)"),
-    ({"sparse": [{**GOOD["sparse"][0], "table": "t"}, {"name": "b", "column": "b", "num_embeddings": 10, "table": "t",
-                                                       "pooling": "mean"}]},
-     "data.sparse: a and b share table t but differ in pooling (sum vs mean)"),
-    ({"sparse": [{**GOOD["sparse"][0], "table": "items"}]},
-     "data.sparse[0].table='items' cannot name a table: it is an attribute of torch's ModuleDict, which holds the tables"),
-    ({"sparse": [{**GOOD["sparse"][0], "weights_column": "a"}]}, "data.sparse[0].weights_column='a' must name a column"),
-    ({"dense": [{"column": "x", "transform": "log1p", "mean": 1.0}]},
-     "data.dense[0]: mean and std belong to transform=standardize, not transform=log1p"),
-    ({"dense": [{"column": "x", "transform": "standardize", "mean": 1.0}]},
-     "data.dense[0]: set both mean and std, or neither"),
-    ({"dense": [{"column": "x", "transform": "standardize", "mean": 1.0, "std": 0.0}]},
-     "data.dense[0].std must be > 0, got 0.0"),
-    ({"dense": [{"column": "x"}, {"column": "x"}]}, "data.dense[1].column='x' is listed twice in data.dense"),
-    ({"weight": "click"}, "data.weight='click' must name a sample weight column other than the label's"),
-    ({"valid_fraction": 1.0}, "data.valid_fraction must be in [0, 1), got 1.0"),
-    ({"valid_fraction": 0.1, "valid_path": "v"}, "data.valid_path and data.valid_fraction are both set"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"sparse": []}, "data.sparse lists no feature: give at least one (name, column, num_embeddings)"),
+        ({"label": {"column": None}}, "data.label.column is not set: name the label column"),
+        (
+            {"sparse": [GOOD["sparse"][0]] * 2},
+            "data.sparse[1].name='a' is used twice: feature names are the batch's keys",
+        ),
+        ({"sparse": [{**GOOD["sparse"][0], "num_embeddings": 0}]}, "data.sparse[0].num_embeddings must be >= 1, got 0"),
+        (
+            {"sparse": [{**GOOD["sparse"][0], "max_length": 0}]},
+            "data.sparse[0].max_length must be >= 1 (or unset: any length)",
+        ),
+        (
+            {"sparse": [{**GOOD["sparse"][0], "truncate": True}]},
+            "data.sparse[0].truncate=true cuts lists to max_length",
+        ),
+        (
+            {"sparse": [{**GOOD["sparse"][0], "id_mapping": "vocabulary"}]},
+            "data.sparse[0]: id_mapping=vocabulary and a vocabulary file go together (id_mapping=vocabulary, vocabulary=None)",
+        ),
+        (
+            {
+                "sparse": [
+                    {**GOOD["sparse"][0], "table": "t"},
+                    {"name": "b", "column": "b", "num_embeddings": 20, "table": "t"},
+                ]
+            },
+            "data.sparse: a and b share table t but differ in num_embeddings (10 vs 20)",
+        ),
+        (
+            {
+                "sparse": [
+                    {**GOOD["sparse"][0], "table": "t"},
+                    {"name": "b", "column": "b", "num_embeddings": 10, "table": "t", "pooling": "mean"},
+                ]
+            },
+            "data.sparse: a and b share table t but differ in pooling (sum vs mean)",
+        ),
+        (
+            {"sparse": [{**GOOD["sparse"][0], "table": "items"}]},
+            "data.sparse[0].table='items' cannot name a table: it is an attribute of torch's ModuleDict, which holds the tables",
+        ),
+        (
+            {"sparse": [{**GOOD["sparse"][0], "weights_column": "a"}]},
+            "data.sparse[0].weights_column='a' must name a column",
+        ),
+        (
+            {"dense": [{"column": "x", "transform": "log1p", "mean": 1.0}]},
+            "data.dense[0]: mean and std belong to transform=standardize, not transform=log1p",
+        ),
+        (
+            {"dense": [{"column": "x", "transform": "standardize", "mean": 1.0}]},
+            "data.dense[0]: set both mean and std, or neither",
+        ),
+        (
+            {"dense": [{"column": "x", "transform": "standardize", "mean": 1.0, "std": 0.0}]},
+            "data.dense[0].std must be > 0, got 0.0",
+        ),
+        ({"dense": [{"column": "x"}, {"column": "x"}]}, "data.dense[1].column='x' is listed twice in data.dense"),
+        ({"weight": "click"}, "data.weight='click' must name a sample weight column other than the label's"),
+        ({"valid_fraction": 1.0}, "data.valid_fraction must be in [0, 1), got 1.0"),
+        ({"valid_fraction": 0.1, "valid_path": "v"}, "data.valid_path and data.valid_fraction are both set"),
+    ],
+)
 def test_config_checks_refuse_in_one_line(change, message):
     with pytest.raises(ValueError, match=re.escape(message)) as e:
         ParquetSource.check_config(OmegaConf.create({**GOOD, **change}), 2)

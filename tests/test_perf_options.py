@@ -10,9 +10,18 @@ from conftest import compose_cfg
 from dist_helpers import spawn
 from hybridrec.run.rank import intra_op_threads
 
-BASE = ["+experiment=ctr", "data.num_embeddings_per_feature=[500,200,100]", "model.embedding_dim=16",
-        "model.dense_arch_layer_sizes=[32,16]", "model.over_arch_layer_sizes=[32,1]", "data.batch_size=64",
-        "train.steps=6", "train.eval_every=0", "data.eval_batches=1", "mesh=single"]
+BASE = [
+    "+experiment=ctr",
+    "data.num_embeddings_per_feature=[500,200,100]",
+    "model.embedding_dim=16",
+    "model.dense_arch_layer_sizes=[32,16]",
+    "model.over_arch_layer_sizes=[32,1]",
+    "data.batch_size=64",
+    "train.steps=6",
+    "train.eval_every=0",
+    "data.eval_batches=1",
+    "mesh=single",
+]
 
 
 @pytest.mark.unit
@@ -51,7 +60,6 @@ def test_compiled_dense_blocks_train_like_eager(tmp_path):
     compiled = spawn(compiled_losses, 1, compose_cfg(BASE + ["mesh.compile=true"]), str(tmp_path / "compiled"))
     assert eager["graphs"] == 0 and compiled["graphs"] >= 2  # one per dense block at least
     torch.testing.assert_close(torch.tensor(compiled["losses"]), torch.tensor(eager["losses"]), rtol=0, atol=1e-5)
-
 
 
 @pytest.mark.unit

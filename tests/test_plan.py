@@ -36,8 +36,15 @@ def dcn8(tmp_path_factory):
     that plan (each 8-rank plan of the 26 tables takes seconds): the completed process and the
     plan.json it saved (the plan report, ``preflight.dry_plan``'s, as JSON)."""
     run = tmp_path_factory.mktemp("plan8")
-    proc = commands.run("hybridrec.plan", *DCN, "topology.world_size=8", "topology.local_world_size=8",
-                        "topology.device_memory_gb=80", f"hydra.run.dir={run}", timeout=120)
+    proc = commands.run(
+        "hybridrec.plan",
+        *DCN,
+        "topology.world_size=8",
+        "topology.local_world_size=8",
+        "topology.device_memory_gb=80",
+        f"hydra.run.dir={run}",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.load(open(os.path.join(run, "plan.json")))
 
@@ -90,8 +97,11 @@ def test_a_table_no_rank_can_hold_is_named():
         _dcn(8, 8, "topology.device_memory_gb=20", "sharding=table_wise", "sharding.compute_kernels=[fused]")
 
 
-SMALL = ["data.num_embeddings_per_feature=[1000000,1000,100]", "model.embedding_dim=16",
-         "model.dense_arch_layer_sizes=[32,16]"]
+SMALL = [
+    "data.num_embeddings_per_feature=[1000000,1000,100]",
+    "model.embedding_dim=16",
+    "model.dense_arch_layer_sizes=[32,16]",
+]
 
 
 @pytest.mark.unit
@@ -107,8 +117,11 @@ def test_auto_row_wise_when_a_table_exceeds_a_rank():
 
 @pytest.mark.unit
 def test_per_table_constraints_by_name_and_glob():
-    overrides = ["+experiment=ctr", "sharding.tables=[{match:t_cat_0,sharding_types:[row_wise]},"
-                 "{match:'t_cat_1*',compute_kernels:[fused_uvm_caching],cache_params:{load_factor:0.1}}]"]
+    overrides = [
+        "+experiment=ctr",
+        "sharding.tables=[{match:t_cat_0,sharding_types:[row_wise]},"
+        "{match:'t_cat_1*',compute_kernels:[fused_uvm_caching],cache_params:{load_factor:0.1}}]",
+    ]
     report = dry_plan_for(compose_cfg(overrides), 2, 2, "cuda")
     tables = report["tables"]
     assert tables["t_cat_0"]["sharding_type"] == "row_wise"
@@ -130,24 +143,41 @@ def test_plan_cli_saves_the_plan_and_explains_failure(dcn8, tmp_path):
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "Embedding plan: 8 rank(s), 8 per node, cuda" in ok.stdout
     assert len(plan["tables"]) == 26
-    bad = commands.run("hybridrec.plan", *DCN, "topology.world_size=1", "topology.device_memory_gb=80",
-                       "sharding.compute_kernels=[fused]", f"hydra.run.dir={tmp_path}", timeout=120)
+    bad = commands.run(
+        "hybridrec.plan",
+        *DCN,
+        "topology.world_size=1",
+        "topology.device_memory_gb=80",
+        "sharding.compute_kernels=[fused]",
+        f"hydra.run.dir={tmp_path}",
+        timeout=120,
+    )
     assert bad.returncode != 0 and "short by" in bad.stderr
 
 
 @pytest.mark.slow
 def test_training_refuses_a_config_with_no_plan_before_starting_ranks(tmp_path):
-    proc = commands.run("hybridrec.train", *SMALL, "topology.host_memory_gb=0.055", "sharding=table_wise",
-                        "launcher.nproc_per_node=2", f"hydra.run.dir={tmp_path}", timeout=120)
+    proc = commands.run(
+        "hybridrec.train",
+        *SMALL,
+        "topology.host_memory_gb=0.055",
+        "sharding=table_wise",
+        "launcher.nproc_per_node=2",
+        f"hydra.run.dir={tmp_path}",
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "embedding planner found no plan" in proc.stderr and "[rank" not in proc.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override,message", [
-    ("topology.world_size=0", "topology.world_size must be >= 1 (or unset), got 0"),  # not read as "unset"
-    ("topology.device_memory_gb=-1", "topology.device_memory_gb must be > 0 (or unset to detect it), got -1.0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("topology.world_size=0", "topology.world_size must be >= 1 (or unset), got 0"),  # not read as "unset"
+        ("topology.device_memory_gb=-1", "topology.device_memory_gb must be > 0 (or unset to detect it), got -1.0"),
+    ],
+)
 def test_plan_cli_refuses_bad_topology_naming_the_key(tmp_path, override, message):
     proc = commands.run("hybridrec.plan", *SMALL, override, f"hydra.run.dir={tmp_path}", timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr

@@ -23,8 +23,14 @@ def _exact(fn, xs) -> list[Decimal]:
 
 
 RNG = np.random.default_rng(0)
-POSITIVE = np.concatenate([RNG.random(300) * 1e-3, RNG.random(300) * 100, np.exp(RNG.normal(0, 30, 300)),
-                           [1.0, 2.0, 0.5, 1e-300, 1e300, 5e-324]])
+POSITIVE = np.concatenate(
+    [
+        RNG.random(300) * 1e-3,
+        RNG.random(300) * 100,
+        np.exp(RNG.normal(0, 30, 300)),
+        [1.0, 2.0, 0.5, 1e-300, 1e300, 5e-324],
+    ]
+)
 REALS = np.concatenate([RNG.normal(0, 1, 300), RNG.normal(0, 200, 300).clip(-740, 705), [0.0, 1e-12, -1e-12]])
 
 
@@ -72,6 +78,8 @@ def test_the_results_are_pinned():
     assert portable.ln(x).tobytes().hex() == "20a7bdfc7843f3bf91a91419e8fae03fb7fe2e38b134044073aa3e843b1e30c0"
     assert portable.exp(x).tobytes().hex() == "961a8c8c0599f53fa6f80d7752e5154066ba6525c5601041b1f2d71a0000f03f"
     f = np.float32([0.3, 0.9, 0.01, 0.5])
-    assert (portable.log2_f32(f).tobytes().hex(), portable.exp2_f32(f).tobytes().hex(),
-            portable.cos_2pi_f32(f).tobytes().hex()) == (
-        "e354debfb6a61bbe789ad4c0000080bf", "24969d3f40dbee3fece3803ff304b53f", "7c379ebebb1b4f3fad7e7f3f000080bf")
+    assert (
+        portable.log2_f32(f).tobytes().hex(),
+        portable.exp2_f32(f).tobytes().hex(),
+        portable.cos_2pi_f32(f).tobytes().hex(),
+    ) == ("e354debfb6a61bbe789ad4c0000080bf", "24969d3f40dbee3fece3803ff304b53f", "7c379ebebb1b4f3fad7e7f3f000080bf")

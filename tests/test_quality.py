@@ -22,13 +22,49 @@ STEPS = 30
 # step is the MLPs' compute, in proportion to the batch). At batch 256 the check still sees
 # what it is for: the preset's lr of 0.05 diverges there within 30 steps (measured).
 FAST = ["train.log_every=1", f"train.steps={STEPS}", "data.eval_batches=2"]
-DCNV2_TABLES = "[" + ",".join(str(min(n, 20_000)) for n in [
-    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4,
-    976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]) + "]"
+DCNV2_TABLES = (
+    "["
+    + ",".join(
+        str(min(n, 20_000))
+        for n in [
+            40000000,
+            39060,
+            17295,
+            7424,
+            20265,
+            3,
+            7122,
+            1543,
+            63,
+            40000000,
+            3067956,
+            405282,
+            10,
+            2209,
+            11938,
+            155,
+            4,
+            976,
+            14,
+            40000000,
+            40000000,
+            40000000,
+            590152,
+            12973,
+            108,
+            36,
+        ]
+    )
+    + "]"
+)
 EXPERIMENTS = {
     "ctr": ["data.valid_batches=1"],
-    "dcnv2_criteo1tb": ["data.valid_batches=1", "data.batch_size=256", f"data.num_embeddings_per_feature={DCNV2_TABLES}",
-                        "topology.compute_device=auto"],
+    "dcnv2_criteo1tb": [
+        "data.valid_batches=1",
+        "data.batch_size=256",
+        f"data.num_embeddings_per_feature={DCNV2_TABLES}",
+        "topology.compute_device=auto",
+    ],
     "movielens": ["data.eval_batches=4"],
     "movielens_rank": [],
     "movielens_retrieval": [],
@@ -37,15 +73,31 @@ EXPERIMENTS = {
 
 
 # ctr's model and optimizer on 8 smaller tables: learns the planted signal in 120 steps (2 ranks).
-CTR_SMALL = ["+experiment=ctr", "data.num_embeddings_per_feature=[20000,10000,5000,2000,1000,500,100,20]",
-             "data.batch_size=1024", "train.steps=120", "train.log_every=20", "data.eval_batches=4",
-             "data.valid_batches=1"]
+CTR_SMALL = [
+    "+experiment=ctr",
+    "data.num_embeddings_per_feature=[20000,10000,5000,2000,1000,500,100,20]",
+    "data.batch_size=1024",
+    "train.steps=120",
+    "train.log_every=20",
+    "data.eval_batches=4",
+    "data.valid_batches=1",
+]
 BF16 = ["mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"]
-MIXED_PRECISION = {"fp32": CTR_SMALL, "bf16 root": [*CTR_SMALL, *BF16, "mesh.units=root"],
-                   "bf16 arch": [*CTR_SMALL, *BF16, "mesh.units=arch"]}
+MIXED_PRECISION = {
+    "fp32": CTR_SMALL,
+    "bf16 root": [*CTR_SMALL, *BF16, "mesh.units=root"],
+    "bf16 arch": [*CTR_SMALL, *BF16, "mesh.units=arch"],
+}
 # ctr's model on 4 small tables for one rank: learns the planted signal in 80 steps.
-CTR_ONE_RANK = ["+experiment=ctr", "data.num_embeddings_per_feature=[2000,1000,500,100]", "data.batch_size=256",
-                "train.steps=80", "train.log_every=20", "data.eval_batches=4", "data.valid_batches=1"]
+CTR_ONE_RANK = [
+    "+experiment=ctr",
+    "data.num_embeddings_per_feature=[2000,1000,500,100]",
+    "data.batch_size=256",
+    "train.steps=80",
+    "train.log_every=20",
+    "data.eval_batches=4",
+    "data.valid_batches=1",
+]
 ONE_RANK_PRECISION = {"fp32, 1 rank": CTR_ONE_RANK, "bf16, 1 rank": [*CTR_ONE_RANK, *BF16]}
 
 

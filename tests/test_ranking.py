@@ -26,18 +26,50 @@ CASES = [
     ("dlrm/listwise", ["loss=listwise", *DLRM]),
     ("dlrm/approx_ndcg", ["loss=approx_ndcg", *DLRM]),
     ("dcn/pairwise", ["model=dcn", "loss=pairwise", *DLRM, "model.dcn_num_layers=2", "model.dcn_low_rank_dim=4"]),
-    ("deepfm/listwise", ["model=deepfm", "loss=listwise", "model.embedding_dim=8",
-                         "model.dense_arch_layer_sizes=[16,8]", "model.deep_layer_sizes=[16]"]),
-    ("two_tower/pointwise", ["model=two_tower", "loss=pointwise", "model.embedding_dim=8", "model.tower_layer_sizes=[16,8]"]),
-    ("two_tower/sampled_softmax", ["model=two_tower", "loss=sampled_softmax", "model.embedding_dim=8",
-                                   "model.tower_layer_sizes=[16,8]", "data.negatives=0", "data.eval_items=catalogue"]),
+    (
+        "deepfm/listwise",
+        [
+            "model=deepfm",
+            "loss=listwise",
+            "model.embedding_dim=8",
+            "model.dense_arch_layer_sizes=[16,8]",
+            "model.deep_layer_sizes=[16]",
+        ],
+    ),
+    (
+        "two_tower/pointwise",
+        ["model=two_tower", "loss=pointwise", "model.embedding_dim=8", "model.tower_layer_sizes=[16,8]"],
+    ),
+    (
+        "two_tower/sampled_softmax",
+        [
+            "model=two_tower",
+            "loss=sampled_softmax",
+            "model.embedding_dim=8",
+            "model.tower_layer_sizes=[16,8]",
+            "data.negatives=0",
+            "data.eval_items=catalogue",
+        ],
+    ),
 ]
 
 
 def _cfg(path, overrides):
-    return compose_cfg(["+experiment=movielens_rank", f"data.path={path}", "data.list_size=4", "data.negatives=2",
-                        "data.batch_size=24", "data.eval_negatives=5", "train.steps=6", "train.log_every=3",
-                        "optimizer/sparse=sgd", "optimizer/dense=sgd", *overrides])
+    return compose_cfg(
+        [
+            "+experiment=movielens_rank",
+            f"data.path={path}",
+            "data.list_size=4",
+            "data.negatives=2",
+            "data.batch_size=24",
+            "data.eval_negatives=5",
+            "train.steps=6",
+            "train.log_every=3",
+            "optimizer/sparse=sgd",
+            "optimizer/dense=sgd",
+            *overrides,
+        ]
+    )
 
 
 @pytest.mark.unit
@@ -60,7 +92,7 @@ def test_lists_are_whole_users_and_the_same_for_any_world_size(ml400):
     ev = list(loader.batches(data, "eval", 0, 1))
     w = torch.cat([b.batch.weights for b in ev])
     assert w.sum() == len(data.split_rows["eval"]) + 5 * len(np.unique(data.user[data.split_rows["eval"]]))
-    assert (w[int(w.sum()):] == 0).all()
+    assert (w[int(w.sum()) :] == 0).all()
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +134,9 @@ def planted_tables(seed=0):
     for u in range(1, 61):
         own = [i for i in range(1, 61) if i % 4 == u % 4]
         other = [i for i in range(1, 61) if i % 4 != u % 4]
-        for i, r in [(i, 5) for i in rng.choice(own, 10, replace=False)] + [(i, 1) for i in rng.choice(other, 3, replace=False)]:
+        for i, r in [(i, 5) for i in rng.choice(own, 10, replace=False)] + [
+            (i, 1) for i in rng.choice(other, 3, replace=False)
+        ]:
             data.append({"user_id": u, "movie_id": int(i), "rating": r, "timestamp": t})
             t += 1
     return {"data": data, "users": users, "items": items}
@@ -114,9 +148,19 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_its_vectors(tmp
     path = tmp_path / "planted"
     write_layout(planted_tables(), str(path))
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    proc = commands.run("hybridrec.train", "+experiment=movielens_retrieval", f"data.path={path}",
-                        "data.batch_size=64", "data.list_size=4", "data.ranking_k=5", "train.steps=150",
-                        "train.log_every=50", f"checkpoint.dir={ckpt}", f"hydra.run.dir={run}", timeout=300)
+    proc = commands.run(
+        "hybridrec.train",
+        "+experiment=movielens_retrieval",
+        f"data.path={path}",
+        "data.batch_size=64",
+        "data.list_size=4",
+        "data.ranking_k=5",
+        "train.steps=150",
+        "train.log_every=50",
+        f"checkpoint.dir={ckpt}",
+        f"hydra.run.dir={run}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     e = json.load(open(run / "summary.json"))["eval"]
     # Held out: 2 five-star movies per user among ~49 unseen ones: random recall@5 is ~0.1.
@@ -141,10 +185,21 @@ def test_two_tower_retrieval_learns_planted_clusters_and_exports_its_vectors(tmp
 @pytest.mark.dist
 def test_objectives_compare_in_one_sweep(ml400, tmp_path):
     """Over 20 s: a sweep runs each job in processes of its own (3 jobs, each starting its rank)."""
-    proc = commands.run("hybridrec.train", "-m", "+experiment=movielens_rank", "loss=pointwise,pairwise,listwise",
-                        f"data.path={ml400}", "data.list_size=4", "data.negatives=2", "data.batch_size=24",
-                        "train.steps=6", "train.log_every=3", f"hydra.sweep.dir={tmp_path}",
-                        "hydra.sweep.subdir=${hydra.job.num}", timeout=300)
+    proc = commands.run(
+        "hybridrec.train",
+        "-m",
+        "+experiment=movielens_rank",
+        "loss=pointwise,pairwise,listwise",
+        f"data.path={ml400}",
+        "data.list_size=4",
+        "data.negatives=2",
+        "data.batch_size=24",
+        "train.steps=6",
+        "train.log_every=3",
+        f"hydra.sweep.dir={tmp_path}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ndcg = [json.load(open(tmp_path / str(k) / "summary.json"))["eval"]["ndcg@10"] for k in range(3)]
     assert all(0 < x <= 1 for x in ndcg)

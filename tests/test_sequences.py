@@ -32,8 +32,16 @@ def _ratings(d, rows):
 
 
 def _source(d, batch_size=2, max_length=3, **kw):
-    args = dict(batch_size=batch_size, path=d, max_length=max_length, train_negatives=0,
-                negative_sampling="uniform", bad_rows="fail", eval_batches=None, seed=0)
+    args = dict(
+        batch_size=batch_size,
+        path=d,
+        max_length=max_length,
+        train_negatives=0,
+        negative_sampling="uniform",
+        bad_rows="fail",
+        eval_batches=None,
+        seed=0,
+    )
     return MovieLensSequences(**{**args, **kw})
 
 
@@ -52,8 +60,19 @@ def _rows(source, split, world=1, rank=0):
 def test_histories_are_in_time_order_and_split_leave_one_out(tmp_path):
     # user 1: items 11..16 at times 1..6, given out of order; items 15 and 14 share time 5
     # (the file's order decides: 15 then 14); user 2: three items; user 3: two (left out)
-    rows = [(1, 13, 4, 3), (1, 11, 4, 1), (1, 15, 4, 5), (1, 12, 4, 2), (1, 14, 4, 5), (1, 16, 4, 6),
-            (2, 21, 3, 10), (2, 22, 3, 20), (2, 23, 3, 30), (3, 31, 5, 1), (3, 32, 5, 2)]
+    rows = [
+        (1, 13, 4, 3),
+        (1, 11, 4, 1),
+        (1, 15, 4, 5),
+        (1, 12, 4, 2),
+        (1, 14, 4, 5),
+        (1, 16, 4, 6),
+        (2, 21, 3, 10),
+        (2, 22, 3, 20),
+        (2, 23, 3, 30),
+        (3, 31, 5, 1),
+        (3, 32, 5, 2),
+    ]
     source = _source(_ratings(tmp_path, rows))
     assert source.users == 2 and source.report()["users_left_out"] == 1
     # user 1 in time order: 11 12 13 15 14 16 (ties keep the file's order)
@@ -82,8 +101,9 @@ def test_negatives_are_drawn_per_global_batch_alike_on_every_rank(tmp_path):
     # many as the catalogue has items: more are refused)
     popular = _source(tmp_path, batch_size=4, train_negatives=40, negative_sampling="popularity")
     first = _rows(popular, "train")[1].values().numpy()
-    drawn = np.bincount(np.concatenate([first, *(popular._negatives("train", 0, i) for i in range(1, 50))]),
-                        minlength=popular.catalogue)
+    drawn = np.bincount(
+        np.concatenate([first, *(popular._negatives("train", 0, i) for i in range(1, 50))]), minlength=popular.catalogue
+    )
     assert drawn[0] == 0 and np.corrcoef(drawn, popular.popularity)[0, 1] > 0.8
 
 
@@ -103,8 +123,9 @@ def test_the_objective_of_a_next_item_run_is_its_ranking():
     auto = objective.declared(compose_cfg(["+experiment=sequences"]))
     assert auto.name == "valid.ndcg@10" and auto.direction == "maximize"
     assert objective.declared(compose_cfg(["+experiment=sequences", "train.objective=valid.mrr"])).maximize
-    with pytest.raises(ValueError, match="train.objective=valid.auc: it must be auto or one of valid.ndcg@10, "
-                                         "valid.hr@10, valid.mrr"):
+    with pytest.raises(
+        ValueError, match="train.objective=valid.auc: it must be auto or one of valid.ndcg@10, valid.hr@10, valid.mrr"
+    ):
         objective.declared(compose_cfg(["+experiment=sequences", "train.objective=valid.auc"]))
 
 
@@ -128,17 +149,31 @@ def test_the_full_softmax_is_cross_entropy_over_the_catalogue():
     torch.testing.assert_close(general, expected)
     # sampled: a negative equal to the position's positive does not count against it
     negatives = torch.tensor([3, 5])
-    sampled = NextItemSoftmax()(queries[:1], table[3:4], torch.tensor([3]), table[negatives], negatives,
-                                torch.tensor([0]), 1)
+    sampled = NextItemSoftmax()(
+        queries[:1], table[3:4], torch.tensor([3]), table[negatives], negatives, torch.tensor([0]), 1
+    )
     logits = torch.stack([queries[0] @ table[3], queries[0] @ table[5]])
     torch.testing.assert_close(sampled, -torch.log_softmax(logits, 0)[0])
 
 
 def _tiny(model="sasrec", *extra):
-    return ["+experiment=sequences", f"model={model}", "data.batch_size=8", "data.max_length=6",
-            "model.max_length=6", "model.embedding_dim=8", "model.num_blocks=2", "model.num_heads=2",
-            "model.dropout=0", "train.steps=4", "train.log_every=1", "train.eval_every=0",
-            "optimizer.sparse.lr=0.1", "optimizer.dense.lr=0.01", *extra]
+    return [
+        "+experiment=sequences",
+        f"model={model}",
+        "data.batch_size=8",
+        "data.max_length=6",
+        "model.max_length=6",
+        "model.embedding_dim=8",
+        "model.num_blocks=2",
+        "model.num_heads=2",
+        "model.dropout=0",
+        "train.steps=4",
+        "train.log_every=1",
+        "train.eval_every=0",
+        "optimizer.sparse.lr=0.1",
+        "optimizer.dense.lr=0.01",
+        *extra,
+    ]
 
 
 def _built(tmp_path, model="sasrec"):
@@ -169,8 +204,8 @@ def test_padding_and_the_other_rows_change_no_real_output(tmp_path, model):
         from torchrec.sparse.jagged_tensor import JaggedTensor
 
         start = int(lengths[:row].sum())
-        alone = JaggedTensor(values=history.values()[start: start + lengths[row]], lengths=lengths[row: row + 1])
-        out = m.encode(alone, batch.times[row: row + 1])
+        alone = JaggedTensor(values=history.values()[start : start + lengths[row]], lengths=lengths[row : row + 1])
+        out = m.encode(alone, batch.times[row : row + 1])
         torch.testing.assert_close(out[0, : lengths[row]], together[row, : lengths[row]], **TOL)
 
 
@@ -192,21 +227,40 @@ def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, m
 
 @pytest.mark.unit
 def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
-    table = pa.table({"items": pa.array([[1, 2, 3, 4], None, [5, 99, 6], [7, 8, 9], [1, None, 2], [3, 4, 5]],
-                                        pa.list_(pa.int64())),
-                      "ts": pa.array([[1, 2, 3, 4], [1], [1, 2, 3], [3, 2], [1, 2, 3], [5, 6, 7]],
-                                     pa.list_(pa.int64()))})
+    table = pa.table(
+        {
+            "items": pa.array(
+                [[1, 2, 3, 4], None, [5, 99, 6], [7, 8, 9], [1, None, 2], [3, 4, 5]], pa.list_(pa.int64())
+            ),
+            "ts": pa.array([[1, 2, 3, 4], [1], [1, 2, 3], [3, 2], [1, 2, 3], [5, 6, 7]], pa.list_(pa.int64())),
+        }
+    )
     pq.write_table(table, tmp_path / "h.parquet")
-    args = dict(batch_size=2, path=str(tmp_path / "h.parquet"), items_column="items", num_items=20, max_length=5,
-                train_negatives=0, negative_sampling="uniform", eval_batches=None, seed=0, times_column="ts")
+    args = dict(
+        batch_size=2,
+        path=str(tmp_path / "h.parquet"),
+        items_column="items",
+        num_items=20,
+        max_length=5,
+        train_negatives=0,
+        negative_sampling="uniform",
+        eval_batches=None,
+        seed=0,
+        times_column="ts",
+    )
     source = ParquetSequences(bad_rows="skip", **args)
     errors = [e.split(": ", 1)[1] for f in source.report()["files"].values() for e in f["errors"]]
-    assert errors == ["items is null", "items: id 99 is outside the table's rows 1..19 (id_mapping=none)",
-                      "ts has 2 times for 3 ids", "items has a null id"]
+    assert errors == [
+        "items is null",
+        "items: id 99 is outside the table's rows 1..19 (id_mapping=none)",
+        "ts has 2 times for 3 ids",
+        "items has a null id",
+    ]
     assert source.users == 2 and source.report()["bad_rows"] == 4
     # an empty history and one of one item are no bad rows: users with nothing to hold out, counted
-    pq.write_table(pa.table({"items": pa.array([[], [5], *([[1, 2, 3]] * 3)], pa.list_(pa.int64()))}),
-                   tmp_path / "short.parquet")
+    pq.write_table(
+        pa.table({"items": pa.array([[], [5], *([[1, 2, 3]] * 3)], pa.list_(pa.int64()))}), tmp_path / "short.parquet"
+    )
     short = ParquetSequences(bad_rows="fail", **{**args, "path": str(tmp_path / "short.parquet"), "times_column": None})
     assert short.users == 3 and short.report()["users_left_out"] == 2 and short.report()["bad_rows"] == 0
     with pytest.raises(DataError, match=r"h.parquet:1: items is null \(data.bad_rows=fail\)"):
@@ -229,13 +283,29 @@ def trained(tmp_path_factory):
     run = lambda m, *extra: compose_cfg(_tiny(m, f"data.path={d}", "sharding=row_wise", *extra))
     sampled = ["loss.in_batch=true", "data.train_negatives=7", "data.negative_sampling=popularity"]
     resumable = ["checkpoint.every_n_steps=2"]
-    two = spawn(train_and_gather, 2, [
-        run("sasrec"), run("hstu", *resumable, f"checkpoint.dir={a}"), run("sasrec", *sampled),
-        run("hstu", *resumable, f"checkpoint.dir={b}", "train.steps=2"),
-        run("hstu", *resumable, f"checkpoint.dir={b}")], str(root / "two"))
-    one = spawn(train_and_gather, 1, [
-        run("sasrec"), run("hstu"), run("sasrec", *sampled),
-        run("hstu", *resumable, f"checkpoint.dir={c}", f"checkpoint.resume={a / 'step_00000002'}")], str(root / "one"))
+    two = spawn(
+        train_and_gather,
+        2,
+        [
+            run("sasrec"),
+            run("hstu", *resumable, f"checkpoint.dir={a}"),
+            run("sasrec", *sampled),
+            run("hstu", *resumable, f"checkpoint.dir={b}", "train.steps=2"),
+            run("hstu", *resumable, f"checkpoint.dir={b}"),
+        ],
+        str(root / "two"),
+    )
+    one = spawn(
+        train_and_gather,
+        1,
+        [
+            run("sasrec"),
+            run("hstu"),
+            run("sasrec", *sampled),
+            run("hstu", *resumable, f"checkpoint.dir={c}", f"checkpoint.resume={a / 'step_00000002'}"),
+        ],
+        str(root / "one"),
+    )
     return {1: one[:3], 2: two[:3], "resumed": two[4], "resharded": one[3]}
 
 

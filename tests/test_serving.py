@@ -40,8 +40,10 @@ def _train_export_evaluate(tmp, overrides):
     _run("hybridrec.train", [*overrides, *TINY_RUN, f"checkpoint.dir={tmp / 'ckpt'}", f"hydra.run.dir={tmp / 'run'}"])
     (step,) = sorted((tmp / "ckpt").glob("step_*"))
     export(str(step), str(tmp / "export"))
-    _run("hybridrec.evaluate", [f"checkpoint={step}", "predictions=true", "launcher.device=cpu",
-                                f"hydra.run.dir={tmp / 'eval'}"])
+    _run(
+        "hybridrec.evaluate",
+        [f"checkpoint={step}", "predictions=true", "launcher.device=cpu", f"hydra.run.dir={tmp / 'eval'}"],
+    )
     predictions = pq.read_table(tmp / "eval" / "predictions.parquet").to_pydict()
     assert predictions["row"] == sorted(predictions["row"])
     return tmp / "export", torch.tensor(predictions["probability"])
@@ -57,11 +59,19 @@ def _scores(export_dir, rows):
 def _feature_log(out):
     """A small example log (2,000 training rows) and its item vocabulary."""
     generate(str(out), rows=2000, seed=3)
-    _run("hybridrec.data.vocab", [str(out / "train"), "--column", "item_id", "--min-count", "1",
-                                  "--out", str(out / "vocab")])
+    _run(
+        "hybridrec.data.vocab",
+        [str(out / "train"), "--column", "item_id", "--min-count", "1", "--out", str(out / "vocab")],
+    )
     vocab = out / "vocab" / "item_id.parquet"
-    return ["+experiment=feature_log", f"data.train_path={out / 'train'}", f"data.valid_path={out / 'valid'}",
-            f"data.eval_path={out / 'eval'}", f"data.sparse.1.vocabulary={vocab}", f"data.sparse.2.vocabulary={vocab}"]
+    return [
+        "+experiment=feature_log",
+        f"data.train_path={out / 'train'}",
+        f"data.valid_path={out / 'valid'}",
+        f"data.eval_path={out / 'eval'}",
+        f"data.sparse.1.vocabulary={vocab}",
+        f"data.sparse.2.vocabulary={vocab}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -164,13 +174,19 @@ def test_the_ctr_experiment_scores_from_raw_rows_as_evaluate_does(tmp_path):
     guide's snippet run as printed, on this export. Three commands (train, evaluate, the
     snippet) on 26 tables: the module's slowest test."""
     sizes = [300, 200, 100, 50] * 6 + [20, 10]
-    overrides = ["+experiment=ctr", "data.batch_size=64", f"data.num_embeddings_per_feature=[{','.join(map(str, sizes))}]",
-                 f"data.multi_hot_sizes=[{','.join(['1', '3', '1', '2'] * 6 + ['1', '1'])}]", "data.eval_batches=2",
-                 *SMALL_DLRM]
+    overrides = [
+        "+experiment=ctr",
+        "data.batch_size=64",
+        f"data.num_embeddings_per_feature=[{','.join(map(str, sizes))}]",
+        f"data.multi_hot_sizes=[{','.join(['1', '3', '1', '2'] * 6 + ['1', '1'])}]",
+        "data.eval_batches=2",
+        *SMALL_DLRM,
+    ]
     export_dir, expected = _train_export_evaluate(tmp_path, overrides)
     cfg = compose_cfg(overrides)
-    torch.testing.assert_close(_scores(export_dir, ctr_raw_rows(build_source(cfg.data, cfg.seed))), expected,
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        _scores(export_dir, ctr_raw_rows(build_source(cfg.data, cfg.seed))), expected, rtol=0, atol=1e-5
+    )
     snippet = docs_snippet("serving.md", "from hybridrec.serving import Preprocessor")
     assert 'export = "outputs/demo/export"' in snippet  # the demo's export, which the guide's reader has
     # run as a script of its own (a module in an empty directory: what the reader pastes into a file)

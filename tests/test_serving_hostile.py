@@ -39,8 +39,12 @@ class _Described:
 
 
 def _managed_ids(out: str) -> None:
-    pq.write_table(pa.table({"table": ["t_item", "t_item"], "key": pa.array([1, 2], pa.uint64()),
-                             "row": pa.array([1, 2], pa.int64())}), os.path.join(out, MANAGED_FILE))
+    pq.write_table(
+        pa.table(
+            {"table": ["t_item", "t_item"], "key": pa.array([1, 2], pa.uint64()), "row": pa.array([1, 2], pa.int64())}
+        ),
+        os.path.join(out, MANAGED_FILE),
+    )
 
 
 KINDS = ["synthetic", "feature log", "feature log, managed ids", "movielens", "criteo tsv"]
@@ -67,8 +71,9 @@ def exports(tmp_path_factory):
         described = source
         if kind.endswith("managed ids"):
             _managed_ids(export)
-            described = _Described(source, next(i for i, f in enumerate(source.raw_inputs().sparse)
-                                                if f["name"] == "item"))
+            described = _Described(
+                source, next(i for i, f in enumerate(source.raw_inputs().sparse) if f["name"] == "item")
+            )
         write_preprocessing(described, weighted, export)
         out[kind] = (export, _valid_row(kind, source))
     return out
@@ -88,9 +93,19 @@ def _valid_row(kind: str, source) -> dict:
 
 
 # What a client may send in place of a column's value.
-HOSTILE = {"null": None, "nan": float("nan"), "inf": float("inf"), "text": "x", "beyond 64 bits": 10**20,
-           "negative": -1, "a bool": True, "nested list": [[1, 2]], "null in a list": [1, None], "empty list": [],
-           "a dict": {"a": 1}}
+HOSTILE = {
+    "null": None,
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "text": "x",
+    "beyond 64 bits": 10**20,
+    "negative": -1,
+    "a bool": True,
+    "nested list": [[1, 2]],
+    "null in a list": [1, None],
+    "empty list": [],
+    "a dict": {"a": 1},
+}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -130,42 +145,104 @@ def _first(spec, kind):
 
 # (kind of export, what is changed, the edit, the message's fragment)
 EDITS = [
-    ("feature log", "a string std", lambda s: s["dense"][1].__setitem__("steps", [{"op": "standardize", "mean": 0,
-                                                                                   "std": "1"}]),
-     "field dense[1].steps[0].std is '1' (a str), expected a finite number"),
-    ("feature log", "a std of 0", lambda s: s["dense"][1].__setitem__("steps", [{"op": "standardize", "mean": 0,
-                                                                                 "std": 0}]),
-     "field dense[1].steps[0].std is '0' (a int), expected a number > 0"),
-    ("feature log", "an op of its own", lambda s: s["dense"][0]["steps"].append({"op": "eval"}),
-     "field dense[0].steps[2].op is 'eval'"),
-    ("feature log", "a negative modulo", lambda s: _first(s, "hash")["ids"].__setitem__("modulo", -5),
-     "ids.modulo is '-5' (a int), expected an integer in [1, "),
-    ("feature log", "a modulo beyond the table", lambda s: _first(s, "hash")["ids"].__setitem__("modulo", 2 ** 70),
-     "ids.modulo is '1180591620717411303424' (a int), expected an integer in [1, "),
-    ("feature log", "a seed beyond 64 bits", lambda s: _first(s, "hash")["ids"].__setitem__("seed", 2 ** 70),
-     "ids.seed is '1180591620717411303424' (a int), expected an integer in [0, 18446744073709551615]"),
-    ("feature log", "a dense column left out", lambda s: s["dense"][0].pop("column"),
-     "field dense[0].column is '(missing)' (a str), expected present"),
-    ("feature log", "a weights column left out", lambda s: s["sparse"][0].pop("weights_column"),
-     "field sparse[0].weights_column is '(missing)'"),
-    ("feature log", "an op that is a list", lambda s: s["dense"][0]["steps"].append({"op": ["x"]}),
-     "field dense[0].steps[2].op is \"['x']\""),
-    ("feature log", "an id kind that is a list", lambda s: _first(s, "hash")["ids"].__setitem__("kind", ["row"]),
-     "ids.kind is \"['row']\""),
-    ("movielens", "a join that is a list", lambda s: s["dense"][0].__setitem__("join", ["x"]),
-     "field dense[0].join is \"['x']\""),
-    ("movielens", "a join's missing values of other columns", lambda s: s["joins"][0].__setitem__("missing", {"x": 1}),
-     "has 'missing' values for ['x'], and its file's columns are"),
+    (
+        "feature log",
+        "a string std",
+        lambda s: s["dense"][1].__setitem__("steps", [{"op": "standardize", "mean": 0, "std": "1"}]),
+        "field dense[1].steps[0].std is '1' (a str), expected a finite number",
+    ),
+    (
+        "feature log",
+        "a std of 0",
+        lambda s: s["dense"][1].__setitem__("steps", [{"op": "standardize", "mean": 0, "std": 0}]),
+        "field dense[1].steps[0].std is '0' (a int), expected a number > 0",
+    ),
+    (
+        "feature log",
+        "an op of its own",
+        lambda s: s["dense"][0]["steps"].append({"op": "eval"}),
+        "field dense[0].steps[2].op is 'eval'",
+    ),
+    (
+        "feature log",
+        "a negative modulo",
+        lambda s: _first(s, "hash")["ids"].__setitem__("modulo", -5),
+        "ids.modulo is '-5' (a int), expected an integer in [1, ",
+    ),
+    (
+        "feature log",
+        "a modulo beyond the table",
+        lambda s: _first(s, "hash")["ids"].__setitem__("modulo", 2**70),
+        "ids.modulo is '1180591620717411303424' (a int), expected an integer in [1, ",
+    ),
+    (
+        "feature log",
+        "a seed beyond 64 bits",
+        lambda s: _first(s, "hash")["ids"].__setitem__("seed", 2**70),
+        "ids.seed is '1180591620717411303424' (a int), expected an integer in [0, 18446744073709551615]",
+    ),
+    (
+        "feature log",
+        "a dense column left out",
+        lambda s: s["dense"][0].pop("column"),
+        "field dense[0].column is '(missing)' (a str), expected present",
+    ),
+    (
+        "feature log",
+        "a weights column left out",
+        lambda s: s["sparse"][0].pop("weights_column"),
+        "field sparse[0].weights_column is '(missing)'",
+    ),
+    (
+        "feature log",
+        "an op that is a list",
+        lambda s: s["dense"][0]["steps"].append({"op": ["x"]}),
+        "field dense[0].steps[2].op is \"['x']\"",
+    ),
+    (
+        "feature log",
+        "an id kind that is a list",
+        lambda s: _first(s, "hash")["ids"].__setitem__("kind", ["row"]),
+        "ids.kind is \"['row']\"",
+    ),
+    (
+        "movielens",
+        "a join that is a list",
+        lambda s: s["dense"][0].__setitem__("join", ["x"]),
+        "field dense[0].join is \"['x']\"",
+    ),
+    (
+        "movielens",
+        "a join's missing values of other columns",
+        lambda s: s["joins"][0].__setitem__("missing", {"x": 1}),
+        "has 'missing' values for ['x'], and its file's columns are",
+    ),
     ("feature log", "no rows description", lambda s: s.pop("rows"), "field rows is 'None'"),
     ("feature log", "no sparse list", lambda s: s.__setitem__("sparse", "all"), "field sparse is 'all'"),
-    ("feature log", "an unknown id kind", lambda s: _first(s, "hash")["ids"].__setitem__("kind", "python"),
-     "ids.kind is 'python'"),
-    ("feature log", "a table size of text", lambda s: s["sparse"][0].__setitem__("num_embeddings", "13"),
-     "field sparse[0].num_embeddings is '13' (a str), expected an integer >= 1"),
-    ("movielens", "a join of no name", lambda s: s["dense"][0].__setitem__("join", "nobody"),
-     "field dense[0].join is 'nobody'"),
-    ("feature log, managed ids", "the managed ids unlisted", lambda s: s["files"].pop(MANAGED_FILE),
-     f"it reads {MANAGED_FILE} but its 'files' records no sha256 for it"),
+    (
+        "feature log",
+        "an unknown id kind",
+        lambda s: _first(s, "hash")["ids"].__setitem__("kind", "python"),
+        "ids.kind is 'python'",
+    ),
+    (
+        "feature log",
+        "a table size of text",
+        lambda s: s["sparse"][0].__setitem__("num_embeddings", "13"),
+        "field sparse[0].num_embeddings is '13' (a str), expected an integer >= 1",
+    ),
+    (
+        "movielens",
+        "a join of no name",
+        lambda s: s["dense"][0].__setitem__("join", "nobody"),
+        "field dense[0].join is 'nobody'",
+    ),
+    (
+        "feature log, managed ids",
+        "the managed ids unlisted",
+        lambda s: s["files"].pop(MANAGED_FILE),
+        f"it reads {MANAGED_FILE} but its 'files' records no sha256 for it",
+    ),
 ]
 
 
@@ -192,15 +269,19 @@ def test_files_outside_the_export_are_never_read(exports, tmp_path):
     outside = tmp_path / "other.parquet"
     shutil.copyfile(export / name, outside)
     for planted in ("../other.parquet", str(outside)):
+
         def point(spec, planted=planted):
             spec["files"][planted] = sha256(str(outside))
             spec["joins"][0]["file"] = planted
+
         copy = shutil.copytree(export, tmp_path / f"copy{len(planted)}")
         path = _edit(str(copy), point)
         with pytest.raises(ValueError) as e:
             Preprocessor.load(str(copy))
-        assert str(e.value) == (f"hybridrec: {path} is damaged or was edited: it names {planted!r}, which is not a file "
-                                f"of the export {copy}; export the checkpoint again")
+        assert str(e.value) == (
+            f"hybridrec: {path} is damaged or was edited: it names {planted!r}, which is not a file "
+            f"of the export {copy}; export the checkpoint again"
+        )
     os.remove(export / name)
     os.symlink(outside, export / name)  # the file's name is the export's, its bytes another's
     with pytest.raises(ValueError, match="which is not a file of the export"):
@@ -219,8 +300,11 @@ def test_a_deltas_managed_ids_are_verified_against_the_delta(exports, tmp_path):
     assert Preprocessor.load(str(export), managed_ids=str(ids))._managed.num_rows == 2
     table = pq.read_table(ids)
     pq.write_table(table.set_column(2, "row", pa.array([7, 7], pa.int64())), ids)  # ids moved to other rows
-    with pytest.raises(ValueError, match=r"managed_ids_00001.parquet is damaged or was edited \(its sha256 is not "
-                                         r"the one .*delta_00001.pt records\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"managed_ids_00001.parquet is damaged or was edited \(its sha256 is not "
+        r"the one .*delta_00001.pt records\)",
+    ):
         Preprocessor.load(str(export), managed_ids=str(ids))
     with pytest.raises(ValueError, match="give one of .*deltas's managed_ids_NNNNN.parquet"):
         Preprocessor.load(str(export), managed_ids=str(export / MANAGED_FILE))

@@ -22,9 +22,21 @@ pytestmark = pytest.mark.dist  # every test starts ranks
 
 # Far more steps than a test waits for, each logged: the run is stopped in mid-training. One
 # DataLoader worker per rank, to see that the workers end too. Small tables: fast to start.
-RUN = [sys.executable, "-m", "hybridrec.train", "+experiment=ctr", "train.steps=100000", "train.log_every=1",
-       "train.eval_every=0", "data.num_embeddings_per_feature=[2000,1000,500,100]", "data.batch_size=256",
-       "data.eval_batches=2", "data.num_workers=1", "launcher.nproc_per_node=2", "launcher.collective_timeout_s=20"]
+RUN = [
+    sys.executable,
+    "-m",
+    "hybridrec.train",
+    "+experiment=ctr",
+    "train.steps=100000",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "data.num_embeddings_per_feature=[2000,1000,500,100]",
+    "data.batch_size=256",
+    "data.eval_batches=2",
+    "data.num_workers=1",
+    "launcher.nproc_per_node=2",
+    "launcher.collective_timeout_s=20",
+]
 
 
 # The launcher's helper interpreters, multiprocessing's fork server and resource tracker
@@ -44,8 +56,12 @@ class Run:
         self.dir = tmp_path / "run"
         self.stderr_path = tmp_path / "stderr"
         with open(self.stderr_path, "w") as stderr:  # a file: a full pipe would block the run
-            self.proc = subprocess.Popen(RUN + [*extra, f"hydra.run.dir={self.dir}"], stdout=subprocess.DEVNULL,
-                                         stderr=stderr, start_new_session=True)
+            self.proc = subprocess.Popen(
+                RUN + [*extra, f"hydra.run.dir={self.dir}"],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
         self.helpers: set[int] = set()  # the fork server and resource tracker, once training() saw them
 
     def processes(self) -> dict[int, int]:
@@ -170,14 +186,20 @@ def test_a_stopped_rank_is_named_within_the_collective_timeout(run):
     gone = run.gone_after(start, limit=reported + 10)
     assert "Traceback" not in run.stderr(), run.stderr()[-3000:]
     # The pids tell the ranks apart; which is rank 1 only the launcher knows.
-    assert re.fullmatch(rf"hybridrec: rank [01] \(pid {ranks[1]}\) stopped responding: no heartbeat for \d+ s "
-                        r"\(process state: stopped\); every rank was killed\n", run.stderr(since=before))
+    assert re.fullmatch(
+        rf"hybridrec: rank [01] \(pid {ranks[1]}\) stopped responding: no heartbeat for \d+ s "
+        r"\(process state: stopped\); every rank was killed\n",
+        run.stderr(since=before),
+    )
     assert returncode != 0
     print(f"SIGSTOP: reported after {reported:.1f} s, every process gone after {gone:.1f} s")
 
 
-@pytest.mark.parametrize("target, sig", [("rank", signal.SIGKILL), ("rank", signal.SIGTERM), ("worker", signal.SIGKILL)],
-                         ids=["SIGKILL to a rank", "SIGTERM to a rank", "SIGKILL to a worker"])
+@pytest.mark.parametrize(
+    "target, sig",
+    [("rank", signal.SIGKILL), ("rank", signal.SIGTERM), ("worker", signal.SIGKILL)],
+    ids=["SIGKILL to a rank", "SIGTERM to a rank", "SIGKILL to a worker"],
+)
 def test_a_rank_or_worker_a_signal_ends_is_named_in_one_line(run, target, sig):
     ranks, workers = run.training()
     before = os.path.getsize(run.stderr_path)
@@ -188,9 +210,12 @@ def test_a_rank_or_worker_a_signal_ends_is_named_in_one_line(run, target, sig):
     run.gone_after(start, limit=10)
     assert "Traceback" not in run.stderr(), run.stderr()[-3000:]
     # The pids tell the ranks apart; which is rank 1 only the launcher knows.
-    said = (rf"hybridrec: rank [01] \(pid {pid}\) was killed by {sig.name}\n" if target == "rank" else
-            rf"hybridrec: rank [01]: DataLoader worker \(pid {pid}\) was killed by {sig.name}; its batches were lost "
-            r"with it \(data.num_workers=0 reads in the rank itself\)\n")
+    said = (
+        rf"hybridrec: rank [01] \(pid {pid}\) was killed by {sig.name}\n"
+        if target == "rank"
+        else rf"hybridrec: rank [01]: DataLoader worker \(pid {pid}\) was killed by {sig.name}; its batches were lost "
+        r"with it \(data.num_workers=0 reads in the rank itself\)\n"
+    )
     assert re.fullmatch(said, run.stderr(since=before)), run.stderr(since=before)
     assert returncode == 128 + sig
 
@@ -204,8 +229,10 @@ def test_a_killed_rank_restarts_with_one_line_and_sigterm_then_ends_the_run(tmp_
     try:
         ranks, _ = r.training()
         os.kill(ranks[1], signal.SIGKILL)
-        said = f"rank [01] \\(pid {ranks[1]}\\) was killed by SIGKILL; restarting every rank from the newest " \
-               r"checkpoint \(restart 1 of launcher.max_restarts=1\)"
+        said = (
+            f"rank [01] \\(pid {ranks[1]}\\) was killed by SIGKILL; restarting every rank from the newest "
+            r"checkpoint \(restart 1 of launcher.max_restarts=1\)"
+        )
         deadline = time.monotonic() + 60
         while not (m := re.search(said, log := (r.dir / "train.log").read_text())):
             assert time.monotonic() < deadline and r.proc.poll() is None, r.stderr()[-3000:]
@@ -213,7 +240,7 @@ def test_a_killed_rank_restarts_with_one_line_and_sigterm_then_ends_the_run(tmp_
         again, _ = r.training()  # the restarted ranks and their workers are up ...
         assert ranks[1] not in again
         deadline = time.monotonic() + 120
-        while not re.search(r" - step \d+/", log[m.end():]):  # ... and train: a step logged after the restart
+        while not re.search(r" - step \d+/", log[m.end() :]):  # ... and train: a step logged after the restart
             assert time.monotonic() < deadline and r.proc.poll() is None, r.stderr()[-3000:]
             time.sleep(0.1)
             log = (r.dir / "train.log").read_text()

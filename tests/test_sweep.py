@@ -19,12 +19,27 @@ COMMON = ["+experiment=ctr", "train.steps=5"]
 
 
 def _summary(auc, ne, rate, rss, dense, valid_logloss=0.5):
-    return {"eval": {"auc": auc, "ne": ne, "logloss": 0.5, "ctr": 0.33, "n": 4096},
-            "valid": {"auc": auc - 0.01, "logloss": valid_logloss, "n": 1024},
-            "objective": {"name": "valid.logloss", "direction": "minimize", "value": valid_logloss, "best_step": 5,
-                          "best_value": valid_logloss, "best_checkpoint": None, "stopped_early_at": None},
-            "samples_per_second": rate, "peak_rss_mb": rss, "dense_parameters": dense, "train_loss": 0.45, "steps": 5,
-            "global_batch_size": 2048, "world_size": len(rss), "wall_time_s": 1.5}
+    return {
+        "eval": {"auc": auc, "ne": ne, "logloss": 0.5, "ctr": 0.33, "n": 4096},
+        "valid": {"auc": auc - 0.01, "logloss": valid_logloss, "n": 1024},
+        "objective": {
+            "name": "valid.logloss",
+            "direction": "minimize",
+            "value": valid_logloss,
+            "best_step": 5,
+            "best_value": valid_logloss,
+            "best_checkpoint": None,
+            "stopped_early_at": None,
+        },
+        "samples_per_second": rate,
+        "peak_rss_mb": rss,
+        "dense_parameters": dense,
+        "train_loss": 0.45,
+        "steps": 5,
+        "global_batch_size": 2048,
+        "world_size": len(rss),
+        "wall_time_s": 1.5,
+    }
 
 
 def _job(sweep, num, overrides, summary=None, failed=None):
@@ -46,9 +61,13 @@ def sweep(tmp_path):
     # written out of order, and 10 after 2: rows follow the job number, not the name
     _job(s, 10, [*COMMON, "model=deepfm"])  # no summary, no failure: still running or killed
     _job(s, 0, [*COMMON, "model=dlrm"], _summary(0.7512, 0.91, 20480.4, [900.0, 812.5], 499521, valid_logloss=0.52))
-    _job(s, 2, [*COMMON, "model=dcn", "optimizer=sgd"],
-         failed="hybridrec: invalid config: data.batch_size=2048 is the global batch and must divide evenly over "
-                "world_size=3 ranks")
+    _job(
+        s,
+        2,
+        [*COMMON, "model=dcn", "optimizer=sgd"],
+        failed="hybridrec: invalid config: data.batch_size=2048 is the global batch and must divide evenly over "
+        "world_size=3 ranks",
+    )
     _job(s, 1, [*COMMON, "model=dcn"], _summary(0.7601, 0.89, 9000.0, [1200.0], 1342849, valid_logloss=0.48))
     (s / ".submitit" / "123").mkdir(parents=True)  # launcher files: not jobs
     (s / "multirun.yaml").write_text("{}")
@@ -64,14 +83,40 @@ def test_jobs_in_order_with_their_status(sweep):
 
 def test_csv_has_one_row_per_job_with_every_field(sweep):
     rows = list(csv.DictReader(io.StringIO(to_csv(read_jobs(str(sweep))))))
-    assert list(rows[0]) == ["job", "status", "model", "optimizer", "objective", "chosen", "objective_name",
-                             "direction", "valid_auc", "valid_logloss", "samples_per_second", "peak_rss_mb",
-                             "dense_parameters", "test_auc", "test_ne", "test_logloss", "train_loss", "steps",
-                             "global_batch_size", "world_size", "wall_time_s", "best_step", "overrides", "dir", "error"]
+    assert list(rows[0]) == [
+        "job",
+        "status",
+        "model",
+        "optimizer",
+        "objective",
+        "chosen",
+        "objective_name",
+        "direction",
+        "valid_auc",
+        "valid_logloss",
+        "samples_per_second",
+        "peak_rss_mb",
+        "dense_parameters",
+        "test_auc",
+        "test_ne",
+        "test_logloss",
+        "train_loss",
+        "steps",
+        "global_batch_size",
+        "world_size",
+        "wall_time_s",
+        "best_step",
+        "overrides",
+        "dir",
+        "error",
+    ]
     # best first by the validation objective (log loss: lower), then the failed and unfinished jobs
     assert [(r["job"], r["status"], r["model"], r["optimizer"], r["chosen"]) for r in rows] == [
-        ("1", "ok", "dcn", "", "yes"), ("0", "ok", "dlrm", "", ""), ("2", "failed", "dcn", "sgd", ""),
-        ("10", "unfinished", "deepfm", "", "")]
+        ("1", "ok", "dcn", "", "yes"),
+        ("0", "ok", "dlrm", "", ""),
+        ("2", "failed", "dcn", "sgd", ""),
+        ("10", "unfinished", "deepfm", "", ""),
+    ]
     ok = rows[1]
     assert float(ok["objective"]) == 0.52 and ok["objective_name"] == "valid.logloss"
     assert float(ok["test_auc"]) == 0.7512 and float(ok["samples_per_second"]) == 20480.4
@@ -86,18 +131,23 @@ def test_markdown_table_is_for_choosing(sweep):
     lines = text.splitlines()
     assert lines[0] == "Every job: `+experiment=ctr train.steps=5`"  # shared overrides, once
     table = [line for line in lines if line.startswith("|")]
-    assert table[0] == ("| job | status | model | optimizer | valid.logloss (lower is better) | valid auc "
-                        "| samples/s | peak RSS MB (max rank) | dense params | dir | error |")
+    assert table[0] == (
+        "| job | status | model | optimizer | valid.logloss (lower is better) | valid auc "
+        "| samples/s | peak RSS MB (max rank) | dense params | dir | error |"
+    )
     assert len(table) == 2 + 4  # heading, alignment, one row per job
-    assert table[2] == ("| 1 | ok | dcn |  | **0.4800** (chosen) | 0.7501 | 9,000 | 1,200 | 1,342,849 "
-                        "| 1_+experiment=ctr,train.steps=5,model=dcn |  |")
+    assert table[2] == (
+        "| 1 | ok | dcn |  | **0.4800** (chosen) | 0.7501 | 9,000 | 1,200 | 1,342,849 "
+        "| 1_+experiment=ctr,train.steps=5,model=dcn |  |"
+    )
     assert table[3].startswith("| 0 | ok | dlrm |  | 0.5200 | ")
     assert table[4].startswith("| 2 | failed | dcn | sgd |  |  |  |  |  | 2_") and "world_size=3 ranks |" in table[4]
     assert table[5].startswith("| 10 | unfinished | deepfm |")
     # the test split: for the chosen job only, below the table, never a column to sort on
     assert "test" not in table[0] and lines[-1] == (
         "Chosen on validation: job 1 (valid.logloss 0.4800 at step 5). Its test metrics, scored once at the end: "
-        "auc 0.7601  ne 0.8900  logloss 0.5000")
+        "auc 0.7601  ne 0.8900  logloss 0.5000"
+    )
 
 
 def test_a_maximized_objective_sorts_the_other_way(tmp_path):
@@ -113,14 +163,37 @@ def test_a_maximized_objective_sorts_the_other_way(tmp_path):
 
 
 def test_ranking_metrics_as_present(tmp_path):
-    ranking = {"eval": {"auc": 0.8, "ndcg@10": 0.55, "map": 0.5, "recall@10": 0.48, "n": 900, "queries": 90,
-                        "queries_with_relevant": 88}, "samples_per_second": 1.0, "peak_rss_mb": [1.0]}
+    ranking = {
+        "eval": {
+            "auc": 0.8,
+            "ndcg@10": 0.55,
+            "map": 0.5,
+            "recall@10": 0.48,
+            "n": 900,
+            "queries": 90,
+            "queries_with_relevant": 88,
+        },
+        "samples_per_second": 1.0,
+        "peak_rss_mb": [1.0],
+    }
     ranking["valid"] = ranking["eval"]
     _job(tmp_path, 0, ["loss=pairwise"], ranking)
     _job(tmp_path, 1, ["loss=listwise"], ranking)
     header = to_csv(read_jobs(str(tmp_path))).splitlines()[0].split(",")
-    assert header[:12] == ["job", "status", "loss", "objective", "chosen", "objective_name", "direction", "valid_auc",
-                           "valid_ndcg@10", "valid_map", "valid_recall@10", "samples_per_second"]
+    assert header[:12] == [
+        "job",
+        "status",
+        "loss",
+        "objective",
+        "chosen",
+        "objective_name",
+        "direction",
+        "valid_auc",
+        "valid_ndcg@10",
+        "valid_map",
+        "valid_recall@10",
+        "samples_per_second",
+    ]
 
 
 def test_write_summary_writes_both_files(sweep):
@@ -131,8 +204,16 @@ def test_write_summary_writes_both_files(sweep):
 
 
 def _job_config(sweep, job_dir, mode=RunMode.MULTIRUN):
-    return OmegaConf.create({"hydra": {"mode": mode, "runtime": {"output_dir": str(job_dir)}, "job": {"num": 0},
-                                       "sweep": {"dir": str(sweep), "subdir": job_dir.name}}})
+    return OmegaConf.create(
+        {
+            "hydra": {
+                "mode": mode,
+                "runtime": {"output_dir": str(job_dir)},
+                "job": {"num": 0},
+                "sweep": {"dir": str(sweep), "subdir": job_dir.name},
+            }
+        }
+    )
 
 
 def test_callback_records_a_failed_job_and_rewrites_the_summary(tmp_path, capsys):
@@ -141,12 +222,14 @@ def test_callback_records_a_failed_job_and_rewrites_the_summary(tmp_path, capsys
     SweepSummary().on_job_end(_job_config(tmp_path, job), JobReturn(status=JobStatus.FAILED, _return_value=error))
     assert json.loads((job / FAILED_FILE).read_text()) == {"error": "RuntimeError: a bug"}
     assert "| 0 | failed |" in (tmp_path / "summary.md").read_text()
-    assert capsys.readouterr().err == (f"hybridrec: job 0 failed; the sweep goes on, and its rows so far are in "
-                                       f"{tmp_path}/summary.md\n")
+    assert capsys.readouterr().err == (
+        f"hybridrec: job 0 failed; the sweep goes on, and its rows so far are in {tmp_path}/summary.md\n"
+    )
     # a single run (no -m) has no sweep: nothing is written
     single = _job(tmp_path / "run", 0, ["optimizer=sgd"])
-    SweepSummary().on_job_end(_job_config(tmp_path / "run", single, RunMode.RUN),
-                              JobReturn(status=JobStatus.FAILED, _return_value=error))
+    SweepSummary().on_job_end(
+        _job_config(tmp_path / "run", single, RunMode.RUN), JobReturn(status=JobStatus.FAILED, _return_value=error)
+    )
     assert not (single / FAILED_FILE).exists() and not (tmp_path / "run" / "summary.md").exists()
 
 
@@ -163,8 +246,15 @@ def test_callback_finds_the_sweep_dir_of_a_nested_subdir(tmp_path):
     job = tmp_path / "0_data.path=" / "tmp" / "x"
     (job / ".hydra").mkdir(parents=True)
     OmegaConf.save(OmegaConf.create(["data.path=/tmp/x"]), job / ".hydra" / "overrides.yaml")
-    config = OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "runtime": {"output_dir": str(job)},
-                                         "sweep": {"dir": "unused", "subdir": subdir}}})
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "mode": RunMode.MULTIRUN,
+                "runtime": {"output_dir": str(job)},
+                "sweep": {"dir": "unused", "subdir": subdir},
+            }
+        }
+    )
     SweepSummary().on_job_end(config, JobReturn(status=JobStatus.COMPLETED, _return_value=0.5))
     assert (tmp_path / "summary.csv").exists()
 

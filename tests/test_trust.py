@@ -39,9 +39,17 @@ from hybridrec.train import check_before_launch
 from shared import rehash
 from trained import once
 
-TINY = ["+experiment=ctr", "data.batch_size=64", "data.num_embeddings_per_feature=[300,200,100,50]",
-        "data.ids_per_feature=2", "data.eval_batches=2", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]",
-        "model.over_arch_layer_sizes=[16,1]", "train.log_every=4"]
+TINY = [
+    "+experiment=ctr",
+    "data.batch_size=64",
+    "data.num_embeddings_per_feature=[300,200,100,50]",
+    "data.ids_per_feature=2",
+    "data.eval_batches=2",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[16,1]",
+    "train.log_every=4",
+]
 
 
 def _train(*args, timeout=180):
@@ -79,8 +87,12 @@ def trained(tmp_path_factory):
     works on a copy of what it changes."""
 
     def build(path):
-        proc = _train("train.steps=4", f"checkpoint.dir={path / 'ckpt'}", "checkpoint.every_n_steps=2",
-                      f"hydra.run.dir={path / 'run'}")
+        proc = _train(
+            "train.steps=4",
+            f"checkpoint.dir={path / 'ckpt'}",
+            "checkpoint.every_n_steps=2",
+            f"hydra.run.dir={path / 'run'}",
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return once(tmp_path_factory, "trust-tiny-ckpt", build) / "ckpt"
@@ -99,15 +111,22 @@ def _plant(kind, step_dir, marker):
     config = step_dir / "config.yaml"
     if kind == "nested_target":  # the eval-in-a-layer-list payload
         text = config.read_text().replace(
-            "dense_arch_layer_sizes:", "dense_arch_layer_sizes: {_target_: builtins.eval, _args_: "
-            f"[\"__import__('os').system('touch {marker}') or [16, 8]\"]}}\n  unused:", 1)
+            "dense_arch_layer_sizes:",
+            "dense_arch_layer_sizes: {_target_: builtins.eval, _args_: "
+            f"[\"__import__('os').system('touch {marker}') or [16, 8]\"]}}\n  unused:",
+            1,
+        )
         config.write_text(text)
     elif kind == "loss_target":
-        config.write_text(config.read_text().replace(
-            "loss:\n", f"loss:\n  hook: {{_target_: os.system, command: touch {marker}}}\n", 1))
+        config.write_text(
+            config.read_text().replace(
+                "loss:\n", f"loss:\n  hook: {{_target_: os.system, command: touch {marker}}}\n", 1
+            )
+        )
     elif kind == "data_target":  # a top-level target naming another class
-        config.write_text(config.read_text().replace("_target_: hybridrec.data.synthetic.SyntheticClickLog",
-                                                     "_target_: os.system", 1))
+        config.write_text(
+            config.read_text().replace("_target_: hybridrec.data.synthetic.SyntheticClickLog", "_target_: os.system", 1)
+        )
     elif kind == "yaml_tag":
         config.write_text(f"x: !!python/object/apply:os.system ['touch {marker}']\n" + config.read_text())
     elif kind == "metadata_pickle":  # a pickle that calls os.system, then DCP's real metadata
@@ -136,9 +155,10 @@ def test_a_planted_payload_is_refused_by_export_evaluate_and_resume(trained, tmp
     _plant(kind, ckpt, marker)
     unsafe = "is not safe to open" if kind != "distcp_pickle" else "holds a pickled object that would call posix.system"
     # export and evaluate in a process of their own, as a user runs them
-    for cmd, prefix in ((["hybridrec.export", f"checkpoint={ckpt}"], "hybridrec.export: "),
-                        (["hybridrec.evaluate", f"checkpoint={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"],
-                         "hybridrec: ")):
+    for cmd, prefix in (
+        (["hybridrec.export", f"checkpoint={ckpt}"], "hybridrec.export: "),
+        (["hybridrec.evaluate", f"checkpoint={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"], "hybridrec: "),
+    ):
         line = _last_line(commands.run(*cmd, timeout=120), prefix)
         assert unsafe in line and "refused, nothing in it was run" in line, line
         assert "does not fit" not in line and "weights_only" not in line
@@ -146,8 +166,14 @@ def test_a_planted_payload_is_refused_by_export_evaluate_and_resume(trained, tmp
     # resume: the checks before launch refuse it, except a .distcp pickle, which only DCP's
     # load reaches: that one through a real (single-rank) resume
     if kind == "distcp_pickle":
-        line = _last_line(_train("train.steps=6", f"checkpoint.dir={tmp_path / 'new'}", f"checkpoint.resume={ckpt}",
-                                 f"hydra.run.dir={tmp_path / 'run'}"))
+        line = _last_line(
+            _train(
+                "train.steps=6",
+                f"checkpoint.dir={tmp_path / 'new'}",
+                f"checkpoint.resume={ckpt}",
+                f"hydra.run.dir={tmp_path / 'run'}",
+            )
+        )
     else:
         with pytest.raises(UnsafeCheckpoint) as refused:
             check_before_launch(_resume_cfg(ckpt, tmp_path / "new"))
@@ -161,8 +187,9 @@ def test_resume_auto_never_skips_a_planted_checkpoint_quietly(trained, tmp_path)
     d = tmp_path / "ckpt"
     shutil.copytree(trained, d)
     _plant("metadata_pickle", d / "step_00000004", tmp_path / "ran")
-    with pytest.raises(UnsafeCheckpoint, match="step_00000004/.metadata is not safe to open: it would call "
-                                               "posix.system"):
+    with pytest.raises(
+        UnsafeCheckpoint, match="step_00000004/.metadata is not safe to open: it would call posix.system"
+    ):
         latest(str(d))
     assert not (tmp_path / "ran").exists()
 
@@ -178,8 +205,11 @@ def test_a_saved_config_may_name_only_shipped_or_trusted_classes(tmp_path):
     assert saved_config(str(step)).model._target_ == "hybridrec.models.dlrm.DLRMRanker"
     text = (step / "config.yaml").read_text()
     (step / "config.yaml").write_text(text.replace("hybridrec.models.dlrm.DLRMRanker", "mylib.MyRanker"))
-    with pytest.raises(UnsafeCheckpoint, match=r"model._target_=mylib.MyRanker is not a class hybridrec ships for "
-                                               r"model nor one this run trusts .*trusted_targets=\[mylib.MyRanker\]"):
+    with pytest.raises(
+        UnsafeCheckpoint,
+        match=r"model._target_=mylib.MyRanker is not a class hybridrec ships for "
+        r"model nor one this run trusts .*trusted_targets=\[mylib.MyRanker\]",
+    ):
         saved_config(str(step))
     # trusted explicitly (by the loading run, never by the checkpoint), the class passes the
     # safety check; typing it again then needs a schema registered for it
@@ -189,8 +219,11 @@ def test_a_saved_config_may_name_only_shipped_or_trusted_classes(tmp_path):
     (step / "config.yaml").write_text(text.replace("seed: 0", "seed: ${oc.env:HOME}"))
     with pytest.raises(UnsafeCheckpoint, match="seed='\\${oc.env:HOME}' is an interpolation"):
         saved_config(str(step))
-    (step / "config.yaml").write_text(text.replace("_target_: hybridrec.models.losses.BCE",
-                                                   "_target_: hybridrec.models.losses.BCE\n  _partial_: true"))
+    (step / "config.yaml").write_text(
+        text.replace(
+            "_target_: hybridrec.models.losses.BCE", "_target_: hybridrec.models.losses.BCE\n  _partial_: true"
+        )
+    )
     with pytest.raises(UnsafeCheckpoint, match="loss._partial_ is a Hydra instantiation key"):
         saved_config(str(step))
     # saved before the losses moved into the models package: the loss is found where it is now,
@@ -241,7 +274,8 @@ def test_every_file_is_checksummed_and_a_changed_byte_is_damage(trained, tmp_pat
     with pytest.raises(SystemExit, match=f"hybridrec.export: {damaged}"):
         export.main([f"checkpoint={newest}"])
     (d / "step_00000002" / STATE_JSON).write_text(
-        (d / "step_00000002" / STATE_JSON).read_text().replace('"step": 2', '"step": 3'))
+        (d / "step_00000002" / STATE_JSON).read_text().replace('"step": 2', '"step": 3')
+    )
     with pytest.raises(CheckpointError, match="trainer_state.json does not match the checksum of its fields"):
         check_complete(str(d / "step_00000002"))
 
@@ -288,41 +322,103 @@ def _outside_link(step, tmp):
 
 
 DAMAGE = [  # (case, edit(step, tmp), rehash, fragment)
-    ("metadata entry ../", lambda s, t: _metadata_entry(s, "../../outside_shard.distcp"), True,
-     "the entry '../../outside_shard.distcp' (the storage file of "),
-    ("metadata entry absolute", lambda s, t: _metadata_entry(s, "/etc/passwd"), True,
-     "the entry '/etc/passwd' (the storage file of "),
+    (
+        "metadata entry ../",
+        lambda s, t: _metadata_entry(s, "../../outside_shard.distcp"),
+        True,
+        "the entry '../../outside_shard.distcp' (the storage file of ",
+    ),
+    (
+        "metadata entry absolute",
+        lambda s, t: _metadata_entry(s, "/etc/passwd"),
+        True,
+        "the entry '/etc/passwd' (the storage file of ",
+    ),
     ("distcp linked outside", _outside_link, False, "outside.distcp, outside the checkpoint directory; refused"),
-    ("checksums stripped", lambda s, t: _edit_json(s, files=_DROP), True,
-     "has no 'files' field, so its content cannot be verified"),
-    ("self-hash stripped", lambda s, t: _edit_json(s, state_blake3=_DROP), False,
-     "has no 'state_blake3' field, so its content cannot be verified"),
-    ("flipped byte in .metadata", lambda s, t: _flip(s / ".metadata", find=b"TensorProperties"), False,
-     ".metadata does not match the checksum recorded when it was saved"),
-    ("flipped byte in .metadata, rehashed", lambda s, t: _flip(s / ".metadata", find=b"TensorProperties", to=ord("3")),
-     True, ".metadata is damaged: it names torch.distributed.checkpoint.metadata.Ten3orProperties, which does not exist"),
-    ("truncated .metadata, rehashed", lambda s, t: (s / ".metadata").write_bytes((s / ".metadata").read_bytes()[:500]),
-     True, ".metadata is damaged: not a valid pickle stream"),
-    ("bytes after .metadata, rehashed", lambda s, t: (s / ".metadata").write_bytes((s / ".metadata").read_bytes() + b"xx"),
-     True, ".metadata is damaged: 2 bytes after the end of its pickle stream"),
-    ("trainer_state.pt garbage, rehashed", lambda s, t: (s / "trainer_state.pt").write_bytes(b"\x80\x02garbage" * 9),
-     True, "trainer_state.pt is damaged: not a readable tensor record"),
-    ("duplicate key in config.yaml", lambda s, t: (s / "config.yaml").write_text(
-        "seed: 1\n" + (s / "config.yaml").read_text()), True, "config.yaml is damaged or was edited: not valid YAML "
-                                                              "(found duplicate key seed at line"),
-    ("unknown tag in config.yaml", lambda s, t: (s / "config.yaml").write_text(
-        "x: !custom 3\n" + (s / "config.yaml").read_text()), True,
-     "config.yaml is not safe to open: it holds the YAML tag !custom (a type hybridrec never writes) at line 1"),
-    ("step a string", lambda s, t: _edit_json(s, step="4; rm -rf /"), True,
-     "trainer_state.json is damaged or was edited: field 'step' is '4; rm -rf /' (a str), expected an integer >= 0"),
-    ("features an object", lambda s, t: _edit_json(s, features={"a": 1}), True,
-     "field 'features' is \"{'a': 1}\" (a dict), expected a list of objects"),
-    ("feature without rows", lambda s, t: _edit_json(s, features=[{"name": "x"}]), True,
-     "field 'features[0].num_embeddings' is 'None' (a NoneType), expected an integer >= 1"),
-    ("dense features missing", lambda s, t: _edit_json(s, num_dense_features=_DROP), True,
-     "field 'num_dense_features' is missing"),
-    ("run ids that are numbers", lambda s, t: _edit_json(s, runs=[1, 2]), True,
-     "field 'runs' is '[1, 2]' (a list), expected a list of run ids"),
+    (
+        "checksums stripped",
+        lambda s, t: _edit_json(s, files=_DROP),
+        True,
+        "has no 'files' field, so its content cannot be verified",
+    ),
+    (
+        "self-hash stripped",
+        lambda s, t: _edit_json(s, state_blake3=_DROP),
+        False,
+        "has no 'state_blake3' field, so its content cannot be verified",
+    ),
+    (
+        "flipped byte in .metadata",
+        lambda s, t: _flip(s / ".metadata", find=b"TensorProperties"),
+        False,
+        ".metadata does not match the checksum recorded when it was saved",
+    ),
+    (
+        "flipped byte in .metadata, rehashed",
+        lambda s, t: _flip(s / ".metadata", find=b"TensorProperties", to=ord("3")),
+        True,
+        ".metadata is damaged: it names torch.distributed.checkpoint.metadata.Ten3orProperties, which does not exist",
+    ),
+    (
+        "truncated .metadata, rehashed",
+        lambda s, t: (s / ".metadata").write_bytes((s / ".metadata").read_bytes()[:500]),
+        True,
+        ".metadata is damaged: not a valid pickle stream",
+    ),
+    (
+        "bytes after .metadata, rehashed",
+        lambda s, t: (s / ".metadata").write_bytes((s / ".metadata").read_bytes() + b"xx"),
+        True,
+        ".metadata is damaged: 2 bytes after the end of its pickle stream",
+    ),
+    (
+        "trainer_state.pt garbage, rehashed",
+        lambda s, t: (s / "trainer_state.pt").write_bytes(b"\x80\x02garbage" * 9),
+        True,
+        "trainer_state.pt is damaged: not a readable tensor record",
+    ),
+    (
+        "duplicate key in config.yaml",
+        lambda s, t: (s / "config.yaml").write_text("seed: 1\n" + (s / "config.yaml").read_text()),
+        True,
+        "config.yaml is damaged or was edited: not valid YAML (found duplicate key seed at line",
+    ),
+    (
+        "unknown tag in config.yaml",
+        lambda s, t: (s / "config.yaml").write_text("x: !custom 3\n" + (s / "config.yaml").read_text()),
+        True,
+        "config.yaml is not safe to open: it holds the YAML tag !custom (a type hybridrec never writes) at line 1",
+    ),
+    (
+        "step a string",
+        lambda s, t: _edit_json(s, step="4; rm -rf /"),
+        True,
+        "trainer_state.json is damaged or was edited: field 'step' is '4; rm -rf /' (a str), expected an integer >= 0",
+    ),
+    (
+        "features an object",
+        lambda s, t: _edit_json(s, features={"a": 1}),
+        True,
+        "field 'features' is \"{'a': 1}\" (a dict), expected a list of objects",
+    ),
+    (
+        "feature without rows",
+        lambda s, t: _edit_json(s, features=[{"name": "x"}]),
+        True,
+        "field 'features[0].num_embeddings' is 'None' (a NoneType), expected an integer >= 1",
+    ),
+    (
+        "dense features missing",
+        lambda s, t: _edit_json(s, num_dense_features=_DROP),
+        True,
+        "field 'num_dense_features' is missing",
+    ),
+    (
+        "run ids that are numbers",
+        lambda s, t: _edit_json(s, runs=[1, 2]),
+        True,
+        "field 'runs' is '[1, 2]' (a list), expected a list of run ids",
+    ),
 ]
 
 
@@ -358,11 +454,17 @@ def test_a_checkpoint_without_checksums_loads_only_when_allowed(trained, tmp_pat
     assert check_complete(str(step), allow_unverified=True).step == 4
     export.main([f"checkpoint={step}", "allow_unverified=true", f"out={tmp_path / 'out'}"])
     assert (tmp_path / "out" / "model.pt2").exists()
-    line = _last_line(commands.run("hybridrec.evaluate", f"checkpoint={step}", f"hydra.run.dir={tmp_path / 'e1'}",
-                                   timeout=120))
+    line = _last_line(
+        commands.run("hybridrec.evaluate", f"checkpoint={step}", f"hydra.run.dir={tmp_path / 'e1'}", timeout=120)
+    )
     assert "cannot be verified" in line and "allow_unverified=true" in line, line
-    ok = commands.run("hybridrec.evaluate", f"checkpoint={step}", "allow_unverified=true",
-                      f"hydra.run.dir={tmp_path / 'e2'}", timeout=120)
+    ok = commands.run(
+        "hybridrec.evaluate",
+        f"checkpoint={step}",
+        "allow_unverified=true",
+        f"hydra.run.dir={tmp_path / 'e2'}",
+        timeout=120,
+    )
     assert ok.returncode == 0 and "records no checksums" in ok.stdout + ok.stderr, ok.stderr[-2000:]
 
 
@@ -387,7 +489,7 @@ def test_a_manifest_that_leaves_out_a_file_is_damage(trained, tmp_path):
         fields["files"] = {} if case == "empty" else {k: v for k, v in fields["files"].items() if k != shard.name}
         fields["state_blake3"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
         json.dump(fields, open(step / JSON, "w"))
-        want = ("lists no files in its manifest" if case == "empty" else f"no checksum recorded for {shard.name}")
+        want = "lists no files in its manifest" if case == "empty" else f"no checksum recorded for {shard.name}"
         for allow in (False, True):  # no setting lets a damaged manifest through
             with pytest.raises(CheckpointError, match=want):
                 check_complete(str(step), allow_unverified=allow)
@@ -395,8 +497,14 @@ def test_a_manifest_that_leaves_out_a_file_is_damage(trained, tmp_path):
             check_before_launch(_resume_cfg(step))
         with pytest.raises(SystemExit, match=want):
             export.main([f"checkpoint={step}", f"out={tmp_path / 'out'}"])
-        line = _last_line(commands.run("hybridrec.evaluate", f"checkpoint={step}",
-                                       f"hydra.run.dir={tmp_path / case.replace(' ', '_') / 'eval'}", timeout=120))
+        line = _last_line(
+            commands.run(
+                "hybridrec.evaluate",
+                f"checkpoint={step}",
+                f"hydra.run.dir={tmp_path / case.replace(' ', '_') / 'eval'}",
+                timeout=120,
+            )
+        )
         assert want in line and line.startswith("hybridrec"), line
 
 
@@ -428,7 +536,11 @@ def test_an_export_never_writes_through_a_planted_link(trained, tmp_path):
     assert (victim / "model.json").read_text() == "precious"
     assert not (step / "export" / "model.json").is_symlink()
     assert json.load(open(step / "export" / "model.json"))["program"] == "model.pt2"
-    assert sorted(os.listdir(step / "export")) == ["model.json", "model.pt2", "preprocessing.json"]  # no temporary file left
+    assert sorted(os.listdir(step / "export")) == [
+        "model.json",
+        "model.pt2",
+        "preprocessing.json",
+    ]  # no temporary file left
 
 
 @pytest.mark.unit
@@ -436,7 +548,9 @@ def test_a_step_directory_linked_out_of_the_checkpoint_dir_is_never_read(tmp_pat
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "step_00000009").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(CheckpointError, match="step_00000009 is a symbolic link to .*elsewhere, outside checkpoint.dir"):
+    with pytest.raises(
+        CheckpointError, match="step_00000009 is a symbolic link to .*elsewhere, outside checkpoint.dir"
+    ):
         latest(str(tmp_path / "ckpt"))
 
 
@@ -444,14 +558,27 @@ def test_a_step_directory_linked_out_of_the_checkpoint_dir_is_never_read(tmp_pat
 @pytest.mark.slow
 def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
     d = tmp_path / "ckpt"
-    first = commands.start("hybridrec.train", *TINY, "train.steps=100000", "checkpoint.every_n_steps=20",
-                           f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'a'}")
+    first = commands.start(
+        "hybridrec.train",
+        *TINY,
+        "train.steps=100000",
+        "checkpoint.every_n_steps=20",
+        f"checkpoint.dir={d}",
+        f"hydra.run.dir={tmp_path / 'a'}",
+    )
     try:
         deadline = time.monotonic() + 120
         while not ((d / ".lock").exists() and (d / ".lock").read_text()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        line = _last_line(_train("seed=7", "train.steps=100000", "checkpoint.every_n_steps=20", f"checkpoint.dir={d}",
-                                 f"hydra.run.dir={tmp_path / 'b'}"))
+        line = _last_line(
+            _train(
+                "seed=7",
+                "train.steps=100000",
+                "checkpoint.every_n_steps=20",
+                f"checkpoint.dir={d}",
+                f"hydra.run.dir={tmp_path / 'b'}",
+            )
+        )
         assert line.startswith(f"hybridrec: checkpoint.dir={d} is in use by another run (pid {first.pid} on ")
         assert f"outputs in {tmp_path / 'a'}" in line and "another checkpoint.dir" in line
         while len(_committed(d)) < 2 and time.monotonic() < deadline:
@@ -470,10 +597,18 @@ def _committed(d):
 
 @pytest.mark.unit
 def test_a_killed_runs_lock_is_not_stale(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
-                               f"fd = os.open({str(tmp_path / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
-                               "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid 1 elsewhere')\n"
-                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(tmp_path / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid 1 elsewhere')\n"
+            "print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(CheckpointError, match=r"is in use by another run \(pid 1 elsewhere\)"):
         DirLock(str(tmp_path)).acquire("here")
@@ -492,15 +627,25 @@ def test_a_diverging_run_leaves_only_checkpoints_that_resume(tmp_path):
     by a loss over 5 x the run's median (checkpoint.max_loss_ratio), step 4's, 5's and 6's by
     worse: none of them is committed."""
     d, sgd = tmp_path / "ckpt", ["optimizer=sgd", "optimizer.sparse.lr=1e3", "optimizer.dense.lr=0.1"]
-    proc = _train("train.steps=12", *sgd, f"checkpoint.dir={d}", "checkpoint.every_n_steps=1", "train.log_every=1",
-                  f"hydra.run.dir={tmp_path / 'run'}")
+    proc = _train(
+        "train.steps=12",
+        *sgd,
+        f"checkpoint.dir={d}",
+        "checkpoint.every_n_steps=1",
+        "train.log_every=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     line = _last_line(proc)
-    assert line.startswith("hybridrec: non-finite loss nan at step 7: the model diverged (a learning rate too high "
-                           "is the usual cause: optimizer.sparse.lr=1000.0, optimizer.dense.lr=0.1); the newest "
-                           f"committed checkpoint, {d / 'step_00000002'}, was followed by a finite loss"), line
+    assert line.startswith(
+        "hybridrec: non-finite loss nan at step 7: the model diverged (a learning rate too high "
+        "is the usual cause: optimizer.sparse.lr=1000.0, optimizer.dense.lr=0.1); the newest "
+        f"committed checkpoint, {d / 'step_00000002'}, was followed by a finite loss"
+    ), line
     for step, after in ((3, "6.23"), (4, "7480"), (5, "1.169e+12")):
-        assert f"checkpoint {d / f'step_{step:08d}'} not committed: the loss of the step after it, {after}," \
+        assert (
+            f"checkpoint {d / f'step_{step:08d}'} not committed: the loss of the step after it, {after},"
             in proc.stdout + proc.stderr
+        )
     assert sorted(os.listdir(d)) == [".lock", "step_00000001", "step_00000002"]  # no .partial left
     losses = [r["loss"] for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "loss" in r]
     # the newest committed checkpoint resumes: its next step is the run's own, finite
@@ -514,12 +659,21 @@ def test_a_diverging_run_leaves_only_checkpoints_that_resume(tmp_path):
 @pytest.mark.slow
 def test_a_run_diverging_at_its_first_step_commits_nothing(tmp_path):
     d = tmp_path / "ckpt"
-    line = _last_line(_train("train.steps=8", "optimizer.sparse.lr=1e18", "optimizer.dense.lr=1e18",
-                             f"checkpoint.dir={d}", "checkpoint.every_n_steps=1", "checkpoint.max_loss_ratio=null",
-                             f"hydra.run.dir={tmp_path / 'run'}"))
+    line = _last_line(
+        _train(
+            "train.steps=8",
+            "optimizer.sparse.lr=1e18",
+            "optimizer.dense.lr=1e18",
+            f"checkpoint.dir={d}",
+            "checkpoint.every_n_steps=1",
+            "checkpoint.max_loss_ratio=null",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
+    )
     # step 1's loss was finite (it is computed before the update): its save is not committed
-    assert line.startswith("hybridrec: non-finite loss nan at step 2: the model diverged") and \
-        line.endswith("no checkpoint of this run was committed"), line
+    assert line.startswith("hybridrec: non-finite loss nan at step 2: the model diverged") and line.endswith(
+        "no checkpoint of this run was committed"
+    ), line
     assert os.listdir(d) == [".lock"]
 
 
@@ -528,13 +682,15 @@ def test_a_run_diverging_at_its_first_step_commits_nothing(tmp_path):
 def test_pruning_after_a_fallback_keeps_the_checkpoint_resumed_from(tmp_path):
     d = tmp_path / "ckpt"
     # 12 steps: over the summary's warm-up steps (summary.WARMUP_STEPS), whose steady rate it reports
-    first = _train("train.steps=12", "checkpoint.every_n_steps=4", f"checkpoint.dir={d}",
-                   f"hydra.run.dir={tmp_path / 'a'}")
+    first = _train(
+        "train.steps=12", "checkpoint.every_n_steps=4", f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'a'}"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     distcp = next(p for p in (d / "step_00000012").iterdir() if p.suffix == ".distcp")
     os.truncate(distcp, os.path.getsize(distcp) // 2)  # step 12 damaged, step 8 good
-    second = _train("train.steps=10", "checkpoint.every_n_steps=0", f"checkpoint.dir={d}",
-                    f"hydra.run.dir={tmp_path / 'b'}")
+    second = _train(
+        "train.steps=10", "checkpoint.every_n_steps=0", f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'b'}"
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from " + str(d / "step_00000008") in second.stdout + second.stderr
     # keep_last=2 counts the loadable ones: 10 and the 8 it resumed from; the damaged 12 is left
@@ -579,15 +735,24 @@ runpy.run_module("hybridrec.train", run_name="__main__")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, where, what", [
-    ("EROFS", "write", "read-only file system"),
-    ("EACCES", "mkdir", "permission denied"),
-    ("EROFS", "commit", "read-only file system"),
-])
+@pytest.mark.parametrize(
+    "kind, where, what",
+    [
+        ("EROFS", "write", "read-only file system"),
+        ("EACCES", "mkdir", "permission denied"),
+        ("EROFS", "commit", "read-only file system"),
+    ],
+)
 def test_a_save_that_fails_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, kind, where, what):
     d = tmp_path / "ckpt"
-    args = [*TINY, "train.steps=4", f"checkpoint.dir={d}", "checkpoint.every_n_steps=2", "checkpoint.keep_last=1",
-            f"hydra.run.dir={tmp_path / 'run'}"]
+    args = [
+        *TINY,
+        "train.steps=4",
+        f"checkpoint.dir={d}",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep_last=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     (tmp_path / "fault_train.py").write_text(_FAULT)
     proc = commands.run("fault_train", kind, where, *args, cwd=tmp_path, timeout=180)
     line = _last_line(proc)
@@ -604,12 +769,21 @@ def test_no_free_inodes_while_saving_is_one_line(tmp_path):
     d = tmp_path / "few_inodes"
     d.mkdir()
     # root, the lock and one checkpoint (a directory and five files) fit; a second does not
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=11", "tmpfs", str(d)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=11", "tmpfs", str(d)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("mounting a tmpfs needs root")
     try:
-        proc = _train("train.steps=4", f"checkpoint.dir={d}", "checkpoint.every_n_steps=2",
-                      "checkpoint.keep_last=1", f"hydra.run.dir={tmp_path / 'run'}")
+        proc = _train(
+            "train.steps=4",
+            f"checkpoint.dir={d}",
+            "checkpoint.every_n_steps=2",
+            "checkpoint.keep_last=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
         line = _last_line(proc)
         assert line.startswith("hybridrec: checkpoint save at step 4 failed: no free inodes on the device"), line
         assert f"the previous checkpoint {d / 'step_00000002'} is intact" in line
@@ -637,10 +811,20 @@ def test_the_typical_loss_cannot_diverge_with_the_run():
 @pytest.mark.slow
 def test_non_finite_optimizer_state_is_never_committed(tmp_path):
     d = tmp_path / "ckpt"
-    line = _last_line(_train("optimizer.sparse.lr=1e18", "checkpoint.every_n_steps=1", "train.steps=20",
-                             f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'run'}"))
-    assert re.match(r"hybridrec: non-finite optimizer state after step \d+ \(optim\.state\.dense\.\S+\.sum\): the "
-                    r"model diverged .* nothing of step \d+ was saved; no checkpoint of this run was committed", line), line
+    line = _last_line(
+        _train(
+            "optimizer.sparse.lr=1e18",
+            "checkpoint.every_n_steps=1",
+            "train.steps=20",
+            f"checkpoint.dir={d}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
+    )
+    assert re.match(
+        r"hybridrec: non-finite optimizer state after step \d+ \(optim\.state\.dense\.\S+\.sum\): the "
+        r"model diverged .* nothing of step \d+ was saved; no checkpoint of this run was committed",
+        line,
+    ), line
     assert os.listdir(d) == [".lock"]
 
 
@@ -649,11 +833,24 @@ def test_a_run_whose_loss_exploded_but_stayed_finite_ends_with_an_error(tmp_path
     """The losses of this run: 0.73 8.9 14 56 14 13, finite. Step 3's save is followed by a loss
     over 5 x the typical loss, and so is the median of the last 3 steps (the window: up to 10)."""
     d = tmp_path / "ckpt"
-    proc = _train("optimizer=sgd", "optimizer.sparse.lr=0.1", "optimizer.dense.lr=100", "train.steps=6",
-                  "checkpoint.every_n_steps=3", f"checkpoint.dir={d}", f"hydra.run.dir={tmp_path / 'run'}")
+    proc = _train(
+        "optimizer=sgd",
+        "optimizer.sparse.lr=0.1",
+        "optimizer.dense.lr=100",
+        "train.steps=6",
+        "checkpoint.every_n_steps=3",
+        f"checkpoint.dir={d}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     line = _last_line(proc)
-    assert re.match(r"hybridrec: the loss at the end of training \(median \S+ over steps 4-6\) is over "
-                    r"checkpoint.max_loss_ratio=5 x the run's typical loss 0.7282: the model diverged .*optimizer.dense"
-                    r".lr=100.0\); its last save was not committed; no checkpoint of this run was committed$", line), line
-    assert "checkpoint " + str(d / "step_00000003") + " not committed: the loss of the step after it" in proc.stdout + proc.stderr
+    assert re.match(
+        r"hybridrec: the loss at the end of training \(median \S+ over steps 4-6\) is over "
+        r"checkpoint.max_loss_ratio=5 x the run's typical loss 0.7282: the model diverged .*optimizer.dense"
+        r".lr=100.0\); its last save was not committed; no checkpoint of this run was committed$",
+        line,
+    ), line
+    assert (
+        "checkpoint " + str(d / "step_00000003") + " not committed: the loss of the step after it"
+        in proc.stdout + proc.stderr
+    )
     assert os.listdir(d) == [".lock"]

@@ -26,10 +26,27 @@ import sys
 
 # Everything the commands import before they do anything: what a new interpreter would spend
 # its first seconds on.
-PRELOAD = ("torch", "torchrec", "fbgemm_gpu", "hydra", "omegaconf", "pyarrow", "pyarrow.parquet",
-           "hybridrec.train", "hybridrec.evaluate", "hybridrec.export", "hybridrec.plan", "hybridrec.run.rank",
-           "hybridrec.run.launch", "hybridrec.training.trainer", "hybridrec.data.convert", "hybridrec.data.example",
-           "hybridrec.data.vocab", "matplotlib", "matplotlib.pyplot")
+PRELOAD = (
+    "torch",
+    "torchrec",
+    "fbgemm_gpu",
+    "hydra",
+    "omegaconf",
+    "pyarrow",
+    "pyarrow.parquet",
+    "hybridrec.train",
+    "hybridrec.evaluate",
+    "hybridrec.export",
+    "hybridrec.plan",
+    "hybridrec.run.rank",
+    "hybridrec.run.launch",
+    "hybridrec.training.trainer",
+    "hybridrec.data.convert",
+    "hybridrec.data.example",
+    "hybridrec.data.vocab",
+    "matplotlib",
+    "matplotlib.pyplot",
+)
 
 
 def child(request: dict, inherited: list[socket.socket]) -> None:
@@ -40,8 +57,11 @@ def child(request: dict, inherited: list[socket.socket]) -> None:
         signal.signal(sig, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGPIPE else signal.SIG_IGN)
-    for fd, path, mode in ((0, request["stdin"], os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
-                           (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):
+    for fd, path, mode in (
+        (0, request["stdin"], os.O_RDONLY),
+        (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
+        (2, request["stderr"], os.O_WRONLY | os.O_CREAT),
+    ):
         new = os.open(path, mode, 0o644)
         os.dup2(new, fd)
         os.close(new)

@@ -131,7 +131,7 @@ def own_proc_state(pid: int) -> str | None:
             data = f.read()
     except OSError:
         return None
-    rest = data[data.rfind(")") + 1:].split()
+    rest = data[data.rfind(")") + 1 :].split()
     return rest[0] if rest else None
 
 

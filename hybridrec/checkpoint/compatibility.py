@@ -19,8 +19,13 @@ def _feature_layout(f: dict[str, Any]) -> tuple[str, int, str, str, bool]:
     name, rows, table, pooling and weighting. A checkpoint saved before features named
     their table, pooling and weighting has SparseFeature's defaults, which meant the same."""
     table = f.get("table")
-    return (f["name"], f["num_embeddings"], table if table is not None else f"t_{f['name']}",
-            f.get("pooling", "sum"), bool(f.get("weighted", False)))
+    return (
+        f["name"],
+        f["num_embeddings"],
+        table if table is not None else f"t_{f['name']}",
+        f.get("pooling", "sum"),
+        bool(f.get("weighted", False)),
+    )
 
 
 def _feature_text(layout: tuple[str, int, str, str, bool]) -> str:
@@ -52,8 +57,9 @@ def check_fits(state: TrainState, features: list[Any], num_dense_features: int, 
             f"{os.path.join(path, 'config.yaml')}"
         )
     if num_dense_features != state.num_dense_features:
-        raise CheckpointError(f"the data has {num_dense_features} dense features but {path} was trained with "
-                              f"{state.num_dense_features}")
+        raise CheckpointError(
+            f"the data has {num_dense_features} dense features but {path} was trained with {state.num_dense_features}"
+        )
 
 
 def _short(target: Any) -> str:
@@ -64,8 +70,14 @@ def _names(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f" +{len(names) - shown} more" if len(names) > shown else "")
 
 
-def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], saved_dense: int,
-                       cfg: DictConfig, features: list[dict[str, Any]], dense: int) -> list[str]:
+def layout_differences(
+    saved: DictConfig,
+    saved_features: list[dict[str, Any]],
+    saved_dense: int,
+    cfg: DictConfig,
+    features: list[dict[str, Any]],
+    dense: int,
+) -> list[str]:
     """What differs, between a checkpoint and a run, in what decides the checkpoint's state
     dict (its keys, shapes and meaning): the model (class and every field that shapes its
     weights), the tables (names, rows; the width is model.embedding_dim), how each sparse
@@ -101,8 +113,11 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
         diffs.append(f"{len(resized) - 3} more tables resized")
     # Same tables, fed otherwise: the weights load, and mean other things.
     saved_use = {name: (table, pooling, weighted) for name, _, table, pooling, weighted in saved_layout}
-    changed = [(name, saved_use[name], use) for name, _, *use in run_layout
-               if name in saved_use and saved_use[name] != tuple(use)]
+    changed = [
+        (name, saved_use[name], use)
+        for name, _, *use in run_layout
+        if name in saved_use and saved_use[name] != tuple(use)
+    ]
     use_text = lambda u: f"table {u[0]}, {u[1]} pooling" + (", weighted" if u[2] else "")
     diffs += [f"feature {name}: checkpoint {use_text(a)}, run {use_text(b)}" for name, a, b in changed[:3]]
     if len(changed) > 3:
@@ -116,8 +131,14 @@ def layout_differences(saved: DictConfig, saved_features: list[dict[str, Any]], 
     return diffs
 
 
-def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: list[Any],
-                     num_dense_features: int, data_version: Optional[int] = None) -> None:
+def check_compatible(
+    cfg: DictConfig,
+    path: str,
+    state: TrainState,
+    features: list[Any],
+    num_dense_features: int,
+    data_version: Optional[int] = None,
+) -> None:
     """Refuse to resume ``path`` into a run whose model, tables, loss or optimizers differ:
     DCP would fail on the first missing key or shape, inside every rank (checked before
     launch by ``train.py`` and again by ``load``). Raises one ``CheckpointError`` naming
@@ -125,21 +146,27 @@ def check_compatible(cfg: DictConfig, path: str, state: TrainState, features: li
     source of another version draws other rows from the same seed, and is refused too."""
     saved = saved_config(path, run_targets(cfg))
     check_data_version(saved, state, cfg, data_version, path)
-    diffs = layout_differences(saved, state.features, state.num_dense_features,
-                               cfg, [vars(f) for f in features], num_dense_features)
+    diffs = layout_differences(
+        saved, state.features, state.num_dense_features, cfg, [vars(f) for f in features], num_dense_features
+    )
     if not diffs:
         return
     if cfg.checkpoint.resume == "auto":
-        fix = (f"train this config in another checkpoint.dir, or resume with the config it was saved with "
-               f"({os.path.join(path, CONFIG_YAML)})")
+        fix = (
+            f"train this config in another checkpoint.dir, or resume with the config it was saved with "
+            f"({os.path.join(path, CONFIG_YAML)})"
+        )
     else:
-        fix = (f"resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
-               f"(its config: {os.path.join(path, CONFIG_YAML)})")
+        fix = (
+            f"resume a checkpoint of this model, or train from scratch with checkpoint.resume=never "
+            f"(its config: {os.path.join(path, CONFIG_YAML)})"
+        )
     raise CheckpointError(f"checkpoint {path} does not fit this run ({'; '.join(diffs)}): {fix}")
 
 
-def check_data_version(saved: DictConfig, state: TrainState, cfg: DictConfig, version: Optional[int],
-                       path: str) -> None:
+def check_data_version(
+    saved: DictConfig, state: TrainState, cfg: DictConfig, version: Optional[int], path: str
+) -> None:
     """The rows a resumed run reads next are those the checkpoint's run would have read: a
     generator of another version draws other rows from the same seed and position. A
     checkpoint that records no version and was trained on the same source drew version 1's."""
@@ -173,17 +200,17 @@ def check_dir(cfg: DictConfig, resume: Optional[str], state: Optional[TrainState
     if not ck.dir or ck.resume == "auto":
         return
     ours = set(state.runs) if state else set()
-    foreign = [(step, path) for step, path in committed(ck.dir)
-               if os.path.realpath(path) != os.path.realpath(resume or "") and (not ours or writer_of(path) not in ours)]
+    foreign = [
+        (step, path)
+        for step, path in committed(ck.dir)
+        if os.path.realpath(path) != os.path.realpath(resume or "") and (not ours or writer_of(path) not in ours)
+    ]
     if not foreign:
         return
     step, path = foreign[-1]
-    why = ("checkpoint.resume=never" if resume is None
-           else f"checkpoint.resume={resume} continues another run")
+    why = "checkpoint.resume=never" if resume is None else f"checkpoint.resume={resume} continues another run"
     raise CheckpointError(
         f"checkpoint.dir={ck.dir} holds checkpoints of another run (newest: {os.path.basename(path)}, step {step}) "
         f"and {why}: use another checkpoint.dir, checkpoint.resume=auto to continue the run in it, or delete "
         f"its step_* directories yourself"
     )
-
-

@@ -18,6 +18,7 @@ class UnsafeCheckpoint(CheckpointError):
 class Diverged(ValueError):
     """Training state that must not be committed: a non-finite loss, weights or scores."""
 
+
 def one_line(e: BaseException) -> str:
     """The first line of an exception's message: what goes into a one-line error."""
     lines = str(e).strip().splitlines()
@@ -34,4 +35,3 @@ def root_cause(e: BaseException) -> BaseException:
             return e
         else:
             e = e.__cause__ or e.__context__
-

@@ -31,8 +31,12 @@ def load(cfg: DictConfig, path: str, live: Resumable) -> TrainState:
         if name != "sparse":
             opt.init_state()
     state = live.dcp_state()
-    _dcp_load(state, path, "resume with the model and data config it was saved with ({path}/config.yaml), or start "
-                           "a new run in another checkpoint.dir")
+    _dcp_load(
+        state,
+        path,
+        "resume with the model and data config it was saved with ({path}/config.yaml), or start "
+        "a new run in another checkpoint.dir",
+    )
     live.model.load_state_dict(state["model"])
     live.optimizer.optimizer.load_state_dict(state["optim"])
     for scheduler, saved in zip(live.optimizer.schedulers, extra.schedulers):
@@ -53,8 +57,12 @@ def load_weights(model: Any, path: str, allow_unverified: bool = False) -> int:
     The optimizer state stays on disk: scoring a saved model needs none of it."""
     step = TrainState.from_files(path, allow_unverified).step  # first: a refused checkpoint loads nothing
     state = {"model": model.state_dict()}
-    _dcp_load(state, path, "evaluate it with the data it was trained on: give only data keys that keep the "
-                           "features and their sizes ({path}/config.yaml)")
+    _dcp_load(
+        state,
+        path,
+        "evaluate it with the data it was trained on: give only data keys that keep the "
+        "features and their sizes ({path}/config.yaml)",
+    )
     model.load_state_dict(state["model"])
     return step
 

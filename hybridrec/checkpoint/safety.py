@@ -35,12 +35,25 @@ CONFIG_YAML = "config.yaml"  # the run's resolved config: what check_compatible 
 # layouts and paths. pickle's own way to restrict an unpickler is find_class; torch's
 # weights_only unpickler admits tensors, not these classes, and DCP's reader offers no safe mode.
 _METADATA_GLOBALS = {
-    *(("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"), ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
 }
 _TRUST_HINT = "Use checkpoints only from a source you trust, or re-create this one by training"
 
@@ -54,13 +67,17 @@ def inside(directory: str, name: str, what: str = "") -> str:
     the name came from, for the message."""
     where = f" ({what})" if what else ""
     if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
-        raise CheckpointError(f"{directory} is damaged or was edited: the entry {name!r}{where} is not a file name "
-                              f"in the checkpoint directory (it would reach outside it); refused, nothing was read")
+        raise CheckpointError(
+            f"{directory} is damaged or was edited: the entry {name!r}{where} is not a file name "
+            f"in the checkpoint directory (it would reach outside it); refused, nothing was read"
+        )
     path = os.path.join(directory, name)
     real, home = os.path.realpath(path), os.path.realpath(directory)
     if os.path.islink(path) and os.path.commonpath([real, home]) != home:
-        raise CheckpointError(f"{path}{where} is a symbolic link to {real}, outside the checkpoint directory; "
-                              f"refused, nothing was read through it")
+        raise CheckpointError(
+            f"{path}{where} is a symbolic link to {real}, outside the checkpoint directory; "
+            f"refused, nothing was read through it"
+        )
     return path
 
 
@@ -90,12 +107,15 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_GLOBALS or (module == "torch" and isinstance(getattr(torch, name, None),
-                                                                                     torch.dtype)):
+        if (module, name) in _METADATA_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
             return super().find_class(module, name)
         if planted_or_damaged(module, name) == "damaged":
-            raise CheckpointError(f"{self.path} is damaged: it names {module}.{name}, which does not exist (a "
-                                  f"changed byte); nothing in it was run")
+            raise CheckpointError(
+                f"{self.path} is damaged: it names {module}.{name}, which does not exist (a "
+                f"changed byte); nothing in it was run"
+            )
         raise UnsafeCheckpoint(
             f"{self.path} is not safe to open: it would call {module}.{name}, which is not part of DCP's "
             f"metadata (a pickle planted in the checkpoint); refused, nothing in it was run. {_TRUST_HINT}"
@@ -115,11 +135,13 @@ def check_pickle_stream(data: bytes, file: str) -> None:
         else:
             raise ValueError("no STOP opcode: the stream is cut short")
     except Exception as e:  # pickletools raises ValueError or others on a garbled opcode
-        raise CheckpointError(f"{file} is damaged: not a valid pickle stream ({one_line(e)}); nothing in it "
-                              f"was run") from None
+        raise CheckpointError(
+            f"{file} is damaged: not a valid pickle stream ({one_line(e)}); nothing in it was run"
+        ) from None
     if end + 1 != len(data):
-        raise CheckpointError(f"{file} is damaged: {len(data) - end - 1} bytes after the end of its pickle "
-                              f"stream; nothing in it was run")
+        raise CheckpointError(
+            f"{file} is damaged: {len(data) - end - 1} bytes after the end of its pickle stream; nothing in it was run"
+        )
 
 
 def read_metadata(path: str) -> dcp_metadata.Metadata:
@@ -199,11 +221,15 @@ def refusal(cause: BaseException, what: str) -> CheckpointError:
     if named:
         module, _, name = named.group(1).rpartition(".")
         if planted_or_damaged(module, name) == "planted":
-            return UnsafeCheckpoint(f"{what} is not safe to open: it holds a pickled object that would call "
-                                    f"{named.group(1)} where a tensor or a number belongs (planted); refused, "
-                                    f"nothing in it was run. {_TRUST_HINT}")
-        return CheckpointError(f"{what} is damaged: it names {named.group(1)}, which does not exist (a changed "
-                               f"byte); nothing in it was run")
+            return UnsafeCheckpoint(
+                f"{what} is not safe to open: it holds a pickled object that would call "
+                f"{named.group(1)} where a tensor or a number belongs (planted); refused, "
+                f"nothing in it was run. {_TRUST_HINT}"
+            )
+        return CheckpointError(
+            f"{what} is damaged: it names {named.group(1)}, which does not exist (a changed "
+            f"byte); nothing in it was run"
+        )
     reason = next((line.strip().rstrip(".") for line in text.splitlines() if "nsupported" in line), one_line(cause))
     return CheckpointError(f"{what} is damaged: not a readable tensor record ({reason}); nothing in it was run")
 
@@ -241,11 +267,14 @@ def load_yaml(path: str) -> Any:
         tag = re.match(r"could not determine a constructor for the tag '([^']*)'", e.problem or "")
         if tag:  # a tag such as !!python/object/apply: never constructed
             kind = "a Python object" if "python/" in tag.group(1) else "a type hybridrec never writes"
-            raise UnsafeCheckpoint(f"{file} is not safe to open: it holds the YAML tag {tag.group(1)} ({kind}) at "
-                                   f"{line}; refused, nothing in it was run") from None
+            raise UnsafeCheckpoint(
+                f"{file} is not safe to open: it holds the YAML tag {tag.group(1)} ({kind}) at "
+                f"{line}; refused, nothing in it was run"
+            ) from None
         # a duplicated key, a broken indentation, an unclosed quote: what a saved config never holds
-        raise CheckpointError(f"{file} is damaged or was edited: not valid YAML ({e.problem} at {line}); nothing "
-                              f"in it was used") from None
+        raise CheckpointError(
+            f"{file} is damaged or was edited: not valid YAML ({e.problem} at {line}); nothing in it was used"
+        ) from None
     except Exception as e:  # not text, or not a mapping
         raise CheckpointError(f"{file} is not a valid checkpoint file ({type(e).__name__}: {one_line(e)})") from e
 
@@ -254,8 +283,9 @@ def load_yaml(path: str) -> Any:
 _INSTANTIATE_KEYS = ("_args_", "_partial_", "_recursive_", "_convert_")
 
 
-def _check_safe(node: Any, file: str, shipped: dict[str, frozenset[str]], trusted: frozenset[str],
-                path: str = "") -> None:
+def _check_safe(
+    node: Any, file: str, shipped: dict[str, frozenset[str]], trusted: frozenset[str], path: str = ""
+) -> None:
     def refuse(what: str) -> NoReturn:
         raise UnsafeCheckpoint(f"{file} is not safe to open: {what}; refused, nothing in it was run")
 
@@ -266,9 +296,11 @@ def _check_safe(node: Any, file: str, shipped: dict[str, frozenset[str]], truste
                 if path not in TARGET_GROUPS:
                     refuse(f"{where}={value} asks to instantiate a class where hybridrec's config has none")
                 if value not in shipped[path] and value not in trusted:
-                    refuse(f"{where}={value} is not a class hybridrec ships for {path} nor one this run trusts "
-                           f"(if it is your own, trust it explicitly: checkpoint.trusted_targets=[{value}] in "
-                           f"training, trusted_targets=[{value}] for evaluate and export)")
+                    refuse(
+                        f"{where}={value} is not a class hybridrec ships for {path} nor one this run trusts "
+                        f"(if it is your own, trust it explicitly: checkpoint.trusted_targets=[{value}] in "
+                        f"training, trusted_targets=[{value}] for evaluate and export)"
+                    )
             elif key in _INSTANTIATE_KEYS:
                 refuse(f"{where} is a Hydra instantiation key, which hybridrec never saves")
             else:
@@ -284,7 +316,9 @@ def _check_safe(node: Any, file: str, shipped: dict[str, frozenset[str]], truste
 def run_targets(cfg: DictConfig) -> set[str]:
     """The classes a run's own config names (trusted: the user gave them) plus its
     ``checkpoint.trusted_targets``: what a checkpoint it resumes may name too."""
-    own = {str(OmegaConf.select(cfg, f"{path}._target_")) for path in TARGET_GROUPS
-           if OmegaConf.select(cfg, f"{path}._target_") is not None}
+    own = {
+        str(OmegaConf.select(cfg, f"{path}._target_"))
+        for path in TARGET_GROUPS
+        if OmegaConf.select(cfg, f"{path}._target_") is not None
+    }
     return own | set(OmegaConf.select(cfg, "checkpoint.trusted_targets") or [])
-

@@ -116,15 +116,17 @@ class Checkpointer:
     with the training's collectives.
     """
 
-    def __init__(self, cfg: DictConfig, live: Resumable, device: torch.device,
-                 resumed_from: Optional[str] = None) -> None:
+    def __init__(
+        self, cfg: DictConfig, live: Resumable, device: torch.device, resumed_from: Optional[str] = None
+    ) -> None:
         self.run_cfg, self.cfg, self.live, self.device = cfg, cfg.checkpoint, live, device
         self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo") if self.cfg.async_save else None
         # A new thread starts on cuda:0: the writer is put on this rank's GPU before DCP
         # touches any device state (its planning runs on the group's device).
-        self.writer = ThreadPoolExecutor(max_workers=1, initializer=_use_device, initargs=(device,),
-                                         thread_name_prefix="hybridrec-ckpt")
+        self.writer = ThreadPoolExecutor(
+            max_workers=1, initializer=_use_device, initargs=(device,), thread_name_prefix="hybridrec-ckpt"
+        )
         self.pending: Optional[_Pending] = None
         # Called on rank 0 after each commit, with the step and the checkpoint (a continuous
         # run's export of deltas to serving); the other ranks wait for it at the barrier.
@@ -144,8 +146,10 @@ class Checkpointer:
         self.commit()
         if bad := _non_finite(self.live.dcp_state(), self.device):
             what = "weights" if bad.startswith("model.") else "optimizer state"
-            raise Diverged(f"non-finite {what} after step {step} ({bad}): the model diverged (a learning rate too "
-                           f"high is the usual cause); nothing of step {step} was saved; {self.resume_hint()}")
+            raise Diverged(
+                f"non-finite {what} after step {step} ({bad}): the model diverged (a learning rate too "
+                f"high is the usual cause); nothing of step {step} was saved; {self.resume_hint()}"
+            )
         final = self.path(step)
         partial = final + ".partial"
         if self.rank == 0:
@@ -180,8 +184,10 @@ class Checkpointer:
         after = losses[self.pending.step]
         if over := exploded(after, losses[: self.pending.step], self.cfg.max_loss_ratio):
             if self.rank == 0:
-                log.warning(f"checkpoint {self.pending.final} not committed: the loss of the step after it, "
-                            f"{after:.4g}, is {over} (the model is diverging)")
+                log.warning(
+                    f"checkpoint {self.pending.final} not committed: the loss of the step after it, "
+                    f"{after:.4g}, is {over} (the model is diverging)"
+                )
             self.discard()
             return
         self.pending.confirmed = True
@@ -213,14 +219,18 @@ class Checkpointer:
         if self.live.selection.best_checkpoint == pending.final:
             self.live.selection.best_checkpoint = None  # the best model's save was dropped
             if self.rank == 0:
-                log.warning(f"the best validation evaluation (step {pending.step}) has no checkpoint: its save was "
-                            f"not committed")
+                log.warning(
+                    f"the best validation evaluation (step {pending.step}) has no checkpoint: its save was "
+                    f"not committed"
+                )
 
     def resume_hint(self) -> str:
         """Where a diverged run can go on from, for its one-line error."""
         if self.last:
-            return (f"the newest committed checkpoint, {self.last}, was followed by a finite loss: resume from it "
-                    f"with a lower learning rate (checkpoint.resume=auto)")
+            return (
+                f"the newest committed checkpoint, {self.last}, was followed by a finite loss: resume from it "
+                f"with a lower learning rate (checkpoint.resume=auto)"
+            )
         return "no checkpoint of this run was committed"
 
     def commit(self) -> None:
@@ -239,8 +249,9 @@ class Checkpointer:
         if self.rank == 0:
             if os.path.isdir(final) and writer_of(final) not in self.live.runs:
                 shutil.rmtree(partial, ignore_errors=True)
-                raise CheckpointError(f"{final} was written by another run: not replaced (saving step {step}); "
-                                      f"use another checkpoint.dir")
+                raise CheckpointError(
+                    f"{final} was written by another run: not replaced (saving step {step}); use another checkpoint.dir"
+                )
             for part in every:
                 state.files.update(part)
             try:
@@ -276,8 +287,11 @@ class Checkpointer:
         if not (isinstance(cause, OSError) or "unexpected pos" in str(cause)):
             raise error
         previous = self.last
-        removed = (f"removed the partial save {partial}" if not os.path.exists(partial) else
-                   f"left the partial save {partial} (resume never picks a .partial)")
+        removed = (
+            f"removed the partial save {partial}"
+            if not os.path.exists(partial)
+            else f"left the partial save {partial} (resume never picks a .partial)"
+        )
         raise CheckpointError(
             f"checkpoint save at step {step} failed{': ' + what if what else ''} ({type(cause).__name__}: "
             f"{one_line(cause)}; {free} in checkpoint.dir={self.cfg.dir}); {removed}; "
@@ -452,8 +466,11 @@ class DirLock:
                 f"end, or give this run another checkpoint.dir"
             ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}, outputs in {about}\n".encode())
+        os.write(
+            fd,
+            f"pid {os.getpid()} on {socket.gethostname()}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}, outputs in {about}\n".encode(),
+        )
         self.fd = fd
 
     def release(self) -> None:
@@ -491,8 +508,14 @@ def _to_host(obj: Any) -> Any:
         # Pageable, not pinned: pinned shards would also need the metadata's pin_memory flag.
         return obj.to(device="cpu", copy=True)
     if isinstance(obj, DTensor):  # FSDP2's parameters and states: copy the local shard, keep the layout
-        return DTensor.from_local(_host_copy(obj.to_local()), obj.device_mesh, obj.placements,
-                                  run_check=False, shape=obj.shape, stride=obj.stride())
+        return DTensor.from_local(
+            _host_copy(obj.to_local()),
+            obj.device_mesh,
+            obj.placements,
+            run_check=False,
+            shape=obj.shape,
+            stride=obj.stride(),
+        )
     if isinstance(obj, torch.Tensor):
         return _host_copy(obj)
     if isinstance(obj, dict):
@@ -500,5 +523,3 @@ def _to_host(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_host(v) for v in obj)
     return copy.deepcopy(obj)
-
-

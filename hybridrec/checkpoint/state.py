@@ -80,11 +80,18 @@ class TrainState:
         ``config.yaml`` already are; ``trainer_state.pt`` and ``config.yaml`` are hashed here."""
         torch.save({"rng": self.rng, "losses": self.losses}, os.path.join(directory, STATE_TENSORS))
         self.files.update(hash_files(directory, [STATE_TENSORS, CONFIG_YAML]))
-        fields = {"step": self.step, "schedulers": self.schedulers, "features": self.features,
-                  "num_dense_features": self.num_dense_features, "runs": self.runs, "selection": self.selection,
-                  **({"stream": self.stream} if self.stream else {}), "history": self.history,
-                  **({"data_version": self.data_version} if self.data_version is not None else {}),
-                  "files": dict(sorted(self.files.items()))}
+        fields = {
+            "step": self.step,
+            "schedulers": self.schedulers,
+            "features": self.features,
+            "num_dense_features": self.num_dense_features,
+            "runs": self.runs,
+            "selection": self.selection,
+            **({"stream": self.stream} if self.stream else {}),
+            "history": self.history,
+            **({"data_version": self.data_version} if self.data_version is not None else {}),
+            "files": dict(sorted(self.files.items())),
+        }
         fields["state_blake3"] = _fields_digest(fields)  # the file's own check: it cannot hash itself
         with open(os.path.join(directory, STATE_JSON), "w") as f:
             json.dump(fields, f, indent=1)  # floats are written in full: they read back bit-exact
@@ -105,8 +112,10 @@ class TrainState:
             )
         for path in (json_path, tensors_path):
             if not os.path.isfile(path):
-                raise CheckpointError(f"{directory} is not a committed checkpoint: {path} is missing (a save that "
-                                      f"never committed, or a damaged directory)")
+                raise CheckpointError(
+                    f"{directory} is not a committed checkpoint: {path} is missing (a save that "
+                    f"never committed, or a damaged directory)"
+                )
         try:
             with open(json_path, "rb") as f:
                 fields = json.loads(f.read().decode())
@@ -118,14 +127,18 @@ class TrainState:
         if digest is None or "files" not in fields:
             unverified(directory, json_path, "state_blake3" if digest is None else "files", allow_unverified)
         elif digest != _fields_digest(fields):
-            raise CheckpointError(f"{directory} is damaged: {json_path} does not match the checksum of its "
-                                  f"fields recorded when it was saved")
+            raise CheckpointError(
+                f"{directory} is damaged: {json_path} does not match the checksum of its "
+                f"fields recorded when it was saved"
+            )
         _check_fields(fields, json_path)
         if "files" in fields and not fields["files"]:
             # hybridrec lists every file of a step when it commits it: an empty manifest would
             # leave the files' checksums unchecked ("required" only for the files it names)
-            raise CheckpointError(f"{directory} is damaged or was edited: {json_path} lists no files in its manifest "
-                                  f"('files'), so no file of it can be verified; refused")
+            raise CheckpointError(
+                f"{directory} is damaged or was edited: {json_path} lists no files in its manifest "
+                f"('files'), so no file of it can be verified; refused"
+            )
         if fields.get("files"):
             verify_files(directory, fields["files"], [STATE_TENSORS])
         tensors = _load_tensors(tensors_path)
@@ -133,16 +146,28 @@ class TrainState:
             t = tensors.get(key)
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != dims:
                 what = f"a {t.dtype} tensor of {t.dim()} dimensions" if isinstance(t, torch.Tensor) else "missing"
-                raise CheckpointError(f"{tensors_path} is damaged: '{key}' is {what}, expected {dtype} with "
-                                      f"{dims} dimensions")
+                raise CheckpointError(
+                    f"{tensors_path} is damaged: '{key}' is {what}, expected {dtype} with {dims} dimensions"
+                )
         if len(tensors["losses"]) != fields["step"]:
-            raise CheckpointError(f"{directory} is damaged: {tensors_path} holds {len(tensors['losses'])} losses "
-                                  f"for step {fields['step']} of {json_path}")
-        return cls(step=fields["step"], schedulers=fields["schedulers"], features=fields["features"],
-                   num_dense_features=fields["num_dense_features"], rng=tensors["rng"], losses=tensors["losses"],
-                   runs=list(fields.get("runs", [])), selection=dict(fields.get("selection") or {}),
-                   stream=dict(fields.get("stream") or {}), history=list(fields.get("history") or []),
-                   data_version=fields.get("data_version"), files=dict(fields.get("files") or {}))
+            raise CheckpointError(
+                f"{directory} is damaged: {tensors_path} holds {len(tensors['losses'])} losses "
+                f"for step {fields['step']} of {json_path}"
+            )
+        return cls(
+            step=fields["step"],
+            schedulers=fields["schedulers"],
+            features=fields["features"],
+            num_dense_features=fields["num_dense_features"],
+            rng=tensors["rng"],
+            losses=tensors["losses"],
+            runs=list(fields.get("runs", [])),
+            selection=dict(fields.get("selection") or {}),
+            stream=dict(fields.get("stream") or {}),
+            history=list(fields.get("history") or []),
+            data_version=fields.get("data_version"),
+            files=dict(fields.get("files") or {}),
+        )
 
 
 _FEATURE_FIELDS = {f.name for f in dataclasses.fields(SparseFeature)}
@@ -154,8 +179,10 @@ def _check_fields(fields: dict[str, Any], json_path: str) -> None:
     wrong type would fail later (as a config error, or deep in a rank)."""
 
     def bad(field_: str, value: Any, expected: str) -> NoReturn:
-        raise CheckpointError(f"{json_path} is damaged or was edited: field '{field_}' is {shorten(value)} "
-                              f"(a {type(value).__name__}), expected {expected}")
+        raise CheckpointError(
+            f"{json_path} is damaged or was edited: field '{field_}' is {shorten(value)} "
+            f"(a {type(value).__name__}), expected {expected}"
+        )
 
     def count(key: str, least: int) -> None:
         value = fields.get(key)
@@ -200,8 +227,9 @@ def _check_fields(fields: dict[str, Any], json_path: str) -> None:
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= fields["step"]:
             bad(f"history[{i}]", record, f"a metrics record with a step from 0 to {fields['step']}")
     files = fields.get("files") or {}
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) and _DIGEST.fullmatch(v)
-                                              for k, v in files.items()):
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and _DIGEST.fullmatch(v) for k, v in files.items()
+    ):
         bad("files", files, "an object of file names and BLAKE3 digests")
 
 
@@ -222,8 +250,10 @@ def unverified(directory: str, json_path: str, missing: str, allowed: bool) -> N
         )
     if directory not in _warned_unverified:
         _warned_unverified.add(directory)
-        log.warning(f"{directory} records no checksums ('{missing}' is missing from {STATE_JSON}): loaded without "
-                    f"verifying its content (allow_unverified=true)")
+        log.warning(
+            f"{directory} records no checksums ('{missing}' is missing from {STATE_JSON}): loaded without "
+            f"verifying its content (allow_unverified=true)"
+        )
 
 
 def _fields_digest(fields: dict[str, Any]) -> str:
@@ -235,8 +265,7 @@ def hash_files(directory: str, names: list[str]) -> dict[str, str]:
     strength at 4-5x the speed on one core, and it hashes one large file on several threads
     (here the rank's own share of the cores), so checking costs a fraction of writing."""
     threads = max(1, torch.get_num_threads())
-    return {name: blake3.blake3(max_threads=threads).update_mmap(inside(directory, name)).hexdigest()
-            for name in names}
+    return {name: blake3.blake3(max_threads=threads).update_mmap(inside(directory, name)).hexdigest() for name in names}
 
 
 def own_files(directory: str, rank: int) -> list[str]:
@@ -298,8 +327,11 @@ def new_run_id() -> str:
 def committed(directory: str) -> list[tuple[int, str]]:
     """(step, path) of the committed checkpoint directories (``step_<N>``, not ``.partial``),
     oldest first, whether complete or damaged."""
-    return sorted((int(m.group(1)), path) for path in glob.glob(os.path.join(directory, "step_*"))
-                  if (m := _STEP_DIR.search(path)) and os.path.isdir(path))
+    return sorted(
+        (int(m.group(1)), path)
+        for path in glob.glob(os.path.join(directory, "step_*"))
+        if (m := _STEP_DIR.search(path)) and os.path.isdir(path)
+    )
 
 
 def check_committed_name(path: str, key: str) -> None:
@@ -324,8 +356,10 @@ def check_complete(path: str, verify_content: bool = True, allow_unverified: boo
     NaNs. ``allow_unverified``: a state without checksums loads (with a warning)."""
     metadata = inside(path, METADATA)
     if not os.path.isfile(metadata):
-        raise CheckpointError(f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
-                              f"save, or not a checkpoint directory)")
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint ({metadata} is missing: an interrupted "
+            f"save, or not a checkpoint directory)"
+        )
     state = TrainState.from_files(path, allow_unverified)
     if not os.path.isfile(inside(path, CONFIG_YAML)):
         raise CheckpointError(f"{path} is damaged: {os.path.join(path, CONFIG_YAML)} is missing")
@@ -340,8 +374,9 @@ def check_complete(path: str, verify_content: bool = True, allow_unverified: boo
         if not os.path.isfile(file):
             raise CheckpointError(f"{path} is damaged: {file} is missing (its .metadata lists it)")
         if os.path.getsize(file) < end:
-            raise CheckpointError(f"{path} is damaged: {file} is truncated ({os.path.getsize(file):,} of "
-                                  f"{end:,} bytes)")
+            raise CheckpointError(
+                f"{path} is damaged: {file} is truncated ({os.path.getsize(file):,} of {end:,} bytes)"
+            )
     if verify_content:
         verify(path, state, list(ends))
     return state
@@ -378,14 +413,18 @@ def resolve_checkpoint(path: str, allow_unverified: bool = False) -> tuple[str, 
         return path, ""
     newest, skipped = _newest_loadable(path, verify_content=True, allow_unverified=allow_unverified)
     if newest is None:
-        raise CheckpointError(f"checkpoint={path} holds no loadable checkpoint ({skipped[0]}): give a step_<N> "
-                              f"directory")
-    return newest, (f"checkpoint={path}: its newest loadable checkpoint, {newest}"
-                    + (f" (newer, not loadable: {'; '.join(skipped)})" if skipped else ""))
+        raise CheckpointError(
+            f"checkpoint={path} holds no loadable checkpoint ({skipped[0]}): give a step_<N> directory"
+        )
+    return newest, (
+        f"checkpoint={path}: its newest loadable checkpoint, {newest}"
+        + (f" (newer, not loadable: {'; '.join(skipped)})" if skipped else "")
+    )
 
 
-def latest(directory: str, warn: bool = False, verify_content: bool = True,
-           allow_unverified: bool = False) -> Optional[str]:
+def latest(
+    directory: str, warn: bool = False, verify_content: bool = True, allow_unverified: bool = False
+) -> Optional[str]:
     """The newest loadable checkpoint in ``directory``, or None if there is none. Damaged newer
     ones are skipped (with a warning naming what is wrong when ``warn``), and so is a
     ``step_<N>`` that is a symbolic link out of ``directory``; a directory whose every
@@ -394,12 +433,15 @@ def latest(directory: str, warn: bool = False, verify_content: bool = True,
     path, skipped = _newest_loadable(directory, verify_content, allow_unverified)
     if path is not None:
         if skipped and warn:
-            log.warning(f"resuming from {path}, the newest loadable checkpoint, not from a newer one: "
-                        f"{'; '.join(skipped)}")
+            log.warning(
+                f"resuming from {path}, the newest loadable checkpoint, not from a newer one: {'; '.join(skipped)}"
+            )
         return path
     if skipped:
-        raise CheckpointError(f"checkpoint.dir={directory} holds no loadable checkpoint ({skipped[0]}): "
-                              f"repair or delete its step_* directories, or use another checkpoint.dir")
+        raise CheckpointError(
+            f"checkpoint.dir={directory} holds no loadable checkpoint ({skipped[0]}): "
+            f"repair or delete its step_* directories, or use another checkpoint.dir"
+        )
     return None
 
 

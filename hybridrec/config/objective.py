@@ -59,8 +59,11 @@ def choices(calibrated: bool, ranking_k: Optional[int], next_item: bool = False)
     """The objectives a run with this loss and data can declare, ``auto``'s first."""
     if next_item:
         return [f"{SPLIT}.{n}" for n in NEXT_ITEM_METRICS]
-    names = (["logloss", "ne"] if calibrated else []) + ([f"ndcg@{ranking_k}", "map", f"recall@{ranking_k}"]
-                                                          if ranking_k else []) + ["auc"]
+    names = (
+        (["logloss", "ne"] if calibrated else [])
+        + ([f"ndcg@{ranking_k}", "map", f"recall@{ranking_k}"] if ranking_k else [])
+        + ["auc"]
+    )
     if ranking_k and calibrated:  # a ranking source is judged by its ranking, first
         names = names[2:5] + names[:2] + names[5:]
     return [f"{SPLIT}.{n}" for n in names] + ([f"{SPLIT}.accuracy"] if calibrated else [])
@@ -73,8 +76,11 @@ def resolve(spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bo
     valid = choices(calibrated, ranking_k, next_item)
     name = valid[0] if spec == "auto" else spec
     if name not in valid:
-        why = ("the test split (eval) is scored once and never chosen on: use the validation split"
-               if spec.startswith("eval.") else f"it must be auto or one of {', '.join(valid)}")
+        why = (
+            "the test split (eval) is scored once and never chosen on: use the validation split"
+            if spec.startswith("eval.")
+            else f"it must be auto or one of {', '.join(valid)}"
+        )
         raise ValueError(f"train.objective={spec}: {why} (this loss and data offer {', '.join(valid)})")
     metric = name.split(".", 1)[1]
     return Objective(metric, maximize=metric not in _MINIMIZE)
@@ -112,8 +118,9 @@ class Selection:
 
     @classmethod
     def from_dict(cls, fields: dict) -> Selection:
-        return cls(**{k: fields[k] for k in ("best_step", "best_value", "best_checkpoint", "evals_since_best")
-                      if k in fields})
+        return cls(
+            **{k: fields[k] for k in ("best_step", "best_value", "best_checkpoint", "evals_since_best") if k in fields}
+        )
 
 
 def keeps_best(keep_best: Optional[bool], checkpoints: bool, validates: bool) -> bool:

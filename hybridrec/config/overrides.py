@@ -59,9 +59,11 @@ def _explain(compose, config_name: str, mine: list[str], errors: type, conf_dir:
             options = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
             near = difflib.get_close_matches(option, options, n=1)
             key = group.replace("/", ".") if group != "experiment" else "+experiment"
-            raise ValueError(f"{key}={option} is not an option of {group}"
-                             + (f" (did you mean {key}={near[0]}?)" if near else "")
-                             + f": the options are {', '.join(options)}")
+            raise ValueError(
+                f"{key}={option} is not an option of {group}"
+                + (f" (did you mean {key}={near[0]}?)" if near else "")
+                + f": the options are {', '.join(options)}"
+            )
 
 
 def _compose(compose, config_name: str, overrides: list[str], errors: type) -> Optional[str]:

@@ -25,8 +25,13 @@ from hybridrec.config.schema import (
 
 # Config groups whose node names the class it configures (`_target_`): a config saved as
 # plain YAML is typed again by the schema registered for that class (``typed``).
-TARGET_GROUPS = {"model": "model", "loss": "loss", "data": "data", "optimizer.sparse": "optimizer/sparse",
-                 "optimizer.dense": "optimizer/dense"}
+TARGET_GROUPS = {
+    "model": "model",
+    "loss": "loss",
+    "data": "data",
+    "optimizer.sparse": "optimizer/sparse",
+    "optimizer.dense": "optimizer/dense",
+}
 # Classes that moved: a config saved before the move names them by their old module. Only
 # these exact prefixes are rewritten, at the loss node only (where the losses moved from
 # ``hybridrec.losses`` into the models package); the result is checked like any target.
@@ -40,9 +45,8 @@ def renamed_targets(saved: DictConfig) -> DictConfig:
         target = OmegaConf.select(saved, f"{path}._target_")
         for old, new in moves.items():
             if isinstance(target, str) and target.startswith(old):
-                OmegaConf.update(saved, f"{path}._target_", new + target[len(old):])
+                OmegaConf.update(saved, f"{path}._target_", new + target[len(old) :])
     return saved
-
 
 
 def shipped_targets() -> dict[str, frozenset[str]]:
@@ -150,4 +154,3 @@ def refuse_key(key: str, names: list[str], path: str) -> NoReturn:
         f"unknown key {where}{key}{f' (did you mean {where}{near[0]}?)' if near else ''}: "
         f"the keys of {path or 'the top level'} are {', '.join(n for n in names if not n.startswith('_'))}"
     )
-

@@ -314,11 +314,19 @@ def register_configs() -> None:
     cs.store(group="schema/mesh", name="mesh", node=MeshConfig)
     cs.store(group="schema/topology", name="topology", node=TopologyConfig)
     cs.store(group="schema/optimizer", name="optimizer", node=OptimizerConfig)
-    for name, node in [("rowwise_adagrad", RowWiseAdagradConfig), ("adagrad", AdagradConfig),
-                       ("adam", SparseAdamConfig), ("sgd", SGDConfig)]:
+    for name, node in [
+        ("rowwise_adagrad", RowWiseAdagradConfig),
+        ("adagrad", AdagradConfig),
+        ("adam", SparseAdamConfig),
+        ("sgd", SGDConfig),
+    ]:
         cs.store(group="schema/optimizer/sparse", name=name, node=node)
-    for name, node in [("adagrad", DenseAdagradConfig), ("adam", AdamConfig),
-                       ("adamw", AdamWConfig), ("sgd", DenseSGDConfig)]:
+    for name, node in [
+        ("adagrad", DenseAdagradConfig),
+        ("adam", AdamConfig),
+        ("adamw", AdamWConfig),
+        ("sgd", DenseSGDConfig),
+    ]:
         cs.store(group="schema/optimizer/dense", name=name, node=node)
     # The evaluate entry point's data node takes any key of any source (the checkpoint's
     # data config decides which schema types them, after composition): not in struct mode.
@@ -329,7 +337,6 @@ def register_configs() -> None:
 
 def _direction(objective: str, loss_target: str, ranking_k: Optional[int], data_target: Optional[str] = None) -> str:
     next_item = bool(data_target and getattr(get_class(data_target), "next_item", False))
-    return resolve(objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k,
-                   next_item).direction
-
-
+    return resolve(
+        objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k, next_item
+    ).direction

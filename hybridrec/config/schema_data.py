@@ -77,8 +77,34 @@ class BadRows(str, Enum):
 
 
 # Criteo Kaggle's table sizes capped at 100k rows: CPU-sized; ids map by data.id_mapping.
-CRITEO_KAGGLE_CAPPED = [1460, 583, 100000, 100000, 305, 24, 12517, 633, 3, 93145, 5683, 100000, 3194,
-                        27, 14992, 100000, 10, 5652, 2173, 4, 100000, 18, 15, 100000, 105, 100000]
+CRITEO_KAGGLE_CAPPED = [
+    1460,
+    583,
+    100000,
+    100000,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    100000,
+    3194,
+    27,
+    14992,
+    100000,
+    10,
+    5652,
+    2173,
+    4,
+    100000,
+    18,
+    15,
+    100000,
+    105,
+    100000,
+]
 
 
 @dataclass
@@ -404,4 +430,3 @@ class ParquetSequencesConfig(SequenceDataConfig):
     id_mapping: ParquetIdMapping = ParquetIdMapping.none
     """none: ids are table rows; hash: seeded splitmix64 into rows 1..num_items-1."""
     hash_seed: int = 0
-

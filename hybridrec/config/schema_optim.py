@@ -122,5 +122,3 @@ SPARSE_OPTIMIZERS = (
     "torch.optim.Adam",
     "torch.optim.SGD",
 )
-
-

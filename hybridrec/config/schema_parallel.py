@@ -223,5 +223,3 @@ class LauncherConfig:
     holds the others before the job fails. It must also cover the longest wait of a healthy
     run: a rank planning the tables while the others wait, and writing its shards of a
     checkpoint (raise it for very large tables on slow storage)."""
-
-

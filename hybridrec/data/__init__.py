@@ -113,7 +113,9 @@ def holdout(seed: int, stream: int, rows: np.ndarray, fraction: float) -> np.nda
     """Whether each row (by its index in a stream: a file's line, a rating) is held out for
     validation: a hash of (seed, stream, row) below ``fraction``. A pure function of the row,
     so the same rows are held out however the data are read, split over ranks or resumed."""
-    x = splitmix64(rows.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) % 2**64))
+    x = splitmix64(
+        rows.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03) % 2**64)
+    )
     return (x >> np.uint64(11)).astype(np.float64) / 2.0**53 < fraction
 
 
@@ -143,8 +145,12 @@ class RecBatch(Batch):
     sources), left-aligned with its ids, 0 after the history's end."""
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "RecBatch":
-        return RecBatch(**{f.name: v if (v := getattr(self, f.name)) is None
-                           else v.to(device=device, non_blocking=non_blocking) for f in fields(self)})
+        return RecBatch(
+            **{
+                f.name: v if (v := getattr(self, f.name)) is None else v.to(device=device, non_blocking=non_blocking)
+                for f in fields(self)
+            }
+        )
 
     def record_stream(self, stream: torch.Stream) -> None:
         for f in fields(self):
@@ -152,8 +158,7 @@ class RecBatch(Batch):
                 v.record_stream(stream)
 
     def pin_memory(self) -> "RecBatch":
-        return RecBatch(**{f.name: v if (v := getattr(self, f.name)) is None else v.pin_memory()
-                           for f in fields(self)})
+        return RecBatch(**{f.name: v if (v := getattr(self, f.name)) is None else v.pin_memory() for f in fields(self)})
 
 
 def _clip(reason: str, limit: int = 300) -> str:
@@ -232,9 +237,12 @@ class ReadReport:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "ReadReport":
-        r = ReadReport(files={p: FileReport(**f) for p, f in d["files"].items()},
-                       dropped_tail_rows=dict(d["dropped_tail_rows"]), collisions=d["collisions"],
-                       null_ids=dict(d.get("null_ids", {})))
+        r = ReadReport(
+            files={p: FileReport(**f) for p, f in d["files"].items()},
+            dropped_tail_rows=dict(d["dropped_tail_rows"]),
+            collisions=d["collisions"],
+            null_ids=dict(d.get("null_ids", {})),
+        )
         return r
 
     def to_dict(self) -> dict[str, Any]:

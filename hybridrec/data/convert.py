@@ -80,19 +80,47 @@ from hybridrec.data.convert_writers import (
     PARTS,
     ROW_GROUP_SIZE,
     SPARSE_COLUMNS,
+    Refused,
     Target,
     _NpyWriter,
     _ParquetWriter,
+    check_config,
+    config_path,
+    data_config,
     outputs,
     remove_partial,
+    write_config,
+    write_text,
 )
 from hybridrec.data.criteo import CAT_FEATURES, COLUMNS, INT_FEATURES, CriteoBinary, read_tsv_file, resolve_paths
 
 # The output writers live in convert_writers; their names are this module's too.
 __all__ = [
-    "CONFIG_NAME", "DENSE_COLUMNS", "NPY", "PARQUET_SCHEMA", "PARTS", "REPORT", "ROW_GROUP_SIZE", "SPARSE_COLUMNS",
-    "Refused", "Target", "check_config", "check_tsv", "config_path", "convert_file", "data_config", "main",
-    "npy_days", "outputs", "parse_args", "plan", "read_npy_day", "remove_partial", "run", "stem", "write_config",
+    "CONFIG_NAME",
+    "DENSE_COLUMNS",
+    "NPY",
+    "PARQUET_SCHEMA",
+    "PARTS",
+    "REPORT",
+    "ROW_GROUP_SIZE",
+    "SPARSE_COLUMNS",
+    "Refused",
+    "Target",
+    "check_config",
+    "check_tsv",
+    "config_path",
+    "convert_file",
+    "data_config",
+    "main",
+    "npy_days",
+    "outputs",
+    "parse_args",
+    "plan",
+    "read_npy_day",
+    "remove_partial",
+    "run",
+    "stem",
+    "write_config",
     "write_report",
 ]
 
@@ -103,13 +131,10 @@ _NPY_ROW_BYTES = 4 * INT_FEATURES + 8 * CAT_FEATURES + 4  # a row of the .npy la
 CONFIG_NAME = "criteo_parquet"
 
 
-class Refused(Exception):
-    """Input or output the converter refuses before converting anything (exit code 2)."""
-
-
 # -- one file ----------------------------------------------------------------------------
-def read_npy_day(dense_path: str, block_size: int, fail: bool, report: ReadReport
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def read_npy_day(
+    dense_path: str, block_size: int, fail: bool, report: ReadReport
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """A day of the .npy layout (named by its ``_dense.npy``) in blocks of rows: (dense as
     float32, raw ids, labels as float32), the types CriteoBinary gives the model. Rows are
     checked as CriteoBinary checks them; a bad row is skipped and counted under
@@ -124,11 +149,19 @@ def read_npy_day(dense_path: str, block_size: int, fail: bool, report: ReadRepor
         dense = np.asarray(parts["dense"][lo : lo + step], dtype=np.float32)
         raw = np.asarray(parts["sparse"][lo : lo + step])
         labels = np.asarray(parts["labels"][lo : lo + step]).reshape(-1)
-        checks = (("labels", (labels != 0) & (labels != 1), lambda i: f"label {labels[i]:g} is not 0 or 1"),
-                  ("dense", ~np.isfinite(dense).all(axis=1),
-                   lambda i: f"dense value {dense[i][~np.isfinite(dense[i])][0]} is not finite"),
-                  ("sparse", (raw < 0).any(axis=1) if raw.dtype.kind == "i" else np.zeros(len(raw), bool),
-                   lambda i: f"id {raw[i][raw[i] < 0][0]} is negative"))
+        checks = (
+            ("labels", (labels != 0) & (labels != 1), lambda i: f"label {labels[i]:g} is not 0 or 1"),
+            (
+                "dense",
+                ~np.isfinite(dense).all(axis=1),
+                lambda i: f"dense value {dense[i][~np.isfinite(dense[i])][0]} is not finite",
+            ),
+            (
+                "sparse",
+                (raw < 0).any(axis=1) if raw.dtype.kind == "i" else np.zeros(len(raw), bool),
+                lambda i: f"id {raw[i][raw[i] < 0][0]} is negative",
+            ),
+        )
         ok = ~np.any([bad for _, bad, _ in checks], axis=0)
         for i in np.flatnonzero(~ok):  # in row order, each row with its first fault
             part, _, why = next(c for c in checks if c[1][i])
@@ -139,8 +172,14 @@ def read_npy_day(dense_path: str, block_size: int, fail: bool, report: ReadRepor
         yield dense[ok], raw[ok], labels[ok].astype(np.float32)
 
 
-def convert_file(path: str, prefix: str, block_size: int, fail: bool,
-                 progress: Callable[[int], None] = lambda rows: None, target: Target = NPY) -> dict[str, Any]:
+def convert_file(
+    path: str,
+    prefix: str,
+    block_size: int,
+    fail: bool,
+    progress: Callable[[int], None] = lambda rows: None,
+    target: Target = NPY,
+) -> dict[str, Any]:
     """``path`` (Criteo TSV, or a day of the .npy layout named by its ``_dense.npy``) into
     ``outputs(prefix, target)``; returns the file's report (rows, bad_rows, errors,
     unreadable). A DataError (``fail``: the first bad row) leaves no output file."""
@@ -239,8 +278,10 @@ def check_tsv(path: str) -> None:
         return
     if b"\0" in head or not any(line.count(b"\t") == len(COLUMNS) - 1 for line in lines):
         hint = " (gzip data: name it .gz)" if head.startswith(b"\x1f\x8b") else ""
-        raise Refused(f"{path}: not a Criteo TSV: no line of {len(COLUMNS)} tab-separated fields in its "
-                      f"first {len(head):,} bytes{hint}")
+        raise Refused(
+            f"{path}: not a Criteo TSV: no line of {len(COLUMNS)} tab-separated fields in its "
+            f"first {len(head):,} bytes{hint}"
+        )
 
 
 def npy_days(spec: str) -> Optional[list[str]]:
@@ -258,8 +299,10 @@ def npy_days(spec: str) -> Optional[list[str]]:
         return None
     other = [p for p in paths if not p.endswith((_DENSE, "_sparse.npy", "_labels.npy"))]
     if other:
-        raise Refused(f"INPUT {spec} names days of the .npy layout ({days[0]}) and {other[0]}, which is not "
-                      f"one: convert TSV and .npy days separately")
+        raise Refused(
+            f"INPUT {spec} names days of the .npy layout ({days[0]}) and {other[0]}, which is not "
+            f"one: convert TSV and .npy days separately"
+        )
     return days
 
 
@@ -286,8 +329,10 @@ def plan(spec: str, out: str, overwrite: bool, target: Target = NPY) -> list[tup
     jobs, seen = [], {}
     for path, name in zip(paths, names):
         if name in seen:
-            raise Refused(f"{seen[name]} and {path} would both be written to "
-                          f"{os.path.join(out, name)}{'.parquet' if target.format == 'parquet' else '_*.npy'}")
+            raise Refused(
+                f"{seen[name]} and {path} would both be written to "
+                f"{os.path.join(out, name)}{'.parquet' if target.format == 'parquet' else '_*.npy'}"
+            )
         seen[name] = path
         if days is None:
             check_tsv(path)
@@ -299,75 +344,10 @@ def plan(spec: str, out: str, overwrite: bool, target: Target = NPY) -> list[tup
     return jobs
 
 
-# -- the data config of the Parquet files --------------------------------------------------
-def config_path(out: str, name: str) -> str:
-    """Where the data config goes: a config group directory (``data/``) under ``<out>/conf``,
-    which ``--config-dir <out>/conf`` adds to Hydra's search path."""
-    return os.path.join(out, "conf", "data", f"{name}.yaml")
-
-
-def data_config(target: Target, out: str, name: str) -> str:
-    """The ``data=parquet`` config of the converted files' columns. Its comments name ``out``;
-    the rest depends on the table sizes and the id mapping only."""
-    conf = os.path.join(out, "conf")
-    lines = [
-        "# data=parquet over Criteo converted by `python -m hybridrec.data.convert --format parquet`:",
-        "# label int8 0/1; I1..I13 float32, log(x + 1) of the counts with negatives clamped to 0 (what",
-        "# data=criteo computes: transform none); C1..C26 int64, table rows already mapped",
-        f"# ({target.id_mapping.value}) into the tables below (id_mapping none). The features are named",
-        "# cat_0..cat_25 as data=criteo names them: both sources build the same model.",
-        "# The splits are files of the conversion, set when training:",
-        f"#   python -m hybridrec.train --config-dir {conf} +experiment=ctr data={name} \\",
-        "#       data.train_path=<training .parquet: a file or a glob> data.eval_path=<test .parquet>",
-        "defaults:",
-        "  - /schema/data/parquet@_here_",
-        "  - _self_",
-        "",
-        "label: {column: label, threshold: null}",
-        "dense:",
-        *[f"  - {{column: {c}, transform: none}}" for c in DENSE_COLUMNS],
-        "sparse:",
-        *[f"  - {{name: cat_{j}, column: {c}, num_embeddings: {n}, id_mapping: none}}"
-          for j, (c, n) in enumerate(zip(SPARSE_COLUMNS, target.sizes))],
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _settings(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def check_config(out: str, name: str, target: Target, overwrite: bool) -> None:
-    """Refuse to convert into a directory whose data config maps ids into other tables (an
-    earlier conversion of other days): its files and the new ones would disagree."""
-    path = config_path(out, name)
-    try:
-        with open(path) as f:
-            old = f.read()
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise Refused(f"{path}: cannot read it ({e.strerror or e})") from None
-    if _settings(old) != _settings(data_config(target, out, name)) and not overwrite:
-        raise Refused(f"{path} describes other columns (table sizes or id mapping) than this conversion's: "
-                      f"files converted both ways would disagree. Use another --out, or --overwrite to replace it")
-
-
-def write_config(out: str, name: str, target: Target) -> str:
-    path = config_path(out, name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    replace_file(path, lambda temp: _write_text(temp, data_config(target, out, name)))
-    return path
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
 # -- running -----------------------------------------------------------------------------
-def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
-        done: dict[str, dict], target: Target = NPY) -> None:
+def run(
+    jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool, done: dict[str, dict], target: Target = NPY
+) -> None:
     """Convert every job, filling ``done`` (input -> report) as files complete. On an error
     (``fail``: a bad row) the other files stop at once and leave no partial file."""
     bar = tqdm(desc="convert", unit=" rows", unit_scale=True, disable=None, file=sys.stderr)
@@ -381,8 +361,10 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
         ctx = _worker_context()
         rows_done = ctx.Value("q", 0)
         with ctx.Pool(workers, initializer=_init_worker, initargs=(rows_done,)) as pool:
-            pending = {path: (prefix, pool.apply_async(_convert_in_worker, (path, prefix, block_size, fail, target)))
-                       for path, prefix in jobs}
+            pending = {
+                path: (prefix, pool.apply_async(_convert_in_worker, (path, prefix, block_size, fail, target)))
+                for path, prefix in jobs
+            }
             try:
                 while pending:
                     for path, (_prefix, result) in list(pending.items()):
@@ -407,8 +389,9 @@ def run(jobs: list[tuple[str, str]], workers: int, block_size: int, fail: bool,
         bar.close()
 
 
-def write_report(out: str, jobs: list[tuple[str, str]], done: dict[str, dict], seconds: float,
-                 failed: Optional[str]) -> dict:
+def write_report(
+    out: str, jobs: list[tuple[str, str]], done: dict[str, dict], seconds: float, failed: Optional[str]
+) -> dict:
     """``<out>/convert_report.json``, merged with the one already there: converting day by
     day into one directory keeps a report of every file in it."""
     path = os.path.join(out, REPORT)
@@ -426,10 +409,15 @@ def write_report(out: str, jobs: list[tuple[str, str]], done: dict[str, dict], s
         "bad_rows": sum(f["bad_rows"] for f in files.values()),
         "unreadable": [f["unreadable"] for f in files.values() if f["unreadable"]],
         "files": files,
-        "last_run": {"input_files": len(jobs), "converted": len(done), "seconds": round(seconds, 3),
-                     "rows": sum(done[src]["rows"] for src in done), "failed": failed},
+        "last_run": {
+            "input_files": len(jobs),
+            "converted": len(done),
+            "seconds": round(seconds, 3),
+            "rows": sum(done[src]["rows"] for src in done),
+            "failed": failed,
+        },
     }
-    replace_file(path, lambda temp: _write_text(temp, json.dumps(report, indent=1)))
+    replace_file(path, lambda temp: write_text(temp, json.dumps(report, indent=1)))
     return report
 
 
@@ -453,32 +441,68 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hybridrec.data.convert", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", metavar="INPUT",
-                        help="Criteo TSV (a file, a directory or a glob; plain or .gz) or, for --format parquet, "
-                             "days of the .npy layout (a directory of *_dense.npy, or files or a glob of them)")
+    parser = argparse.ArgumentParser(
+        prog="python -m hybridrec.data.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "input",
+        metavar="INPUT",
+        help="Criteo TSV (a file, a directory or a glob; plain or .gz) or, for --format parquet, "
+        "days of the .npy layout (a directory of *_dense.npy, or files or a glob of them)",
+    )
     parser.add_argument("--out", required=True, help="directory of the output files (created)")
-    parser.add_argument("--format", choices=("npy", "parquet"), default="npy",
-                        help="TorchRec's .npy layout (default; data=criteo_binary) or Parquet (data=parquet)")
-    parser.add_argument("--num-embeddings", type=_sizes, default=None, metavar="N[,N...]",
-                        help=f"--format parquet: rows of the {CAT_FEATURES} tables the ids are mapped into, "
-                             "or one size for all (default: data=criteo's, Criteo Kaggle's capped at 100k)")
-    parser.add_argument("--id-mapping", choices=[m.value for m in IdMapping], default=None,
-                        help="--format parquet: how a raw id becomes a table row, as data.id_mapping of "
-                             "data=criteo (default: modulo)")
-    parser.add_argument("--row-group-size", type=_positive, default=ROW_GROUP_SIZE,
-                        help=f"--format parquet: rows per Parquet row group (default: {ROW_GROUP_SIZE})")
-    parser.add_argument("--config-name", default=CONFIG_NAME,
-                        help="--format parquet: the data config written to <out>/conf/data/<name>.yaml "
-                             f"(default: {CONFIG_NAME})")
-    parser.add_argument("--workers", type=_positive, default=min(4, os.cpu_count() or 1),
-                        help="worker processes, one file each (default: min(4, CPUs))")
-    parser.add_argument("--bad-rows", choices=("skip", "fail"), default="skip",
-                        help="skip and count bad rows (default), or stop at the first")
+    parser.add_argument(
+        "--format",
+        choices=("npy", "parquet"),
+        default="npy",
+        help="TorchRec's .npy layout (default; data=criteo_binary) or Parquet (data=parquet)",
+    )
+    parser.add_argument(
+        "--num-embeddings",
+        type=_sizes,
+        default=None,
+        metavar="N[,N...]",
+        help=f"--format parquet: rows of the {CAT_FEATURES} tables the ids are mapped into, "
+        "or one size for all (default: data=criteo's, Criteo Kaggle's capped at 100k)",
+    )
+    parser.add_argument(
+        "--id-mapping",
+        choices=[m.value for m in IdMapping],
+        default=None,
+        help="--format parquet: how a raw id becomes a table row, as data.id_mapping of data=criteo (default: modulo)",
+    )
+    parser.add_argument(
+        "--row-group-size",
+        type=_positive,
+        default=ROW_GROUP_SIZE,
+        help=f"--format parquet: rows per Parquet row group (default: {ROW_GROUP_SIZE})",
+    )
+    parser.add_argument(
+        "--config-name",
+        default=CONFIG_NAME,
+        help=f"--format parquet: the data config written to <out>/conf/data/<name>.yaml (default: {CONFIG_NAME})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=min(4, os.cpu_count() or 1),
+        help="worker processes, one file each (default: min(4, CPUs))",
+    )
+    parser.add_argument(
+        "--bad-rows",
+        choices=("skip", "fail"),
+        default="skip",
+        help="skip and count bad rows (default), or stop at the first",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace output files that exist")
-    parser.add_argument("--block-size-mb", type=_positive, default=16,
-                        help="MiB of text parsed per block, per worker (memory, not results)")
+    parser.add_argument(
+        "--block-size-mb",
+        type=_positive,
+        default=16,
+        help="MiB of text parsed per block, per worker (memory, not results)",
+    )
     return parser.parse_args(argv)
 
 
@@ -493,16 +517,22 @@ def main(argv: Optional[list[str]] = None) -> None:
     target = NPY
     try:
         if parquet:
-            target = Target("parquet", args.num_embeddings or NPY.sizes, IdMapping(args.id_mapping or "modulo"),
-                            args.row_group_size)
+            target = Target(
+                "parquet", args.num_embeddings or NPY.sizes, IdMapping(args.id_mapping or "modulo"), args.row_group_size
+            )
             if not args.config_name.replace("_", "").replace("-", "").isalnum():
                 raise Refused(f"--config-name {args.config_name}: letters, digits, _ and - only (a Hydra option name)")
         else:
-            given = [f"--{k.replace('_', '-')}" for k in ("num_embeddings", "id_mapping", "config_name")
-                     if getattr(args, k) not in (None, CONFIG_NAME)]
+            given = [
+                f"--{k.replace('_', '-')}"
+                for k in ("num_embeddings", "id_mapping", "config_name")
+                if getattr(args, k) not in (None, CONFIG_NAME)
+            ]
             if given or args.row_group_size != ROW_GROUP_SIZE:
-                raise Refused(f"{(given or ['--row-group-size'])[0]} applies to --format parquet: the .npy layout "
-                              f"keeps the raw ids, mapped at training time by data.id_mapping")
+                raise Refused(
+                    f"{(given or ['--row-group-size'])[0]} applies to --format parquet: the .npy layout "
+                    f"keeps the raw ids, mapped at training time by data.id_mapping"
+                )
         jobs = plan(args.input, args.out, args.overwrite, target)
         if parquet:
             check_config(args.out, args.config_name, target, args.overwrite)
@@ -527,12 +557,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     rows, bad = sum(f["rows"] for f in done.values()), sum(f["bad_rows"] for f in done.values())
     broken = sum(1 for f in done.values() if f["unreadable"])
     notes = f"{bad:,} bad rows skipped" + (f", {broken} file(s) unreadable past a break" if broken else "")
-    print(f"hybridrec: converted {len(jobs)} file(s), {rows:,} rows ({notes}) in {seconds:.1f} s "
-          f"({rows / max(seconds, 1e-9):,.0f} rows/s) into {args.out} (report: {os.path.join(args.out, REPORT)})")
+    print(
+        f"hybridrec: converted {len(jobs)} file(s), {rows:,} rows ({notes}) in {seconds:.1f} s "
+        f"({rows / max(seconds, 1e-9):,.0f} rows/s) into {args.out} (report: {os.path.join(args.out, REPORT)})"
+    )
     if config:
-        print(f"hybridrec: data config {config}: train with python -m hybridrec.train --config-dir "
-              f"{os.path.dirname(os.path.dirname(config))} data={args.config_name} data.train_path=... "
-              f"data.eval_path=... (--config-dir before the overrides)")
+        print(
+            f"hybridrec: data config {config}: train with python -m hybridrec.train --config-dir "
+            f"{os.path.dirname(os.path.dirname(config))} data={args.config_name} data.train_path=... "
+            f"data.eval_path=... (--config-dir before the overrides)"
+        )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hybridrec.base.atomic import fresh
+from hybridrec.base.atomic import fresh, replace_file
 from hybridrec.config import CRITEO_KAGGLE_CAPPED, IdMapping
 from hybridrec.data.criteo import CAT_FEATURES, INT_FEATURES, map_ids
 
@@ -157,3 +157,77 @@ def remove_partial(path: str) -> None:
         os.remove(path + _PARTIAL)
     except FileNotFoundError:
         pass
+
+
+class Refused(Exception):
+    """Input or output the converter refuses before converting anything (exit code 2)."""
+
+
+# -- the data config of the Parquet files --------------------------------------------------
+def config_path(out: str, name: str) -> str:
+    """Where the data config goes: a config group directory (``data/``) under ``<out>/conf``,
+    which ``--config-dir <out>/conf`` adds to Hydra's search path."""
+    return os.path.join(out, "conf", "data", f"{name}.yaml")
+
+
+def data_config(target: Target, out: str, name: str) -> str:
+    """The ``data=parquet`` config of the converted files' columns. Its comments name ``out``;
+    the rest depends on the table sizes and the id mapping only."""
+    conf = os.path.join(out, "conf")
+    lines = [
+        "# data=parquet over Criteo converted by `python -m hybridrec.data.convert --format parquet`:",
+        "# label int8 0/1; I1..I13 float32, log(x + 1) of the counts with negatives clamped to 0 (what",
+        "# data=criteo computes: transform none); C1..C26 int64, table rows already mapped",
+        f"# ({target.id_mapping.value}) into the tables below (id_mapping none). The features are named",
+        "# cat_0..cat_25 as data=criteo names them: both sources build the same model.",
+        "# The splits are files of the conversion, set when training:",
+        f"#   python -m hybridrec.train --config-dir {conf} +experiment=ctr data={name} \\",
+        "#       data.train_path=<training .parquet: a file or a glob> data.eval_path=<test .parquet>",
+        "defaults:",
+        "  - /schema/data/parquet@_here_",
+        "  - _self_",
+        "",
+        "label: {column: label, threshold: null}",
+        "dense:",
+        *[f"  - {{column: {c}, transform: none}}" for c in DENSE_COLUMNS],
+        "sparse:",
+        *[
+            f"  - {{name: cat_{j}, column: {c}, num_embeddings: {n}, id_mapping: none}}"
+            for j, (c, n) in enumerate(zip(SPARSE_COLUMNS, target.sizes))
+        ],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _settings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def check_config(out: str, name: str, target: Target, overwrite: bool) -> None:
+    """Refuse to convert into a directory whose data config maps ids into other tables (an
+    earlier conversion of other days): its files and the new ones would disagree."""
+    path = config_path(out, name)
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise Refused(f"{path}: cannot read it ({e.strerror or e})") from None
+    if _settings(old) != _settings(data_config(target, out, name)) and not overwrite:
+        raise Refused(
+            f"{path} describes other columns (table sizes or id mapping) than this conversion's: "
+            f"files converted both ways would disagree. Use another --out, or --overwrite to replace it"
+        )
+
+
+def write_config(out: str, name: str, target: Target) -> str:
+    path = config_path(out, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    replace_file(path, lambda temp: write_text(temp, data_config(target, out, name)))
+    return path
+
+
+def write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)

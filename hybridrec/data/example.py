@@ -68,19 +68,21 @@ START = 1_700_000_000  # the first day's midnight, seconds: a date in 2023
 BIAS, W_USER_ITEM, W_USER_CATEGORY, W_HISTORY_ITEM = -2.4, 1.2, 0.8, 1.2
 W_POSITION, W_PRICE, W_TENURE = -0.12, -0.35, 0.15
 
-SCHEMA = pa.schema([
-    pa.field("ts", pa.int64(), nullable=False),
-    pa.field("user_id", pa.string(), nullable=False),
-    pa.field("item_id", pa.int64(), nullable=False),
-    pa.field("click", pa.int8(), nullable=False),
-    pa.field("weight", pa.float32(), nullable=False),
-    pa.field("price", pa.float32(), nullable=False),
-    pa.field("tenure_days", pa.int32(), nullable=False),
-    pa.field("position", pa.int32(), nullable=False),
-    pa.field("clicked_items", pa.list_(pa.int64()), nullable=False),
-    pa.field("cat_ids", pa.list_(pa.int64()), nullable=False),
-    pa.field("cat_weights", pa.list_(pa.float32()), nullable=False),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("user_id", pa.string(), nullable=False),
+        pa.field("item_id", pa.int64(), nullable=False),
+        pa.field("click", pa.int8(), nullable=False),
+        pa.field("weight", pa.float32(), nullable=False),
+        pa.field("price", pa.float32(), nullable=False),
+        pa.field("tenure_days", pa.int32(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("clicked_items", pa.list_(pa.int64()), nullable=False),
+        pa.field("cat_ids", pa.list_(pa.int64()), nullable=False),
+        pa.field("cat_weights", pa.list_(pa.float32()), nullable=False),
+    ]
+)
 _PARTIAL = ".partial"
 
 
@@ -148,13 +150,22 @@ class World:
             items = np.flatnonzero(item_cluster == k)
             cluster_items.append((items, item_pop[items] / item_pop[items].sum()))
         return World(
-            user_cluster=user_cluster, user_vec=near(user_cluster), user_bias=rng.normal(0, 0.4, USERS),
-            user_pop=zipf(USERS, 0.8), user_tenure=rng.gamma(1.5, 200.0, USERS).astype(np.int64),
-            item_ids=item_ids, item_cluster=item_cluster, item_vec=near(item_cluster),
-            item_bias=rng.normal(0, 0.4, ITEMS), item_pop=item_pop,
+            user_cluster=user_cluster,
+            user_vec=near(user_cluster),
+            user_bias=rng.normal(0, 0.4, USERS),
+            user_pop=zipf(USERS, 0.8),
+            user_tenure=rng.gamma(1.5, 200.0, USERS).astype(np.int64),
+            item_ids=item_ids,
+            item_cluster=item_cluster,
+            item_vec=near(item_cluster),
+            item_bias=rng.normal(0, 0.4, ITEMS),
+            item_pop=item_pop,
             item_price=portable.exp(rng.normal(3.0, 1.2, ITEMS)),
-            cat_offsets=cat_offsets, cat_ids=category_ids[picks], cat_weights=cat_weights,
-            item_cat_vec=item_cat_vec, cluster_items=cluster_items,
+            cat_offsets=cat_offsets,
+            cat_ids=category_ids[picks],
+            cat_weights=cat_weights,
+            item_cat_vec=item_cat_vec,
+            cluster_items=cluster_items,
         )
 
     def items_like(self, rng: np.random.Generator, clusters: np.ndarray, own_share: float) -> np.ndarray:
@@ -189,8 +200,9 @@ class Drift:
         """The world of ``day``: unborn items never shown, new ones boosted, trends applied."""
         age = day - self.birth
         fresh = np.where(age >= 0, portable.exp(-np.maximum(age, 0) / self.NOVELTY_DAYS), 0.0)
-        pop = np.where(age >= 0, world.item_pop * portable.exp(self.pop_trend * day
-                                                               + portable.log1p(self.NOVELTY_POP) * fresh), 0)
+        pop = np.where(
+            age >= 0, world.item_pop * portable.exp(self.pop_trend * day + portable.log1p(self.NOVELTY_POP) * fresh), 0
+        )
         pop /= pop.sum()
         cluster_items = []
         for k in range(CLUSTERS):
@@ -229,13 +241,17 @@ def split_table(world: World, rng: np.random.Generator, rows: int, first_day: in
 
     u, v = world.user_vec[user].astype(np.float64), world.item_vec[item].astype(np.float64)
     log_price = portable.log1p(price.astype(np.float64))
-    logit = (BIAS + world.user_bias[user] + world.item_bias[item]
-             + W_USER_ITEM * (u * v).sum(1) / DIM
-             + W_USER_CATEGORY * (u * world.item_cat_vec[item]).sum(1) / DIM
-             + W_HISTORY_ITEM * (hist_mean * v).sum(1) / DIM
-             + W_POSITION * position
-             + W_PRICE * (log_price - 3.0) / 1.2
-             + W_TENURE * (tenure - 300.0) / 250.0)
+    logit = (
+        BIAS
+        + world.user_bias[user]
+        + world.item_bias[item]
+        + W_USER_ITEM * (u * v).sum(1) / DIM
+        + W_USER_CATEGORY * (u * world.item_cat_vec[item]).sum(1) / DIM
+        + W_HISTORY_ITEM * (hist_mean * v).sum(1) / DIM
+        + W_POSITION * position
+        + W_PRICE * (log_price - 3.0) / 1.2
+        + W_TENURE * (tenure - 300.0) / 250.0
+    )
     click = (rng.random(rows) < portable.sigmoid(logit)).astype(np.int8)
     age_days = (START + (first_day + days) * DAY - ts) / DAY
     weight = np.round(0.3 + 0.7 * portable.exp(-age_days / 7.0), 3).astype(np.float32)
@@ -267,8 +283,10 @@ def outputs(out: str, rows: int) -> dict[str, list[tuple[str, int, int]]]:
     for name, files, _, _ in SPLITS:
         n = split_rows(rows, name)
         bounds = [n * f // files for f in range(files + 1)]
-        plan[name] = [(os.path.join(out, name, f"part-{f:05d}.parquet"), bounds[f], bounds[f + 1] - bounds[f])
-                      for f in range(files)]
+        plan[name] = [
+            (os.path.join(out, name, f"part-{f:05d}.parquet"), bounds[f], bounds[f + 1] - bounds[f])
+            for f in range(files)
+        ]
     return plan
 
 
@@ -286,8 +304,11 @@ def _write(table: pa.Table, path: str) -> None:
 def day_outputs(out: str) -> dict[str, list[tuple[str, int]]]:
     """The ``days`` layout: per split, (file, day) of each file."""
     train = [(os.path.join(out, "train", day_name(d), "part-00000.parquet"), d) for d in range(14)]
-    return {"train": train, "valid": [(os.path.join(out, "valid", "part-00000.parquet"), 14)],
-            "eval": [(os.path.join(out, "eval", "part-00000.parquet"), 15)]}
+    return {
+        "train": train,
+        "valid": [(os.path.join(out, "valid", "part-00000.parquet"), 14)],
+        "eval": [(os.path.join(out, "eval", "part-00000.parquet"), 15)],
+    }
 
 
 def generate_days(out: str, rows: int = 200_000, seed: int = 0, overwrite: bool = False) -> dict[str, int]:
@@ -347,16 +368,27 @@ def _stop(message: str, code: int) -> NoReturn:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hybridrec.data.example", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m hybridrec.data.example",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, help="directory of the train/, valid/ and eval/ files (created)")
-    parser.add_argument("--rows", type=_positive, default=200_000,
-                        help="training rows (default: 200,000); validation and test get a tenth each")
+    parser.add_argument(
+        "--rows",
+        type=_positive,
+        default=200_000,
+        help="training rows (default: 200,000); validation and test get a tenth each",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the seed of everything generated (default: 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace files that exist")
-    parser.add_argument("--layout", choices=("splits", "days"), default="splits",
-                        help="splits: train/valid/eval files (default); days: one partition per day, a drifting "
-                             "world (continuous training)")
+    parser.add_argument(
+        "--layout",
+        choices=("splits", "days"),
+        default="splits",
+        help="splits: train/valid/eval files (default); days: one partition per day, a drifting "
+        "world (continuous training)",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:

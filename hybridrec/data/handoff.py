@@ -72,7 +72,7 @@ class SlotRing:
 
     def _view(self, worker: int, slot: int) -> memoryview:
         start = (worker * self.slots + slot) * self.slot_bytes
-        return memoryview(self.memory)[start: start + self.slot_bytes]
+        return memoryview(self.memory)[start : start + self.slot_bytes]
 
     # -- in a worker -----------------------------------------------------------------------
     def put(self, worker: int, rows: Rows) -> Optional[Handle]:
@@ -114,9 +114,17 @@ class SlotRing:
         finally:
             view.release()
             self.free[handle.worker].release()
-        return Rows(out["dense"], out["values"], out.get("lengths"), out["labels"], handle.features,
-                    {k: out[f"extra.{k}"] for k in handle.extra}, out.get("real"), handle.report,
-                    out.get("id_weights"))
+        return Rows(
+            out["dense"],
+            out["values"],
+            out.get("lengths"),
+            out["labels"],
+            handle.features,
+            {k: out[f"extra.{k}"] for k in handle.extra},
+            out.get("real"),
+            handle.report,
+            out.get("id_weights"),
+        )
 
     def close(self) -> None:
         try:
@@ -130,11 +138,15 @@ def slot_bytes_for(rows: int, dense: int, features: int, ids_per_row: float, wei
     average, twice that for room), their lengths, weights and the ranking fields, and the
     padding mask."""
     ids = int(rows * max(1.0, ids_per_row) * 2) + features
-    return (rows * (4 * dense + 4 + 1 + 8 * extra + 4 * features) + ids * (8 + (4 if weighted else 0))
-            + (len(_TENSORS) + extra) * _ALIGN)
+    return (
+        rows * (4 * dense + 4 + 1 + 8 * extra + 4 * features)
+        + ids * (8 + (4 if weighted else 0))
+        + (len(_TENSORS) + extra) * _ALIGN
+    )
 
 
 def describe(ring: SlotRing) -> str:
-    return (f"{ring.workers} worker(s) x {ring.slots} slots of {ring.slot_bytes / 2**20:.1f} MiB "
-            f"({ring.bytes / 2**20:.0f} MiB of shared memory)")
-
+    return (
+        f"{ring.workers} worker(s) x {ring.slots} slots of {ring.slot_bytes / 2**20:.1f} MiB "
+        f"({ring.bytes / 2**20:.0f} MiB of shared memory)"
+    )

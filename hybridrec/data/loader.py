@@ -82,8 +82,16 @@ def plan_pieces(source: Source, world_size: int, rank: int) -> list[tuple[int, i
 class _Stream(IterableDataset):
     """The pieces of this rank's batches, for the worker it runs in (all of them inline)."""
 
-    def __init__(self, source: Source, split: str, ranges: list[tuple[int, int]], start: int,
-                 stop: Optional[int], per_epoch: Optional[int], ring: Optional[SlotRing] = None) -> None:
+    def __init__(
+        self,
+        source: Source,
+        split: str,
+        ranges: list[tuple[int, int]],
+        start: int,
+        stop: Optional[int],
+        per_epoch: Optional[int],
+        ring: Optional[SlotRing] = None,
+    ) -> None:
         self.source, self.split, self.ranges = source, split, ranges
         self.start, self.stop, self.per_epoch = start, stop, per_epoch
         self.ring = ring
@@ -130,14 +138,28 @@ def check_splits(source: Source) -> None:
 def _empty(source: Source, split: str) -> DataError:
     if why := source.why_empty(split):
         return DataError(f"the {split} split has no usable rows: {why}")
-    return DataError(f"the {split} split has " + (
-        f"fewer rows than one global batch (data.batch_size={source.batch_size})" if split == "train"
-        else "no rows to evaluate"))
+    return DataError(
+        f"the {split} split has "
+        + (
+            f"fewer rows than one global batch (data.batch_size={source.batch_size})"
+            if split == "train"
+            else "no rows to evaluate"
+        )
+    )
 
 
-def batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int] = None,
-            start: int = 0, num_workers: int = 0, prefetch: int = 2, pin_memory: bool = False,
-            thread: bool = False) -> Iterator[Union[RecBatch, EvalBatch]]:
+def batches(
+    source: Source,
+    split: str,
+    rank: int,
+    world_size: int,
+    num_batches: Optional[int] = None,
+    start: int = 0,
+    num_workers: int = 0,
+    prefetch: int = 2,
+    pin_memory: bool = False,
+    thread: bool = False,
+) -> Iterator[Union[RecBatch, EvalBatch]]:
     """This rank's batches of ``split``: global batches ``start`` .. ``num_batches - 1``
     (training: endless when None; an evaluated split: one pass, capped by ``num_batches`` or
     ``source.eval_batches``). Training yields ``RecBatch``; an evaluated split ``EvalBatch``.
@@ -201,8 +223,17 @@ def ahead(items: Iterator, depth: int) -> Iterator:
         producer.join()
 
 
-def _batches(source: Source, split: str, rank: int, world_size: int, num_batches: Optional[int], start: int,
-             num_workers: int, prefetch: int, pin_memory: bool) -> Iterator[Union[RecBatch, EvalBatch]]:
+def _batches(
+    source: Source,
+    split: str,
+    rank: int,
+    world_size: int,
+    num_batches: Optional[int],
+    start: int,
+    num_workers: int,
+    prefetch: int,
+    pin_memory: bool,
+) -> Iterator[Union[RecBatch, EvalBatch]]:
     train = split == "train"
     if not source.has_split(split):
         raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
@@ -227,9 +258,19 @@ def _batches(source: Source, split: str, rank: int, world_size: int, num_batches
     ring = SlotRing(workers, prefetch + 2, _slot_bytes(source, per)) if workers else None
     stream = _Stream(source, split, ranges, start, stop, per_epoch, ring)
     if workers:
-        pieces: Iterator = _watched(iter(DataLoader(stream, batch_size=None, num_workers=workers,
-                                                    prefetch_factor=prefetch, persistent_workers=False,
-                                                    multiprocessing_context="fork")), rank)
+        pieces: Iterator = _watched(
+            iter(
+                DataLoader(
+                    stream,
+                    batch_size=None,
+                    num_workers=workers,
+                    prefetch_factor=prefetch,
+                    persistent_workers=False,
+                    multiprocessing_context="fork",
+                )
+            ),
+            rank,
+        )
     else:
         pieces = iter(stream)
     pending: dict[int, Rows] = {}
@@ -281,9 +322,11 @@ def _said_oversized(rows: Rows, ring: SlotRing) -> None:
     if not _oversized_said:
         _oversized_said = True
         size = sum(t.numel() * t.element_size() for t in (rows.dense, rows.values, rows.labels))
-        log.warning(f"data: a worker's rows ({size / 2**20:.1f} MiB, {len(rows.values):,} ids) did not fit its "
-                    f"shared-memory slot ({ring.slot_bytes / 2**20:.1f} MiB, sized by the features' expected ids "
-                    f"per row): such rows go through DataLoader's queue, pickled, slower but the same")
+        log.warning(
+            f"data: a worker's rows ({size / 2**20:.1f} MiB, {len(rows.values):,} ids) did not fit its "
+            f"shared-memory slot ({ring.slot_bytes / 2**20:.1f} MiB, sized by the features' expected ids "
+            f"per row): such rows go through DataLoader's queue, pickled, slower but the same"
+        )
 
 
 def _watched(pieces: Iterator, rank: int) -> Iterator:
@@ -312,12 +355,23 @@ def worker_killed(error: BaseException, rank: int) -> Optional[Killed]:
 
 
 def _worker_killed(rank: int, pid: int, signum: int) -> Killed:
-    return Killed(f"rank {rank}: DataLoader worker (pid {pid}) was killed by {signal_name(signum)}; its batches were "
-                  f"lost with it (data.num_workers=0 reads in the rank itself)", signum)
+    return Killed(
+        f"rank {rank}: DataLoader worker (pid {pid}) was killed by {signal_name(signum)}; its batches were "
+        f"lost with it (data.num_workers=0 reads in the rank itself)",
+        signum,
+    )
 
 
-def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, train: bool,
-              pin_memory: bool, index: int, first: int) -> Union[RecBatch, EvalBatch]:
+def _assemble(
+    source: Source,
+    pending: dict[int, Rows],
+    pieces: int,
+    per: int,
+    train: bool,
+    pin_memory: bool,
+    index: int,
+    first: int,
+) -> Union[RecBatch, EvalBatch]:
     """One batch (global batch ``index``, of which this rank's pieces start at row ``first``)
     from its pieces; an evaluated split's missing or short pieces are padded."""
     if not train:  # a piece whose reader ran out early (a shard of a sharded source) is padding
@@ -341,11 +395,16 @@ def _assemble(source: Source, pending: dict[int, Rows], pieces: int, per: int, t
 def padding_batch(source: Source, world_size: int) -> EvalBatch:
     """A batch of padding only: what a rank whose split ran out feeds while others finish."""
     n = source.batch_size // world_size
-    rows = Rows(torch.zeros(0, source.num_dense_features), torch.zeros(0, dtype=torch.int64), None, torch.zeros(0),
-                len(source.features),
-                {k: _no_rows(source, k) for k in source.extra_fields},
-                id_weights=torch.zeros(0) if source.weighted else None)
+    rows = Rows(
+        torch.zeros(0, source.num_dense_features),
+        torch.zeros(0, dtype=torch.int64),
+        None,
+        torch.zeros(0),
+        len(source.features),
+        {k: _no_rows(source, k) for k in source.extra_fields},
+        id_weights=torch.zeros(0) if source.weighted else None,
+    )
     rows = rows.padded(n)
-    return EvalBatch(rows.batch(source.keys, source.weighted), rows.real_mask(),
-                     torch.full((n,), -1, dtype=torch.int64))
-
+    return EvalBatch(
+        rows.batch(source.keys, source.weighted), rows.real_mask(), torch.full((n,), -1, dtype=torch.int64)
+    )

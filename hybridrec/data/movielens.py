@@ -37,8 +37,15 @@ COLUMN_NAMES = {0: "user id", 1: "item id", 2: "rating"}
 _AGE_EDGES = [18, 25, 35, 45, 50, 56]  # the MovieLens-1M age buckets
 
 
-def read_table(path: str, sep: str, columns: int, numeric, ranges: Optional[dict[int, tuple[int, int]]],
-               fail: bool, report: ReadReport) -> list[np.ndarray]:
+def read_table(
+    path: str,
+    sep: str,
+    columns: int,
+    numeric,
+    ranges: Optional[dict[int, tuple[int, int]]],
+    fail: bool,
+    report: ReadReport,
+) -> list[np.ndarray]:
     """A MovieLens file's columns (int64 where ``numeric``, else str), bad rows counted or
     failing: a wrong number of fields, a non-integer where an integer belongs, or an
     integer outside its column's ``ranges`` (inclusive)."""
@@ -70,8 +77,10 @@ def read_table(path: str, sep: str, columns: int, numeric, ranges: Optional[dict
     ok = np.ones(table.num_rows, dtype=bool)
     for j in numeric:
         ok &= np.asarray(pc.match_substring_regex(table.column(j), r"^\d+$").combine_chunks())
-    reasons = {int(i): "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
-               for i in np.flatnonzero(~ok)}
+    reasons = {
+        int(i): "non-integer in an integer field: " + "|".join(shorten(table.column(j)[i]) for j in numeric)
+        for i in np.flatnonzero(~ok)
+    }
     for j, (lo, hi) in (ranges or {}).items():
         value = np.asarray(pc.cast(pc.if_else(pa.array(ok), table.column(j), "0"), pa.int64()))
         outside = ok & ((value < lo) | (value > hi))
@@ -85,7 +94,8 @@ def read_table(path: str, sep: str, columns: int, numeric, ranges: Optional[dict
     report.good(path, int(ok.sum()))
     table = table.filter(pa.array(ok))
     return [
-        np.asarray(pc.cast(table.column(j), pa.int64())) if j in numeric
+        np.asarray(pc.cast(table.column(j), pa.int64()))
+        if j in numeric
         else np.array(table.column(j).to_pylist(), dtype=object)
         for j in range(columns)
     ]
@@ -115,8 +125,9 @@ class MovieLens(UserItemSource):
         self._report = ReadReport()
         self._epoch: Optional[int] = None  # _order is drawn once per epoch, when first read
         self._order = np.zeros(0, dtype=np.int64)
-        user, item, rating, ts = self._read_table(ratings_path, "\t", 4, numeric=range(4),
-                                                  ranges={0: _IDS, 1: _IDS, 2: RATING_SCALE})
+        user, item, rating, ts = self._read_table(
+            ratings_path, "\t", 4, numeric=range(4), ranges={0: _IDS, 1: _IDS, 2: RATING_SCALE}
+        )
         if len(user) == 0:
             raise DataError(f"{ratings_path}: no valid rating")
         self.user, self.item, self.rating, self.threshold = user, item, rating.astype(np.float32), label_threshold
@@ -133,8 +144,10 @@ class MovieLens(UserItemSource):
             self.features.append(SparseFeature("genres", GENRES, mean_genres))
             self.num_dense_features = 2  # age and release year
         if not 0 <= valid_fraction < 1 or not 0 < eval_fraction < 1:
-            raise DataError(f"data.eval_fraction must be in (0, 1) and data.valid_fraction in [0, 1), got "
-                            f"{eval_fraction} and {valid_fraction}")
+            raise DataError(
+                f"data.eval_fraction must be in (0, 1) and data.valid_fraction in [0, 1), got "
+                f"{eval_fraction} and {valid_fraction}"
+            )
         self.valid_fraction = valid_fraction
         self.split_rows = self._split(split, eval_fraction, ts)
         self.splits = tuple(name for name in ("train", "valid", "eval") if name in self.split_rows)
@@ -147,8 +160,9 @@ class MovieLens(UserItemSource):
         return self._report.to_dict()
 
     # -- reading -----------------------------------------------------------------------
-    def _read_table(self, path: str, sep: str, columns: int, numeric,
-                    ranges: Optional[dict[int, tuple[int, int]]] = None) -> list[np.ndarray]:
+    def _read_table(
+        self, path: str, sep: str, columns: int, numeric, ranges: Optional[dict[int, tuple[int, int]]] = None
+    ) -> list[np.ndarray]:
         return read_table(path, sep, columns, numeric, ranges, self.fail, self._report)
 
     def _side(self, users, items, user, item) -> None:
@@ -173,10 +187,18 @@ class MovieLens(UserItemSource):
         for k, i in enumerate(iid):
             item_genres[i] = np.flatnonzero(flags[k])
         self.user_age, self.item_year, self.item_genres = age, year, item_genres
-        self.user_side = {"age": np.searchsorted(_AGE_EDGES, age, side="right"), "gender": gender,
-                          "occupation": job, "zip": zip3}
-        self.side_sizes = {"age": len(_AGE_EDGES) + 1, "gender": len(genders) + 1,
-                           "occupation": len(jobs) + 1, "zip": len(zips) + 1}
+        self.user_side = {
+            "age": np.searchsorted(_AGE_EDGES, age, side="right"),
+            "gender": gender,
+            "occupation": job,
+            "zip": zip3,
+        }
+        self.side_sizes = {
+            "age": len(_AGE_EDGES) + 1,
+            "gender": len(genders) + 1,
+            "occupation": len(jobs) + 1,
+            "zip": len(zips) + 1,
+        }
 
     def _pair_features(self, user: np.ndarray, item: np.ndarray):
         """Dense features, (values, lengths) per sparse feature and the keys, for any
@@ -187,8 +209,12 @@ class MovieLens(UserItemSource):
             return np.ones((len(user), 1), dtype=np.float32), ids, ["user", "item"]
         ids += [(self.user_side[name][user], ones) for name in self.user_side]
         per_row = [self.item_genres[i] for i in item]
-        ids.append((np.concatenate(per_row) if per_row else np.zeros(0, np.int64),
-                    np.array([len(g) for g in per_row], dtype=np.int32)))
+        ids.append(
+            (
+                np.concatenate(per_row) if per_row else np.zeros(0, np.int64),
+                np.array([len(g) for g in per_row], dtype=np.int32),
+            )
+        )
         dense = np.stack([self.user_age[user] / 100.0, (self.item_year[item] - 1900.0) / 100.0], axis=1)
         return dense, ids, ["user", "item", *self.user_side, "genres"]
 
@@ -201,35 +227,72 @@ class MovieLens(UserItemSource):
         and zip prefix; per item the release year and its genres; a user or item that the
         files lack has age 0 and rows 0, release year 1990 and no genres, as in training."""
         outside = {"kind": "row", "outside": "row_0"}
-        sparse = [sparse_input(f.name, f"{f.name}_id", f.table_name, f.num_embeddings, f.pooling, outside, "one id")
-                  for f in self.features[:2]]
+        sparse = [
+            sparse_input(f.name, f"{f.name}_id", f.table_name, f.num_embeddings, f.pooling, outside, "one id")
+            for f in self.features[:2]
+        ]
         doc = "a rating's user_id and item_id (integers, u.data's ids)"
         if not self.side_features:
             return RawInputs(doc, [dense_input(None, [{"op": "constant", "value": 1.0}])], sparse)
         row = {"kind": "row", "outside": "error"}  # the joins hold table rows
         side = {f.name: f for f in self.features}
-        sparse += [sparse_input(name, name, side[name].table_name, side[name].num_embeddings, side[name].pooling,
-                                row, "one id", join="users") for name in self.user_side]
-        sparse.append(sparse_input("genres", "genres", side["genres"].table_name, GENRES, side["genres"].pooling,
-                                   row, "list", join="items"))
-        dense = [dense_input("age_years", [{"op": "standardize", "mean": 0.0, "std": 100.0}], join="users"),
-                 dense_input("release_year", [{"op": "standardize", "mean": 1900.0, "std": 100.0}], join="items")]
-        users = pa.table({"user_id": np.arange(len(self.user_age), dtype=np.int64),
-                          "age_years": self.user_age.astype(np.float64),
-                          **{name: rows.astype(np.int64) for name, rows in self.user_side.items()}})
-        items = pa.table({"item_id": np.arange(len(self.item_year), dtype=np.int64),
-                          "release_year": self.item_year.astype(np.float64),
-                          "genres": pa.array([g.tolist() for g in self.item_genres], pa.list_(pa.int64()))})
-        joins = [join("users", "movielens_users.parquet", "user_id",
-                      {"age_years": 0.0, **{name: 0 for name in self.user_side}}),
-                 join("items", "movielens_items.parquet", "item_id", {"release_year": 1990.0, "genres": None})]
-        return RawInputs(doc, dense, sparse, joins,
-                         tables={"movielens_users.parquet": users, "movielens_items.parquet": items})
+        sparse += [
+            sparse_input(
+                name,
+                name,
+                side[name].table_name,
+                side[name].num_embeddings,
+                side[name].pooling,
+                row,
+                "one id",
+                join="users",
+            )
+            for name in self.user_side
+        ]
+        sparse.append(
+            sparse_input(
+                "genres", "genres", side["genres"].table_name, GENRES, side["genres"].pooling, row, "list", join="items"
+            )
+        )
+        dense = [
+            dense_input("age_years", [{"op": "standardize", "mean": 0.0, "std": 100.0}], join="users"),
+            dense_input("release_year", [{"op": "standardize", "mean": 1900.0, "std": 100.0}], join="items"),
+        ]
+        users = pa.table(
+            {
+                "user_id": np.arange(len(self.user_age), dtype=np.int64),
+                "age_years": self.user_age.astype(np.float64),
+                **{name: rows.astype(np.int64) for name, rows in self.user_side.items()},
+            }
+        )
+        items = pa.table(
+            {
+                "item_id": np.arange(len(self.item_year), dtype=np.int64),
+                "release_year": self.item_year.astype(np.float64),
+                "genres": pa.array([g.tolist() for g in self.item_genres], pa.list_(pa.int64())),
+            }
+        )
+        joins = [
+            join(
+                "users",
+                "movielens_users.parquet",
+                "user_id",
+                {"age_years": 0.0, **{name: 0 for name in self.user_side}},
+            ),
+            join("items", "movielens_items.parquet", "item_id", {"release_year": 1990.0, "genres": None}),
+        ]
+        return RawInputs(
+            doc, dense, sparse, joins, tables={"movielens_users.parquet": users, "movielens_items.parquet": items}
+        )
 
     def _split(self, kind: SplitKind, fraction: float, ts: np.ndarray) -> dict[str, np.ndarray]:
         kind = SplitKind(kind)
         n = len(ts)
-        order = np.argsort(ts, kind="stable") if kind == SplitKind.time else np.random.default_rng([self.seed, 7]).permutation(n)
+        order = (
+            np.argsort(ts, kind="stable")
+            if kind == SplitKind.time
+            else np.random.default_rng([self.seed, 7]).permutation(n)
+        )
         n_eval = int(round(n * fraction))
         rest = order[: n - n_eval]  # random order, or oldest first: validation is its tail
         n_valid = int(round(len(rest) * self.valid_fraction))
@@ -259,8 +322,12 @@ class MovieLens(UserItemSource):
 
     def _pairs_rows(self, user: np.ndarray, item: np.ndarray, rating: np.ndarray, weights: np.ndarray) -> Rows:
         dense, ids, _ = self._pair_features(user, item)
-        return Rows.of(dense, ids, (rating >= self.threshold).astype(np.float32),
-                       {"relevance": rating, "weights": weights, "query": user, "log_q": self.item_log_q[item]})
+        return Rows.of(
+            dense,
+            ids,
+            (rating >= self.threshold).astype(np.float32),
+            {"relevance": rating, "weights": weights, "query": user, "log_q": self.item_log_q[item]},
+        )
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> int:
@@ -281,7 +348,10 @@ class MovieLens(UserItemSource):
     def _permutation(self, epoch: int) -> np.ndarray:
         """The train rows in epoch ``epoch``'s order (kept for the epoch: not redrawn per batch)."""
         if self._epoch != epoch:
-            self._epoch, self._order = epoch, np.random.default_rng([self.seed, 11, epoch]).permutation(self.split_rows["train"])
+            self._epoch, self._order = (
+                epoch,
+                np.random.default_rng([self.seed, 11, epoch]).permutation(self.split_rows["train"]),
+            )
         return self._order
 
     def begin_pass(self, split: str, epoch: int) -> None:
@@ -310,7 +380,9 @@ class MovieLensRank(MovieLens):
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
         d = cfg
         if d.list_size < 1 or d.negatives < 0 or d.eval_negatives < 0 or d.ranking_k < 1:
-            raise ValueError("data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0")
+            raise ValueError(
+                "data.list_size and data.ranking_k must be >= 1, data.negatives and data.eval_negatives >= 0"
+            )
         rows = d.list_size + d.negatives
         if d.batch_size % (rows * world_size):
             raise ValueError(
@@ -319,8 +391,16 @@ class MovieLensRank(MovieLens):
                 f"(a multiple of {rows * world_size})"
             )
 
-    def __init__(self, list_size: int, negatives: int, negative_sampling: NegativeSampling, eval_items: EvalItems,
-                 eval_negatives: int, ranking_k: int, **kwargs) -> None:
+    def __init__(
+        self,
+        list_size: int,
+        negatives: int,
+        negative_sampling: NegativeSampling,
+        eval_items: EvalItems,
+        eval_negatives: int,
+        ranking_k: int,
+        **kwargs,
+    ) -> None:
         self.list_items, self.negatives = list_size, negatives
         self._lists_epoch: Optional[int] = None  # the lists are drawn once per epoch, when first read
         self._epoch_lists_cache: list[tuple[int, np.ndarray]] = []
@@ -331,8 +411,7 @@ class MovieLensRank(MovieLens):
         super().__init__(**kwargs)
         self.list_size = list_size + negatives  # rows per training list: what list losses reshape by
         if self.batch_size % self.list_size:
-            raise DataError(f"data.batch_size={self.batch_size} is not a whole number of "
-                            f"{self.list_size}-row lists")
+            raise DataError(f"data.batch_size={self.batch_size} is not a whole number of {self.list_size}-row lists")
         n_users, n_items = self.features[0].num_embeddings, self.features[1].num_embeddings
         self.rated = np.zeros((n_users, n_items), dtype=bool)  # negatives are unrated movies
         self.rated[self.user, self.item] = True
@@ -403,7 +482,9 @@ class MovieLensRank(MovieLens):
         lists = []
         for rows in self._user_rows(self.split_rows["train"]):
             rows = rng.permutation(rows)
-            lists += [(int(self.user[rows[0]]), rows[i : i + self.list_items]) for i in range(0, len(rows), self.list_items)]
+            lists += [
+                (int(self.user[rows[0]]), rows[i : i + self.list_items]) for i in range(0, len(rows), self.list_items)
+            ]
         return [lists[i] for i in rng.permutation(len(lists))]
 
     def _list_rows(self, lists: list[tuple[int, np.ndarray]], pool: np.ndarray, first: int, epoch: int) -> Rows:
@@ -411,7 +492,9 @@ class MovieLensRank(MovieLens):
         for j, (u, rows) in enumerate(lists):
             pad = self.list_items - len(rows)
             rng = np.random.default_rng([self.seed, 17, epoch, first + j])  # per list: rank-independent
-            negs = self._unrated(u, pool if self.negative_sampling == NegativeSampling.batch else self.catalogue, self.negatives, rng)
+            negs = self._unrated(
+                u, pool if self.negative_sampling == NegativeSampling.batch else self.catalogue, self.negatives, rng
+            )
             missing = self.negatives - len(negs)
             items.append(np.concatenate([self.item[rows], np.zeros(pad, np.int64), negs, np.zeros(missing, np.int64)]))
             ratings.append(np.concatenate([self.rating[rows], np.zeros(pad + self.negatives, np.float32)]))
@@ -431,7 +514,9 @@ class MovieLensRank(MovieLens):
     def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
         if split != "train":
             e = self.eval_rows[split]
-            at = slice(min(index * self.batch_size + lo, len(e["user"])), min(index * self.batch_size + hi, len(e["user"])))
+            at = slice(
+                min(index * self.batch_size + lo, len(e["user"])), min(index * self.batch_size + hi, len(e["user"]))
+            )
             return self._pairs_rows(e["user"][at], e["item"][at], e["rating"][at], np.ones(at.stop - at.start))
         per_batch = self.batch_size // self.list_size  # lists per global batch
         lists = self._lists(epoch)

@@ -84,10 +84,21 @@ def dense_input(column: Optional[str], steps: list[dict[str, Any]], join: Option
     return {"column": column, "join": join, "steps": steps}
 
 
-def sparse_input(name: str, column: str, table: str, num_embeddings: int, pooling: str, ids: dict[str, Any],
-                 layout: str, *, weights_column: Optional[str] = None, max_length: Optional[int] = None,
-                 truncate: bool = False,
-                 null_rows: str = "empty", join: Optional[str] = None) -> dict[str, Any]:
+def sparse_input(
+    name: str,
+    column: str,
+    table: str,
+    num_embeddings: int,
+    pooling: str,
+    ids: dict[str, Any],
+    layout: str,
+    *,
+    weights_column: Optional[str] = None,
+    max_length: Optional[int] = None,
+    truncate: bool = False,
+    null_rows: str = "empty",
+    join: Optional[str] = None,
+) -> dict[str, Any]:
     """A sparse feature: the ids of ``column`` (``layout``: "one id" per row, a "list" per
     row, or "one id or list" as the training files had it: the reader takes either, both
     read the same; ``null_rows``: a null is a row without ids, "empty", or refused, "error"), cut to ``max_length`` when
@@ -99,9 +110,20 @@ def sparse_input(name: str, column: str, table: str, num_embeddings: int, poolin
         raise ValueError(f"sparse feature {name}: layout={layout!r}, expected one of {LAYOUTS}")
     if null_rows not in ("empty", "error"):
         raise ValueError(f"sparse feature {name}: null_rows={null_rows!r}, expected empty or error")
-    return {"name": name, "column": column, "join": join, "table": table, "num_embeddings": int(num_embeddings),
-            "pooling": pooling, "layout": layout, "weights_column": weights_column,
-            "max_length": max_length, "truncate": truncate, "null_rows": null_rows, "ids": ids}
+    return {
+        "name": name,
+        "column": column,
+        "join": join,
+        "table": table,
+        "num_embeddings": int(num_embeddings),
+        "pooling": pooling,
+        "layout": layout,
+        "weights_column": weights_column,
+        "max_length": max_length,
+        "truncate": truncate,
+        "null_rows": null_rows,
+        "ids": ids,
+    }
 
 
 def join(name: str, file: str, on: str, missing: dict[str, Any]) -> dict[str, Any]:
@@ -112,11 +134,20 @@ def join(name: str, file: str, on: str, missing: dict[str, Any]) -> dict[str, An
 
 # ------------------------------------------------------------- reading a written description
 _NUMBER = (int, float)
-_STEP_FIELDS = {"fill_null": {"value": _NUMBER}, "clamp": {"min": _NUMBER}, "log1p": {},
-                "standardize": {"mean": _NUMBER, "std": _NUMBER}, "constant": {"value": _NUMBER}}
-_ID_FIELDS = {"row": {"outside": ("error", "row_0")}, "hash": {"function": ("splitmix64",), "seed": int, "modulo": int},
-              "hex": {"function": ("splitmix64", "none"), "modulo": int}, "vocabulary": {"file": str},
-              "managed": {"file": str, "table": str, "function": ("splitmix64",), "seed": int}}
+_STEP_FIELDS = {
+    "fill_null": {"value": _NUMBER},
+    "clamp": {"min": _NUMBER},
+    "log1p": {},
+    "standardize": {"mean": _NUMBER, "std": _NUMBER},
+    "constant": {"value": _NUMBER},
+}
+_ID_FIELDS = {
+    "row": {"outside": ("error", "row_0")},
+    "hash": {"function": ("splitmix64",), "seed": int, "modulo": int},
+    "hex": {"function": ("splitmix64", "none"), "modulo": int},
+    "vocabulary": {"file": str},
+    "managed": {"file": str, "table": str, "function": ("splitmix64",), "seed": int},
+}
 
 
 class Malformed(ValueError):
@@ -135,15 +166,26 @@ def check_description(spec: Any) -> list[str]:
             raise Malformed(f"field {key} is {str(value)[:80]!r} (a {type(value).__name__}), expected {expected}")
 
     def number(value: Any) -> bool:
-        return isinstance(value, _NUMBER) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+        return (
+            isinstance(value, _NUMBER) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+        )
 
     need(isinstance(spec, dict), "(the file)", spec, "an object of fields")
     for key in ("dense", "sparse", "joins"):
-        need(isinstance(spec.get(key), list) and all(isinstance(e, dict) for e in spec[key]), key, spec.get(key),
-             "a list of objects")
+        need(
+            isinstance(spec.get(key), list) and all(isinstance(e, dict) for e in spec[key]),
+            key,
+            spec.get(key),
+            "a list of objects",
+        )
     files = spec.get("files")
-    need(isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) == 64
-                                         for k, v in files.items()), "files", files, "file names and sha256 digests")
+    need(
+        isinstance(files, dict)
+        and all(isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in files.items()),
+        "files",
+        files,
+        "file names and sha256 digests",
+    )
     need(isinstance(spec.get("program_inputs"), list), "program_inputs", spec.get("program_inputs"), "a list")
     need(isinstance(spec.get("rows"), str), "rows", spec.get("rows"), "a description of the rows")
     for key, entries in (("dense", spec["dense"]), ("sparse", spec["sparse"])):
@@ -154,16 +196,29 @@ def check_description(spec: Any) -> list[str]:
     for i, d in enumerate(spec["dense"]):
         at = f"dense[{i}]"
         need(d.get("column") is None or isinstance(d["column"], str), f"{at}.column", d.get("column"), "a column name")
-        need(isinstance(d.get("steps"), list) and all(isinstance(s, dict) for s in d["steps"]), f"{at}.steps",
-             d.get("steps"), "a list of steps")
+        need(
+            isinstance(d.get("steps"), list) and all(isinstance(s, dict) for s in d["steps"]),
+            f"{at}.steps",
+            d.get("steps"),
+            "a list of steps",
+        )
         for k, s in enumerate(d["steps"]):
-            need(isinstance(s.get("op"), str) and s["op"] in _STEP_FIELDS, f"{at}.steps[{k}].op", s.get("op"), f"one of {', '.join(DENSE_OPS)}")
+            need(
+                isinstance(s.get("op"), str) and s["op"] in _STEP_FIELDS,
+                f"{at}.steps[{k}].op",
+                s.get("op"),
+                f"one of {', '.join(DENSE_OPS)}",
+            )
             for field_ in _STEP_FIELDS[s["op"]]:
                 need(number(s.get(field_)), f"{at}.steps[{k}].{field_}", s.get(field_), "a finite number")
             if s["op"] == "standardize":
                 need(s["std"] > 0, f"{at}.steps[{k}].std", s["std"], "a number > 0")
-        need(d["column"] is not None or (d["steps"] and d["steps"][0]["op"] == "constant"), f"{at}.column",
-             None, "a column name (only a constant reads none)")
+        need(
+            d["column"] is not None or (d["steps"] and d["steps"][0]["op"] == "constant"),
+            f"{at}.column",
+            None,
+            "a column name (only a constant reads none)",
+        )
     for i, f in enumerate(spec["sparse"]):
         at = f"sparse[{i}]"
         for key, kind in (("name", str), ("column", str), ("table", str)):
@@ -171,25 +226,46 @@ def check_description(spec: Any) -> list[str]:
         n = f.get("num_embeddings")
         need(isinstance(n, int) and not isinstance(n, bool) and n >= 1, f"{at}.num_embeddings", n, "an integer >= 1")
         m = f.get("max_length")
-        need(m is None or isinstance(m, int) and not isinstance(m, bool) and m >= 1, f"{at}.max_length", m,
-             "an integer >= 1 or null")
+        need(
+            m is None or isinstance(m, int) and not isinstance(m, bool) and m >= 1,
+            f"{at}.max_length",
+            m,
+            "an integer >= 1 or null",
+        )
         need(isinstance(f.get("truncate"), bool), f"{at}.truncate", f.get("truncate"), "true or false")
         need(f.get("null_rows") in ("empty", "error"), f"{at}.null_rows", f.get("null_rows"), "empty or error")
-        need(f.get("weights_column") is None or isinstance(f["weights_column"], str), f"{at}.weights_column",
-             f.get("weights_column"), "a column name or null")
+        need(
+            f.get("weights_column") is None or isinstance(f["weights_column"], str),
+            f"{at}.weights_column",
+            f.get("weights_column"),
+            "a column name or null",
+        )
         ids = f.get("ids")
-        need(isinstance(ids, dict) and isinstance(ids.get("kind"), str) and ids["kind"] in _ID_FIELDS, f"{at}.ids.kind",
-             ids.get("kind") if isinstance(ids, dict) else ids, f"one of {', '.join(ID_MAPPINGS)}")
+        need(
+            isinstance(ids, dict) and isinstance(ids.get("kind"), str) and ids["kind"] in _ID_FIELDS,
+            f"{at}.ids.kind",
+            ids.get("kind") if isinstance(ids, dict) else ids,
+            f"one of {', '.join(ID_MAPPINGS)}",
+        )
         for key, rule in _ID_FIELDS[ids["kind"]].items():
             value = ids.get(key)
             if isinstance(rule, tuple):
                 need(value in rule, f"{at}.ids.{key}", value, f"one of {', '.join(rule)}")
             elif rule is int:  # a modulo is the table's rows; a seed a 64-bit key
                 low, high = (1, n) if key == "modulo" else (0, (1 << 64) - 1)
-                need(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
-                     f"{at}.ids.{key}", value, f"an integer in [{low}, {high}]")
+                need(
+                    isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+                    f"{at}.ids.{key}",
+                    value,
+                    f"an integer in [{low}, {high}]",
+                )
             else:
-                need(isinstance(value, str) and value, f"{at}.ids.{key}", value, "a file name" if key == "file" else "a name")
+                need(
+                    isinstance(value, str) and value,
+                    f"{at}.ids.{key}",
+                    value,
+                    "a file name" if key == "file" else "a name",
+                )
         if "file" in ids:
             named.append(ids["file"])
     for i, j in enumerate(spec["joins"]):
@@ -200,8 +276,12 @@ def check_description(spec: Any) -> list[str]:
     names = {j["name"] for j in spec["joins"]}
     for key, entries in (("dense", spec["dense"]), ("sparse", spec["sparse"])):
         for i, e in enumerate(entries):
-            need(e["join"] is None or isinstance(e["join"], str) and e["join"] in names, f"{key}[{i}].join", e["join"],
-                 "null or the name of one of its joins")
+            need(
+                e["join"] is None or isinstance(e["join"], str) and e["join"] in names,
+                f"{key}[{i}].join",
+                e["join"],
+                "null or the name of one of its joins",
+            )
     return list(dict.fromkeys(named))
 
 

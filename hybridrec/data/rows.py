@@ -82,18 +82,28 @@ class Rows:
 
     # -- building --------------------------------------------------------------------------
     @staticmethod
-    def one_hot(dense: np.ndarray, ids: np.ndarray, labels: np.ndarray,
-                extra: Optional[dict[str, np.ndarray]] = None) -> "Rows":
+    def one_hot(
+        dense: np.ndarray, ids: np.ndarray, labels: np.ndarray, extra: Optional[dict[str, np.ndarray]] = None
+    ) -> "Rows":
         """From NumPy: dense ``[n, D]``, ids ``[F, n]`` (feature-major: one id per feature and
         row), labels ``[n]``. ``ids`` as int64 and contiguous is taken without a copy."""
-        return Rows(_tensor(dense, np.float32), _tensor(ids, np.int64).view(-1), None, _tensor(labels, np.float32),
-                    ids.shape[0], {k: _tensor(v, _extra_dtype(k)) for k, v in (extra or {}).items()}
-                    if extra else {})
+        return Rows(
+            _tensor(dense, np.float32),
+            _tensor(ids, np.int64).view(-1),
+            None,
+            _tensor(labels, np.float32),
+            ids.shape[0],
+            {k: _tensor(v, _extra_dtype(k)) for k, v in (extra or {}).items()} if extra else {},
+        )
 
     @staticmethod
-    def of(dense: np.ndarray, ids: Sequence[tuple[np.ndarray, np.ndarray]], labels: np.ndarray,
-           extra: Optional[dict[str, np.ndarray]] = None,
-           weights: Optional[Sequence[Optional[np.ndarray]]] = None) -> "Rows":
+    def of(
+        dense: np.ndarray,
+        ids: Sequence[tuple[np.ndarray, np.ndarray]],
+        labels: np.ndarray,
+        extra: Optional[dict[str, np.ndarray]] = None,
+        weights: Optional[Sequence[Optional[np.ndarray]]] = None,
+    ) -> "Rows":
         """From NumPy, per feature: dense ``[n, D]``, per feature (values, lengths), labels
         ``[n]``, the ranking fields, and (a source with weighted features) per feature the
         weight of each value, None for an unweighted one (its ids weigh 1.0). Rows whose every
@@ -106,12 +116,19 @@ class Rows:
         one_hot = weights is None and len(values) == len(ids) * n and (n == 0 or bool((lengths == 1).all()))
         id_weights = None
         if weights is not None:
-            id_weights = _tensor(np.concatenate([np.ones(len(v), np.float32) if w is None else w
-                                                 for (v, _), w in zip(ids, weights)]), np.float32)
-        return Rows(_tensor(dense, np.float32), torch.from_numpy(values), None if one_hot else torch.from_numpy(lengths),
-                    _tensor(labels, np.float32), len(ids),
-                    {k: _tensor(v, _extra_dtype(k)) for k, v in (extra or {}).items()},
-                    id_weights=id_weights)
+            id_weights = _tensor(
+                np.concatenate([np.ones(len(v), np.float32) if w is None else w for (v, _), w in zip(ids, weights)]),
+                np.float32,
+            )
+        return Rows(
+            _tensor(dense, np.float32),
+            torch.from_numpy(values),
+            None if one_hot else torch.from_numpy(lengths),
+            _tensor(labels, np.float32),
+            len(ids),
+            {k: _tensor(v, _extra_dtype(k)) for k, v in (extra or {}).items()},
+            id_weights=id_weights,
+        )
 
     # -- reading -----------------------------------------------------------------------------
     def real_mask(self) -> torch.Tensor:
@@ -152,8 +169,11 @@ class Rows:
         zeros = lambda t: torch.cat([t, torch.zeros((pad, *t.shape[1:]), dtype=t.dtype)])
         if self.lengths is None:  # [F, rows] -> [F, rows + pad]: a zero id appended to every feature
             values = torch.cat([self.values.view(F, rows), torch.zeros(F, pad, dtype=torch.int64)], 1).view(-1)
-            weights = None if self.id_weights is None else torch.cat(
-                [self.id_weights.view(F, rows), torch.ones(F, pad)], 1).view(-1)
+            weights = (
+                None
+                if self.id_weights is None
+                else torch.cat([self.id_weights.view(F, rows), torch.ones(F, pad)], 1).view(-1)
+            )
             lengths = None
         else:  # each feature's ids keep their place, shifted by the padding ids of the features before
             lengths = torch.cat([self.lengths, torch.ones(F, pad, dtype=torch.int32)], 1)
@@ -164,9 +184,17 @@ class Rows:
             if self.id_weights is not None:
                 weights = torch.ones(len(values))
                 weights[to] = self.id_weights
-        return Rows(zeros(self.dense), values, lengths, zeros(self.labels), F,
-                    {k: zeros(v) for k, v in self.extra.items()},
-                    torch.cat([self.real_mask(), torch.zeros(pad, dtype=torch.bool)]), self.report, weights)
+        return Rows(
+            zeros(self.dense),
+            values,
+            lengths,
+            zeros(self.labels),
+            F,
+            {k: zeros(v) for k, v in self.extra.items()},
+            torch.cat([self.real_mask(), torch.zeros(pad, dtype=torch.bool)]),
+            self.report,
+            weights,
+        )
 
     @staticmethod
     def cat(parts: list["Rows"]) -> "Rows":
@@ -180,8 +208,7 @@ class Rows:
         if all(p.lengths is None for p in parts):
             values = torch.cat([p.values.view(F, len(p)) for p in parts], 1).view(-1)
             lengths = None
-            weights = (torch.cat([p.weights_or_ones().view(F, len(p)) for p in parts], 1).view(-1)
-                       if weighted else None)
+            weights = torch.cat([p.weights_or_ones().view(F, len(p)) for p in parts], 1).view(-1) if weighted else None
         else:
             # part-major, feature-major inside each part -> feature-major, parts in order: a
             # stable sort by feature of every value (one pass, no per-feature loop)
@@ -191,16 +218,30 @@ class Rows:
             values = torch.cat([p.values for p in parts])[order]
             weights = torch.cat([p.weights_or_ones() for p in parts])[order] if weighted else None
         first = parts[0]
-        return Rows(torch.cat([p.dense for p in parts]), values, lengths, torch.cat([p.labels for p in parts]), F,
-                    {k: torch.cat([p.extra[k] for p in parts]) for k in first.extra}, real, id_weights=weights)
+        return Rows(
+            torch.cat([p.dense for p in parts]),
+            values,
+            lengths,
+            torch.cat([p.labels for p in parts]),
+            F,
+            {k: torch.cat([p.extra[k] for p in parts]) for k in first.extra},
+            real,
+            id_weights=weights,
+        )
 
     def none_like(self) -> "Rows":
         """No rows, laid out like these (a piece whose reader ran out: all padding)."""
         empty = lambda t: t[:0]
-        return Rows(empty(self.dense), self.values[:0], None if self.lengths is None else self.lengths[:, :0],
-                    empty(self.labels), self.features, {k: empty(v) for k, v in self.extra.items()},
-                    None if self.real is None else empty(self.real),
-                    id_weights=None if self.id_weights is None else self.id_weights[:0])
+        return Rows(
+            empty(self.dense),
+            self.values[:0],
+            None if self.lengths is None else self.lengths[:, :0],
+            empty(self.labels),
+            self.features,
+            {k: empty(v) for k, v in self.extra.items()},
+            None if self.real is None else empty(self.real),
+            id_weights=None if self.id_weights is None else self.id_weights[:0],
+        )
 
     # -- the batch ---------------------------------------------------------------------------
     def batch(self, keys: list[str], weighted: bool = False) -> RecBatch:
@@ -220,10 +261,16 @@ class Rows:
             lengths = self.lengths.reshape(-1)
             per_key = self.feature_totals().tolist()
         offsets = np.concatenate([[0], np.cumsum(per_key, dtype=np.int64)]).tolist()
-        kjt = KeyedJaggedTensor(keys=keys, values=self.values, weights=weights, lengths=lengths, stride=n,
-                                length_per_key=per_key, offset_per_key=offsets)
+        kjt = KeyedJaggedTensor(
+            keys=keys,
+            values=self.values,
+            weights=weights,
+            lengths=lengths,
+            stride=n,
+            length_per_key=per_key,
+            offset_per_key=offsets,
+        )
         extra = dict(self.extra)
         if "weights" in extra and self.real is not None:
             extra["weights"] = extra["weights"] * self.real
         return RecBatch(dense_features=self.dense, sparse_features=kjt, labels=self.labels, **extra)
-

@@ -59,14 +59,25 @@ class NextItemSource(Source):
         if cfg.max_length < 1:
             raise ValueError(f"data.max_length={cfg.max_length}: the most recent items a history keeps, >= 1")
         if cfg.train_negatives < 0:
-            raise ValueError(f"data.train_negatives={cfg.train_negatives}: ids drawn per batch for the loss, "
-                             f">= 0 (0 = every item: a full softmax)")
+            raise ValueError(
+                f"data.train_negatives={cfg.train_negatives}: ids drawn per batch for the loss, "
+                f">= 0 (0 = every item: a full softmax)"
+            )
 
-    def __init__(self, batch_size: int, max_length: int, train_negatives: int, negative_sampling: str,
-                 eval_batches: Optional[int], seed: int) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        max_length: int,
+        train_negatives: int,
+        negative_sampling: str,
+        eval_batches: Optional[int],
+        seed: int,
+    ) -> None:
         self.batch_size, self.max_length, self.eval_batches, self.seed = batch_size, max_length, eval_batches, seed
-        self.train_negatives, self.negative_sampling = train_negatives, str(getattr(negative_sampling, "value",
-                                                                                     negative_sampling))
+        self.train_negatives, self.negative_sampling = (
+            train_negatives,
+            str(getattr(negative_sampling, "value", negative_sampling)),
+        )
         if self.negative_sampling not in ("uniform", "popularity"):
             raise DataError(f"data.negative_sampling={self.negative_sampling}: uniform or popularity")
         self.num_dense_features = 0
@@ -74,8 +85,9 @@ class NextItemSource(Source):
         self._report = ReadReport()
 
     # -- the sequences ---------------------------------------------------------------------
-    def _sequences(self, users: np.ndarray, items: np.ndarray, times: np.ndarray, source: str,
-                   catalogue: Optional[int] = None) -> None:
+    def _sequences(
+        self, users: np.ndarray, items: np.ndarray, times: np.ndarray, source: str, catalogue: Optional[int] = None
+    ) -> None:
         """Every user's items in time order (a stable sort: ties keep the file's order), as
         one flat array with each user's start (``offsets``); ``items`` are table rows >= 1,
         of a table of ``catalogue`` rows (default: the largest id + 1)."""
@@ -86,8 +98,9 @@ class NextItemSource(Source):
         lengths = np.diff(offsets)
         keep = lengths >= 3  # a training transition, a validation and a test target
         if not keep.any():
-            raise DataError(f"{source}: no user has 3 interactions or more (a training transition, a validation "
-                            f"and a test target)")
+            raise DataError(
+                f"{source}: no user has 3 interactions or more (a training transition, a validation and a test target)"
+            )
         self.short_users = int((~keep).sum())
         self.user_ids = users[starts[keep]]
         self.starts, self.ends = offsets[:-1][keep], offsets[1:][keep]
@@ -95,10 +108,12 @@ class NextItemSource(Source):
         if self.train_negatives > self.catalogue - 1:
             # drawn with replacement, the surplus would only repeat items: a softmax over more
             # ids than the catalogue has is a slower, noisier full softmax
-            raise DataError(f"data.train_negatives={self.train_negatives} draws more ids per batch than {source}'s "
-                            f"catalogue has items ({self.catalogue - 1:,}): lower it, or set 0 to score every item")
+            raise DataError(
+                f"data.train_negatives={self.train_negatives} draws more ids per batch than {source}'s "
+                f"catalogue has items ({self.catalogue - 1:,}): lower it, or set 0 to score every item"
+            )
         # The popularity of each item among the training parts (the items before the last two).
-        train = np.concatenate([self.items[s: e - 2] for s, e in zip(self.starts, self.ends)])
+        train = np.concatenate([self.items[s : e - 2] for s, e in zip(self.starts, self.ends)])
         counts = np.bincount(train, minlength=self.catalogue).astype(np.float64)
         counts[0] = 0
         self.popularity = counts / counts.sum()
@@ -113,8 +128,10 @@ class NextItemSource(Source):
             SparseFeature("negatives", self.catalogue, max(1.0, negatives / max(1, self.batch_size)), table=TABLE),
         ]
         if users_n < self.batch_size:
-            raise DataError(f"{source}: {users_n} users with 3 interactions or more, fewer than one global batch "
-                            f"(data.batch_size={self.batch_size}): one row per user and step")
+            raise DataError(
+                f"{source}: {users_n} users with 3 interactions or more, fewer than one global batch "
+                f"(data.batch_size={self.batch_size}): one row per user and step"
+            )
 
     def sampler_log_q(self, in_batch: bool) -> Optional[torch.Tensor]:
         """log P(item) under the training negatives' sampler: popularity sampling and in-batch
@@ -152,7 +169,7 @@ class NextItemSource(Source):
     def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
         order = self._order(split, epoch)
         first = index * self.batch_size
-        rows = order[first + lo: min(first + hi, self.users)]
+        rows = order[first + lo : min(first + hi, self.users)]
         train = split == "train"
         cut = {"train": 2, "valid": 2, "eval": 1}[split]  # items after the history
         ends = self.ends[rows] - cut
@@ -178,9 +195,12 @@ class NextItemSource(Source):
             neg_len[0] = len(negatives)
         padded_times = np.zeros((n, self.max_length), np.int64)
         padded_times[np.repeat(np.arange(n), hist_len), _positions(hist_len)] = times
-        return Rows.of(np.zeros((n, 0), np.float32),
-                       [(hist, hist_len), (nxt, next_len), (negatives, neg_len)], np.zeros(n, np.float32),
-                       {"times": padded_times})
+        return Rows.of(
+            np.zeros((n, 0), np.float32),
+            [(hist, hist_len), (nxt, next_len), (negatives, neg_len)],
+            np.zeros(n, np.float32),
+            {"times": padded_times},
+        )
 
     def _negatives(self, split: str, epoch: int, index: int) -> np.ndarray:
         """The ids the loss scores against: an evaluated split, every item (ranked); training,
@@ -218,16 +238,32 @@ class MovieLensSequences(NextItemSource):
     """data=movielens_seq: MovieLens-100k's ratings (``u.data``: user, item, rating, time),
     every rating an interaction, as each user's history (``make data-movielens``)."""
 
-    def __init__(self, batch_size: int, path: str, max_length: int, train_negatives: int, negative_sampling: str,
-                 bad_rows: BadRows, eval_batches: Optional[int], seed: int) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        path: str,
+        max_length: int,
+        train_negatives: int,
+        negative_sampling: str,
+        bad_rows: BadRows,
+        eval_batches: Optional[int],
+        seed: int,
+    ) -> None:
         from hybridrec.data.movielens import _IDS, RATING_SCALE, read_table
 
         super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed)
         ratings = os.path.join(path, "u.data")
         if not os.path.isfile(ratings):
             raise DataError(f"data.path={path}: no u.data there (run `make data-movielens`)")
-        user, item, _, ts = read_table(ratings, "\t", 4, range(4), {0: _IDS, 1: _IDS, 2: RATING_SCALE},
-                                       BadRows(bad_rows) == BadRows.fail, self._report)
+        user, item, _, ts = read_table(
+            ratings,
+            "\t",
+            4,
+            range(4),
+            {0: _IDS, 1: _IDS, 2: RATING_SCALE},
+            BadRows(bad_rows) == BadRows.fail,
+            self._report,
+        )
         self._sequences(user, item, ts, ratings)
 
 
@@ -239,9 +275,22 @@ class ParquetSequences(NextItemSource):
     do not fit (a null, an id outside the table, lists of different lengths, a non-finite
     time) costs that row only, counted with file:row (``bad_rows=fail``: the run stops)."""
 
-    def __init__(self, batch_size: int, path: str, items_column: str, num_items: int, max_length: int,
-                 train_negatives: int, negative_sampling: str, bad_rows: BadRows, eval_batches: Optional[int],
-                 seed: int, times_column: Optional[str] = None, id_mapping: str = "none", hash_seed: int = 0) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        path: str,
+        items_column: str,
+        num_items: int,
+        max_length: int,
+        train_negatives: int,
+        negative_sampling: str,
+        bad_rows: BadRows,
+        eval_batches: Optional[int],
+        seed: int,
+        times_column: Optional[str] = None,
+        id_mapping: str = "none",
+        hash_seed: int = 0,
+    ) -> None:
         super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed)
         fail, mapping = BadRows(bad_rows) == BadRows.fail, str(getattr(id_mapping, "value", id_mapping))
         users, items, times = [], [], []
@@ -250,8 +299,10 @@ class ParquetSequences(NextItemSource):
             try:
                 table = pq.read_table(file, columns=[c for c in (items_column, times_column) if c])
             except (OSError, pa.ArrowInvalid, KeyError) as e:
-                raise DataError(f"{file} (data.path): not readable as Parquet with column {items_column!r}"
-                                f"{f' and {times_column!r}' if times_column else ''} ({str(e).splitlines()[0]})") from None
+                raise DataError(
+                    f"{file} (data.path): not readable as Parquet with column {items_column!r}"
+                    f"{f' and {times_column!r}' if times_column else ''} ({str(e).splitlines()[0]})"
+                ) from None
             for i, row in enumerate(self._rows(table, items_column, times_column, file)):
                 ids, ts, why = row
                 if why is None and mapping == "hash":
@@ -282,7 +333,8 @@ class ParquetSequences(NextItemSource):
         """Per row: (ids, times, None), or (None, None, why) for a row that does not fit."""
         ids_col = table.column(items_column).combine_chunks()
         if not (pa.types.is_list(ids_col.type) or pa.types.is_large_list(ids_col.type)) or not pa.types.is_integer(
-                ids_col.type.value_type):
+            ids_col.type.value_type
+        ):
             raise DataError(f"{file}: column {items_column!r} is {ids_col.type}, expected a list of integer ids")
         times_col = table.column(times_column).combine_chunks() if times_column else None
         for i in range(len(ids_col)):

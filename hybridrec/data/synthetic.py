@@ -68,11 +68,15 @@ class SyntheticClickLog(Source):
         check_table_sizes(cfg)
         sizes, features = list(cfg.multi_hot_sizes), len(cfg.num_embeddings_per_feature)
         if not sizes and cfg.ids_per_feature < 1:
-            raise ValueError(f"data.ids_per_feature={cfg.ids_per_feature}: ids per sample of every feature, must be "
-                             f">= 1 (or give data.multi_hot_sizes, one per feature)")
+            raise ValueError(
+                f"data.ids_per_feature={cfg.ids_per_feature}: ids per sample of every feature, must be "
+                f">= 1 (or give data.multi_hot_sizes, one per feature)"
+            )
         if sizes and (len(sizes) != features or min(sizes) < 1):
-            raise ValueError(f"data.multi_hot_sizes={sizes}: one size >= 1 per feature of "
-                             f"data.num_embeddings_per_feature ({features}), or empty for data.ids_per_feature")
+            raise ValueError(
+                f"data.multi_hot_sizes={sizes}: one size >= 1 per feature of "
+                f"data.num_embeddings_per_feature ({features}), or empty for data.ids_per_feature"
+            )
         if cfg.num_dense_features < 0:
             raise ValueError(f"data.num_dense_features={cfg.num_dense_features}: must be >= 0")
 
@@ -107,12 +111,16 @@ class SyntheticClickLog(Source):
         self._one_hot = all(k == 1 for k in self._sizes)
         for f in self.features:
             if f.num_embeddings % _SCATTER == 0 or f.num_embeddings >= 2**32:
-                raise DataError(f"data.num_embeddings_per_feature: synthetic table size {f.num_embeddings} is not "
-                                f"supported (at most 2**32 - 1 rows, not a multiple of {_SCATTER})")
+                raise DataError(
+                    f"data.num_embeddings_per_feature: synthetic table size {f.num_embeddings} is not "
+                    f"supported (at most 2**32 - 1 rows, not a multiple of {_SCATTER})"
+                )
         self._columns = 2 * num_dense_features + sum(self._sizes) + 1  # random numbers per row
         if batch_size * self._columns >= 2**32:
-            raise DataError(f"data.batch_size={batch_size}: at most {2**32 // self._columns - 1} rows per global "
-                            f"batch for these features (the generator counts rows x columns in 32 bits)")
+            raise DataError(
+                f"data.batch_size={batch_size}: at most {2**32 // self._columns - 1} rows per global "
+                f"batch for these features (the generator counts rows x columns in 32 bits)"
+            )
         self.zipf_exponent = zipf_exponent
         # Per id column (a feature's k columns alike): its table's rows and the power law's
         # constants, as [ids, 1] arrays that broadcast over the rows of a batch.
@@ -120,8 +128,9 @@ class SyntheticClickLog(Source):
         self._column_rows = rows
         self._log2_rows = (portable.ln(rows.astype(np.float64) + 1.0) * portable.LOG2E).astype(np.float32)
         self._zipf_scale = (portable.power(rows.astype(np.float64) + 1.0, 1 - zipf_exponent) - 1).astype(np.float32)
-        self._feature_salt = np.repeat([(i * 0x85EBCA77 + 1) % 2**32 for i in range(len(self.features))],
-                                       self._sizes).astype(np.uint32)[:, None]
+        self._feature_salt = np.repeat(
+            [(i * 0x85EBCA77 + 1) % 2**32 for i in range(len(self.features))], self._sizes
+        ).astype(np.uint32)[:, None]
         self.dense_distribution = DenseDistribution(dense_distribution)
         self.eval_batches = eval_batches
         self.valid_batches = valid_batches
@@ -167,7 +176,7 @@ class SyntheticClickLog(Source):
             columns = u[:d]
             signal = (columns - np.float32(0.5)) * np.float32(3.4)
         else:  # Box-Muller: two uniforms per standard normal
-            z = portable.normal_f32(u[:d], u[d:2 * d])
+            z = portable.normal_f32(u[:d], u[d : 2 * d])
             if self.dense_distribution == DenseDistribution.lognormal:  # raw-count-like; the model sees log(1 + x)
                 e = portable.exp2_f32(z * np.float32(1.5 * portable.LOG2E))
                 e += np.float32(1)
@@ -176,7 +185,7 @@ class SyntheticClickLog(Source):
             else:
                 columns = signal = z
         dense = np.ascontiguousarray(columns.T)
-        ids = self._zipf_rows(u[2 * d: 2 * d + self._ids])
+        ids = self._zipf_rows(u[2 * d : 2 * d + self._ids])
         weights = self._planted_weights(ids)
         logit = np.full(n, -1.0)
         for j in range(d):
@@ -199,7 +208,7 @@ class SyntheticClickLog(Source):
         out = np.empty(u.shape, np.int64)
         step = max(1, _BLOCK // max(1, u.shape[1]))
         for c in range(0, u.shape[0], step):
-            out[c: c + step] = self._zipf_block(u[c: c + step], slice(c, c + step))
+            out[c : c + step] = self._zipf_block(u[c : c + step], slice(c, c + step))
         return out
 
     def _zipf_block(self, u: np.ndarray, columns: slice) -> np.ndarray:
@@ -236,8 +245,14 @@ class SyntheticClickLog(Source):
         if self._one_hot:  # [F, n]: the batch's id array as it is
             return Rows.one_hot(dense, ids, labels)
         n = hi - lo
-        return Rows.of(dense, [(np.ascontiguousarray(ids[first: first + k].T).reshape(-1), np.full(n, k, np.int32))
-                               for first, k in zip(self._offsets, self._sizes)], labels)
+        return Rows.of(
+            dense,
+            [
+                (np.ascontiguousarray(ids[first : first + k].T).reshape(-1), np.full(n, k, np.int32))
+                for first, k in zip(self._offsets, self._sizes)
+            ],
+            labels,
+        )
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> Optional[int]:
@@ -256,8 +271,13 @@ class SyntheticClickLog(Source):
         row = {"kind": "row", "outside": "error"}  # the generator never draws a row outside its table
         return RawInputs(
             doc=f"a synthetic row: columns dense_0 .. dense_{self.num_dense_features - 1} (float, as generated) and, "
-                f"per sparse feature, its table rows (cat_<i>: one id, or a list of "
-                f"data.multi_hot_sizes[i] ids)",
+            f"per sparse feature, its table rows (cat_<i>: one id, or a list of "
+            f"data.multi_hot_sizes[i] ids)",
             dense=[dense_input(f"dense_{j}", []) for j in range(self.num_dense_features)],
-            sparse=[sparse_input(f.name, f.name, f.table_name, f.num_embeddings, f.pooling, row,
-                                 "one id" if k == 1 else "list") for f, k in zip(self.features, self._sizes)])
+            sparse=[
+                sparse_input(
+                    f.name, f.name, f.table_name, f.num_embeddings, f.pooling, row, "one id" if k == 1 else "list"
+                )
+                for f, k in zip(self.features, self._sizes)
+            ],
+        )

@@ -74,8 +74,10 @@ def count_ids(paths: Sequence[str], columns: Sequence[str]) -> dict[str, pa.Tabl
             raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
         missing = [c for c in columns if c not in handle.schema_arrow.names]
         if missing:
-            raise DataError(f"{path}: no column {', '.join(map(repr, missing))}; its columns: "
-                            f"{', '.join(handle.schema_arrow.names)}")
+            raise DataError(
+                f"{path}: no column {', '.join(map(repr, missing))}; its columns: "
+                f"{', '.join(handle.schema_arrow.names)}"
+            )
         with handle:
             for batch in handle.iter_batches(batch_size=_BATCH_ROWS, columns=list(columns)):
                 for c in columns:
@@ -83,13 +85,15 @@ def count_ids(paths: Sequence[str], columns: Sequence[str]) -> dict[str, pa.Tabl
                     first = kinds.setdefault(c, (path, ids.type))
                     if first[1] != ids.type:
                         kind = lambda t: "integers" if t == pa.int64() else "strings"
-                        raise DataError(f"{path}: column {c!r} holds {kind(ids.type)}, "
-                                        f"{first[0]} holds {kind(first[1])}")
+                        raise DataError(
+                            f"{path}: column {c!r} holds {kind(ids.type)}, {first[0]} holds {kind(first[1])}"
+                        )
                     if not len(ids):
                         continue
                     counted = pc.value_counts(ids)
-                    parts[c].append(pa.table({"id": counted.field("values"),
-                                              "count": counted.field("counts").cast(pa.int64())}))
+                    parts[c].append(
+                        pa.table({"id": counted.field("values"), "count": counted.field("counts").cast(pa.int64())})
+                    )
                     if len(parts[c]) >= _MERGE_EVERY:
                         parts[c] = [_merge(parts[c])]
     out = {}
@@ -107,8 +111,10 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
         # The vocabulary is <out>/<column>.parquet: a name with a separator or a leading dot
         # would write elsewhere (--column ../../x) or hide the file.
         if not column or column.startswith(".") or "/" in column or os.sep in column or "\0" in column:
-            raise DataError(f"--column {column!r}: its vocabulary would be written to <out>/{column}.parquet, and "
-                            f"that is not a plain file name in --out (no '/', no leading '.'); nothing was written")
+            raise DataError(
+                f"--column {column!r}: its vocabulary would be written to <out>/{column}.parquet, and "
+                f"that is not a plain file name in --out (no '/', no leading '.'); nothing was written"
+            )
     files = []
     for spec in paths:
         files += resolve_paths(spec, "the data paths", "*.parquet")
@@ -123,8 +129,9 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
         kept = kept.sort_by([("count", "descending"), ("id", "ascending")])
         if kept.column("id").type == pa.large_string():
             kept = kept.set_column(0, "id", kept.column("id").cast(pa.string()))
-        kept = kept.replace_schema_metadata({"hybridrec.vocabulary.column": column,
-                                             "hybridrec.vocabulary.min_count": str(min_count)})
+        kept = kept.replace_schema_metadata(
+            {"hybridrec.vocabulary.column": column, "hybridrec.vocabulary.min_count": str(min_count)}
+        )
         target = os.path.join(out, f"{column}.parquet")
         try:
             # a reader never sees half a vocabulary, and a link planted at the target is replaced
@@ -132,8 +139,10 @@ def build(paths: Sequence[str], columns: Sequence[str], min_count: int, out: str
         except OSError as e:  # a full disk, a read-only directory: the previous vocabulary stays
             raise DataError(f"{target}: cannot be written ({e.strerror or e}); nothing was replaced") from None
         written[column] = target
-        print(f"{target}: {kept.num_rows:,} ids seen >= {min_count} times "
-              f"(of {counts.num_rows:,} distinct); num_embeddings >= {kept.num_rows + 1}")
+        print(
+            f"{target}: {kept.num_rows:,} ids seen >= {min_count} times "
+            f"(of {counts.num_rows:,} distinct); num_embeddings >= {kept.num_rows + 1}"
+        )
     return written
 
 

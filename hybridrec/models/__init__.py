@@ -118,8 +118,13 @@ class SparseArch(TorchRecSparseArch):
         pooled = super().forward(features)
         if not any(self._means):
             return pooled
-        return torch.stack([mean_of(pooled[:, i], features, name) if mean else pooled[:, i]
-                            for i, (name, mean) in enumerate(zip(self.sparse_feature_names, self._means))], dim=1)
+        return torch.stack(
+            [
+                mean_of(pooled[:, i], features, name) if mean else pooled[:, i]
+                for i, (name, mean) in enumerate(zip(self.sparse_feature_names, self._means))
+            ],
+            dim=1,
+        )
 
 
 class Ranker(nn.Module, ABC):
@@ -171,8 +176,9 @@ class Ranker(nn.Module, ABC):
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
 
-def build_model(cfg: DictConfig, features: list[SparseFeature], num_dense_features: int,
-                list_size: Optional[int] = None) -> Ranker:
+def build_model(
+    cfg: DictConfig, features: list[SparseFeature], num_dense_features: int, list_size: Optional[int] = None
+) -> Ranker:
     """The model of ``cfg.model`` with the loss of ``cfg.loss``. A model that refuses its
     features or fields (a ValueError: features that cannot share a table) raises that error
     itself, not Hydra's InstantiationException around it, so that it reaches the user as
@@ -203,5 +209,6 @@ def check_layer_sizes(cfg: DictConfig, key: str) -> None:
     """``model.<key>`` (``cfg``: the model config): the sizes of an MLP's layers."""
     sizes = list(cfg[key])
     if not sizes or min(sizes) < 1:
-        raise ValueError(f"model.{key}={sizes}: an MLP's layer sizes, each >= 1 (a layer of 0 units has no "
-                         f"output), at least one")
+        raise ValueError(
+            f"model.{key}={sizes}: an MLP's layer sizes, each >= 1 (a layer of 0 units has no output), at least one"
+        )

@@ -21,8 +21,10 @@ class DCNRanker(TorchRecDLRM):
         super().check_config(cfg)
         for key in ("dcn_num_layers", "dcn_low_rank_dim"):
             if cfg.get(key, 1) < 1:
-                raise ValueError(f"model.{key}={cfg[key]}: the cross network's "
-                                 f"{'layers' if key == 'dcn_num_layers' else 'rank'} must be >= 1")
+                raise ValueError(
+                    f"model.{key}={cfg[key]}: the cross network's "
+                    f"{'layers' if key == 'dcn_num_layers' else 'rank'} must be >= 1"
+                )
 
     def __init__(
         self,

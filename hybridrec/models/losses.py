@@ -150,13 +150,13 @@ class ApproxNDCG(Loss):
 class InBatchSoftmax(Loss):
     """Sampled softmax with in-batch negatives for two-tower retrieval (Yi et al. 2019).
 
-    Every positive row (label 1) is a user whose own item must win over the items of every
-    row of the *global* batch (gathered from all ranks with autograd, so the negatives and
-    hence the training do not depend on the world size). With ``logq_correction``, each
-    item's logit is lowered by log q (its frequency among training rows), removing the
-    popularity bias of in-batch sampling. Rows that hold the same item as the positive are
-    not negatives. Called with the towers' outputs, ``loss(user, item, batch)``: the logits are
-``user @ item.T`` (the model divides ``user`` by its temperature).
+        Every positive row (label 1) is a user whose own item must win over the items of every
+        row of the *global* batch (gathered from all ranks with autograd, so the negatives and
+        hence the training do not depend on the world size). With ``logq_correction``, each
+        item's logit is lowered by log q (its frequency among training rows), removing the
+        popularity bias of in-batch sampling. Rows that hold the same item as the positive are
+        not negatives. Called with the towers' outputs, ``loss(user, item, batch)``: the logits are
+    ``user @ item.T`` (the model divides ``user`` by its temperature).
     """
 
     in_batch_negatives = True
@@ -206,33 +206,55 @@ class NextItemSoftmax(Loss):
 
     needs_next_item = True
 
-    def __init__(self, list_size: Optional[int] = None, in_batch: bool = False, logq_correction: bool = True,
-                 temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        list_size: Optional[int] = None,
+        in_batch: bool = False,
+        logq_correction: bool = True,
+        temperature: float = 1.0,
+    ) -> None:
         super().__init__(list_size)
         self.in_batch, self.logq_correction, self.temperature = in_batch, logq_correction, temperature
 
-    def forward(self, queries: torch.Tensor, positives: torch.Tensor, positive_ids: torch.Tensor,
-                negatives: torch.Tensor, negative_ids: torch.Tensor, user: torch.Tensor, users: int,
-                log_q: Optional[torch.Tensor] = None, sampled_by_popularity: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        queries: torch.Tensor,
+        positives: torch.Tensor,
+        positive_ids: torch.Tensor,
+        negatives: torch.Tensor,
+        negative_ids: torch.Tensor,
+        user: torch.Tensor,
+        users: int,
+        log_q: Optional[torch.Tensor] = None,
+        sampled_by_popularity: bool = False,
+    ) -> torch.Tensor:
         candidates, candidate_ids = negatives, negative_ids
         correct = self.logq_correction and log_q is not None
         # Each candidate's correction is its own sampler's log-probability: popularity for
         # in-batch negatives and the positives (distributed like the interactions), and for
         # sampled negatives when drawn by popularity; uniformly drawn ones shift by a constant.
-        corrections = [log_q[negative_ids] if correct and sampled_by_popularity else
-                       torch.zeros(len(negative_ids), device=queries.device)]
+        corrections = [
+            log_q[negative_ids]
+            if correct and sampled_by_popularity
+            else torch.zeros(len(negative_ids), device=queries.device)
+        ]
         if self.in_batch:
             batch_items, batch_ids = positives, positive_ids
             if dist.is_initialized() and dist.get_world_size() > 1:
-                batch_items = _cat_gathered(dist_nn.all_gather(_padded_rows(positives, self._most(positives))),
-                                            _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)))
-                batch_ids = _cat_gathered(_all_gather_nograd(_padded_rows(positive_ids, self._most(positives))),
-                                          _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)))
+                batch_items = _cat_gathered(
+                    dist_nn.all_gather(_padded_rows(positives, self._most(positives))),
+                    _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)),
+                )
+                batch_ids = _cat_gathered(
+                    _all_gather_nograd(_padded_rows(positive_ids, self._most(positives))),
+                    _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)),
+                )
             candidates, candidate_ids = torch.cat([candidates, batch_items]), torch.cat([candidate_ids, batch_ids])
             corrections.append(log_q[batch_ids] if correct else torch.zeros(len(batch_ids), device=queries.device))
         queries = queries / self.temperature
-        target = None if self.in_batch or (correct and sampled_by_popularity) else self._column(candidate_ids,
-                                                                                                positive_ids)
+        target = (
+            None if self.in_batch or (correct and sampled_by_popularity) else self._column(candidate_ids, positive_ids)
+        )
         if target is not None:  # the full softmax: every positive is a candidate, once
             per_position = F.cross_entropy(queries @ candidates.T, target, reduction="none")
             return self._per_user_mean(per_position, user, users)

@@ -51,11 +51,21 @@ def item_table(features: list[SparseFeature], embedding_dim: int) -> EmbeddingCo
     f = features if isinstance(features[0], SparseFeature) else [SparseFeature(**x) for x in features]
     names = [x.name for x in f]
     if sorted(names) != sorted(FEATURES) or len({x.table_name for x in f}) != 1:
-        raise ValueError(f"a sequence ranker takes the features {', '.join(FEATURES)} of one item table "
-                         f"(data=movielens_seq or data=parquet_seq), got {names}")
-    return EmbeddingCollection([EmbeddingConfig(name=f[0].table_name, embedding_dim=embedding_dim,
-                                                num_embeddings=f[0].num_embeddings, feature_names=names)],
-                               device=torch.device("meta"))
+        raise ValueError(
+            f"a sequence ranker takes the features {', '.join(FEATURES)} of one item table "
+            f"(data=movielens_seq or data=parquet_seq), got {names}"
+        )
+    return EmbeddingCollection(
+        [
+            EmbeddingConfig(
+                name=f[0].table_name,
+                embedding_dim=embedding_dim,
+                num_embeddings=f[0].num_embeddings,
+                feature_names=names,
+            )
+        ],
+        device=torch.device("meta"),
+    )
 
 
 def padded(jt: JaggedTensor, length: int) -> torch.Tensor:
@@ -75,8 +85,15 @@ class Stack(nn.Module):
     position's output out (padded positions zeros). Its blocks are the model's FSDP2 units;
     training, scoring and the exported user encoder run the same stack."""
 
-    def __init__(self, dim: int, max_length: int, blocks: list[nn.Module], dropout: float, positions: bool,
-                 activation_checkpointing: bool) -> None:
+    def __init__(
+        self,
+        dim: int,
+        max_length: int,
+        blocks: list[nn.Module],
+        dropout: float,
+        positions: bool,
+        activation_checkpointing: bool,
+    ) -> None:
         super().__init__()
         self.dim, self.max_length, self.activation_checkpointing = dim, max_length, activation_checkpointing
         self.positions = nn.Embedding(max_length, dim) if positions else None
@@ -116,9 +133,18 @@ class SequenceRanker(Ranker):
         if not 0 <= cfg.dropout < 1:
             raise ValueError(f"model.dropout={cfg.dropout}: must be in [0, 1)")
 
-    def __init__(self, features: list[SparseFeature], embedding_dim: int, max_length: int, blocks: list[nn.Module],
-                 positions: bool, dropout: float, activation_checkpointing: bool, mask_history: bool,
-                 loss: Loss) -> None:
+    def __init__(
+        self,
+        features: list[SparseFeature],
+        embedding_dim: int,
+        max_length: int,
+        blocks: list[nn.Module],
+        positions: bool,
+        dropout: float,
+        activation_checkpointing: bool,
+        mask_history: bool,
+        loss: Loss,
+    ) -> None:
         super().__init__(loss)
         self.items = item_table(features, embedding_dim)
         self.max_length, self.mask_history = max_length, mask_history
@@ -146,8 +172,9 @@ class SequenceRanker(Ranker):
         loss = ranks.new_zeros(())
         return loss, (loss, ranks, batch.labels.detach())
 
-    def _loss(self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor,
-              batch: RecBatch) -> torch.Tensor:
+    def _loss(
+        self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor, batch: RecBatch
+    ) -> torch.Tensor:
         """Every real position's output against its next item (``nxt``, aligned with the
         history) and the negatives the batch carries (in its first row)."""
         lengths = history.lengths().long()
@@ -156,13 +183,22 @@ class SequenceRanker(Ranker):
         user = torch.repeat_interleave(torch.arange(len(lengths), device=out.device), lengths)
         first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
         features = batch.sparse_features.to_dict()
-        return self.loss(queries, nxt.values(), features["next"].values(), negatives.values()[:first],
-                         features["negatives"].values()[:first], user, len(lengths),
-                         getattr(self, "sampler_log_q", None), getattr(self, "sampled_by_popularity", False))
+        return self.loss(
+            queries,
+            nxt.values(),
+            features["next"].values(),
+            negatives.values()[:first],
+            features["negatives"].values()[:first],
+            user,
+            len(lengths),
+            getattr(self, "sampler_log_q", None),
+            getattr(self, "sampled_by_popularity", False),
+        )
 
     @torch.no_grad()
-    def _ranks(self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor,
-               batch: RecBatch) -> torch.Tensor:
+    def _ranks(
+        self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor, batch: RecBatch
+    ) -> torch.Tensor:
         """The rank (1 = first) of each row's held-out item among every item of the catalogue
         (the negatives of an evaluated batch, in its first row), by the last position's
         output; ties count against it. With ``mask_history``, the items of the user's
@@ -262,8 +298,9 @@ class SASRecBlock(nn.Module):
         self.v = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
         self.ffn_norm = nn.LayerNorm(dim)
-        self.ffn = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim),
-                                 nn.Dropout(dropout))
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim), nn.Dropout(dropout)
+        )
 
     def forward(self, x: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
@@ -271,8 +308,13 @@ class SASRecBlock(nn.Module):
         q = self.attn_norm(x)
         # histories are right-padded, so the causal mask alone keeps every real position off
         # the padding after it (what padding's own positions compute is never read)
-        attended = F.scaled_dot_product_attention(heads(self.q(q)), heads(self.k(x)), heads(self.v(x)),
-                                                  dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        attended = F.scaled_dot_product_attention(
+            heads(self.q(q)),
+            heads(self.k(x)),
+            heads(self.v(x)),
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=True,
+        )
         x = self.ffn_norm(q + self.out(attended.transpose(1, 2).reshape(B, L, D)))
         return x + self.ffn(x)
 
@@ -285,15 +327,28 @@ class SASRec(SequenceRanker):
     def check_config(cls, cfg: DictConfig) -> None:
         super().check_config(cfg)
         if cfg.embedding_dim % cfg.num_heads:  # each head attends over embedding_dim / num_heads
-            raise ValueError(f"model.embedding_dim={cfg.embedding_dim} must be divisible by model.num_heads="
-                             f"{cfg.num_heads} (SASRec's heads split the embedding)")
+            raise ValueError(
+                f"model.embedding_dim={cfg.embedding_dim} must be divisible by model.num_heads="
+                f"{cfg.num_heads} (SASRec's heads split the embedding)"
+            )
 
-    def __init__(self, features: list[SparseFeature], num_dense_features: int, embedding_dim: int, max_length: int,
-                 num_blocks: int, num_heads: int, dropout: float, activation_checkpointing: bool,
-                 mask_history: bool, loss: Loss) -> None:
+    def __init__(
+        self,
+        features: list[SparseFeature],
+        num_dense_features: int,
+        embedding_dim: int,
+        max_length: int,
+        num_blocks: int,
+        num_heads: int,
+        dropout: float,
+        activation_checkpointing: bool,
+        mask_history: bool,
+        loss: Loss,
+    ) -> None:
         blocks = [SASRecBlock(embedding_dim, num_heads, dropout) for _ in range(num_blocks)]
-        super().__init__(features, embedding_dim, max_length, blocks, True, dropout, activation_checkpointing,
-                         mask_history, loss)
+        super().__init__(
+            features, embedding_dim, max_length, blocks, True, dropout, activation_checkpointing, mask_history, loss
+        )
 
 
 class RelativeBias(nn.Module):
@@ -320,8 +375,16 @@ class HSTUBlock(nn.Module):
     """One HSTU layer: U, V, Q, K = split(SiLU(Linear(LayerNorm(x)))); A = SiLU(QK^T + rab) / n
     under the causal mask; x + Linear(Dropout(LayerNorm(AV) * U))."""
 
-    def __init__(self, dim: int, heads: int, attention_dim: int, linear_dim: int, dropout: float, max_length: int,
-                 time_buckets: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        attention_dim: int,
+        linear_dim: int,
+        dropout: float,
+        max_length: int,
+        time_buckets: int,
+    ) -> None:
         super().__init__()
         self.heads, self.attention_dim, self.linear_dim, self.max_length = heads, attention_dim, linear_dim, max_length
         self.norm = nn.LayerNorm(dim)
@@ -347,10 +410,26 @@ class HSTU(SequenceRanker):
     """model=hstu: item embeddings (no position embedding: the relative bias carries position
     and time), ``num_blocks`` HSTU layers, a final LayerNorm."""
 
-    def __init__(self, features: list[SparseFeature], num_dense_features: int, embedding_dim: int, max_length: int,
-                 num_blocks: int, num_heads: int, dropout: float, activation_checkpointing: bool,
-                 mask_history: bool, attention_dim: int, linear_dim: int, time_buckets: int, loss: Loss) -> None:
-        blocks = [HSTUBlock(embedding_dim, num_heads, attention_dim, linear_dim, dropout, max_length, time_buckets)
-                  for _ in range(num_blocks)]
-        super().__init__(features, embedding_dim, max_length, blocks, False, dropout, activation_checkpointing,
-                         mask_history, loss)
+    def __init__(
+        self,
+        features: list[SparseFeature],
+        num_dense_features: int,
+        embedding_dim: int,
+        max_length: int,
+        num_blocks: int,
+        num_heads: int,
+        dropout: float,
+        activation_checkpointing: bool,
+        mask_history: bool,
+        attention_dim: int,
+        linear_dim: int,
+        time_buckets: int,
+        loss: Loss,
+    ) -> None:
+        blocks = [
+            HSTUBlock(embedding_dim, num_heads, attention_dim, linear_dim, dropout, max_length, time_buckets)
+            for _ in range(num_blocks)
+        ]
+        super().__init__(
+            features, embedding_dim, max_length, blocks, False, dropout, activation_checkpointing, mask_history, loss
+        )

@@ -45,8 +45,9 @@ class TwoTower(Ranker):
         names = [f.name for f in features]
         unknown = [n for n in user_features if n not in names]
         if unknown or not user_features:
-            raise ValueError(f"model.user_features={list(user_features)}: {unknown or 'empty'} not among the "
-                             f"data's features {names}")
+            raise ValueError(
+                f"model.user_features={list(user_features)}: {unknown or 'empty'} not among the data's features {names}"
+            )
         self.user_features = [n for n in names if n in user_features]
         self.item_features = [n for n in names if n not in user_features]  # the rest: the item tower's
         if not self.item_features:

@@ -33,8 +33,10 @@ class Cuda:
         if self.build is None:
             return f"torch {torch.__version__} is a CPU-only build (`make install GPU=1` installs the CUDA one)"
         if self.devices == 0:
-            return (f"torch has CUDA {self.build} but sees no usable GPU (torch.cuda.is_available() is False: "
-                    f"check the driver and CUDA_VISIBLE_DEVICES)")
+            return (
+                f"torch has CUDA {self.build} but sees no usable GPU (torch.cuda.is_available() is False: "
+                f"check the driver and CUDA_VISIBLE_DEVICES)"
+            )
         return None
 
 
@@ -50,6 +52,8 @@ def pick_device(cfg: DictConfig, env: Mapping[str, str] = os.environ, cuda: Opti
     if device_type(cfg, cuda) == "cuda":
         local_rank, gpus = local_layout(env).rank, (cuda or Cuda.probe()).devices
         if local_rank >= gpus:
-            raise LaunchError(f"local rank {local_rank} has no GPU: {gpus} visible on this node; start one rank per GPU")
+            raise LaunchError(
+                f"local rank {local_rank} has no GPU: {gpus} visible on this node; start one rank per GPU"
+            )
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

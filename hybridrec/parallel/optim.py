@@ -27,11 +27,14 @@ def sparse_optimizer(cfg: DictConfig) -> tuple[type, dict[str, Any]]:
 
 def lr_multiplier(cfg: DictConfig) -> Callable[[int], float]:
     """The schedule as a function of the step (0-based): the factor on the base lr."""
-    end, shape = cfg.end_factor, {
-        Schedule.linear: lambda p: 1 - p,
-        Schedule.cosine: lambda p: 0.5 * (1 + math.cos(math.pi * p)),
-        Schedule.polynomial: lambda p: (1 - p) ** cfg.power,
-    }.get(cfg.name)
+    end, shape = (
+        cfg.end_factor,
+        {
+            Schedule.linear: lambda p: 1 - p,
+            Schedule.cosine: lambda p: 0.5 * (1 + math.cos(math.pi * p)),
+            Schedule.polynomial: lambda p: (1 - p) ** cfg.power,
+        }.get(cfg.name),
+    )
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:

@@ -97,7 +97,11 @@ def planning_dims(cfg: DictConfig) -> ParallelDims:
     return ParallelDims.build(cfg.mesh, world, local, device)
 
 
-def rank_dims(cfg: DictConfig, world_size: int, device: torch.device, env: Mapping[str, str] = os.environ,
-              ) -> ParallelDims:
+def rank_dims(
+    cfg: DictConfig,
+    world_size: int,
+    device: torch.device,
+    env: Mapping[str, str] = os.environ,
+) -> ParallelDims:
     """Inside a rank: the process group's size, and the ranks per node the launcher set."""
     return ParallelDims.build(cfg.mesh, world_size, local_layout(env).world_size, device.type)

@@ -71,8 +71,9 @@ class FSDP2Wrapper(DataParallelWrapper):
     def device_mesh(self, env: ShardingEnv, device: torch.device) -> DeviceMesh:
         if self.cfg.dense == DenseParallel.hsdp:
             # The dense side spans every rank (under 2D too, where env is one sharding group's).
-            return init_device_mesh(device.type, (self.dims.replicate, self.dims.shard),
-                                    mesh_dim_names=("replicate", "shard"))
+            return init_device_mesh(
+                device.type, (self.dims.replicate, self.dims.shard), mesh_dim_names=("replicate", "shard")
+            )
         return DeviceMesh.from_group(env.process_group, device.type)
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
@@ -87,9 +88,7 @@ class FSDP2Wrapper(DataParallelWrapper):
                 reduce_dtype=dtype(cfg.reduce_dtype),
                 output_dtype=torch.float32 if cfg.param_dtype else None,
             ),
-            offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda")
-            if cfg.cpu_offload
-            else OffloadPolicy(),
+            offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda") if cfg.cpu_offload else OffloadPolicy(),
         )
         units = []  # the modules whose parameters are gathered, in forward order
         # units=root: no per-block units; the root below then owns every dense parameter.
@@ -133,8 +132,9 @@ def cast_at_boundary(module: nn.Module, dtype: torch.dtype) -> None:
     FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True, output_dtype=float32)`` does at
     a unit boundary, for a block inside a larger unit."""
 
-    module.register_forward_pre_hook(lambda _m, args, kwargs: (floating_to(args, dtype), floating_to(kwargs, dtype)),
-                                     with_kwargs=True)
+    module.register_forward_pre_hook(
+        lambda _m, args, kwargs: (floating_to(args, dtype), floating_to(kwargs, dtype)), with_kwargs=True
+    )
     module.register_forward_hook(lambda _m, _args, out: floating_to(out, torch.float32))
 
 
@@ -305,8 +305,9 @@ def parallelize(
             data_parallel_wrapper=wrapper,
         )
     init_embeddings(dmp.module.sparse_module(), seed)
-    return Parallelized(dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0,
-                        dense_parameters, dense)
+    return Parallelized(
+        dmp, report, dims, mesh.embedding_sync_every if dims.embedding_replicas > 1 else 0, dense_parameters, dense
+    )
 
 
 _INIT_BLOCK = 65536  # rows per independently seeded block of the embedding init

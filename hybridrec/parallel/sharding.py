@@ -75,8 +75,10 @@ class HybridECSharder(EmbeddingCollectionSharder):
 def sharders(qcomm_codecs_registry: Optional[dict] = None) -> list:
     """The sharders of every table kind a model holds: pooled (EmbeddingBagCollection) and
     sequence (EmbeddingCollection) embeddings."""
-    return [HybridEBCSharder(qcomm_codecs_registry=qcomm_codecs_registry),
-            HybridECSharder(qcomm_codecs_registry=qcomm_codecs_registry)]
+    return [
+        HybridEBCSharder(qcomm_codecs_registry=qcomm_codecs_registry),
+        HybridECSharder(qcomm_codecs_registry=qcomm_codecs_registry),
+    ]
 
 
 def table_configs(module: nn.Module) -> list:
@@ -109,8 +111,7 @@ def build_topology(topo: DictConfig, dims: ParallelDims, detect: bool = True) ->
     replicas = dims.embedding_replicas
     plan_world, plan_local = dims.embedding_group, dims.embedding_group_per_node
     if replicas > 1:
-        resolved.update(sharding_group_size=plan_world, replica_group_size=replicas,
-                        sharding_group_per_node=plan_local)
+        resolved.update(sharding_group_size=plan_world, replica_group_size=replicas, sharding_group_per_node=plan_local)
     if topo.device_memory_gb is not None:
         hbm, resolved["device_memory"] = int(topo.device_memory_gb * GIB), "config"
     elif detect and device_type == "cuda" and torch.cuda.is_available():
@@ -156,8 +157,7 @@ def build_constraints(
     for i, override in enumerate(overrides):
         if not fnmatch.filter(names, override["match"]):
             raise ValueError(
-                f"sharding.tables[{i}].match={override['match']} matches no table; "
-                f"tables are: {', '.join(names)}"
+                f"sharding.tables[{i}].match={override['match']} matches no table; tables are: {', '.join(names)}"
             )
     constraints = {}
     for t in tables:
@@ -189,8 +189,19 @@ class PlanRecorder(Stats):
     num_proposals: int = 0
     run_time: float = 0.0
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals,
-            num_plans, run_time, best_plan, *args: Any, **kwargs: Any) -> None:
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         self.best_plan, self.topology = list(best_plan), topology
         self.num_proposals, self.run_time = num_proposals, run_time
 
@@ -271,8 +282,7 @@ def optimizer_notes(report: dict[str, Any], sparse_optimizer: str) -> list[str]:
     the squared gradient over its own columns only, so training differs from one process."""
     if "RowWise" not in sparse_optimizer:
         return []
-    split = [n for n, p in report["tables"].items()
-             if p["sharding_type"] in _COLUMN_SPLITS and len(p["ranks"]) > 1]
+    split = [n for n, p in report["tables"].items() if p["sharding_type"] in _COLUMN_SPLITS and len(p["ranks"]) > 1]
     if not split:
         return []
     return [
@@ -332,11 +342,12 @@ def explain_planner_error(
             continue
         short = True
         ranks = math.ceil(need / per_rank) if per_rank else "more"
-        fix = [f"at least {ranks} ranks (topology.world_size={ranks})",
-               f"topology.{knob} >= {math.ceil(need / topology.world_size / (1 - pct) / GIB)}"]
+        fix = [
+            f"at least {ranks} ranks (topology.world_size={ranks})",
+            f"topology.{knob} >= {math.ceil(need / topology.world_size / (1 - pct) / GIB)}",
+        ]
         if tier == "hbm":
-            fix.append("host memory for the largest tables "
-                       "(sharding.compute_kernels=[fused,fused_uvm_caching])")
+            fix.append("host memory for the largest tables (sharding.compute_kernels=[fused,fused_uvm_caching])")
         reserved = f" (after the {pct:.0%} reservation)" if pct else ""
         lines.append(
             f"The tables need at least {need / GIB:.1f} GiB of {memory} memory; "
@@ -425,7 +436,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     out += [
         f"{'table':<12}{'rows x dim':>18}  {'sharding':<18}{'kernel':<18}"
-        + (f"{'device GiB':>11}" if gpu else "") + f"{'host GiB':>10}  ranks",
+        + (f"{'device GiB':>11}" if gpu else "")
+        + f"{'host GiB':>10}  ranks",
     ]
     for name, p in report["tables"].items():
         ranks = sorted(set(p["ranks"]))
@@ -436,7 +448,8 @@ def format_report(report: dict[str, Any]) -> str:
             + f"{gib(p['est_host_bytes']):>10}  {shown}"
         )
     out.append(
-        f"{'rank':<6}" + (f"{'device GiB est / capacity':>28}" if gpu else "")
+        f"{'rank':<6}"
+        + (f"{'device GiB est / capacity':>28}" if gpu else "")
         + f"{'host GiB est / capacity':>28}{'est. step ms':>14}"
     )
     for r in report["ranks"]:

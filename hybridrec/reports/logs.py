@@ -78,8 +78,9 @@ class JobLogging:
         if not HydraConfig.initialized():
             return None
         job_logging = HydraConfig.get().job_logging
-        return cls(OmegaConf.to_container(job_logging, resolve=True) if job_logging is not None else None,
-                   hydra_verbose())
+        return cls(
+            OmegaConf.to_container(job_logging, resolve=True) if job_logging is not None else None, hydra_verbose()
+        )
 
     def apply(self) -> None:
         """Configure this process's logging as Hydra configured the job's."""
@@ -135,8 +136,9 @@ class Progress:
     such mode: it redraws its bar with carriage returns, which a file keeps as one line that
     grows with every update. The lines reach train.log in both cases."""
 
-    def __init__(self, total: int, initial: int, enabled: bool, logger: logging.Logger,
-                 terminal: Optional[bool] = None) -> None:
+    def __init__(
+        self, total: int, initial: int, enabled: bool, logger: logging.Logger, terminal: Optional[bool] = None
+    ) -> None:
         self.total, self.initial, self.enabled, self.log = total, initial, enabled, logger
         terminal = sys.stderr.isatty() if terminal is None else terminal
         self.bar = None
@@ -158,8 +160,11 @@ class Progress:
             self.bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{samples_per_second:,.0f}")
         if self.enabled:
             left = elapsed / max(1, step - self.initial) * (self.total - step)
-            self.log.info(f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_second:,.0f} samples/s  "
-                          f"ETA {tqdm.format_interval(left)}", extra={"hybridrec_progress": True})
+            self.log.info(
+                f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_second:,.0f} samples/s  "
+                f"ETA {tqdm.format_interval(left)}",
+                extra={"hybridrec_progress": True},
+            )
 
     @contextlib.contextmanager
     def logging(self) -> Iterator[None]:

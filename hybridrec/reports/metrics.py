@@ -19,6 +19,7 @@ from torchrec.metrics.ne import compute_cross_entropy, compute_logloss, compute_
 
 _ETA = 1e-12  # TorchRec's clamp for probabilities in NE
 
+
 def binary_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """AUC, NE, log loss, calibration, CTR and accuracy of click probabilities, with
     TorchRec's metric functions (torchrec.metrics), over the whole eval set.
@@ -44,8 +45,9 @@ def binary_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float
     }
 
 
-def ranking_metrics(scores: np.ndarray, relevance: np.ndarray, query: np.ndarray, threshold: float,
-                    k: int) -> dict[str, float]:
+def ranking_metrics(
+    scores: np.ndarray, relevance: np.ndarray, query: np.ndarray, threshold: float, k: int
+) -> dict[str, float]:
     """Per-query NDCG@k (gains 2^rel - 1), MAP and recall@k (relevant: relevance >=
     threshold), averaged over queries. A query without any relevant row has no recall or
     average precision, one with zero ideal DCG no NDCG: they are left out of those means and

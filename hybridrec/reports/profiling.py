@@ -22,8 +22,10 @@ def peak_device_mb(device: torch.device) -> dict[str, float]:
     on CPU, where peak_rss_mb is the measure."""
     if device.type != "cuda":
         return {}
-    return {"peak_device_allocated_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
-            "peak_device_reserved_mb": round(torch.cuda.max_memory_reserved(device) / 2**20, 1)}
+    return {
+        "peak_device_allocated_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+        "peak_device_reserved_mb": round(torch.cuda.max_memory_reserved(device) / 2**20, 1),
+    }
 
 
 def percentiles_ms(seconds: list[float]) -> dict[str, float]:
@@ -98,16 +100,44 @@ def comm_compute_split(events: Any) -> dict[str, Any]:
 # Per-step phases of the host's main thread, innermost match wins (TorchRec's pipelines and
 # sharded modules, FSDP2 and c10d label their work with record_function; the names are theirs).
 # Anything inside a phase without a label of its own (aten ops) belongs to that phase.
-BREAKDOWN_PHASES = ("input", "embedding lookup + all-to-all", "dense forward + backward",
-                    "dense collective", "optimizer", "other")
+BREAKDOWN_PHASES = (
+    "input",
+    "embedding lookup + all-to-all",
+    "dense forward + backward",
+    "dense collective",
+    "optimizer",
+    "other",
+)
 _PHASE_LABELS = (
     ("input", ("## next_batch", "## load_batch", "copy_batch_to_gpu", "## wait_for_batch")),
-    ("embedding lookup + all-to-all", (
-        "sparse_data_dist", "kjtlistawaitable", "[lookup]", "[output_dist", "embeddingbagcollectionawaitable",
-        "all2all", "splitlookupfunction", "fbgemm::", "dmp_collection_sync", "alltoall")),
-    ("dense collective", ("fsdp::all_gather", "fsdp::post_backward_reduce", "fsdp::reduce_scatter",
-                          "c10d::allreduce", "c10d::_allgather_base", "c10d::allgather",
-                          "c10d::_reduce_scatter_base", "c10d::reduce_scatter")),
+    (
+        "embedding lookup + all-to-all",
+        (
+            "sparse_data_dist",
+            "kjtlistawaitable",
+            "[lookup]",
+            "[output_dist",
+            "embeddingbagcollectionawaitable",
+            "all2all",
+            "splitlookupfunction",
+            "fbgemm::",
+            "dmp_collection_sync",
+            "alltoall",
+        ),
+    ),
+    (
+        "dense collective",
+        (
+            "fsdp::all_gather",
+            "fsdp::post_backward_reduce",
+            "fsdp::reduce_scatter",
+            "c10d::allreduce",
+            "c10d::_allgather_base",
+            "c10d::allgather",
+            "c10d::_reduce_scatter_base",
+            "c10d::reduce_scatter",
+        ),
+    ),
     ("optimizer", ("## optimizer",)),
     ("dense forward + backward", ("## forward", "## backward", "## zero_grad")),
 )
@@ -138,9 +168,17 @@ def step_breakdown(events: Any) -> dict[str, float]:
     main = steps[0].thread
     windows = sorted((e.time_range.start, e.time_range.end) for e in steps)
     lo, hi = windows[0][0], windows[-1][1]
-    ops = sorted(((e.time_range.start, e.time_range.end, _phase(e.name)) for e in events
-                  if e.thread == main and not e.name.startswith("ProfilerStep")
-                  and e.time_range.end > lo and e.time_range.start < hi), key=lambda x: (x[0], -x[1]))
+    ops = sorted(
+        (
+            (e.time_range.start, e.time_range.end, _phase(e.name))
+            for e in events
+            if e.thread == main
+            and not e.name.startswith("ProfilerStep")
+            and e.time_range.end > lo
+            and e.time_range.start < hi
+        ),
+        key=lambda x: (x[0], -x[1]),
+    )
     # Sweep: segments (start, end, phase, idle); idle = the thread is in no op, or only in a
     # phase's own span with no child op open (waiting, not computing).
     segments: list[tuple[float, float, str, bool]] = []
@@ -165,8 +203,11 @@ def step_breakdown(events: Any) -> dict[str, float]:
     # Collectives on the backend's threads (gloo work, NCCL kernels), as disjoint intervals.
     comm: list[tuple[float, float, str]] = []
     reach = -math.inf
-    for s, e, name in sorted((e.time_range.start, e.time_range.end, e.name.lower()) for e in events
-                             if e.thread != main and e.name.lower().startswith(("gloo:", "nccl"))):
+    for s, e, name in sorted(
+        (e.time_range.start, e.time_range.end, e.name.lower())
+        for e in events
+        if e.thread != main and e.name.lower().startswith(("gloo:", "nccl"))
+    ):
         if e > max(s, reach):
             comm.append((max(s, reach), e, next((p for k, p in _WAIT_KINDS if k in name), "dense collective")))
             reach = e

@@ -41,8 +41,9 @@ def resumes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def evaluations(records: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
     """The evaluations of ``split`` in a history, as summary.json's ``eval_history`` lists them."""
-    return [{"step": r["step"], "split": split, **r["eval"]} for r in records if r.get("split") == split
-            and "eval" in r]
+    return [
+        {"step": r["step"], "split": split, **r["eval"]} for r in records if r.get("split") == split and "eval" in r
+    ]
 
 
 class MetricsLog:
@@ -125,8 +126,12 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
     objective = summary["objective"] if summary else None
     references = summary.get("references", []) if summary else []
     # the objective's own panel: a validation metric (not the train loss, not a progressive mean)
-    judged = objective is not None and objective["name"].startswith("valid.") and bool(evals) \
+    judged = (
+        objective is not None
+        and objective["name"].startswith("valid.")
+        and bool(evals)
         and objective["name"][6:] in evals[0]["eval"]
+    )
     panels = 3 + judged + bool(progressive)
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))  # room for the legends below
     ax_loss, ax_eval, ax_rate = axes[0], axes[1 + judged], axes[2 + judged]
@@ -159,8 +164,15 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
             ax_eval.set_ylabel("AUC / NDCG")
         _legend_below(ax_eval, ax_eval.lines + extra)
     else:  # a run stopped before its first validation (a continuous run scores it at the end)
-        ax_eval.text(0.5, 0.5, "no validation or test\nscored yet", ha="center", va="center",
-                     transform=ax_eval.transAxes, color="tab:gray")
+        ax_eval.text(
+            0.5,
+            0.5,
+            "no validation or test\nscored yet",
+            ha="center",
+            va="center",
+            transform=ax_eval.transAxes,
+            color="tab:gray",
+        )
         ax_eval.set(title="validation", xticks=[], yticks=[])
     # samples/s is cumulative since the process started: each run of a resumed training is
     # its own segment, never one line across a restart
@@ -181,23 +193,40 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
     plt.close(fig)
 
 
-def _plot_objective(ax: Any, objective: ObjectiveBlock, evals: list[dict[str, Any]], test: list[dict[str, Any]],
-                    references: list[ReferenceResult]) -> None:
+def _plot_objective(
+    ax: Any,
+    objective: ObjectiveBlock,
+    evals: list[dict[str, Any]],
+    test: list[dict[str, Any]],
+    references: list[ReferenceResult],
+) -> None:
     """The objective's validation curve, its best step, an early stop, and the references on
     its metric: the panel that says whether the run is good."""
     metric = objective["name"][6:]
-    ax.plot([r["step"] for r in evals], [r["eval"][metric] for r in evals], "o-", color="tab:green",
-            label=objective["name"])
+    ax.plot(
+        [r["step"] for r in evals], [r["eval"][metric] for r in evals], "o-", color="tab:green", label=objective["name"]
+    )
     for r in test:
         if metric in r["eval"]:
             ax.plot([r["step"]], [r["eval"][metric]], "*", markersize=12, color="black", label=f"test {metric}")
     if objective["best_step"] is not None:
-        ax.plot([objective["best_step"]], [objective["best_value"]], "o", markersize=12, markerfacecolor="none",
-                markeredgecolor="tab:orange", markeredgewidth=2,
-                label=f"best {objective['best_value']:.4f} at step {objective['best_step']}")
+        ax.plot(
+            [objective["best_step"]],
+            [objective["best_value"]],
+            "o",
+            markersize=12,
+            markerfacecolor="none",
+            markeredgecolor="tab:orange",
+            markeredgewidth=2,
+            label=f"best {objective['best_value']:.4f} at step {objective['best_step']}",
+        )
     if objective["stopped_early_at"] is not None:
-        ax.axvline(objective["stopped_early_at"], color="tab:red", linestyle="--",
-                   label=f"early stop (patience {objective['early_stop_patience']})")
+        ax.axvline(
+            objective["stopped_early_at"],
+            color="tab:red",
+            linestyle="--",
+            label=f"early stop (patience {objective['early_stop_patience']})",
+        )
     _plot_references(ax, references, metric)
     ax.set(title=f"objective: {objective['name']} ({objective['direction']})", xlabel="step", ylabel=metric)
     _legend_below(ax, ax.get_legend_handles_labels()[0])
@@ -214,8 +243,12 @@ def _plot_references(ax: Any, references: list[ReferenceResult], metric: str) ->
     """The references measured on ``metric`` (of either split), as horizontal lines."""
     for i, ref in enumerate(r for r in references if r["metric"].split(".", 1)[1] == metric):
         split = "test" if ref["metric"].startswith("eval.") else "valid"
-        ax.axhline(ref["value"], color="tab:gray", linestyle=("--", "-.", ":")[i % 3],
-                   label=f"{ref['name']} ({split}): {ref['value']:.4f}")
+        ax.axhline(
+            ref["value"],
+            color="tab:gray",
+            linestyle=("--", "-.", ":")[i % 3],
+            label=f"{ref['name']} ({split}): {ref['value']:.4f}",
+        )
 
 
 def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:
@@ -230,14 +263,26 @@ def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:
     if len(records) > 1:
         x, auc, trained = x[1:], auc[1:], trained[1:]
     ax.plot(x, auc, "-", color="tab:green", alpha=0.5)
-    ax.plot([i for i, t in zip(x, trained) if t], [a for a, t in zip(auc, trained) if t], "o", color="tab:green",
-            label="progressive AUC (then trained on)")
+    ax.plot(
+        [i for i, t in zip(x, trained) if t],
+        [a for a, t in zip(auc, trained) if t],
+        "o",
+        color="tab:green",
+        label="progressive AUC (then trained on)",
+    )
     if not all(trained):
-        ax.plot([i for i, t in zip(x, trained) if not t], [a for a, t in zip(auc, trained) if not t], "s",
-                color="tab:orange", label="scored only (after train_until)")
+        ax.plot(
+            [i for i, t in zip(x, trained) if not t],
+            [a for a, t in zip(auc, trained) if not t],
+            "s",
+            color="tab:orange",
+            label="scored only (after train_until)",
+        )
     ax.set(title=f"freshness (first partition, untrained model: AUC {first['eval']['auc']:.3f})", ylabel="AUC")
     step = max(1, len(records) // 7)
-    ax.set_xticks(range(len(records))[::step], [r["partition"].split("=")[-1] for r in records][::step], rotation=30, fontsize=8)
+    ax.set_xticks(
+        range(len(records))[::step], [r["partition"].split("=")[-1] for r in records][::step], rotation=30, fontsize=8
+    )
     new = [sum(r.get("new_ids", {}).values()) for r in records]
     if any(new):
         ax_new = ax.twinx()

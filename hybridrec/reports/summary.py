@@ -273,8 +273,12 @@ def throughput(steps: int, samples: int, wall_s: float, timed_samples: Optional[
     ``timed_samples``: the samples ``wall_s`` measured when fewer than ``samples`` (a resumed
     run counts the steps before it, but timed only its own)."""
     timed = samples if timed_samples is None else timed_samples
-    return {"steps": steps, "samples": samples, "wall_time_s": round(wall_s, 3),
-            "samples_per_second": timed / wall_s if wall_s > 0 else 0.0}
+    return {
+        "steps": steps,
+        "samples": samples,
+        "wall_time_s": round(wall_s, 3),
+        "samples_per_second": timed / wall_s if wall_s > 0 else 0.0,
+    }
 
 
 def provenance(cfg: DictConfig, resumed_from: Optional[ResumedFrom]) -> Provenance:
@@ -350,12 +354,22 @@ def run_summary(
     steps = len(losses)
     tail = losses[-max(1, steps // 10) :]
     train_loss = sum(tail) / len(tail)  # mean of the last 10% of steps
-    objective = objective or {"name": "train_loss", "direction": "minimize", "value": train_loss, "best_step": None,
-                              "best_value": None, "best_checkpoint": None, "stopped_early_at": None,
-                              "early_stop_patience": 0}
+    objective = objective or {
+        "name": "train_loss",
+        "direction": "minimize",
+        "value": train_loss,
+        "best_step": None,
+        "best_value": None,
+        "best_checkpoint": None,
+        "stopped_early_at": None,
+        "early_stop_patience": 0,
+    }
     run_samples = (steps - start_step) * global_batch_size  # timed by this process
-    train: TrainBlock = {**throughput(steps, steps * global_batch_size, wall_s, run_samples),
-                         "resumed_from_step": start_step, **percentiles_ms(list(step_times))}
+    train: TrainBlock = {
+        **throughput(steps, steps * global_batch_size, wall_s, run_samples),
+        "resumed_from_step": start_step,
+        **percentiles_ms(list(step_times)),
+    }
     if len(step_times) > WARMUP_STEPS:
         rest = step_times[WARMUP_STEPS:]
         train["first_steps_s"] = float(sum(step_times[:WARMUP_STEPS]))
@@ -409,9 +423,14 @@ def compare(reference: Mapping[str, Any], final: Mapping[str, Metrics]) -> Refer
     split, metric = reference["metric"].split(".", 1)
     score = final.get(split, {}).get(metric)
     run_value = None if score is None else float(score)
-    return {"name": reference["name"], "metric": reference["metric"], "value": float(reference["value"]),
-            "source": reference["source"], "run_value": run_value,
-            "difference": None if run_value is None else run_value - float(reference["value"])}
+    return {
+        "name": reference["name"],
+        "metric": reference["metric"],
+        "value": float(reference["value"]),
+        "source": reference["source"],
+        "run_value": run_value,
+        "difference": None if run_value is None else run_value - float(reference["value"]),
+    }
 
 
 def format_summary(s: RunSummary) -> str:
@@ -421,17 +440,29 @@ def format_summary(s: RunSummary) -> str:
         ("world size / device", f"{s['world_size']} / {s['device']}, dense {s['dense_parallel']}"),
         ("steps / samples", f"{t['steps']:,} / {t['samples']:,}"),
         # a resumed run timed only its own steps: its wall time and rate say which
-        ("wall time", f"{t['wall_time_s']:.1f} s" + (
-            f" (this run's steps {t['resumed_from_step'] + 1}-{t['steps']})" if t["resumed_from_step"] else "")),
-        ("samples/s", f"{t['samples_per_second']:,.0f}" + (
-            f" (after the first {WARMUP_STEPS} steps: {t['steady_samples_per_second']:,.0f})"
-            if "steady_samples_per_second" in t else "")),
+        (
+            "wall time",
+            f"{t['wall_time_s']:.1f} s"
+            + (f" (this run's steps {t['resumed_from_step'] + 1}-{t['steps']})" if t["resumed_from_step"] else ""),
+        ),
+        (
+            "samples/s",
+            f"{t['samples_per_second']:,.0f}"
+            + (
+                f" (after the first {WARMUP_STEPS} steps: {t['steady_samples_per_second']:,.0f})"
+                if "steady_samples_per_second" in t
+                else ""
+            ),
+        ),
         ("step time p50 / p95", f"{t.get('step_time_p50_ms', 0):.1f} / {t.get('step_time_p95_ms', 0):.1f} ms"),
         ("train loss (last 10%)", f"{s['train_loss']:.4f}"),
         ("objective", _format_objective(s["objective"])),
         *((f"vs {r['name']}", _format_reference(r)) for r in s["references"]),
-        *([("resumed", ", ".join(f"at step {r['step']} from {r['path']}" for r in s["resumes"]))]
-          if s["resumes"] else []),
+        *(
+            [("resumed", ", ".join(f"at step {r['step']} from {r['path']}" for r in s["resumes"]))]
+            if s["resumes"]
+            else []
+        ),
         *([("progressive (after day 1)", _format_freshness(s["freshness"]))] if "freshness" in s else []),
         *([("valid", format_eval(s["valid"]))] if "valid" in s else []),
         ("eval (test)" if "valid" in s else "eval", format_eval(e)),
@@ -439,8 +470,12 @@ def format_summary(s: RunSummary) -> str:
     ]
     gpu = [r for r in s.get("memory_per_rank", []) if "peak_device_allocated_mb" in r]
     if gpu:  # the planner's device estimate beside what the ranks used
-        rows.append(("GPU peak allocated / planned", ", ".join(
-            f"{r['peak_device_allocated_mb']:,.0f} / {r['est_device_mb']:,.0f} MB" for r in gpu)))
+        rows.append(
+            (
+                "GPU peak allocated / planned",
+                ", ".join(f"{r['peak_device_allocated_mb']:,.0f} / {r['est_device_mb']:,.0f} MB" for r in gpu),
+            )
+        )
     if "profile" in s:
         # None: a resumed run that ended before its profiling window came
         shares = ", ".join(f"{p['comm_share']:.0%}" if p else "not reached" for p in s["profile"])
@@ -456,7 +491,9 @@ def _format_freshness(f: dict[str, Any]) -> str:
         m = f[key]
         if m.get("auc") is not None:
             n = sum(1 for r in f["partitions"][1:] if "eval" in r and r["trained"] == (key == "mean_trained"))
-            parts.append(f"{what} ({n}): AUC {m['auc']:.4f}" + (f", NE {m['ne']:.4f}" if m.get("ne") is not None else ""))
+            parts.append(
+                f"{what} ({n}): AUC {m['auc']:.4f}" + (f", NE {m['ne']:.4f}" if m.get("ne") is not None else "")
+            )
     return "; ".join(parts) or "no partition scored after the first"
 
 
@@ -473,8 +510,11 @@ def _format_objective(o: ObjectiveBlock) -> str:
 
 def _format_reference(r: ReferenceResult) -> str:
     split = "test" if r["metric"].startswith("eval.") else "valid"
-    ours = "not reported by this run" if r["run_value"] is None else \
-        f"this run {r['run_value']:.4f} ({r['difference']:+.4f})"
+    ours = (
+        "not reported by this run"
+        if r["run_value"] is None
+        else f"this run {r['run_value']:.4f} ({r['difference']:+.4f})"
+    )
     return f"{r['metric']} {r['value']:.4f} on {split} ({r['source']}); {ours}"
 
 
@@ -483,9 +523,12 @@ def headline(s: RunSummary) -> str:
     an early stop, the references, the test score."""
     o = s["objective"]
     start = s["train"]["resumed_from_step"]
-    line = (f"{s['steps']} steps" + (f" (resumed at {start})" if start else "") +
-            f", {s['samples_per_second']:,.0f} samples/s, train loss {s['train_loss']:.4f}, "
-            f"{o['name']} {o['value']:.4f}")
+    line = (
+        f"{s['steps']} steps"
+        + (f" (resumed at {start})" if start else "")
+        + f", {s['samples_per_second']:,.0f} samples/s, train loss {s['train_loss']:.4f}, "
+        f"{o['name']} {o['value']:.4f}"
+    )
     if o["best_step"] is not None:
         line += f" (best at step {o['best_step']})"
     if o["stopped_early_at"] is not None:

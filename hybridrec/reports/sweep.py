@@ -107,16 +107,23 @@ def swept_keys(jobs: list[Job]) -> list[str]:
 def metric_names(jobs: list[Job], split: str = "valid") -> list[str]:
     """The metrics of ``split`` (``valid``, or ``eval``: the test split) any job reports (AUC,
     NE, log loss, ranking metrics...), in the order the trainer writes them."""
-    names = [k for j in jobs for k, v in j.summary.get(split, {}).items()
-             if isinstance(v, (int, float)) and k not in _NOT_METRICS]
+    names = [
+        k
+        for j in jobs
+        for k, v in j.summary.get(split, {}).items()
+        if isinstance(v, (int, float)) and k not in _NOT_METRICS
+    ]
     return list(dict.fromkeys(names))
 
 
 def objective_of(job: Job) -> tuple[str, str, Optional[float]]:
     """(name, direction, value) of a job's objective (``summary.json``'s ``objective``; the
     train loss, minimized, for a summary without one); value None unless the job is ok."""
-    o = job.summary.get("objective") or {"name": "train_loss", "direction": "minimize",
-                                         "value": job.summary.get("train_loss")}
+    o = job.summary.get("objective") or {
+        "name": "train_loss",
+        "direction": "minimize",
+        "value": job.summary.get("train_loss"),
+    }
     return o["name"], o["direction"], o["value"] if job.status == "ok" else None
 
 
@@ -155,8 +162,12 @@ def rows(jobs: list[Job]) -> tuple[list[str], list[dict[str, Any]]]:
         name, direction, value = objective_of(j)
         row: dict[str, Any] = {"job": j.num, "status": j.status}
         row |= {_key(k): values.get(k, "") for k in swept}
-        row |= {"objective": value, "chosen": "yes" if j is best else "", "objective_name": name,
-                "direction": direction}
+        row |= {
+            "objective": value,
+            "chosen": "yes" if j is best else "",
+            "objective_name": name,
+            "direction": direction,
+        }
         row |= {f"valid_{m}": s.get("valid", {}).get(m) for m in valid}
         row |= {
             "samples_per_second": s.get("samples_per_second"),
@@ -194,8 +205,15 @@ def to_markdown(jobs: list[Job]) -> str:
     name, direction = table[0]["objective_name"], table[0]["direction"]
     valid = [f"valid_{m}" for m in metric_names(jobs, "valid") if f"valid.{m}" != name]  # not twice
     objective = f"{name} ({'higher' if direction == 'maximize' else 'lower'} is better)"
-    heads = ["job", "status", *swept, objective, *(k.replace("_", " ", 1) for k in valid),
-             *(h for _, h in RUN_COLUMNS), "dir"]
+    heads = [
+        "job",
+        "status",
+        *swept,
+        objective,
+        *(k.replace("_", " ", 1) for k in valid),
+        *(h for _, h in RUN_COLUMNS),
+        "dir",
+    ]
     keys = ["job", "status", *swept, "objective", *valid, *(k for k, _ in RUN_COLUMNS), "dir"]
     if any(r["error"] for r in table):
         heads.append("error")
@@ -216,8 +234,11 @@ def to_markdown(jobs: list[Job]) -> str:
         kept = f", checkpoint {o['best_checkpoint']}" if o.get("best_checkpoint") else ""
         test = best.summary.get("eval", {})
         scored = "  ".join(f"{m} {test[m]:.4f}" for m in metric_names([best], "eval") if m in test)
-        lines += ["", f"Chosen on validation: job {best.num} ({name} {objective_of(best)[2]:.4f}{where}{kept}). "
-                      f"Its test metrics, scored once at the end: {scored}"]
+        lines += [
+            "",
+            f"Chosen on validation: job {best.num} ({name} {objective_of(best)[2]:.4f}{where}{kept}). "
+            f"Its test metrics, scored once at the end: {scored}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -287,8 +308,12 @@ class SweepSummary(Callback):
         if failed:
             # Hydra reports the error itself once the sweep ends, and then skips
             # on_multirun_end: say now where the rows are.
-            print(f"hybridrec: job {config.hydra.job.num} failed; the sweep goes on, and its rows so far are in "
-                  f"{sweep_dir}/summary.md", file=sys.stderr, flush=True)
+            print(
+                f"hybridrec: job {config.hydra.job.num} failed; the sweep goes on, and its rows so far are in "
+                f"{sweep_dir}/summary.md",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = os.path.abspath(config.hydra.sweep.dir)

@@ -29,7 +29,6 @@ import copy
 import logging
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import threading
@@ -40,7 +39,6 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -55,13 +53,11 @@ from hybridrec.base.compat import (
     stop_rendezvous_heartbeats,
 )
 from hybridrec.base.signals import Killed, signal_name
-from hybridrec.config import Device
 from hybridrec.parallel.devices import Cuda
 from hybridrec.parallel.distributed import as_launched_rank, tie_forks_to_this_process
 from hybridrec.reports.logs import JobLogging
 from hybridrec.run.errors import USER_ERROR_EXIT
 from hybridrec.run.rank import RankJob, run
-from hybridrec.run.validation import validate
 
 log = logging.getLogger("hybridrec.launch")  # its name before the packages: hydra.verbose keeps it
 RENDEZVOUS_TIMEOUT_S = 900  # how long nodes wait for each other: elastic_launch's join timeout
@@ -94,8 +90,12 @@ def _reported_otherwise(exitcode: object, pid: object) -> bool:
     ended (exit code < 0) or one whose DataLoader worker a signal ended (> 128, the message
     recorded), or ranks killed for a silent rank. Any other failure (a bug) is logged as
     torch logs it, traceback included."""
-    return (exitcode == USER_ERROR_EXIT or isinstance(exitcode, int) and (exitcode < 0 or exitcode > 128)
-            or pid in _HANDLED_FAILURE_PIDS)
+    return (
+        exitcode == USER_ERROR_EXIT
+        or isinstance(exitcode, int)
+        and (exitcode < 0 or exitcode > 128)
+        or pid in _HANDLED_FAILURE_PIDS
+    )
 
 
 def _killed(failures: dict[int, Any]) -> Optional[Killed]:
@@ -106,8 +106,9 @@ def _killed(failures: dict[int, Any]) -> Optional[Killed]:
         if f.exitcode < 0:
             return Killed(f"rank {rank} (pid {f.pid}) was killed by {signal_name(-f.exitcode)}", -f.exitcode)
         if f.exitcode > 128:
-            return Killed(f.message or f"rank {rank} (pid {f.pid}) ended by {signal_name(f.exitcode - 128)}",
-                          f.exitcode - 128)
+            return Killed(
+                f.message or f"rank {rank} (pid {f.pid}) ended by {signal_name(f.exitcode - 128)}", f.exitcode - 128
+            )
     return None
 
 
@@ -199,15 +200,28 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
     # before the collective timeout fails its peers.
     # Until the ranks have met and planned, nothing else is printed: say what is under way.
     if nodes.count > 1:
-        log.info(f"waiting at the c10d rendezvous {nodes.endpoint} for all {nodes.count} nodes "
-                 f"({nproc} rank(s) each; up to {RENDEZVOUS_TIMEOUT_S} s): the same command runs on every node")
+        log.info(
+            f"waiting at the c10d rendezvous {nodes.endpoint} for all {nodes.count} nodes "
+            f"({nproc} rank(s) each; up to {RENDEZVOUS_TIMEOUT_S} s): the same command runs on every node"
+        )
     else:
-        log.info(f"starting {nproc} ranks (PyTorch's elastic launcher): they load torch and TorchRec, meet, "
-                 f"and plan the tables; the plan is printed when they have")
+        log.info(
+            f"starting {nproc} ranks (PyTorch's elastic launcher): they load torch and TorchRec, meet, "
+            f"and plan the tables; the plan is printed when they have"
+        )
     try:
-        return spawn(run, nproc, resolved(cfg), run_dir, True, job, JobLogging.of_this_job(),
-                     max_restarts=cfg.launcher.max_restarts, nodes=nodes,
-                     silence_s=min(30.0, cfg.launcher.collective_timeout_s / 2))
+        return spawn(
+            run,
+            nproc,
+            resolved(cfg),
+            run_dir,
+            True,
+            job,
+            JobLogging.of_this_job(),
+            max_restarts=cfg.launcher.max_restarts,
+            nodes=nodes,
+            silence_s=min(30.0, cfg.launcher.collective_timeout_s / 2),
+        )
     except Stopped as e:
         # The user asked the whole command to end, a sweep's jobs still to run included: one
         # line, and the shell's exit status of a process ended by that signal.
@@ -232,8 +246,10 @@ def _stops_in_one_line(run_dir: str) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         if os.getpid() == owner:  # a DataLoader worker inherits the handler: it ends without a word
-            os.write(2, f"hybridrec: stopped by {signal_name(signum)}; outputs so far in "
-                        f"{os.path.abspath(run_dir)}\n".encode())
+            os.write(
+                2,
+                f"hybridrec: stopped by {signal_name(signum)}; outputs so far in {os.path.abspath(run_dir)}\n".encode(),
+            )
         os._exit(128 + signum)
 
     tie_forks_to_this_process()
@@ -255,9 +271,11 @@ def oversubscribed(cfg: DictConfig, env: Optional[dict[str, str]] = None) -> Opt
     threads = cfg.launcher.threads_per_rank or (int(omp) if omp.isdigit() else 0) or max(1, cores // nproc)
     if nproc * threads <= cores:
         return None
-    return (f"launcher.nproc_per_node={nproc} ranks x {threads} thread(s) each = {nproc * threads} threads on "
-            f"{cores} cores: they share cores and run slower than fewer would; lower launcher.nproc_per_node or "
-            f"launcher.threads_per_rank (unset, the cores are split between the ranks)")
+    return (
+        f"launcher.nproc_per_node={nproc} ranks x {threads} thread(s) each = {nproc * threads} threads on "
+        f"{cores} cores: they share cores and run slower than fewer would; lower launcher.nproc_per_node or "
+        f"launcher.threads_per_rank (unset, the cores are split between the ranks)"
+    )
 
 
 def resolved(cfg: DictConfig) -> DictConfig:
@@ -282,7 +300,11 @@ def quiet_secondary_ranks() -> None:
 
 
 def spawn(
-    fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0, nodes: Optional[Nodes] = None,
+    fn: Callable[..., Any],
+    nproc: int,
+    *args: Any,
+    max_restarts: int = 0,
+    nodes: Optional[Nodes] = None,
     silence_s: float = 30.0,
 ) -> Any:
     """The lowest rank's return value (rank 0's on its node) of ``fn(*args)`` run on ``nproc``
@@ -339,8 +361,9 @@ class _Rank:
 
     def __call__(self, *args: Any) -> Any:
         as_launched_rank()
-        threading.Thread(target=_heartbeat, args=(self.beats, int(os.environ["LOCAL_RANK"])),
-                         name="hybridrec-heartbeat", daemon=True).start()
+        threading.Thread(
+            target=_heartbeat, args=(self.beats, int(os.environ["LOCAL_RANK"])), name="hybridrec-heartbeat", daemon=True
+        ).start()
         return self.fn(*args)
 
 
@@ -356,8 +379,14 @@ def _heartbeat(beats: Any, slot: int) -> None:
             os._exit(1)
 
 
-_STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "T": "stopped",
-           "t": "stopped by a debugger", "Z": "exited"}
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible sleep",
+    "T": "stopped",
+    "t": "stopped by a debugger",
+    "Z": "exited",
+}
 
 
 class _Agent(ExtensibleAgent):
@@ -396,15 +425,20 @@ class _Agent(ExtensibleAgent):
         self.last_look = now
         if self.unresponsive:
             return
-        silent = [w for w in worker_group.workers if self.beats[w.local_rank]
-                  and now - max(self.beats[w.local_rank], self.awake_since) > self.silence_s]
+        silent = [
+            w
+            for w in worker_group.workers
+            if self.beats[w.local_rank] and now - max(self.beats[w.local_rank], self.awake_since) > self.silence_s
+        ]
         if not silent:
             return
         first = min(silent, key=lambda w: w.global_rank)
         state = read_proc_state(first.id)
-        self.unresponsive = (f"rank {first.global_rank} (pid {first.id}) stopped responding: no heartbeat for "
-                             f"{now - self.beats[first.local_rank]:.0f} s (process state: "
-                             f"{_STATES.get(state or '', state or 'gone')}); every rank was killed")
+        self.unresponsive = (
+            f"rank {first.global_rank} (pid {first.id}) stopped responding: no heartbeat for "
+            f"{now - self.beats[first.local_rank]:.0f} s (process state: "
+            f"{_STATES.get(state or '', state or 'gone')}); every rank was killed"
+        )
         if self.restarts_left > 0:
             log.warning(f"{self.unresponsive}; restarting them")
         # The silent ranks last: their peers must not see their connections close and fail.
@@ -427,36 +461,60 @@ class _Agent(ExtensibleAgent):
             rank, f = min(result.failures.items())
             what = str(killed) if killed else f"rank {rank} (pid {f.pid}) failed with exit code {f.exitcode}"
             done = self.max_restarts - self.restarts_left + 1
-            log.warning(f"{what}; restarting every rank from the newest checkpoint (restart {done} of "
-                        f"launcher.max_restarts={self.max_restarts})")
+            log.warning(
+                f"{what}; restarting every rank from the newest checkpoint (restart {done} of "
+                f"launcher.max_restarts={self.max_restarts})"
+            )
 
 
 # The signals torch's agent turns into SignalException (TORCHELASTIC_SIGNALS_TO_HANDLE).
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, max_restarts: int,
-               silence_s: float) -> dict[int, Any]:
+def _run_agent(
+    fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, max_restarts: int, silence_s: float
+) -> dict[int, Any]:
     """What ``elastic_launch`` does (torch's launch_agent, the part a CPU or GPU job here
     uses), with the agent above: elastic_launch builds its LocalElasticAgent itself, and has
     no say in which failures it restarts."""
-    params = RendezvousParameters(backend="c10d", endpoint=nodes.endpoint, run_id=nodes.run_id,
-                                  min_nodes=nodes.count, max_nodes=nodes.count, timeout=RENDEZVOUS_TIMEOUT_S)
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=nodes.endpoint,
+        run_id=nodes.run_id,
+        min_nodes=nodes.count,
+        max_nodes=nodes.count,
+        timeout=RENDEZVOUS_TIMEOUT_S,
+    )
     beats = multiprocessing.RawArray("d", nproc)  # shared memory, one slot per local rank
-    spec = WorkerSpec(role="default", local_world_size=nproc, entrypoint=_Rank(fn, beats), args=tuple(args),
-                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=max_restarts,
-                      monitor_interval=0.1)
+    spec = WorkerSpec(
+        role="default",
+        local_world_size=nproc,
+        entrypoint=_Rank(fn, beats),
+        args=tuple(args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+    )
     method = start_method(Cuda.probe())
     if method == "forkserver":
         multiprocessing.set_forkserver_preload(["hybridrec.run.rank", fn.__module__, __name__])
     # Ranks end at once on the agent's SIGTERM; one that does not (stopped, or in the kernel)
     # is killed after 5 s rather than torch's 30.
-    agent = _Agent(spec, DefaultLogsSpecs(), start_method=method, beats=beats, silence_s=silence_s,
-                   **agent_kwargs(shutdown_timeout=5))
+    agent = _Agent(
+        spec,
+        DefaultLogsSpecs(),
+        start_method=method,
+        beats=beats,
+        silence_s=silence_s,
+        **agent_kwargs(shutdown_timeout=5),
+    )
     # The agent sets handlers for these and leaves them: after it, a signal would raise its
     # exception anywhere in this process (the next job of a sweep).
-    handlers = ({s: signal.getsignal(s) for s in _AGENT_SIGNALS}
-                if threading.current_thread() is threading.main_thread() else {})
+    handlers = (
+        {s: signal.getsignal(s) for s in _AGENT_SIGNALS}
+        if threading.current_thread() is threading.main_thread()
+        else {}
+    )
     close_rendezvous = True
     try:
         result = agent.run()
@@ -475,91 +533,3 @@ def _run_agent(fn: Callable[..., Any], args: tuple, nproc: int, nodes: Nodes, ma
             raise Unresponsive(agent.unresponsive)
         raise ChildFailedError(name=getattr(fn, "__name__", str(fn)), failures=result.failures)
     return result.return_values
-
-
-_SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher."
-
-
-def check_submitit(cfg: DictConfig) -> None:
-    """Rules for Hydra's submitit launcher (hydra/launcher=slurm, local, submitit_*), checked
-    in the submitting process: a layout that cannot start hybridrec's ranks fails before any
-    job is queued. Then the config itself is validated for the job's world size."""
-    hl = cfg.hydra.launcher
-    target = str(hl.get("_target_", ""))
-    if not target.startswith(_SUBMITIT):
-        return
-    local = target.endswith("LocalLauncher")
-    nproc, device = cfg.launcher.nproc_per_node, cfg.launcher.device
-    if hl.tasks_per_node != 1:
-        raise ValueError(
-            f"hydra.launcher.tasks_per_node={hl.tasks_per_node}: hybridrec runs one task per node, "
-            f"which starts launcher.nproc_per_node ranks itself (as torchrun does); set "
-            f"hydra.launcher.tasks_per_node=1 launcher.nproc_per_node={hl.tasks_per_node}"
-        )
-    if hl.nodes < 1 or (local and hl.nodes != 1):
-        raise ValueError(
-            f"hydra.launcher.nodes={hl.nodes}: must be >= 1"
-            + (", and 1 with submitit's local executor (use hydra/launcher=slurm for several)" if local else "")
-        )
-    if hl.timeout_min < 1:
-        raise ValueError(f"hydra.launcher.timeout_min must be >= 1, got {hl.timeout_min}")
-    # GPUs the job gets per node: gpus_per_node, or a gres such as gpu:8 / gpu:a100:8.
-    gres = re.fullmatch(r"gpu(?::[^:,]+)?:(\d+)", str(hl.get("gres") or ""))
-    gpus = hl.gpus_per_node or (int(gres.group(1)) if gres else 0)
-    if device == Device.cuda and gpus < nproc:
-        raise ValueError(
-            f"launcher.device=cuda starts {nproc} rank(s) per node, one GPU each, but the job asks "
-            f"for {gpus} GPU(s) per node: set hydra.launcher.gpus_per_node={nproc}"
-        )
-    if device != Device.cpu and gpus and gpus != nproc:
-        raise ValueError(
-            f"hydra.launcher.gpus_per_node={gpus} but launcher.nproc_per_node={nproc}: one rank per "
-            f"GPU, so they must be equal (or launcher.device=cpu)"
-        )
-    validate(cfg, hl.nodes * nproc)
-
-
-class RunDirCheck(Callback):
-    """Hydra callback (hydra.callbacks in conf/config.yaml and conf/evaluate.yaml): the run's
-    output directory (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``) can be created,
-    checked before Hydra creates it, whose own failure (a path under a file, a read-only
-    disk) is a traceback."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_output_dir("hydra.run.dir", config.hydra.run.dir)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_output_dir("hydra.sweep.dir", config.hydra.sweep.dir)
-
-
-def _check_output_dir(key: str, path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        blocker = next((p for p in _ancestors(path) if os.path.exists(p) and not os.path.isdir(p)), None)
-        why = f"{blocker} is a file, not a directory" if blocker else (e.strerror or str(e))
-        sys.exit(f"hybridrec: {key}={path}: cannot create the output directory ({why}): give another {key}")
-    if not os.access(path, os.W_OK):
-        sys.exit(f"hybridrec: {key}={path}: the output directory is not writable: give another {key}")
-
-
-def _ancestors(path: str) -> list[str]:
-    """``path`` and every directory above it, nearest first."""
-    out, path = [], os.path.abspath(path)
-    while True:
-        out.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            return out
-        path = parent
-
-
-class SubmititCheck(Callback):
-    """Hydra callback (hydra.callbacks in conf/config.yaml): runs ``check_submitit`` once,
-    before the launcher submits the sweep's jobs."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            check_submitit(config)
-        except ValueError as e:
-            sys.exit(f"hybridrec: invalid launcher config: {e}")

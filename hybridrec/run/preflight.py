@@ -34,9 +34,11 @@ def check_job(cfg: DictConfig) -> ParallelDims:
     log.info(device_choice(cfg, dims))  # no silent CPU fallback: the log says which device and why
     check_device(cfg, dims.device_type)
     if dims.device_type == "cpu" and cfg.mesh.param_dtype is not None and not cpu_has_bf16():
-        log.warning(f"mesh.param_dtype={cfg.mesh.param_dtype.value} on a CPU without bf16 instructions (no "
-                    f"avx512_bf16 or amx_bf16): its matmuls are emulated, many times slower than fp32 (16x for ctr's "
-                    f"MLPs on an AMD EPYC without AVX-512, at the same AUC); it pays on GPUs and CPUs that have them")
+        log.warning(
+            f"mesh.param_dtype={cfg.mesh.param_dtype.value} on a CPU without bf16 instructions (no "
+            f"avx512_bf16 or amx_bf16): its matmuls are emulated, many times slower than fp32 (16x for ctr's "
+            f"MLPs on an AMD EPYC without AVX-512, at the same AUC); it pays on GPUs and CPUs that have them"
+        )
     return dims
 
 

@@ -57,8 +57,13 @@ RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
 
 
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
-def run(cfg: DictConfig, run_dir: str, parent_reports: bool = False, job: Optional[RankJob] = None,
-        job_logging: Optional[JobLogging] = None) -> dict[str, Any]:
+def run(
+    cfg: DictConfig,
+    run_dir: str,
+    parent_reports: bool = False,
+    job: Optional[RankJob] = None,
+    job_logging: Optional[JobLogging] = None,
+) -> dict[str, Any]:
     """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
     for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
 

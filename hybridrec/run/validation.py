@@ -52,35 +52,52 @@ def _validate_loss(cfg: DictConfig) -> None:
     loss, model, source = (get_class(cfg[g]._target_) for g in ("loss", "model", "data"))
     name = lambda c: c.__name__
     if loss.needs_lists and not source.lists:
-        raise ValueError(f"loss={name(loss)} ranks lists: it needs a list source "
-                         f"(data=movielens_rank, or +experiment=movielens_rank); data={name(source)} has none")
+        raise ValueError(
+            f"loss={name(loss)} ranks lists: it needs a list source "
+            f"(data=movielens_rank, or +experiment=movielens_rank); data={name(source)} has none"
+        )
     if loss.needs_relevance and "relevance" not in source.extra_fields:
-        raise ValueError(f"loss={name(loss)} needs graded relevance (ratings): data=movielens or data=movielens_rank; "
-                         f"data={name(source)} has labels only")
+        raise ValueError(
+            f"loss={name(loss)} needs graded relevance (ratings): data=movielens or data=movielens_rank; "
+            f"data={name(source)} has labels only"
+        )
     if loss.in_batch_negatives and not model.in_batch_negatives:
-        raise ValueError(f"loss={name(loss)} scores users against in-batch items: it needs a model with user and "
-                         f"item towers (model=two_tower), not model={name(model)}")
+        raise ValueError(
+            f"loss={name(loss)} scores users against in-batch items: it needs a model with user and "
+            f"item towers (model=two_tower), not model={name(model)}"
+        )
     if (loss.needs_next_item or model.needs_next_item or source.next_item) and not (
-            loss.needs_next_item and model.needs_next_item and source.next_item):
-        raise ValueError(f"next-item training takes a sequence model (model=sasrec or hstu), a next-item source "
-                         f"(data=movielens_seq or parquet_seq) and loss=next_item together (+experiment=sequences); "
-                         f"got model={name(model)}, data={name(source)}, loss={name(loss)}")
+        loss.needs_next_item and model.needs_next_item and source.next_item
+    ):
+        raise ValueError(
+            f"next-item training takes a sequence model (model=sasrec or hstu), a next-item source "
+            f"(data=movielens_seq or parquet_seq) and loss=next_item together (+experiment=sequences); "
+            f"got model={name(model)}, data={name(source)}, loss={name(loss)}"
+        )
     if source.next_item and cfg.data.max_length > cfg.model.max_length:
-        raise ValueError(f"data.max_length={cfg.data.max_length} is more history than the model has positions "
-                         f"(model.max_length={cfg.model.max_length}): lower data.max_length or raise model.max_length")
+        raise ValueError(
+            f"data.max_length={cfg.data.max_length} is more history than the model has positions "
+            f"(model.max_length={cfg.model.max_length}): lower data.max_length or raise model.max_length"
+        )
     if source.next_item and not cfg.data.train_negatives:  # 0: every item of the catalogue is a candidate
         sampling = getattr(cfg.data.negative_sampling, "value", cfg.data.negative_sampling)
         if sampling != "uniform":
-            raise ValueError(f"data.negative_sampling={sampling} chooses how sampled negatives are "
-                             "drawn, and data.train_negatives=0 samples none (the softmax scores every item): set "
-                             "data.train_negatives, or leave data.negative_sampling=uniform")
+            raise ValueError(
+                f"data.negative_sampling={sampling} chooses how sampled negatives are "
+                "drawn, and data.train_negatives=0 samples none (the softmax scores every item): set "
+                "data.train_negatives, or leave data.negative_sampling=uniform"
+            )
         if cfg.loss.get("in_batch"):
-            raise ValueError("loss.in_batch=true adds the batch's next items to sampled negatives, and "
-                             "data.train_negatives=0 scores every item already (each would count twice): set "
-                             "data.train_negatives, or loss.in_batch=false")
+            raise ValueError(
+                "loss.in_batch=true adds the batch's next items to sampled negatives, and "
+                "data.train_negatives=0 scores every item already (each would count twice): set "
+                "data.train_negatives, or loss.in_batch=false"
+            )
     if model.needs_user_item_features and not source.user_item_features:
-        raise ValueError(f"model={name(model)} needs user and item features: data={name(source)} has none; "
-                         f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)")
+        raise ValueError(
+            f"model={name(model)} needs user and item features: data={name(source)} has none; "
+            f"use +experiment=movielens_retrieval (or data=movielens / movielens_rank)"
+        )
 
 
 # Keys whose children are free-form: an optimizer's keyword arguments, checked against its
@@ -128,8 +145,11 @@ def _paths(node: DictConfig, prefix: str = "") -> list[str]:
     for key in node.keys():
         path = f"{prefix}{key}"
         out.append(path)
-        if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key) \
-                and isinstance(node[key], DictConfig):
+        if (
+            not OmegaConf.is_missing(node, key)
+            and not OmegaConf.is_interpolation(node, key)
+            and isinstance(node[key], DictConfig)
+        ):
             out += _paths(node[key], path + ".")
     return out
 
@@ -142,11 +162,17 @@ def _check_positive(cfg: DictConfig) -> None:
     if cfg.model.embedding_dim < 1:
         raise ValueError(f"model.embedding_dim must be >= 1, got {cfg.model.embedding_dim}")
     if cfg.model.embedding_dim % 4:
-        raise ValueError(f"model.embedding_dim={cfg.model.embedding_dim}: TorchRec's fused embedding kernels (fbgemm) "
-                         f"take widths that are multiples of 4; use {cfg.model.embedding_dim // 4 * 4 or 4} or "
-                         f"{cfg.model.embedding_dim // 4 * 4 + 4}")
-    for group, key in (("mesh", "replicate"), ("mesh", "shard"), ("topology", "world_size"),
-                       ("topology", "local_world_size")):
+        raise ValueError(
+            f"model.embedding_dim={cfg.model.embedding_dim}: TorchRec's fused embedding kernels (fbgemm) "
+            f"take widths that are multiples of 4; use {cfg.model.embedding_dim // 4 * 4 or 4} or "
+            f"{cfg.model.embedding_dim // 4 * 4 + 4}"
+        )
+    for group, key in (
+        ("mesh", "replicate"),
+        ("mesh", "shard"),
+        ("topology", "world_size"),
+        ("topology", "local_world_size"),
+    ):
         if cfg[group][key] is not None and cfg[group][key] < 1:
             raise ValueError(f"{group}.{key} must be >= 1 (or unset), got {cfg[group][key]}")
     topo = cfg.topology
@@ -194,17 +220,27 @@ def _validate_references(cfg: DictConfig) -> None:
     from hybridrec.config.objective import choices
 
     loss, source = get_class(cfg.loss._target_), get_class(cfg.data._target_)
-    offered = [c.split(".", 1)[1] for c in choices(bool(getattr(loss, "calibrated", False)), cfg.data.get("ranking_k"),
-                                                   bool(getattr(source, "next_item", False)))]
+    offered = [
+        c.split(".", 1)[1]
+        for c in choices(
+            bool(getattr(loss, "calibrated", False)),
+            cfg.data.get("ranking_k"),
+            bool(getattr(source, "next_item", False)),
+        )
+    ]
     for i, ref in enumerate(cfg.train.references):
         if unset := sorted(OmegaConf.missing_keys(ref)):  # the structure check walks mappings, not lists
-            raise ValueError(f"{', '.join(unset)} not set: a reference (train.references[{i}]) gives name, metric, "
-                             f"value, source and data")
+            raise ValueError(
+                f"{', '.join(unset)} not set: a reference (train.references[{i}]) gives name, metric, "
+                f"value, source and data"
+            )
         split, _, metric = ref.metric.partition(".")
         if split not in ("valid", "eval") or metric not in offered:
-            raise ValueError(f"train.references[{i}].metric={ref.metric} ({ref.name}): must be valid.<metric> or "
-                             f"eval.<metric> (the test split) with a metric this loss and data report: "
-                             f"{', '.join(offered)}")
+            raise ValueError(
+                f"train.references[{i}].metric={ref.metric} ({ref.name}): must be valid.<metric> or "
+                f"eval.<metric> (the test split) with a metric this loss and data report: "
+                f"{', '.join(offered)}"
+            )
 
 
 def _validate_run(cfg: DictConfig) -> None:
@@ -223,20 +259,28 @@ def _validate_run(cfg: DictConfig) -> None:
     if ck.every_n_steps and not ck.dir:
         raise ValueError("checkpoint.every_n_steps is set but checkpoint.dir is not")
     if ck.keep_best is True and not (ck.dir and cfg.train.eval_every):
-        raise ValueError("checkpoint.keep_best=true keeps the checkpoint of the best validation evaluation: it needs "
-                         "checkpoint.dir and train.eval_every > 0")
+        raise ValueError(
+            "checkpoint.keep_best=true keeps the checkpoint of the best validation evaluation: it needs "
+            "checkpoint.dir and train.eval_every > 0"
+        )
     if cfg.train.early_stop_patience < 0 or cfg.train.early_stop_patience and not cfg.train.eval_every:
-        raise ValueError(f"train.early_stop_patience={cfg.train.early_stop_patience} counts evaluations: it must be "
-                         f">= 0, and > 0 needs train.eval_every > 0")
+        raise ValueError(
+            f"train.early_stop_patience={cfg.train.early_stop_patience} counts evaluations: it must be "
+            f">= 0, and > 0 needs train.eval_every > 0"
+        )
     if ck.max_loss_ratio is not None and not ck.max_loss_ratio >= 1:
-        raise ValueError(f"checkpoint.max_loss_ratio={ck.max_loss_ratio} would call a loss exploded at or below the "
-                         f"run's typical loss: it must be >= 1 (5 by default), or null to check only that losses "
-                         f"are finite")
+        raise ValueError(
+            f"checkpoint.max_loss_ratio={ck.max_loss_ratio} would call a loss exploded at or below the "
+            f"run's typical loss: it must be >= 1 (5 by default), or null to check only that losses "
+            f"are finite"
+        )
     if cfg.train.schedule == TrainSchedule.continuous:
         _validate_continuous(cfg)
     if ck.export_deltas and (cfg.train.schedule != TrainSchedule.continuous or not ck.dir):
-        raise ValueError("checkpoint.export_deltas=true exports each partition's checkpoint to serving: it needs "
-                         "train.schedule=continuous and checkpoint.dir")
+        raise ValueError(
+            "checkpoint.export_deltas=true exports each partition's checkpoint to serving: it needs "
+            "train.schedule=continuous and checkpoint.dir"
+        )
     prof = cfg.profile
     if prof.enabled and (prof.steps < 1 or prof.start_step < 0 or prof.start_step + prof.steps > cfg.train.steps):
         raise ValueError(
@@ -258,14 +302,18 @@ def _validate_continuous(cfg: DictConfig) -> None:
     from hybridrec.training.continuous import progressive_metric
 
     if cfg.data.get("partitions") is None:
-        raise ValueError("train.schedule=continuous trains day by day over a partitioned log: set data.partitions "
-                         "(data=parquet, data.train_path a directory of partitions like day=2026-11-26/), or "
-                         "use train.schedule=steps")
+        raise ValueError(
+            "train.schedule=continuous trains day by day over a partitioned log: set data.partitions "
+            "(data=parquet, data.train_path a directory of partitions like day=2026-11-26/), or "
+            "use train.schedule=steps"
+        )
     progressive_metric(cfg.train.objective)
     if cfg.train.early_stop_patience or cfg.checkpoint.keep_best is True:  # auto (null) is off here
-        raise ValueError("train.early_stop_patience and checkpoint.keep_best choose a step by validation; a "
-                         "continuous run ships its latest model, judged by progressive validation: unset them "
-                         "with train.schedule=continuous")
+        raise ValueError(
+            "train.early_stop_patience and checkpoint.keep_best choose a step by validation; a "
+            "continuous run ships its latest model, judged by progressive validation: unset them "
+            "with train.schedule=continuous"
+        )
 
 
 def _validate_launcher(cfg: DictConfig, world_size: int) -> None:
@@ -273,7 +321,9 @@ def _validate_launcher(cfg: DictConfig, world_size: int) -> None:
         raise ValueError(f"launcher.nproc_per_node must be >= 1, got {world_size}")
     la = cfg.launcher
     if la.threads_per_rank is not None and la.threads_per_rank < 1:
-        raise ValueError(f"launcher.threads_per_rank must be >= 1 (or unset: split the cores), got {la.threads_per_rank}")
+        raise ValueError(
+            f"launcher.threads_per_rank must be >= 1 (or unset: split the cores), got {la.threads_per_rank}"
+        )
     if la.max_restarts < 0:
         raise ValueError(f"launcher.max_restarts={la.max_restarts}: must be >= 0 (0 = a failed rank fails the job)")
     for key in ("health_check_timeout_s", "collective_timeout_s"):
@@ -297,8 +347,7 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
         )
     if topo.local_world_size is not None and topo.local_world_size > (topo.world_size or world_size):
         raise ValueError(
-            f"topology.local_world_size={topo.local_world_size} exceeds the world size "
-            f"{topo.world_size or world_size}"
+            f"topology.local_world_size={topo.local_world_size} exceeds the world size {topo.world_size or world_size}"
         )
     if not 0 <= topo.reservation_percentage < 1:
         raise ValueError(f"topology.reservation_percentage must be in [0, 1), got {topo.reservation_percentage}")
@@ -322,8 +371,9 @@ def _validate_mesh(cfg: DictConfig, world_size: int) -> None:
     if mesh.dense == DenseParallel.single and world_size != 1:
         raise ValueError(f"mesh=single has no dense parallelism and needs 1 rank, got world_size={world_size}")
     fsdp = mesh.dense in (DenseParallel.fsdp, DenseParallel.hsdp)
-    if (mesh.param_dtype or mesh.reduce_dtype) and not (fsdp or mesh.dense == DenseParallel.single and
-                                                        not mesh.reduce_dtype):
+    if (mesh.param_dtype or mesh.reduce_dtype) and not (
+        fsdp or mesh.dense == DenseParallel.single and not mesh.reduce_dtype
+    ):
         raise ValueError(
             f"mesh.param_dtype / mesh.reduce_dtype are the dense part's mixed precision (FSDP2's policy; on one "
             f"rank, autocast), and mesh={mesh.dense.value} keeps its parameters and gradients fp32: use mesh=fsdp "
@@ -362,8 +412,7 @@ def _validate_schedules(cfg: DictConfig) -> None:
             raise ValueError(f"optimizer.{part}.name={sch.name.value} needs decay_steps >= 1")
         if sch.name != Schedule.constant and sch.decay_start < sch.warmup_steps:
             raise ValueError(
-                f"optimizer.{part}.decay_start={sch.decay_start} is inside the warmup "
-                f"(warmup_steps={sch.warmup_steps})"
+                f"optimizer.{part}.decay_start={sch.decay_start} is inside the warmup (warmup_steps={sch.warmup_steps})"
             )
     if cfg.optimizer.clip_grad_norm is not None and cfg.optimizer.clip_grad_norm <= 0:
         raise ValueError(f"optimizer.clip_grad_norm must be > 0, got {cfg.optimizer.clip_grad_norm}")
@@ -421,13 +470,16 @@ def _validate_optimizers(cfg: DictConfig) -> None:
             raise ValueError(f"optimizer.{part} ({node._target_}): {e}") from e
         for key, value in _kwargs(node).items():
             if key == "betas" and len(value) != 2:
-                raise ValueError(f"optimizer.{part}.betas={list(value)}: Adam's two decay rates (beta1, beta2), "
-                                 f"e.g. [0.9, 0.999]")
+                raise ValueError(
+                    f"optimizer.{part}.betas={list(value)}: Adam's two decay rates (beta1, beta2), e.g. [0.9, 0.999]"
+                )
             if key in _OPTIMIZER_RANGES:
                 ok, valid = _OPTIMIZER_RANGES[key]
                 if not all(ok(v) for v in (value if isinstance(value, (list, tuple, ListConfig)) else [value])):
-                    raise ValueError(f"optimizer.{part}.{key}={value} is out of range: it must be {valid} "
-                                     f"({node._target_.rsplit('.', 1)[-1]})")
+                    raise ValueError(
+                        f"optimizer.{part}.{key}={value} is out of range: it must be {valid} "
+                        f"({node._target_.rsplit('.', 1)[-1]})"
+                    )
 
 
 # The ranges of the optimizers' hyperparameters, checked before launch: torch checks some only
@@ -442,4 +494,3 @@ _OPTIMIZER_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "lr_decay": (lambda v: v >= 0, ">= 0"),
     "initial_accumulator_value": (lambda v: v >= 0, ">= 0"),
 }
-

@@ -68,10 +68,13 @@ def _is_table(name: str, t: torch.Tensor) -> bool:
 def make(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], step: int, base_step: int) -> dict[str, Any]:
     """The delta that turns ``base`` into ``new`` (same names and shapes)."""
     if base.keys() != new.keys() or any(base[k].shape != new[k].shape or base[k].dtype != new[k].dtype for k in base):
-        differ = sorted(set(base) ^ set(new)) or [k for k in base if base[k].shape != new[k].shape
-                                                  or base[k].dtype != new[k].dtype]
-        raise DeltaError(f"the checkpoint's model is not the export's ({differ[0]} differs): a delta updates the "
-                         f"weights of one model; make a full export instead")
+        differ = sorted(set(base) ^ set(new)) or [
+            k for k in base if base[k].shape != new[k].shape or base[k].dtype != new[k].dtype
+        ]
+        raise DeltaError(
+            f"the checkpoint's model is not the export's ({differ[0]} differs): a delta updates the "
+            f"weights of one model; make a full export instead"
+        )
     rows, values, dense = {}, {}, {}
     for name, t in new.items():
         # compared as bytes: a NaN that stayed NaN is unchanged, -0.0 and 0.0 are not the same
@@ -82,8 +85,16 @@ def make(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], step: int,
                 rows[name], values[name] = changed.to(torch.int64), t[changed].clone()
         elif not torch.equal(now, was):
             dense[name] = t.clone()
-    return {"format": FORMAT, "base": digest(base), "result": digest(new), "step": step, "base_step": base_step,
-            "rows": rows, "values": values, "dense": dense}
+    return {
+        "format": FORMAT,
+        "base": digest(base),
+        "result": digest(new),
+        "step": step,
+        "base_step": base_step,
+        "rows": rows,
+        "values": values,
+        "dense": dense,
+    }
 
 
 def apply(state: dict[str, torch.Tensor], delta: dict[str, Any], where: str) -> None:
@@ -92,9 +103,11 @@ def apply(state: dict[str, torch.Tensor], delta: dict[str, Any], where: str) -> 
     if delta.get("format") != FORMAT:
         raise DeltaError(f"{where}: not a hybridrec delta of format {FORMAT}")
     if digest(state) != delta["base"]:
-        raise DeltaError(f"{where} was made for other weights (base {delta['base'][:12]}, step {delta['base_step']}) "
-                         f"than these ({digest(state)[:12]}): apply a delta to the export it was made from, after "
-                         f"the deltas before it, once each")
+        raise DeltaError(
+            f"{where} was made for other weights (base {delta['base'][:12]}, step {delta['base_step']}) "
+            f"than these ({digest(state)[:12]}): apply a delta to the export it was made from, after "
+            f"the deltas before it, once each"
+        )
     for name, ids in delta["rows"].items():
         state[name].index_copy_(0, ids, delta["values"][name].to(state[name].dtype))
     for name, t in delta["dense"].items():
@@ -155,8 +168,13 @@ def load(export_dir: str) -> nn.Module:
     return module
 
 
-def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_unverified: bool = False,
-          base: Optional[tuple[dict[str, torch.Tensor], int]] = None) -> tuple[str, dict[str, torch.Tensor]]:
+def write(
+    checkpoint: str,
+    export_dir: str,
+    trusted: Iterable[str] = (),
+    allow_unverified: bool = False,
+    base: Optional[tuple[dict[str, torch.Tensor], int]] = None,
+) -> tuple[str, dict[str, torch.Tensor]]:
     """Write the delta from ``export_dir`` (with its deltas) to ``checkpoint``; returns its path
     and the weights it gives. ``base``: those weights and their step when the caller has them
     (a training run writing a delta per partition), else they are read from ``export_dir``.
@@ -176,15 +194,21 @@ def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_u
         raise DeltaError(f"{export_dir} is a sequence ranker's export: deltas cover the scoring programs")
     model, features, step = load_weights_of(checkpoint, trusted, allow_unverified)
     if isinstance(model, (SequenceRanker, TwoTower)):
-        raise DeltaError(f"{checkpoint}: deltas cover the scoring programs of click and ranking models, not "
-                         f"{type(model).__name__}'s vectors")
-    new = Scorer(model, [f.name for f in features], model.loss.calibrated, any(f.weighted for f in features)).state_dict()
+        raise DeltaError(
+            f"{checkpoint}: deltas cover the scoring programs of click and ranking models, not "
+            f"{type(model).__name__}'s vectors"
+        )
+    new = Scorer(
+        model, [f.name for f in features], model.loss.calibrated, any(f.weighted for f in features)
+    ).state_dict()
     before, base_step = base if base is not None else exported_state(export_dir)
     after = {k: v.detach().clone() for k, v in new.items()}
     delta = make(before, after, step, base_step)
     if delta["base"] == delta["result"]:
-        raise DeltaError(f"{checkpoint} holds the weights of {export_dir} with its deltas (step {base_step}): "
-                         f"nothing changed, no delta written")
+        raise DeltaError(
+            f"{checkpoint} holds the weights of {export_dir} with its deltas (step {base_step}): "
+            f"nothing changed, no delta written"
+        )
     folder = os.path.join(export_dir, DELTAS)
     if os.path.islink(folder):
         raise DeltaError(f"{folder} is a symbolic link: deltas are written into the export's own directory")
@@ -195,14 +219,20 @@ def write(checkpoint: str, export_dir: str, trusted: Iterable[str] = (), allow_u
         from hybridrec.data.raw_inputs import sha256
 
         ids = f"managed_ids_{number:05d}.parquet"
-        write_managed_ids(saved_config(checkpoint, trusted), TrainState.from_files(checkpoint, allow_unverified),
-                          folder, ids)
+        write_managed_ids(
+            saved_config(checkpoint, trusted), TrainState.from_files(checkpoint, allow_unverified), folder, ids
+        )
         delta["managed_ids_sha256"] = sha256(os.path.join(folder, ids))  # checked by hybridrec.serving before use
     replace_file(path, lambda p: torch.save(delta, p))
     return path, after
 
 
 def describe(delta: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
-    tables = ", ".join(f"{name.split('.')[-2]} {len(ids):,} of {state[name].shape[0]:,} rows"
-                       for name, ids in delta["rows"].items()) or "no table row"
+    tables = (
+        ", ".join(
+            f"{name.split('.')[-2]} {len(ids):,} of {state[name].shape[0]:,} rows"
+            for name, ids in delta["rows"].items()
+        )
+        or "no table row"
+    )
     return f"step {delta['base_step']} -> {delta['step']}: {tables}; {len(delta['dense'])} dense tensors"

@@ -77,13 +77,18 @@ from hybridrec.serving.exported import (  # noqa: F401  (load_model, Scorer, _ch
 from hybridrec.serving.preprocess import PREPROCESSING, sha256
 
 
-def export_program(model: Ranker, features: list[SparseFeature], num_dense_features: int) -> torch.export.ExportedProgram:
+def export_program(
+    model: Ranker, features: list[SparseFeature], num_dense_features: int
+) -> torch.export.ExportedProgram:
     """``Scorer(model)`` traced by ``torch.export`` for any batch size and number of ids."""
     weighted = any(f.weighted for f in features)
     scorer = Scorer(model, [f.name for f in features], model.loss.calibrated, weighted).eval()
     rows = 2  # any example works: the batch dimension is exported as dynamic
-    example = (torch.zeros(rows, num_dense_features), torch.zeros(rows * len(features), dtype=torch.int64),
-               torch.ones(rows * len(features), dtype=torch.int32))
+    example = (
+        torch.zeros(rows, num_dense_features),
+        torch.zeros(rows * len(features), dtype=torch.int64),
+        torch.ones(rows * len(features), dtype=torch.int32),
+    )
     batch, ids = torch.export.Dim("batch"), torch.export.Dim("ids")
     shapes: tuple = ({0: batch}, {0: ids}, {0: batch * len(features)})
     if weighted:  # the weights are an input only of a weighted model: an unweighted one keeps its three
@@ -99,8 +104,12 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     train_state = TrainState.from_files(checkpoint, allow_unverified)
     os.makedirs(out, exist_ok=True)
     cfg = saved_config(checkpoint, trusted)
-    about = {"model": cfg.model._target_, "loss": cfg.loss._target_, "checkpoint": os.path.abspath(checkpoint),
-             "step": train_state.step}
+    about = {
+        "model": cfg.model._target_,
+        "loss": cfg.loss._target_,
+        "checkpoint": os.path.abspath(checkpoint),
+        "step": train_state.step,
+    }
     if isinstance(model, SequenceRanker):  # retrieval: a user encoder and the item vectors
         spec = write_user_encoder(model, out, about, _write)
         _check_archive(os.path.join(out, PROGRAM))
@@ -112,21 +121,27 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     try:
         data = build_source(cfg.data, cfg.seed)
     except DataError as e:  # the preprocessing is read from the training data's config and files
-        raise CheckpointError(f"the training data (config.yaml's data) cannot be read to describe its "
-                              f"preprocessing: {e}") from None
+        raise CheckpointError(
+            f"the training data (config.yaml's data) cannot be read to describe its preprocessing: {e}"
+        ) from None
     if write_preprocessing(data, any(f.weighted for f in features), out):
         spec["preprocessing"] = PREPROCESSING
     else:
         spec["preprocessing"] = None
-        spec["preprocessing_missing"] = (f"data={type(data).__name__} does not describe its raw rows: its inputs "
-                                         f"are the rows the source reads (model.json's inputs)")
+        spec["preprocessing_missing"] = (
+            f"data={type(data).__name__} does not describe its raw rows: its inputs "
+            f"are the rows the source reads (model.json's inputs)"
+        )
     _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
     if isinstance(model, TwoTower):
         if not isinstance(data, UserItemSource):  # training refused it (TwoTower.needs_user_item_features)
-            raise CheckpointError(f"{checkpoint}: data={type(data).__name__} has no users and items to export "
-                                  f"vectors of")
-        for side, (ids, batch), vectors_of in (("item", data.catalogue_batch(), model.item_vectors),
-                                               ("user", data.user_batch(), model.user_vectors)):
+            raise CheckpointError(
+                f"{checkpoint}: data={type(data).__name__} has no users and items to export vectors of"
+            )
+        for side, (ids, batch), vectors_of in (
+            ("item", data.catalogue_batch(), model.item_vectors),
+            ("user", data.user_batch(), model.user_vectors),
+        ):
             vectors = vectors_of(batch)
             path = os.path.join(out, f"{side}_vectors.pt")
             _write(path, lambda p: torch.save({f"{side}_ids": torch.from_numpy(ids), "vectors": vectors}, p))
@@ -134,12 +149,15 @@ def export(checkpoint: str, out: str, trusted: Iterable[str] = (), allow_unverif
     return spec
 
 
-def write_program(model: Ranker, features: list[SparseFeature], num_dense_features: int, out: str,
-                  about: dict[str, Any]) -> dict[str, Any]:
+def write_program(
+    model: Ranker, features: list[SparseFeature], num_dense_features: int, out: str, about: dict[str, Any]
+) -> dict[str, Any]:
     """``model.pt2`` and ``model.json`` (with ``about``: where the model comes from) in the
     directory ``out``; returns ``model.json``'s content."""
-    _write(os.path.join(out, PROGRAM), lambda path: torch.export.save(
-        export_program(model, features, num_dense_features), path))
+    _write(
+        os.path.join(out, PROGRAM),
+        lambda path: torch.export.save(export_program(model, features, num_dense_features), path),
+    )
     _check_archive(os.path.join(out, PROGRAM))
     spec = {**program_spec(features, num_dense_features, model.loss.calibrated), **about}
     _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
@@ -163,7 +181,7 @@ def write_preprocessing(source: Source, weighted: bool, out: str) -> Optional[di
     spec = {
         "format": FORMAT,
         "doc": "how a raw row becomes the inputs of model.pt2 (hybridrec.data.raw_inputs describes every step and "
-               "mapping; hybridrec.serving.Preprocessor applies them)",
+        "mapping; hybridrec.serving.Preprocessor applies them)",
         "rows": raw.doc,
         "program_inputs": ["dense", "values", "lengths"] + (["weights"] if weighted else []),
         "dense": raw.dense,
@@ -171,8 +189,12 @@ def write_preprocessing(source: Source, weighted: bool, out: str) -> Optional[di
         "joins": raw.joins,
         # every file the description reads, each with its sha256 (the managed ids included:
         # hybridrec.serving refuses a description that reads a file it does not list)
-        "files": {name: sha256(os.path.join(out, name)) for name in dict.fromkeys(
-            [*raw.copies, *raw.tables, *(f["ids"]["file"] for f in raw.sparse if "file" in f["ids"])])},
+        "files": {
+            name: sha256(os.path.join(out, name))
+            for name in dict.fromkeys(
+                [*raw.copies, *raw.tables, *(f["ids"]["file"] for f in raw.sparse if "file" in f["ids"])]
+            )
+        },
     }
     _write(os.path.join(out, PREPROCESSING), lambda path: _write_text(path, json.dumps(spec, indent=1)))
     return spec
@@ -181,31 +203,51 @@ def write_preprocessing(source: Source, weighted: bool, out: str) -> Optional[di
 def program_spec(features: list[SparseFeature], num_dense_features: int, calibrated: bool) -> dict[str, Any]:
     """``model.json``: how to call ``model.pt2`` without hybridrec."""
     inputs = {
-        "dense": {"dtype": "float32", "shape": ["B", num_dense_features],
-                  "doc": "dense features, preprocessed as the data source feeds them to the model"},
-        "values": {"dtype": "int64", "shape": ["sum(lengths)"],
-                   "doc": "every id of the batch, feature-major (KeyedJaggedTensor order): feature 0's ids "
-                          "for rows 0..B-1, then feature 1's, ...; each id a row of that feature's table"},
-        "lengths": {"dtype": "int32", "shape": [f"{len(features)} * B"],
-                    "doc": "lengths[f * B + i] = number of ids of feature f in row i (pooled as the feature's "
-                           "pooling says)"},
+        "dense": {
+            "dtype": "float32",
+            "shape": ["B", num_dense_features],
+            "doc": "dense features, preprocessed as the data source feeds them to the model",
+        },
+        "values": {
+            "dtype": "int64",
+            "shape": ["sum(lengths)"],
+            "doc": "every id of the batch, feature-major (KeyedJaggedTensor order): feature 0's ids "
+            "for rows 0..B-1, then feature 1's, ...; each id a row of that feature's table",
+        },
+        "lengths": {
+            "dtype": "int32",
+            "shape": [f"{len(features)} * B"],
+            "doc": "lengths[f * B + i] = number of ids of feature f in row i (pooled as the feature's pooling says)",
+        },
     }
     if any(f.weighted for f in features):
-        inputs["weights"] = {"dtype": "float32", "shape": ["sum(lengths)"],
-                             "doc": "the weight of each id of values, in its order; 1.0 for the ids of features "
-                                    "that are not weighted"}
+        inputs["weights"] = {
+            "dtype": "float32",
+            "shape": ["sum(lengths)"],
+            "doc": "the weight of each id of values, in its order; 1.0 for the ids of features that are not weighted",
+        }
     return {
         "program": PROGRAM,
         "load": "torch.export.load(path).module()",
         "inputs": inputs,
         "input_order": list(inputs),  # the program's positional arguments
-        "features": [{"name": f.name, "num_embeddings": f.num_embeddings, "table": f.table_name,
-                      "pooling": f.pooling, "weighted": f.weighted} for f in features],
+        "features": [
+            {
+                "name": f.name,
+                "num_embeddings": f.num_embeddings,
+                "table": f.table_name,
+                "pooling": f.pooling,
+                "weighted": f.weighted,
+            }
+            for f in features
+        ],
         "num_dense_features": num_dense_features,
         "output": "probability" if calibrated else "score",
-        "output_doc": ("[B] float32: sigmoid of the logit, a click probability (the loss is calibrated)"
-                       if calibrated else "[B] float32: the raw score of a ranking objective; it orders rows, "
-                                          "it is not a probability"),
+        "output_doc": (
+            "[B] float32: sigmoid of the logit, a click probability (the loss is calibrated)"
+            if calibrated
+            else "[B] float32: the raw score of a ranking objective; it orders rows, it is not a probability"
+        ),
     }
 
 

@@ -35,18 +35,23 @@ from hybridrec.models.sequential import SequenceRanker
 PROGRAM, ITEMS = "model.pt2", "item_vectors.pt"
 
 
-def write_user_encoder(model: SequenceRanker, out: str, about: dict[str, Any],
-                       write: Callable[[str, Callable[[str], Any]], None]) -> dict[str, Any]:
+def write_user_encoder(
+    model: SequenceRanker, out: str, about: dict[str, Any], write: Callable[[str, Callable[[str], Any]], None]
+) -> dict[str, Any]:
     """``model.pt2`` (the user encoder) and ``item_vectors.pt`` in ``out``, through ``write``
     (the export's file writer); returns ``model.json``'s content."""
     length = model.max_length
     encoder = model.encoder().eval()
-    example = (torch.ones(2, length, dtype=torch.int64), torch.full((2,), length, dtype=torch.int64),
-               torch.zeros(2, length, dtype=torch.int64))
+    example = (
+        torch.ones(2, length, dtype=torch.int64),
+        torch.full((2,), length, dtype=torch.int64),
+        torch.zeros(2, length, dtype=torch.int64),
+    )
     batch = torch.export.Dim("batch")
     with torch.no_grad(), size_oblivious_export():
-        program = torch.export.export(encoder, example, dynamic_shapes=({0: batch}, {0: batch}, {0: batch}),
-                                      strict=False)
+        program = torch.export.export(
+            encoder, example, dynamic_shapes=({0: batch}, {0: batch}, {0: batch}), strict=False
+        )
     write(os.path.join(out, PROGRAM), lambda path: torch.export.save(program, path))
     vectors = model.item_vectors().contiguous()
     ids = torch.arange(1, len(vectors) + 1, dtype=torch.int64)
@@ -56,18 +61,23 @@ def write_user_encoder(model: SequenceRanker, out: str, about: dict[str, Any],
         "load": "torch.export.load(path).module()",
         "kind": "user encoder of a sequence ranker (retrieval): score every item by user @ vectors.T",
         "inputs": {
-            "history": {"dtype": "int64", "shape": ["B", length],
-                        "doc": "each row's items, oldest first, then 0 up to max_length (the most recent "
-                               f"{length} when a history is longer)"},
+            "history": {
+                "dtype": "int64",
+                "shape": ["B", length],
+                "doc": "each row's items, oldest first, then 0 up to max_length (the most recent "
+                f"{length} when a history is longer)",
+            },
             "lengths": {"dtype": "int64", "shape": ["B"], "doc": "items in each row's history (>= 1)"},
-            "times": {"dtype": "int64", "shape": ["B", length],
-                      "doc": "each history item's timestamp (HSTU's time bias), 0 after the history; zeros "
-                             "for SASRec"},
+            "times": {
+                "dtype": "int64",
+                "shape": ["B", length],
+                "doc": "each history item's timestamp (HSTU's time bias), 0 after the history; zeros for SASRec",
+            },
         },
         "output": "user vectors [B, D] float32",
         "item_vectors": ITEMS,
         "item_vectors_doc": "item_ids [N-1] int64 and vectors [N-1, D] float32: scores = user @ vectors.T, "
-                            "top k = item_ids[torch.topk(scores, k).indices]",
+        "top k = item_ids[torch.topk(scores, k).indices]",
         "max_length": length,
         "catalogue": len(vectors),
         **about,

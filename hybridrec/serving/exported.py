@@ -55,17 +55,21 @@ class Scorer(nn.Module):
         super().__init__()
         self.model, self.keys, self.calibrated, self.weighted = model, list(keys), calibrated, weighted
 
-    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        sparse = KeyedJaggedTensor(keys=self.keys, values=values, lengths=lengths,
-                                   weights=weights if self.weighted else None)
-        logits = self.model.score(RecBatch(dense_features=dense, sparse_features=sparse,
-                                           labels=dense.new_zeros(dense.shape[0])))
+    def forward(
+        self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, weights: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        sparse = KeyedJaggedTensor(
+            keys=self.keys, values=values, lengths=lengths, weights=weights if self.weighted else None
+        )
+        logits = self.model.score(
+            RecBatch(dense_features=dense, sparse_features=sparse, labels=dense.new_zeros(dense.shape[0]))
+        )
         return torch.sigmoid(logits) if self.calibrated else logits
 
 
-def load_weights_of(checkpoint: str, trusted: Iterable[str] = (),
-                    allow_unverified: bool = False) -> tuple[Ranker, list[SparseFeature], int]:
+def load_weights_of(
+    checkpoint: str, trusted: Iterable[str] = (), allow_unverified: bool = False
+) -> tuple[Ranker, list[SparseFeature], int]:
     """The checkpoint's model with its weights, unsharded, on CPU, in eval mode; its features
     and its step."""
     model = load_model(checkpoint, trusted, allow_unverified)
@@ -94,8 +98,10 @@ def write_managed_ids(cfg: Any, state: TrainState, out: str, name: str = MANAGED
 
     from hybridrec.data.parquet.partitions import list_partitions
 
-    if not any(getattr(m := f.get("id_mapping"), "value", m) == ParquetIdMapping.managed.value
-               for f in cfg.data.get("sparse") or []):
+    if not any(
+        getattr(m := f.get("id_mapping"), "value", m) == ParquetIdMapping.managed.value
+        for f in cfg.data.get("sparse") or []
+    ):
         return None
     # the last partition the checkpoint's steps trained on (the step's position in the ledger)
     done, last = 0, None
@@ -106,12 +112,18 @@ def write_managed_ids(cfg: Any, state: TrainState, out: str, name: str = MANAGED
     if last is None:
         raise CheckpointError("the checkpoint records no partition trained on: its managed ids have no rows to export")
     source = build_source(cfg.data, cfg.seed)
-    listed = {p.name: p for p in list_partitions(source.train_root, source.partitioning["pattern"],
-                                                 source.partitioning.get("ready_marker"))}
+    listed = {
+        p.name: p
+        for p in list_partitions(
+            source.train_root, source.partitioning["pattern"], source.partitioning.get("ready_marker")
+        )
+    }
     names = [p["name"] for p in state.stream["partitions"]]
     if missing := [n for n in names if n not in listed]:
-        raise CheckpointError(f"partition {missing[0]} of {source.train_root}, which the checkpoint trained on, is "
-                              f"gone: the managed ids' rows are made from the partitions")
+        raise CheckpointError(
+            f"partition {missing[0]} of {source.train_root}, which the checkpoint trained on, is "
+            f"gone: the managed ids' rows are made from the partitions"
+        )
     source.set_partitions([listed[n] for n in names])
     tables, keys, rows = [], [], []
     for table in source.managed.tables:
@@ -120,13 +132,21 @@ def write_managed_ids(cfg: Any, state: TrainState, out: str, name: str = MANAGED
         keys.append(v.keys)
         rows.append(v.rows)
     path = os.path.join(out, name)
-    data = pa.table({"table": pa.array(tables, pa.string()), "key": pa.array(np.concatenate(keys), pa.uint64()),
-                     "row": pa.array(np.concatenate(rows), pa.int64())})
+    data = pa.table(
+        {
+            "table": pa.array(tables, pa.string()),
+            "key": pa.array(np.concatenate(keys), pa.uint64()),
+            "row": pa.array(np.concatenate(rows), pa.int64()),
+        }
+    )
     _write(path, lambda p: pq.write_table(data, p))
-    return {"file": name, "partition": names[last],
-            "key": f"the id's 64-bit key (hybridrec.data.parquet.hash_ints / hash_strings, "
-                   f"data.hash_seed={source.hash_seed}); a key not in the file reads row 0",
-            "rows_used": {t: int(n) for t, n in zip(*np.unique(np.array(tables), return_counts=True))}}
+    return {
+        "file": name,
+        "partition": names[last],
+        "key": f"the id's 64-bit key (hybridrec.data.parquet.hash_ints / hash_strings, "
+        f"data.hash_seed={source.hash_seed}); a key not in the file reads row 0",
+        "rows_used": {t: int(n) for t, n in zip(*np.unique(np.array(tables), return_counts=True))},
+    }
 
 
 def _check_archive(path: str) -> None:

@@ -71,8 +71,14 @@ class Preprocessor:
     rows into the program's positional inputs: ``(dense, values, lengths)``, and
     ``weights`` after them when a feature is weighted (``program_inputs``)."""
 
-    def __init__(self, export_dir: str, spec: dict[str, Any], joins: dict[str, _Join],
-                 vocabularies: dict[str, Vocabulary], managed: Optional[pa.Table]) -> None:
+    def __init__(
+        self,
+        export_dir: str,
+        spec: dict[str, Any],
+        joins: dict[str, _Join],
+        vocabularies: dict[str, Vocabulary],
+        managed: Optional[pa.Table],
+    ) -> None:
         self.export_dir, self.spec = export_dir, spec
         self._joins, self._vocabularies, self._managed = joins, vocabularies, managed
         self.program_inputs: list[str] = list(spec["program_inputs"])
@@ -91,30 +97,38 @@ class Preprocessor:
             why = ""
             if os.path.isfile(model):
                 why = json.load(open(model)).get("preprocessing_missing", "")
-            raise _refuse(f"{path} is missing: {why or 'an export of this hybridrec writes it beside model.json'}; "
-                          f"export the checkpoint again (python -m hybridrec.export checkpoint=<dir>)")
+            raise _refuse(
+                f"{path} is missing: {why or 'an export of this hybridrec writes it beside model.json'}; "
+                f"export the checkpoint again (python -m hybridrec.export checkpoint=<dir>)"
+            )
         try:
             with open(path) as f:
                 spec = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise _refuse(f"{path} cannot be read ({e}): export the checkpoint again") from None
         if not isinstance(spec, dict) or spec.get("format") != FORMAT:
-            raise _refuse(f"{path} has format {spec.get('format') if isinstance(spec, dict) else None!r}; this "
-                          f"hybridrec reads format {FORMAT}: export the checkpoint again with it")
+            raise _refuse(
+                f"{path} has format {spec.get('format') if isinstance(spec, dict) else None!r}; this "
+                f"hybridrec reads format {FORMAT}: export the checkpoint again with it"
+            )
         try:
             named = check_description(spec)
         except Malformed as e:
             raise _refuse(f"{path} is damaged or was edited: {e}; export the checkpoint again") from None
         if unlisted := [n for n in named if n not in spec["files"]]:
-            raise _refuse(f"{path} is damaged or was edited: it reads {unlisted[0]} but its 'files' records no sha256 "
-                          f"for it (every file an export reads is listed); export the checkpoint again")
+            raise _refuse(
+                f"{path} is damaged or was edited: it reads {unlisted[0]} but its 'files' records no sha256 "
+                f"for it (every file an export reads is listed); export the checkpoint again"
+            )
         for name, digest in spec["files"].items():
             file = _inside(export_dir, name, path)
             if not os.path.isfile(file):
                 raise _refuse(f"{file} is missing: {PREPROCESSING} needs it; copy the whole export directory")
             if sha256(file) != digest:
-                raise _refuse(f"{file} is damaged (its sha256 is not the one {PREPROCESSING} records): copy the "
-                              f"export directory again from where it was written")
+                raise _refuse(
+                    f"{file} is damaged (its sha256 is not the one {PREPROCESSING} records): copy the "
+                    f"export directory again from where it was written"
+                )
         if managed_ids is not None:
             managed_ids = _delta_managed_ids(export_dir, managed_ids)
         joins = {j["name"]: _load_join(export_dir, j, path) for j in spec["joins"]}
@@ -124,8 +138,9 @@ class Preprocessor:
             ids = f["ids"]
             if ids["kind"] == "vocabulary" and ids["file"] not in vocabularies:
                 try:
-                    vocabularies[ids["file"]] = Vocabulary(_inside(export_dir, ids["file"], path),
-                                                           f"feature {f['name']}'s vocabulary")
+                    vocabularies[ids["file"]] = Vocabulary(
+                        _inside(export_dir, ids["file"], path), f"feature {f['name']}'s vocabulary"
+                    )
                 except ValueError as e:
                     raise _refuse(str(e)) from None
             elif ids["kind"] == "managed" and managed is None:
@@ -143,11 +158,14 @@ class Preprocessor:
     def __call__(self, rows: Rows) -> tuple[torch.Tensor, ...]:
         table = self._table(rows)
         if missing := [c for c in self.columns if c not in table.column_names]:
-            raise _refuse(f"the rows have no column {missing[0]!r}" + (f" (nor {', '.join(map(repr, missing[1:]))})"
-                                                                      if missing[1:] else "")
-                          + f"; this export reads {', '.join(self.columns)}: {self.spec['rows']}")
+            raise _refuse(
+                f"the rows have no column {missing[0]!r}"
+                + (f" (nor {', '.join(map(repr, missing[1:]))})" if missing[1:] else "")
+                + f"; this export reads {', '.join(self.columns)}: {self.spec['rows']}"
+            )
         n = table.num_rows
         joined = {name: self._joined(j, table) for name, j in self._joins.items()}
+
         def column(entry: dict[str, Any], name: str, empty: pa.DataType) -> pa.Array:
             """``name`` of the rows or of the entry's join; a column of nulls only (which a
             {column: values} holding None alone makes, of no type) as ``empty``'s nulls."""
@@ -159,14 +177,19 @@ class Preprocessor:
             dense[:, j] = _dense(d, column(d, d["column"], pa.float64()) if d["column"] else None, n)
         values, lengths, weights = [], [], []
         for f in self.spec["sparse"]:
-            ids, length, w = self._sparse(f, column(f, f["column"], pa.string() if f["ids"]["kind"] == "hex"
-                                                    else pa.int64()),
-                                          column(f, f["weights_column"], pa.float64()) if f["weights_column"] else None)
+            ids, length, w = self._sparse(
+                f,
+                column(f, f["column"], pa.string() if f["ids"]["kind"] == "hex" else pa.int64()),
+                column(f, f["weights_column"], pa.float64()) if f["weights_column"] else None,
+            )
             values.append(ids)
             lengths.append(length)
             weights.append(w if w is not None else np.ones(len(ids), np.float32))
-        out = (torch.from_numpy(dense), torch.from_numpy(np.concatenate(values).astype(np.int64)),
-               torch.from_numpy(np.concatenate(lengths).astype(np.int32)))
+        out = (
+            torch.from_numpy(dense),
+            torch.from_numpy(np.concatenate(values).astype(np.int64)),
+            torch.from_numpy(np.concatenate(lengths).astype(np.int32)),
+        )
         if self.weighted:
             out = (*out, torch.from_numpy(np.concatenate(weights).astype(np.float32)))
         return out
@@ -185,22 +208,29 @@ class Preprocessor:
                 try:
                     pa.array(values)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-                    raise _refuse(f"column {name!r} cannot be read as one array ({str(e).splitlines()[0][:200]}): "
-                                  f"give values of one type (ids within 64 bits)") from None
+                    raise _refuse(
+                        f"column {name!r} cannot be read as one array ({str(e).splitlines()[0][:200]}): "
+                        f"give values of one type (ids within 64 bits)"
+                    ) from None
             try:
                 return pa.table(dict(rows))
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-                raise _refuse(f"the rows' columns cannot be read as a table ({e}): give one list of values per "
-                              f"column, all of the same length") from None
-        raise _refuse(f"rows of type {type(rows).__name__}: give a pyarrow Table, a Parquet file's path or "
-                      f"{{column: values}}")
+                raise _refuse(
+                    f"the rows' columns cannot be read as a table ({e}): give one list of values per "
+                    f"column, all of the same length"
+                ) from None
+        raise _refuse(
+            f"rows of type {type(rows).__name__}: give a pyarrow Table, a Parquet file's path or {{column: values}}"
+        )
 
     def _joined(self, j: _Join, table: pa.Table) -> dict[str, pa.Array]:
         """The join's columns for each row (its ``missing`` values where the key is not in it)."""
         key = _plain_array(table.column(j.on))
         if _kind(key.type) != "int" or key.null_count:
-            raise _refuse(f"column {j.on!r} is {key.type}{' with nulls' if key.null_count else ''}: it holds the "
-                          f"ids the export's {j.on} join is keyed by, integers")
+            raise _refuse(
+                f"column {j.on!r} is {key.type}{' with nulls' if key.null_count else ''}: it holds the "
+                f"ids the export's {j.on} join is keyed by, integers"
+            )
         keys = np.asarray(pc.cast(key, pa.int64()), np.int64)
         at = np.minimum(np.searchsorted(j.keys, keys), len(j.keys) - 1)  # a join holds one row at least (load)
         found = pa.array(j.keys[at] == keys)
@@ -211,15 +241,18 @@ class Preprocessor:
                 out[name] = _plain_array(pc.if_else(found, values, pa.scalar(j.missing[name], values.type)))
         return out
 
-    def _sparse(self, f: dict[str, Any], column: pa.Array, weights: Optional[pa.Array]
-                ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    def _sparse(
+        self, f: dict[str, Any], column: pa.Array, weights: Optional[pa.Array]
+    ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """Feature ``f``'s table rows (flat), ids per row and id weights."""
         name, n = f"column {f['column']!r} (feature {f['name']})", len(column)
         if f["ids"]["kind"] == "hex" and column.null_count:  # a missing Criteo id is id 0, as an empty field
             column = pc.fill_null(column, pa.scalar("", column.type))
         if column.null_count and f["null_rows"] == "error":
-            raise _refuse(f"{name} is null in row {_first(column.is_null())}: training refused such rows "
-                          f"(null_ids=bad); give an id")
+            raise _refuse(
+                f"{name} is null in row {_first(column.is_null())}: training refused such rows "
+                f"(null_ids=bad); give an id"
+            )
         listed = _is_list(column.type)
         if listed:
             if f["truncate"]:
@@ -228,11 +261,14 @@ class Preprocessor:
             flat = _plain_array(pc.list_flatten(column))
             if f["max_length"] is not None and (lengths > f["max_length"]).any():
                 i = int(np.argmax(lengths > f["max_length"]))
-                raise _refuse(f"{name} has {lengths[i]} ids in row {i}, more than its max_length={f['max_length']}: "
-                              f"training refused such rows; cut the list")
+                raise _refuse(
+                    f"{name} has {lengths[i]} ids in row {i}, more than its max_length={f['max_length']}: "
+                    f"training refused such rows; cut the list"
+                )
             if flat.null_count:
-                raise _refuse(f"{name} has a null id in its list (row {_row_of(lengths, _first(flat.is_null()))}): "
-                              f"give ids only")
+                raise _refuse(
+                    f"{name} has a null id in its list (row {_row_of(lengths, _first(flat.is_null()))}): give ids only"
+                )
         else:
             lengths = (~np.asarray(column.is_null())).astype(np.int64) if column.null_count else np.ones(n, np.int64)
             flat = pc.drop_null(column) if column.null_count else column
@@ -245,8 +281,13 @@ class Preprocessor:
     def _rows(self, f: dict[str, Any], flat: pa.Array, name: str, lengths: np.ndarray) -> np.ndarray:
         """Table rows of the ids ``flat``, by the feature's mapping."""
         ids, kind = f["ids"], _kind(flat.type)
-        accepted = {"row": ("int",), "hash": ("int", "str"), "managed": ("int", "str"), "hex": ("str",),
-                    "vocabulary": (self._vocabularies[ids["file"]].kind,) if ids["kind"] == "vocabulary" else ()}
+        accepted = {
+            "row": ("int",),
+            "hash": ("int", "str"),
+            "managed": ("int", "str"),
+            "hex": ("str",),
+            "vocabulary": (self._vocabularies[ids["file"]].kind,) if ids["kind"] == "vocabulary" else (),
+        }
         if kind not in accepted[ids["kind"]] and len(flat):
             wanted = " or ".join("integers" if k == "int" else "strings" for k in accepted[ids["kind"]])
             raise _refuse(f"{name} holds {flat.type} ids; its ids are {wanted} (or lists of them), as in training")
@@ -256,8 +297,10 @@ class Preprocessor:
             if outside.any():
                 if ids["outside"] != "row_0":
                     i = int(np.argmax(outside))
-                    raise _refuse(f"{name}: id {rows[i]} in row {_row_of(lengths, i)} is outside the table's rows "
-                                  f"0..{f['num_embeddings'] - 1}: training refused such rows")
+                    raise _refuse(
+                        f"{name}: id {rows[i]} in row {_row_of(lengths, i)} is outside the table's rows "
+                        f"0..{f['num_embeddings'] - 1}: training refused such rows"
+                    )
                 rows = np.where(outside, 0, rows)
             return rows
         if ids["kind"] == "vocabulary":
@@ -281,8 +324,10 @@ def _inside(export_dir: str, name: str, described_in: str) -> str:
     full = os.path.join(export_dir, name)
     home = os.path.realpath(export_dir)
     if os.path.isabs(name) or ".." in parts or os.path.commonpath([os.path.realpath(full), home]) != home:
-        raise _refuse(f"{described_in} is damaged or was edited: it names {name!r}, which is not a file of the export "
-                      f"{export_dir}; export the checkpoint again")
+        raise _refuse(
+            f"{described_in} is damaged or was edited: it names {name!r}, which is not a file of the export "
+            f"{export_dir}; export the checkpoint again"
+        )
     return full
 
 
@@ -294,18 +339,24 @@ def _delta_managed_ids(export_dir: str, path: str) -> str:
     home = os.path.realpath(os.path.join(export_dir, delta.DELTAS))
     m = re.fullmatch(r"managed_ids_(\d{5})\.parquet", os.path.basename(path))
     if not m or os.path.commonpath([os.path.realpath(path), home]) != home:
-        raise _refuse(f"managed_ids={path}: give one of {os.path.join(export_dir, delta.DELTAS)}'s "
-                      f"managed_ids_NNNNN.parquet (the ids of the weights its delta of the same number gives)")
+        raise _refuse(
+            f"managed_ids={path}: give one of {os.path.join(export_dir, delta.DELTAS)}'s "
+            f"managed_ids_NNNNN.parquet (the ids of the weights its delta of the same number gives)"
+        )
     named = os.path.join(export_dir, delta.DELTAS, f"delta_{m.group(1)}.pt")
     if not os.path.isfile(named) or not os.path.isfile(path):
         raise _refuse(f"{path if not os.path.isfile(path) else named} is missing: copy the export's deltas again")
     recorded = delta.read(named).get("managed_ids_sha256")
     if recorded is None:
-        raise _refuse(f"{named} records no sha256 of {os.path.basename(path)} (written by an older hybridrec): its ids "
-                      f"cannot be verified; write the export and its deltas again")
+        raise _refuse(
+            f"{named} records no sha256 of {os.path.basename(path)} (written by an older hybridrec): its ids "
+            f"cannot be verified; write the export and its deltas again"
+        )
     if sha256(path) != recorded:
-        raise _refuse(f"{path} is damaged or was edited (its sha256 is not the one {named} records): copy the "
-                      f"export's deltas again")
+        raise _refuse(
+            f"{path} is damaged or was edited (its sha256 is not the one {named} records): copy the "
+            f"export's deltas again"
+        )
     return path
 
 
@@ -328,15 +379,19 @@ def _read_parquet(path: str, what: str) -> pa.Table:
 def _load_join(export_dir: str, spec: dict[str, Any], described_in: str) -> _Join:
     table = _read_parquet(_inside(export_dir, spec["file"], described_in), f"the {spec['name']} join")
     if spec["on"] not in table.column_names:
-        raise _refuse(f"{os.path.join(export_dir, spec['file'])} (the {spec['name']} join) has no column "
-                      f"{spec['on']!r}: export again")
+        raise _refuse(
+            f"{os.path.join(export_dir, spec['file'])} (the {spec['name']} join) has no column "
+            f"{spec['on']!r}: export again"
+        )
     keys = np.asarray(table.column(spec["on"]), np.int64)
     if not len(keys):
         raise _refuse(f"{os.path.join(export_dir, spec['file'])} (the {spec['name']} join) has no rows: export again")
     values = sorted(c for c in table.column_names if c != spec["on"])
     if sorted(spec["missing"]) != values:  # a row whose key is not in the join takes these
-        raise _refuse(f"{described_in} is damaged or was edited: joins {spec['name']!r} has 'missing' values for "
-                      f"{sorted(spec['missing'])}, and its file's columns are {values}; export the checkpoint again")
+        raise _refuse(
+            f"{described_in} is damaged or was edited: joins {spec['name']!r} has 'missing' values for "
+            f"{sorted(spec['missing'])}, and its file's columns are {values}; export the checkpoint again"
+        )
     order = np.argsort(keys, kind="stable")
     return _Join(keys[order], table.take(pa.array(order)), spec["on"], spec["missing"])
 
@@ -393,8 +448,10 @@ def _hex(flat: pa.Array, name: str, lengths: np.ndarray) -> np.ndarray:
     ok = np.asarray(pc.match_substring_regex(flat, r"^[0-9a-fA-F]{0,8}$"))
     if not ok.all():
         i = int(np.argmax(~ok))
-        raise _refuse(f"{name}: {flat[i].as_py()!r} in row {_row_of(lengths, i)} is not a hex id of at most 8 "
-                      f"digits: training refused such rows")
+        raise _refuse(
+            f"{name}: {flat[i].as_py()!r} in row {_row_of(lengths, i)} is not a hex id of at most 8 "
+            f"digits: training refused such rows"
+        )
     encoded = pc.dictionary_encode(flat)
     distinct = np.array([int(v or "0", 16) for v in encoded.dictionary.to_pylist()], np.uint64)
     return distinct[np.asarray(encoded.indices, np.int64)]
@@ -417,8 +474,10 @@ def _id_weights(f: dict[str, Any], column: pa.Array, listed: bool, lengths: np.n
     """The weight of each id of feature ``f``, from its weights column (the ids' layout)."""
     name = f"column {f['weights_column']!r} (the weights of feature {f['name']})"
     if _is_list(column.type) != listed:
-        raise _refuse(f"{name} is {column.type} but the ids are {'lists' if listed else 'one per row'}: give one "
-                      f"weight per id, in the ids' layout")
+        raise _refuse(
+            f"{name} is {column.type} but the ids are {'lists' if listed else 'one per row'}: give one "
+            f"weight per id, in the ids' layout"
+        )
     if listed:
         if f["truncate"]:
             column = pc.list_slice(column, 0, f["max_length"])
@@ -430,8 +489,10 @@ def _id_weights(f: dict[str, Any], column: pa.Array, listed: bool, lengths: np.n
         if column.null_count:
             raise _refuse(f"{name} has a null weight: training refused such rows; give one number per id")
     elif column.null_count and (np.asarray(column.is_null()) & (lengths == 1)).any():
-        raise _refuse(f"{name} is null in row {_first(np.asarray(column.is_null()) & (lengths == 1))} where the "
-                      f"feature has an id: give its weight")
+        raise _refuse(
+            f"{name} is null in row {_first(np.asarray(column.is_null()) & (lengths == 1))} where the "
+            f"feature has an id: give its weight"
+        )
     if _kind(column.type) not in ("int", "float", "decimal"):
         raise _refuse(f"{name} is {column.type}: give numbers")
     w = np.asarray(pc.cast(pc.fill_null(column, 0) if column.null_count else column, pa.float64()), np.float64)

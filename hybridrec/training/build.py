@@ -50,10 +50,14 @@ def model_for(cfg: DictConfig, data: Source) -> Ranker:
 
 def plan_inputs(cfg: DictConfig, dims: ParallelDims, data: Source) -> PlanInputs:
     """The planner's inputs for this run's layout ``dims`` and ``data``'s measured pooling."""
-    return PlanInputs(sharding=cfg.sharding, topology=cfg.topology, dims=dims,
-                      local_batch=cfg.data.batch_size // dims.world_size,
-                      pooling={f.name: f.pooling_factor for f in data.features},
-                      sparse_optimizer=cfg.optimizer.sparse._target_)
+    return PlanInputs(
+        sharding=cfg.sharding,
+        topology=cfg.topology,
+        dims=dims,
+        local_batch=cfg.data.batch_size // dims.world_size,
+        pooling={f.name: f.pooling_factor for f in data.features},
+        sparse_optimizer=cfg.optimizer.sparse._target_,
+    )
 
 
 def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, Loss, Parallelized]:
@@ -67,22 +71,40 @@ def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, 
     loader.check_splits(data)  # an empty split fails here, before any sharding
     model = model_for(cfg, data)
     dims = rank_dims(cfg, dist.get_world_size(), device)
-    parallel = parallelize(model, plan_inputs(cfg, dims, data), cfg.mesh, cfg.optimizer.sparse, cfg.seed, device,
-                           dist.group.WORLD)
+    parallel = parallelize(
+        model, plan_inputs(cfg, dims, data), cfg.mesh, cfg.optimizer.sparse, cfg.seed, device, dist.group.WORLD
+    )
     if dist.get_rank() == 0:
         log.info("\n" + format_report(parallel.plan))
         if parallel.dense != cfg.mesh.dense:
-            log.info(f"dense: mesh.dense={cfg.mesh.dense.value} on one rank runs unwrapped (no peer to shard or "
-                     f"reduce with); it applies from 2 ranks")
+            log.info(
+                f"dense: mesh.dense={cfg.mesh.dense.value} on one rank runs unwrapped (no peer to shard or "
+                f"reduce with); it applies from 2 ranks"
+            )
         write_json(os.path.join(run_dir, "plan.json"), parallel.plan)
     return data, model.loss, parallel
 
 
-def rank_batches(data_cfg: DictConfig, data: Source, split: str, device: torch.device,
-                 num_batches: Optional[int] = None, start: int = 0) -> Iterator:
+def rank_batches(
+    data_cfg: DictConfig,
+    data: Source,
+    split: str,
+    device: torch.device,
+    num_batches: Optional[int] = None,
+    start: int = 0,
+) -> Iterator:
     """This rank's batches of ``split`` from the shared input loop, with the worker processes
     and input thread of ``data_cfg`` (the ``data`` config; pinned memory on CUDA)."""
     d = data_cfg
-    return loader.batches(data, split, dist.get_rank(), dist.get_world_size(), num_batches, start,
-                          num_workers=d.num_workers, prefetch=d.prefetch, pin_memory=device.type == "cuda",
-                          thread=d.input_thread if d.input_thread is not None else device.type == "cuda")
+    return loader.batches(
+        data,
+        split,
+        dist.get_rank(),
+        dist.get_world_size(),
+        num_batches,
+        start,
+        num_workers=d.num_workers,
+        prefetch=d.prefetch,
+        pin_memory=device.type == "cuda",
+        thread=d.input_thread if d.input_thread is not None else device.type == "cuda",
+    )

@@ -52,10 +52,12 @@ def progressive_metric(objective: str) -> str:
     ``progressive.<metric>``; anything else is a ValueError naming the key."""
     if objective == "auto":
         return "auc"
-    metric = objective[len(OBJECTIVE_PREFIX):] if objective.startswith(OBJECTIVE_PREFIX) else None
+    metric = objective[len(OBJECTIVE_PREFIX) :] if objective.startswith(OBJECTIVE_PREFIX) else None
     if metric not in METRICS:
-        raise ValueError(f"train.objective={objective}: a continuous run is judged by its progressive validation; "
-                         f"use auto (progressive.auc) or one of " + ", ".join(OBJECTIVE_PREFIX + m for m in METRICS))
+        raise ValueError(
+            f"train.objective={objective}: a continuous run is judged by its progressive validation; "
+            f"use auto (progressive.auc) or one of " + ", ".join(OBJECTIVE_PREFIX + m for m in METRICS)
+        )
     return metric
 
 
@@ -91,10 +93,12 @@ class Stream:
             raise DataError(chosen[0])
         self._take(chosen[0])
         if not self.source.partitions and (gap := self.state.get("held_back")):
-            raise DataError(f"partition {gap['partition']} of {self.root}, the first, has no {gap['missing']} (still "
-                            f"being written, or lost) and later partitions are complete: nothing can be trained "
-                            f"before it. Start the run once it is complete, or set data.partitions.skip_unready=true "
-                            f"to train past it for good")
+            raise DataError(
+                f"partition {gap['partition']} of {self.root}, the first, has no {gap['missing']} (still "
+                f"being written, or lost) and later partitions are complete: nothing can be trained "
+                f"before it. Start the run once it is complete, or set data.partitions.skip_unready=true "
+                f"to train past it for good"
+            )
         reached = self._reached()
         saved = [p for p in self.state.get("partitions", []) if p["name"] in reached]
         for old, new in zip(saved, self.source.partitions):
@@ -102,7 +106,8 @@ class Stream:
                 raise DataError(
                     f"partition {old['name']} of {self.root} changed since the checkpoint was saved ({old['rows']:,} "
                     f"rows then, {new['rows']:,} now): a resumed run must read the partitions it trained on. "
-                    f"Restore it, or start a new run in another checkpoint.dir")
+                    f"Restore it, or start a new run in another checkpoint.dir"
+                )
         self._record_partitions()
         return self.source.num_batches("train")
 
@@ -114,19 +119,30 @@ class Stream:
         if not gap:
             return None
         trained = self.source.partitions[-1]["name"] if self.source.partitions else "none"
-        wait = ("it did not arrive within data.partitions.stop_after_idle_s" if self.spec.get("follow") else
-                "data.partitions.follow=true waits for it")
-        return (f"partition {gap['partition']} of {self.root} has no {gap['missing']} (still being written, or lost) "
-                f"and later partitions are complete: the run stopped before it, after {trained} (its checkpoint "
-                f"is kept). {wait}; data.partitions.skip_unready=true trains past it for good")
+        wait = (
+            "it did not arrive within data.partitions.stop_after_idle_s"
+            if self.spec.get("follow")
+            else "data.partitions.follow=true waits for it"
+        )
+        return (
+            f"partition {gap['partition']} of {self.root} has no {gap['missing']} (still being written, or lost) "
+            f"and later partitions are complete: the run stopped before it, after {trained} (its checkpoint "
+            f"is kept). {wait}; data.partitions.skip_unready=true trains past it for good"
+        )
 
     def _choose(self, strict: bool) -> Any:
         """Rank 0: the partitions to lay out, with their content digests, and what was held
         back or skipped (``_reconcile``); a string: why the run cannot go on."""
         unready: list[Partition] = []
         try:  # rank 0's error goes to every rank (the broadcast), not only to rank 0
-            listed = list_partitions(self.root, self.spec["pattern"], self.spec.get("ready_marker"), strict=strict,
-                                     warned=self._warned, unready=unready)
+            listed = list_partitions(
+                self.root,
+                self.spec["pattern"],
+                self.spec.get("ready_marker"),
+                strict=strict,
+                warned=self._warned,
+                unready=unready,
+            )
             kept = self._reconcile(listed)
             if isinstance(kept, str):
                 return kept
@@ -148,8 +164,10 @@ class Stream:
             if s not in self.state.setdefault("skipped", []):
                 self.state["skipped"].append(s)
                 if self.rank == 0:
-                    log.warning(f"data: partition {s['partition']} has no {s['missing']}: trained past it "
-                                f"(data.partitions.skip_unready=true); it is left out for good")
+                    log.warning(
+                        f"data: partition {s['partition']} has no {s['missing']}: trained past it "
+                        f"(data.partitions.skip_unready=true); it is left out for good"
+                    )
         self.source.set_partitions(kept)
 
     def _in_order(self, kept: list[Partition], unready: list[Partition]) -> tuple[list[Partition], Any, list]:
@@ -183,9 +201,11 @@ class Stream:
         kept = []
         for old in saved:
             if old["name"] not in by_name:
-                return (f"partition {old['name']} of {self.root}, trained on before the checkpoint, is gone: a "
-                        f"resumed run must read the partitions it trained on. Restore it, or start a new run in "
-                        f"another checkpoint.dir")
+                return (
+                    f"partition {old['name']} of {self.root}, trained on before the checkpoint, is gone: a "
+                    f"resumed run must read the partitions it trained on. Restore it, or start a new run in "
+                    f"another checkpoint.dir"
+                )
             kept.append(by_name[old["name"]])
         last = kept[-1].time if kept else None
         for p in listed:
@@ -194,8 +214,10 @@ class Stream:
             if last is not None and p.time <= last:
                 if p.name not in self._warned:
                     self._warned.add(p.name)
-                    log.warning(f"data: partition {p.name} arrived after {kept[-1].name} was read: it is before "
-                                f"that in time, so it is left out (training on it now would not be in time order)")
+                    log.warning(
+                        f"data: partition {p.name} arrived after {kept[-1].name} was read: it is before "
+                        f"that in time, so it is left out (training on it now would not be in time order)"
+                    )
                 continue
             kept.append(p)
         return kept
@@ -220,13 +242,16 @@ class Stream:
                 return digests, (
                     f"partition {p.name} of {self.root} changed since it was trained on ({_what_changed(was, digest)}): "
                     f"a resumed run must read the partitions it trained on, as they were. Restore it, or start a "
-                    f"new run in another checkpoint.dir")
+                    f"new run in another checkpoint.dir"
+                )
         return digests, None
 
     def _record_partitions(self) -> None:
         parts = self.source.partitions
-        self.state["partitions"] = [{**{k: p[k] for k in ("name", "rows", "batches", "trained")},
-                                     "digest": self._digest.get(p["name"])} for p in parts]
+        self.state["partitions"] = [
+            {**{k: p[k] for k in ("name", "rows", "batches", "trained")}, "digest": self._digest.get(p["name"])}
+            for p in parts
+        ]
         # looked up at every step: sets, not a walk over every partition of a long log
         self._starts = {p["first_batch"] for p in parts}
         self._ends = {p["first_batch"] + p["batches"] for p in parts if p["batches"]}
@@ -249,8 +274,10 @@ class Stream:
         waited = 0.0
         if self.rank == 0:
             after = self.source.partitions[-1]["name"] if self.source.partitions else "none yet"
-            log.info(f"following {self.root}: looking for partitions after {after} every "
-                     f"{poll:g} s" + (f", stopping after {idle_limit:g} s without one" if idle_limit else ""))
+            log.info(
+                f"following {self.root}: looking for partitions after {after} every "
+                f"{poll:g} s" + (f", stopping after {idle_limit:g} s without one" if idle_limit else "")
+            )
         while True:
             fresh = None
             if self.rank == 0:
@@ -294,8 +321,13 @@ class Stream:
         """The partitions to score now, after ``done`` steps: those not yet scored whose first
         step is the next one (or, training none of it, whose place has been reached)."""
         scored = {r["partition"] for r in self.records}
-        return [p for p in self.source.partitions if p["name"] not in scored and p["first_batch"] <= done
-                and (not p["batches"] or p["first_batch"] + p["batches"] > done)]
+        return [
+            p
+            for p in self.source.partitions
+            if p["name"] not in scored
+            and p["first_batch"] <= done
+            and (not p["batches"] or p["first_batch"] + p["batches"] > done)
+        ]
 
     def score(self, done: int, evaluate: Callable[[str], Any], metrics_log: Any) -> None:
         """Progressive validation: score each partition ``due`` after ``done`` steps with the
@@ -304,8 +336,14 @@ class Stream:
             return  # not a partition's first step: nothing is due
         for p in self.due(done):
             new_ids = self._new_ids(p) if self.rank == 0 else {}
-            record: dict[str, Any] = {"partition": p["name"], "step": done, "rows": p["rows"],
-                                      "steps": p["batches"], "trained": p["trained"], "new_ids": new_ids}
+            record: dict[str, Any] = {
+                "partition": p["name"],
+                "step": done,
+                "rows": p["rows"],
+                "steps": p["batches"],
+                "trained": p["trained"],
+                "new_ids": new_ids,
+            }
             if self.source.managed and self.rank == 0:  # each managed table's lookups of the partition
                 record["managed_ids"] = self.source.managed_stats(p["index"])
             if p["rows"]:
@@ -314,13 +352,17 @@ class Stream:
             metrics_log.log(step=done, split="progressive", **{k: v for k, v in record.items() if k != "step"})
             if self.rank == 0:
                 what = format_eval(record["eval"]) if p["rows"] else "no rows"
-                log.info(f"progressive {p['name']} @ step {done}: {what}  ({p['rows']:,} rows"
-                         + ("" if p["trained"] else ", scored only: after data.partitions.train_until")
-                         + (", new ids " + ", ".join(f"{k} {v:,}" for k, v in new_ids.items()) if new_ids else "")
-                         + "".join(f"; {t}: {m['rows_used']:,}/{m['rows']:,} rows used, {m['hits']:,} hits, "
-                                   f"{m['misses']:,} misses, {m['admitted']:,} admitted, {m['evicted']:,} evicted"
-                                   for t, m in record.get("managed_ids", {}).items())
-                         + ")")
+                log.info(
+                    f"progressive {p['name']} @ step {done}: {what}  ({p['rows']:,} rows"
+                    + ("" if p["trained"] else ", scored only: after data.partitions.train_until")
+                    + (", new ids " + ", ".join(f"{k} {v:,}" for k, v in new_ids.items()) if new_ids else "")
+                    + "".join(
+                        f"; {t}: {m['rows_used']:,}/{m['rows']:,} rows used, {m['hits']:,} hits, "
+                        f"{m['misses']:,} misses, {m['admitted']:,} admitted, {m['evicted']:,} evicted"
+                        for t, m in record.get("managed_ids", {}).items()
+                    )
+                    + ")"
+                )
 
     def _new_ids(self, p: dict[str, Any]) -> dict[str, int]:
         """Distinct raw ids of each sparse feature in partition ``p`` that no partition before
@@ -329,7 +371,7 @@ class Stream:
         before its position again to know them."""
         parts = self.source.partitions
         at = next(i for i, q in enumerate(parts) if q["name"] == p["name"])
-        for q in parts[self._folded:at]:
+        for q in parts[self._folded : at]:
             self._fold(q)
         out = {name: len(ids - self._seen_ids.get(name, set())) for name, ids in self._ids(p).items()}
         self._fold(p)
@@ -338,8 +380,12 @@ class Stream:
 
     def _ids(self, p: dict[str, Any]) -> dict[str, set]:
         """Partition p's distinct raw ids per feature (whole lists: every id the log shows)."""
-        return {f.name: {i for ids in self.source.partition_ids(p["index"], f, as_read=False)
-                         for i in pc.unique(ids).to_pylist()} for f in self.source.sparse}
+        return {
+            f.name: {
+                i for ids in self.source.partition_ids(p["index"], f, as_read=False) for i in pc.unique(ids).to_pylist()
+            }
+            for f in self.source.sparse
+        }
 
     def _fold(self, p: dict[str, Any]) -> None:
         for name, ids in self._ids(p).items():
@@ -352,9 +398,16 @@ class Stream:
         values = [r["eval"][metric] for r in self.records[1:] if "eval" in r and metric in r["eval"]]
         value = float(np.mean(values)) if values else math.nan
         maximize = metric not in ("logloss", "ne")
-        return {"name": OBJECTIVE_PREFIX + metric, "direction": "maximize" if maximize else "minimize",
-                "value": value, "best_step": None, "best_value": None, "best_checkpoint": None,
-                "stopped_early_at": None, "early_stop_patience": 0}
+        return {
+            "name": OBJECTIVE_PREFIX + metric,
+            "direction": "maximize" if maximize else "minimize",
+            "value": value,
+            "best_step": None,
+            "best_value": None,
+            "best_checkpoint": None,
+            "stopped_early_at": None,
+            "early_stop_patience": 0,
+        }
 
 
 def partition_digest(p: Partition) -> dict[str, Any]:
@@ -390,17 +443,20 @@ def freshness_summary(records: list[dict[str, Any]], skipped: list[dict[str, Any
     """summary.json's ``freshness``: per partition, its progressive scores and counts, the
     means over the partitions after the first, trained and scored-only apart, and the
     partitions trained past without their ready marker (``skip_unready``)."""
+
     def mean(rs: list[dict[str, Any]], key: str) -> Optional[float]:
         xs = [r["eval"][key] for r in rs if "eval" in r and key in r["eval"]]
         return float(np.mean(xs)) if xs else None
 
     later = records[1:]
     keys = ("auc", "ne", "logloss")
-    return {"partitions": records,
-            "mean_after_first": {k: mean(later, k) for k in keys},
-            "mean_trained": {k: mean([r for r in later if r["trained"]], k) for k in keys},
-            "mean_scored_only": {k: mean([r for r in later if not r["trained"]], k) for k in keys},
-            "skipped": list(skipped)}
+    return {
+        "partitions": records,
+        "mean_after_first": {k: mean(later, k) for k in keys},
+        "mean_trained": {k: mean([r for r in later if r["trained"]], k) for k in keys},
+        "mean_scored_only": {k: mean([r for r in later if not r["trained"]], k) for k in keys},
+        "skipped": list(skipped),
+    }
 
 
 class Serving:
@@ -431,5 +487,7 @@ class Serving:
                 return
             raise
         self.weights = (weights, step)
-        log.info(f"serving: {os.path.relpath(path, self.folder)} (step {step}, {os.path.getsize(path) / 2**20:.2f} MB, "
-                 f"{time.perf_counter() - tick:.1f} s)")
+        log.info(
+            f"serving: {os.path.relpath(path, self.folder)} (step {step}, {os.path.getsize(path) / 2**20:.2f} MB, "
+            f"{time.perf_counter() - tick:.1f} s)"
+        )

@@ -51,8 +51,14 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[EvalBatch], device: torch.device,
-             predictions: bool = False) -> Evaluation:
+def evaluate(
+    model: nn.Module,
+    source: Source,
+    loss: Loss,
+    batches: Iterator[EvalBatch],
+    device: torch.device,
+    predictions: bool = False,
+) -> Evaluation:
     """Score every row of ``batches`` (this rank's share of one split) with ``model`` (a
     Ranker, sharded or not: forward gives ``(loss, (loss, logits, labels))``) and compute
     the split's metrics over all ranks. Collective: every rank calls it with its own batches.
@@ -97,8 +103,11 @@ def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[Eva
     metrics: list[Any] = [None, None]
     if dist.get_rank() == 0:
         c = {name: t.cpu() for name, t in gathered.items()}
-        metrics[0] = (next_item_metrics(c["score"]) if source.next_item else
-                      split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query")))
+        metrics[0] = (
+            next_item_metrics(c["score"])
+            if source.next_item
+            else split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
+        )
         metrics[1] = bool(torch.isfinite(c["score"]).all())
     dist.broadcast_object_list(metrics, src=0)  # a few numbers: every rank reports the same
     table = None
@@ -108,8 +117,14 @@ def evaluate(model: nn.Module, source: Source, loss: Loss, batches: Iterator[Eva
     return Evaluation(metrics[0], table, count, metrics[1])
 
 
-def split_metrics(scores: torch.Tensor, labels: torch.Tensor, loss: Loss, source: Source,
-                  relevance: Optional[torch.Tensor] = None, query: Optional[torch.Tensor] = None) -> dict[str, Any]:
+def split_metrics(
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    loss: Loss,
+    source: Source,
+    relevance: Optional[torch.Tensor] = None,
+    query: Optional[torch.Tensor] = None,
+) -> dict[str, Any]:
     """The metrics block of a whole split (every real row once): AUC and the label's rate
     always; NE, log loss, calibration and accuracy when ``loss.calibrated``; per-query NDCG,
     MAP and recall when ``source.ranking_k`` is set."""
@@ -119,8 +134,9 @@ def split_metrics(scores: torch.Tensor, labels: torch.Tensor, loss: Loss, source
         # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
         result = {k: v for k, v in result.items() if k not in CALIBRATED_ONLY}
     if source.ranking_k is not None:  # lists per user: NDCG, MAP, recall
-        result |= ranking_metrics(scores.double().numpy(), relevance.numpy(), query.numpy(),
-                                  source.threshold, source.ranking_k)
+        result |= ranking_metrics(
+            scores.double().numpy(), relevance.numpy(), query.numpy(), source.threshold, source.ranking_k
+        )
     return result
 
 
@@ -136,8 +152,11 @@ def write_predictions(path: str, predictions: dict[str, torch.Tensor], calibrate
         if name in predictions:
             cols[name] = predictions[name]
     table = pa.table({name: t.numpy() for name, t in cols.items()})
-    meaning = ("a logit: sigmoid(score) is the click probability (column probability)" if calibrated
-               else "a ranking score: it orders rows, it is not a probability")
+    meaning = (
+        "a logit: sigmoid(score) is the click probability (column probability)"
+        if calibrated
+        else "a ranking score: it orders rows, it is not a probability"
+    )
     table = table.replace_schema_metadata({"hybridrec.score": f"score is the model's raw output, {meaning}"})
     tmp = f"{path}.tmp"
     pq.write_table(table, tmp)
@@ -164,8 +183,9 @@ class ScoreCheckpoint:
         data, loss, parallel = build(cfg, run_dir, device)
         step = checkpoint.load_weights(parallel.model, self.checkpoint, self.allow_unverified)
         tick = time.perf_counter()
-        result = evaluate(parallel.model, data, loss, rank_batches(cfg.data, data, self.split, device), device,
-                          self.predictions)
+        result = evaluate(
+            parallel.model, data, loss, rank_batches(cfg.data, data, self.split, device), device, self.predictions
+        )
         wall = time.perf_counter() - tick
         out: ScoreSummary = {
             "checkpoint": {"path": os.path.abspath(self.checkpoint), "step": step},

@@ -70,9 +70,11 @@ class Trainer:
         self.runs = [checkpoint.new_run_id()]
         # The objective follows the validation split; without one the run reports its train loss.
         try:
-            self.objective = (resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k,
-                                                self.data.next_item)
-                              if "valid" in self.data.splits and cfg.train.schedule != TrainSchedule.continuous else None)
+            self.objective = (
+                resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k, self.data.next_item)
+                if "valid" in self.data.splits and cfg.train.schedule != TrainSchedule.continuous
+                else None
+            )
         except ValueError as e:  # checked before launch; under torchrun each rank checks here
             raise DataError(str(e)) from None
         ck = cfg.checkpoint
@@ -84,9 +86,18 @@ class Trainer:
         self.stopped_early_at: Optional[int] = None
         self.last_evaluation: tuple[int, Optional[Evaluation]] = (-1, None)  # step, validation result
         self.stream_state: dict[str, Any] = {}  # train.schedule=continuous: the Stream's, saved with the run
-        live = checkpoint.Resumable(self.model, self.optimizer, self.data.features, self.data.num_dense_features,
-                                    self.losses, self.runs, self.selection, self.stream_state, self.metrics.records,
-                                    data_version=self.data.version)
+        live = checkpoint.Resumable(
+            self.model,
+            self.optimizer,
+            self.data.features,
+            self.data.num_dense_features,
+            self.losses,
+            self.runs,
+            self.selection,
+            self.stream_state,
+            self.metrics.records,
+            data_version=self.data.version,
+        )
         self.resumed_from: Optional[ResumedFrom] = None
         self.resumes: list[ResumedFrom] = []  # every resume of the training, this one last
         # Rank 0 picks the checkpoint (verifying its checksums, warning when a damaged newer
@@ -104,14 +115,15 @@ class Trainer:
             self.eval_history = evaluations(state.history, self.select_split)
             self.resumes = [*resumes(state.history), self.resumed_from]
             log.info(f"resumed from {path} at step {self.start_step}")
-        self.checkpointer = (checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None)
+        self.checkpointer = checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None
         self.stream: Optional[Stream] = None
         if cfg.train.schedule == TrainSchedule.continuous:
             self.stream = Stream(self.data, self.stream_state, self.rank)
             cfg.train.steps = self.stream.start()  # the partitions' global batches
             if self.checkpointer and cfg.checkpoint.export_deltas:
-                self.serving = Serving(os.path.join(cfg.checkpoint.dir, "serving"), self.stream,
-                                       list(cfg.checkpoint.trusted_targets))
+                self.serving = Serving(
+                    os.path.join(cfg.checkpoint.dir, "serving"), self.stream, list(cfg.checkpoint.trusted_targets)
+                )
                 self.checkpointer.on_commit = self.serving.commit
 
     def _references(self) -> list[dict[str, Any]]:
@@ -121,8 +133,10 @@ class Trainer:
         if self.rank == 0:
             for ref in refs:
                 if ref["data"] != source:
-                    log.info(f"train.references: {ref['name']} ({ref['metric']} {ref['value']}) was measured on "
-                             f"{ref['data']}, this run reads {source}: not compared")
+                    log.info(
+                        f"train.references: {ref['name']} ({ref['metric']} {ref['value']}) was measured on "
+                        f"{ref['data']}, this run reads {source}: not compared"
+                    )
         return [ref for ref in refs if ref["data"] == source]
 
     def step(self, batches: Iterator, step: int) -> torch.Tensor:
@@ -131,8 +145,9 @@ class Trainer:
         per-step work. Returns this rank's loss (a tensor: reading it would sync the device)."""
         loss, _logits, _labels = self.pipeline.progress(batches)
         # the last step of a partition is followed by an evaluation and a save, as the last one is
-        self.parallel.after_step(step, last=step == self.cfg.train.steps
-                                 or (self.stream is not None and self.stream.ends_partition(step)))
+        self.parallel.after_step(
+            step, last=step == self.cfg.train.steps or (self.stream is not None and self.stream.ends_partition(step))
+        )
         return loss
 
     def train(self) -> RunSummary:
@@ -184,8 +199,11 @@ class Trainer:
             progress.advance(step)
             if profiler:
                 profiler.step()
-            save = self.checkpointer and (step == cfg.steps or (every and step % every == 0)
-                                          or (self.stream is not None and self.stream.ends_partition(step)))
+            save = self.checkpointer and (
+                step == cfg.steps
+                or (every and step % every == 0)
+                or (self.stream is not None and self.stream.ends_partition(step))
+            )
             # at the last step too: the evaluation is then part of the last save's state
             evaluate = cfg.eval_every and step % cfg.eval_every == 0
             if step % cfg.log_every == 0 or step == cfg.steps or save:
@@ -202,9 +220,11 @@ class Trainer:
                     self.stopped_early_at = last = step
                     save = bool(self.checkpointer)
                     if self.rank == 0:
-                        log.info(f"early stop at step {step}: {self.objective.name} has not improved on "
-                                 f"{self.selection.best_value:.4f} (step {self.selection.best_step}) for "
-                                 f"{cfg.early_stop_patience} evaluations")
+                        log.info(
+                            f"early stop at step {step}: {self.objective.name} has not improved on "
+                            f"{self.selection.best_value:.4f} (step {self.selection.best_step}) for "
+                            f"{cfg.early_stop_patience} evaluations"
+                        )
             if save:
                 if self.stream:
                     self.stream_state["position"] = self.stream.position(step)
@@ -262,8 +282,10 @@ class Trainer:
                 f"rate too high is the usual cause); its last save was not committed; {hint}"
             )
         if exploded:
-            raise checkpoint.Diverged(f"{exploded}: the model diverged (a learning rate too high is the usual cause: "
-                                      f"{self._learning_rates()}); its last save was not committed; {hint}")
+            raise checkpoint.Diverged(
+                f"{exploded}: the model diverged (a learning rate too high is the usual cause: "
+                f"{self._learning_rates()}); its last save was not committed; {hint}"
+            )
         if not has_valid:
             return {"eval": judged.metrics}
         final = {"valid": judged.metrics}
@@ -272,8 +294,10 @@ class Trainer:
             checkpoint.load_weights(self.pipeline.detach(), best)
             weights_step = self.selection.best_step
             if self.rank == 0:
-                log.info(f"final evaluation with the best checkpoint {best} ({self.objective.name} "
-                         f"{self.selection.best_value:.4f} at step {weights_step}), not step {last}'s weights")
+                log.info(
+                    f"final evaluation with the best checkpoint {best} ({self.objective.name} "
+                    f"{self.selection.best_value:.4f} at step {weights_step}), not step {last}'s weights"
+                )
             final["valid"] = self.evaluate("valid").metrics
         # Logged (and recorded in metrics.jsonl) at the step whose weights were scored.
         final["eval"] = self._evaluate_and_log("eval", weights_step).metrics
@@ -287,11 +311,16 @@ class Trainer:
         if not self.objective:
             return None
         best = self.selection.best_checkpoint if self.cfg.checkpoint.keep_best else None
-        return {"name": self.objective.name, "direction": self.objective.direction,
-                "value": self.objective.value(final["valid"]), "best_step": self.selection.best_step,
-                "best_value": self.selection.best_value, "best_checkpoint": best and os.path.abspath(best),
-                "stopped_early_at": self.stopped_early_at,
-                "early_stop_patience": self.cfg.train.early_stop_patience}
+        return {
+            "name": self.objective.name,
+            "direction": self.objective.direction,
+            "value": self.objective.value(final["valid"]),
+            "best_step": self.selection.best_step,
+            "best_value": self.selection.best_value,
+            "best_checkpoint": best and os.path.abspath(best),
+            "stopped_early_at": self.stopped_early_at,
+            "early_stop_patience": self.cfg.train.early_stop_patience,
+        }
 
     def _exploded_at_end(self) -> Optional[str]:
         """Why the run ends diverged though every loss was finite, or None: the median of its
@@ -306,8 +335,9 @@ class Trainer:
         return over and f"the loss at the end of training (median {last:.4g} over steps {n - window + 1}-{n}) is {over}"
 
     def _learning_rates(self) -> str:
-        return ", ".join(f"optimizer.{name}.lr={OmegaConf.select(self.cfg, f'optimizer.{name}.lr')}"
-                         for name in ("sparse", "dense"))
+        return ", ".join(
+            f"optimizer.{name}.lr={OmegaConf.select(self.cfg, f'optimizer.{name}.lr')}" for name in ("sparse", "dense")
+        )
 
     def _check_losses(self, step: int) -> None:
         """All-reduce the losses of the steps not yet checked, up to ``step``, and stop on a
@@ -333,8 +363,15 @@ class Trainer:
         rate = (step - self.start_step) * self.cfg.data.batch_size / elapsed
         progress.report(step, self.losses[-1], rate, elapsed)
         extra = {"grad_norm": self.optimizer.grad_norms[-1].item()} if self.optimizer.grad_norms else {}
-        self.metrics.log(step=step, loss=self.losses[-1], loss_mean=sum(window) / len(window), samples_per_second=rate,
-                         elapsed_s=elapsed, lr=self.optimizer.lrs(), **extra)
+        self.metrics.log(
+            step=step,
+            loss=self.losses[-1],
+            loss_mean=sum(window) / len(window),
+            samples_per_second=rate,
+            elapsed_s=elapsed,
+            lr=self.optimizer.lrs(),
+            **extra,
+        )
 
     def _global_mean(self, local: torch.Tensor) -> list[float]:
         # Each rank's loss is the mean over its equal-sized slice: the average over ranks is
@@ -391,8 +428,9 @@ class Trainer:
             # start_step=0 asks for the first step itself, which has no step before it to warm
             # up on: torch's warning that the window has no warm-up says what was asked for.
             warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            schedule = torch.profiler.schedule(wait=max(0, p.start_step - 1), warmup=min(1, p.start_step),
-                                               active=p.steps, repeat=1)
+            schedule = torch.profiler.schedule(
+                wait=max(0, p.start_step - 1), warmup=min(1, p.start_step), active=p.steps, repeat=1
+            )
         profiler = torch.profiler.profile(
             activities=activities,
             schedule=schedule,
@@ -406,13 +444,28 @@ class Trainer:
         cfg = self.cfg
         ranks, read = self._measure_ranks(), self._read_report()  # collectives: every rank
         summary = run_summary(
-            losses=self.losses, start_step=self.start_step, step_times=self.step_times,
-            global_batch_size=cfg.data.batch_size, wall_s=wall, final=final, eval_history=self.eval_history,
-            world_size=self.world_size, device=str(self.device), dense_parallel=self.parallel.dense.value,
-            dense_parameters=self.parallel.dense_parameters, provenance=provenance(cfg, self.resumed_from),
-            plan=self.plan, ranks=ranks, profiled=cfg.profile.enabled, objective=self.objective_block(final),
-            references=self.references, resumes=self.resumes, data=read,
-            freshness=freshness_summary(self.stream.records, self.stream.state.get("skipped", [])) if self.stream else None,
+            losses=self.losses,
+            start_step=self.start_step,
+            step_times=self.step_times,
+            global_batch_size=cfg.data.batch_size,
+            wall_s=wall,
+            final=final,
+            eval_history=self.eval_history,
+            world_size=self.world_size,
+            device=str(self.device),
+            dense_parallel=self.parallel.dense.value,
+            dense_parameters=self.parallel.dense_parameters,
+            provenance=provenance(cfg, self.resumed_from),
+            plan=self.plan,
+            ranks=ranks,
+            profiled=cfg.profile.enabled,
+            objective=self.objective_block(final),
+            references=self.references,
+            resumes=self.resumes,
+            data=read,
+            freshness=freshness_summary(self.stream.records, self.stream.state.get("skipped", []))
+            if self.stream
+            else None,
         )
         if self.rank == 0:
             warn_read_problems(read)
@@ -449,13 +502,17 @@ def warn_read_problems(report: Optional[dict[str, Any]]) -> None:
         return
     if report["bad_rows"]:
         first = next(e for f in report["files"].values() for e in f["errors"])
-        log.warning(f"data: skipped {report['bad_rows']} bad rows of "
-                    f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json")
+        log.warning(
+            f"data: skipped {report['bad_rows']} bad rows of "
+            f"{report['rows'] + report['bad_rows']} (first: {first}); see summary.json"
+        )
     for lost in report.get("unreadable", []):
         log.warning(f"data: {lost}; the lines before it were used")
     for column, rows in report.get("null_ids", {}).items():
-        log.warning(f"data: {rows:,} rows have a null {column}: no ids there (the feature pools to zeros); "
-                    f"null_ids=bad counts them as bad rows instead")
+        log.warning(
+            f"data: {rows:,} rows have a null {column}: no ids there (the feature pools to zeros); "
+            f"null_ids=bad counts them as bad rows instead"
+        )
 
 
 def train_job(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary:
@@ -468,5 +525,3 @@ def train_job(cfg: DictConfig, run_dir: str, device: torch.device) -> RunSummary
     if trainer.stream and (why := trainer.stream.stopped_before):
         raise DataError(why)  # after the outputs: what was trained is kept, the gap is the run's end
     return summary
-
-

@@ -26,19 +26,30 @@ before parsing: the text and gzip checks, blocks of whole lines, lines that are 
 
 from hybridrec.data.criteo.binary import CriteoBinary
 from hybridrec.data.criteo.common import (
-                                          CAT_FEATURES,
-                                          COLUMNS,
-                                          INT_FEATURES,
-                                          criteo_tables,
-                                          estimate_collisions,
-                                          map_ids,
-                                          resolve_paths,
-                                          validation_fraction,
-                                          warn_collisions,
+    CAT_FEATURES,
+    COLUMNS,
+    INT_FEATURES,
+    criteo_tables,
+    estimate_collisions,
+    map_ids,
+    resolve_paths,
+    validation_fraction,
+    warn_collisions,
 )
 from hybridrec.data.criteo.tsv import CriteoTSV, parse_block, read_tsv_file
 
 __all__ = [
-    "CAT_FEATURES", "COLUMNS", "INT_FEATURES", "CriteoBinary", "CriteoTSV", "criteo_tables", "estimate_collisions",
-    "map_ids", "parse_block", "read_tsv_file", "resolve_paths", "validation_fraction", "warn_collisions",
+    "CAT_FEATURES",
+    "COLUMNS",
+    "INT_FEATURES",
+    "CriteoBinary",
+    "CriteoTSV",
+    "criteo_tables",
+    "estimate_collisions",
+    "map_ids",
+    "parse_block",
+    "read_tsv_file",
+    "resolve_paths",
+    "validation_fraction",
+    "warn_collisions",
 ]

@@ -74,8 +74,9 @@ class CriteoBinary(Source):
             held = holdout(seed, 0, runs, fraction)
             self.days["valid"] = self.days["train"]
             for split, mask in (("train", ~held), ("valid", held)):
-                self.segments[split] = [(int(r) * _HOLDOUT_RUN, min(_HOLDOUT_RUN, total - int(r) * _HOLDOUT_RUN))
-                                        for r in runs[mask]]
+                self.segments[split] = [
+                    (int(r) * _HOLDOUT_RUN, min(_HOLDOUT_RUN, total - int(r) * _HOLDOUT_RUN)) for r in runs[mask]
+                ]
         self.num_dense_features = INT_FEATURES
         self.id_mapping = IdMapping(id_mapping)
         self.eval_batches = eval_batches
@@ -86,8 +87,10 @@ class CriteoBinary(Source):
                     self._report.good(prefix, rows)
             rows = sum(n for _, n in self.segments[split])
             if (rows < batch_size) if split == "train" else rows == 0:  # an evaluated split is padded
-                raise DataError(f"data.{split}_path has {rows} rows: " + (
-                    f"fewer than one global batch (data.batch_size={batch_size})" if rows else "nothing to evaluate"))
+                raise DataError(
+                    f"data.{split}_path has {rows} rows: "
+                    + (f"fewer than one global batch (data.batch_size={batch_size})" if rows else "nothing to evaluate")
+                )
 
     @staticmethod
     def _days(spec: str, key: str) -> list[tuple[str, int]]:
@@ -103,18 +106,26 @@ class CriteoBinary(Source):
                 try:
                     array = np.load(path, mmap_mode="r")  # the header only: no row is read
                 except (ValueError, OSError, EOFError) as e:
-                    raise DataError(f"{path}: not a readable .npy file ({e}); {key} names the "
-                                    f"converted days (python -m hybridrec.data.convert)") from None
+                    raise DataError(
+                        f"{path}: not a readable .npy file ({e}); {key} names the "
+                        f"converted days (python -m hybridrec.data.convert)"
+                    ) from None
                 if array.ndim != 2 or array.shape[1] != width:
                     raise DataError(f"{path}: shape {array.shape}, expected (rows, {width})")
                 if array.dtype.kind not in _NPY_KINDS[part][0]:
                     raise DataError(f"{path}: dtype {array.dtype}, expected {_NPY_KINDS[part][1]}")
                 if part == "dense" and array.dtype != np.float32:
                     # said once, at build: the model computes in float32, so the values are cast
-                    log.warning(f"{path}: dense features stored as {array.dtype}, read as float32 (the model's "
-                                f"precision): " + ("exactly" if array.dtype.itemsize < 4 else
-                                                   "rounded to float32's 7 digits; a value beyond its range "
-                                                   "(3.4e38) stops the run as not finite"))
+                    log.warning(
+                        f"{path}: dense features stored as {array.dtype}, read as float32 (the model's "
+                        f"precision): "
+                        + (
+                            "exactly"
+                            if array.dtype.itemsize < 4
+                            else "rounded to float32's 7 digits; a value beyond its range "
+                            "(3.4e38) stops the run as not finite"
+                        )
+                    )
                 shapes[part] = array.shape[0]
             if len(set(shapes.values())) != 1:
                 raise DataError(f"{prefix}: dense, sparse and labels disagree on rows: {shapes}")
@@ -140,8 +151,10 @@ class CriteoBinary(Source):
         total = sum(n for _, n in self.segments[split])
         first = min(index * self.batch_size + lo, total)
         count = min(index * self.batch_size + hi, total) - first
-        dense, sparse, labels = (self._rows(self.days[split], self.segments[split], part, first, count)
-                                 for part in ("dense", "sparse", "labels"))
+        dense, sparse, labels = (
+            self._rows(self.days[split], self.segments[split], part, first, count)
+            for part in ("dense", "sparse", "labels")
+        )
         stored = dense.reshape(-1, INT_FEATURES)
         with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf: named by the check
             dense = np.array(stored, dtype=np.float32)  # a copy (the file stays read-only); a wider dtype rounded
@@ -149,28 +162,38 @@ class CriteoBinary(Source):
         ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping, feature_major=True)
         return Rows.one_hot(dense, ids, labels.reshape(-1))
 
-    def _check_values(self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray,
-                      stored: np.ndarray) -> None:
+    def _check_values(
+        self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, stored: np.ndarray
+    ) -> None:
         """Values the dtypes allow but the model cannot use: a label other than 0 or 1, a
         NaN or infinite dense value, a negative id. The layout's rows are taken by position
         (every global batch, at every world size), so a bad row cannot be skipped as the TSV
         reader skips it: the run stops, naming the file and row (0-based, as NumPy indexes)."""
         # One pass each over the whole batch first; the row-by-row masks only when one fails.
-        if (np.isfinite(dense).all() and (sparse.dtype.kind != "i" or len(sparse) == 0 or sparse.min() >= 0)
-                and not ((labels != 0) & (labels != 1)).any()):
+        if (
+            np.isfinite(dense).all()
+            and (sparse.dtype.kind != "i" or len(sparse) == 0 or sparse.min() >= 0)
+            and not ((labels != 0) & (labels != 1)).any()
+        ):
             return
-        checks = (("labels", (labels != 0) & (labels != 1)),
-                  ("dense", ~np.isfinite(dense).all(axis=1)),
-                  ("sparse", (sparse < 0).any(axis=1) if sparse.dtype.kind == "i" else np.zeros(len(sparse), bool)))
+        checks = (
+            ("labels", (labels != 0) & (labels != 1)),
+            ("dense", ~np.isfinite(dense).all(axis=1)),
+            ("sparse", (sparse < 0).any(axis=1) if sparse.dtype.kind == "i" else np.zeros(len(sparse), bool)),
+        )
         for part, bad in checks:
             if bad.any():
                 i = int(np.argmax(bad))
                 prefix, row = self._locate(split, first + i)
-                value = {"labels": lambda: f"label {labels[i]:g} is not 0 or 1",
-                         "dense": lambda: _not_finite(stored[i][~np.isfinite(dense[i])][0]),
-                         "sparse": lambda: f"id {sparse[i][sparse[i] < 0][0]} is negative"}[part]()
-                raise DataError(f"{prefix}_{part}.npy row {row}: {value}. The .npy layout's rows are read by "
-                                f"position, so a bad row cannot be skipped: fix the file (or convert the TSV again)")
+                value = {
+                    "labels": lambda: f"label {labels[i]:g} is not 0 or 1",
+                    "dense": lambda: _not_finite(stored[i][~np.isfinite(dense[i])][0]),
+                    "sparse": lambda: f"id {sparse[i][sparse[i] < 0][0]} is negative",
+                }[part]()
+                raise DataError(
+                    f"{prefix}_{part}.npy row {row}: {value}. The .npy layout's rows are read by "
+                    f"position, so a bad row cannot be skipped: fix the file (or convert the TSV again)"
+                )
 
     def _locate(self, split: str, index: int) -> tuple[str, int]:
         """The day (prefix) and row in it of row ``index`` of ``split``."""
@@ -186,8 +209,9 @@ class CriteoBinary(Source):
             row -= rows
         raise IndexError(index)
 
-    def _rows(self, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int,
-              count: int) -> np.ndarray:
+    def _rows(
+        self, days: list[tuple[str, int]], segments: list[tuple[int, int]], part: str, start: int, count: int
+    ) -> np.ndarray:
         """Rows [start, start + count) of a split whose rows are ``segments`` of the days: a
         view of the file when they are one range of one day, else one array."""
         out, offset = [], 0
@@ -210,7 +234,7 @@ class CriteoBinary(Source):
             if count and start < offset + rows:
                 lo = max(start - offset, 0)
                 take = min(rows - lo, count)
-                out.append(self._mapped(f"{prefix}_{part}.npy")[lo: lo + take])
+                out.append(self._mapped(f"{prefix}_{part}.npy")[lo : lo + take])
                 start, count = start + take, count - take
             offset += rows
         return out

@@ -68,8 +68,12 @@ def estimate_collisions(raw: np.ndarray, mapped: np.ndarray, names: list[str]) -
         ids = len(pairs)
         _, per_row = np.unique(pairs[:, 0], return_counts=True)
         if ids > len(per_row):
-            out[name] = {"distinct_ids": ids, "distinct_rows": len(per_row), "sample_rows": len(raw),
-                         "colliding_share": round(float(per_row[per_row > 1].sum()) / ids, 4)}
+            out[name] = {
+                "distinct_ids": ids,
+                "distinct_rows": len(per_row),
+                "sample_rows": len(raw),
+                "colliding_share": round(float(per_row[per_row > 1].sum()) / ids, 4),
+            }
     return out
 
 
@@ -79,7 +83,8 @@ def warn_collisions(collisions: dict, names: list[str], sizes: np.ndarray) -> No
     if bad:
         tables = "; ".join(
             f"t_{name}: {int(sizes[names.index(name)]):,} rows for {c['distinct_ids']:,} ids, "
-            f"{c['colliding_share']:.0%} share a row" for name, c in bad.items()
+            f"{c['colliding_share']:.0%} share a row"
+            for name, c in bad.items()
         )
         first = next(iter(bad.values()))["sample_rows"]
         log.warning(

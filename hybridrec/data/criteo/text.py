@@ -32,13 +32,15 @@ def _text_head(path: str, key: str) -> bytes:
     NUL byte is in no TSV, and a binary file read as lines would lose every row to
     "wrong field count" errors and look like a file of bad rows."""
     try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
             head = f.read(_TEXT_HEAD)
     except (OSError, EOFError, zlib.error):  # a broken gzip stream: reported where it breaks, by the reader
         return b"?"
     if (nul := head.find(b"\0")) >= 0:
-        raise DataError(f"{path}: not a text file (a NUL byte at byte {nul:,} of its text); {key} names Criteo's "
-                        f"tab-separated logs (.tsv or .tsv.gz): a converted .npy day is read with data=criteo_binary")
+        raise DataError(
+            f"{path}: not a text file (a NUL byte at byte {nul:,} of its text); {key} names Criteo's "
+            f"tab-separated logs (.tsv or .tsv.gz): a converted .npy day is read with data=criteo_binary"
+        )
     return head
 
 
@@ -86,8 +88,13 @@ def _line_blocks(path: str, size: int) -> Iterator[bytes]:
     if cut:
         yield data[:cut]
     if error is not None:
-        kind = ("truncated gzip" if isinstance(error, EOFError) else
-                "corrupt gzip" if gz and isinstance(error, (zlib.error, gzip.BadGzipFile)) else "read error")
+        kind = (
+            "truncated gzip"
+            if isinstance(error, EOFError)
+            else "corrupt gzip"
+            if gz and isinstance(error, (zlib.error, gzip.BadGzipFile))
+            else "read error"
+        )
         raise _Unreadable(kind, error, len(data) - cut)
 
 

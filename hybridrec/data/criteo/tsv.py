@@ -95,9 +95,11 @@ class CriteoTSV(Source):
                 _check_gzip(path)
             heads = {path: _text_head(path, f"data.{split}_path") for path in paths}
             if not any(heads.values()):
-                raise DataError(f"data.{split}_path: every file is empty (no text"
-                                f"{', once decompressed' if any(p.endswith('.gz') for p in paths) else ''}): "
-                                f"{', '.join(paths)}")
+                raise DataError(
+                    f"data.{split}_path: every file is empty (no text"
+                    f"{', once decompressed' if any(p.endswith('.gz') for p in paths) else ''}): "
+                    f"{', '.join(paths)}"
+                )
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.num_dense_features = INT_FEATURES
         self.id_mapping = IdMapping(id_mapping)
@@ -114,14 +116,29 @@ class CriteoTSV(Source):
         """A raw row is a log line's fields: int_0 .. int_12 integers (missing: null), cat_0 ..
         cat_25 hex ids of at most 8 digits (missing: null or empty, id 0), converted as
         ``_convert`` and ``map_ids`` convert them."""
-        dense = [dense_input(f"int_{j}", [{"op": "fill_null", "value": 0}, {"op": "clamp", "min": 0.0},
-                                          {"op": "log1p"}]) for j in range(INT_FEATURES)]
+        dense = [
+            dense_input(f"int_{j}", [{"op": "fill_null", "value": 0}, {"op": "clamp", "min": 0.0}, {"op": "log1p"}])
+            for j in range(INT_FEATURES)
+        ]
         function = "splitmix64" if self.id_mapping == IdMapping.hash else "none"
-        sparse = [sparse_input(f.name, f.name, f.table_name, f.num_embeddings, f.pooling,
-                               {"kind": "hex", "function": function, "modulo": f.num_embeddings}, "one id")
-                  for f in self.features]
-        return RawInputs("a Criteo line's fields: int_0 .. int_12 (integers or null) and cat_0 .. cat_25 (hex "
-                         "strings of at most 8 digits, null or empty for a missing one)", dense, sparse)
+        sparse = [
+            sparse_input(
+                f.name,
+                f.name,
+                f.table_name,
+                f.num_embeddings,
+                f.pooling,
+                {"kind": "hex", "function": function, "modulo": f.num_embeddings},
+                "one id",
+            )
+            for f in self.features
+        ]
+        return RawInputs(
+            "a Criteo line's fields: int_0 .. int_12 (integers or null) and cat_0 .. cat_25 (hex "
+            "strings of at most 8 digits, null or empty for a missing one)",
+            dense,
+            sparse,
+        )
 
     def report(self) -> dict:
         return self._report.to_dict()
@@ -199,7 +216,9 @@ class CriteoTSV(Source):
         """The split whose files ``split`` reads (valid_fraction: the training files)."""
         return "train" if split == "valid" and "valid" not in self.files else split
 
-    def shard_blocks(self, split: str, shard: int) -> Iterator[tuple[str, int, Optional[int], bytes, Optional["_Unreadable"]]]:
+    def shard_blocks(
+        self, split: str, shard: int
+    ) -> Iterator[tuple[str, int, Optional[int], bytes, Optional["_Unreadable"]]]:
         """Shard ``shard``'s blocks of whole lines, in order: (path, byte offset of the block
         in the file's text, its first line or None when not known yet, text, and the error
         that broke the file's stream there, if it did: reported by that block's shard). Block j of the i-th file belongs to shard (i + j) mod shards.
@@ -234,8 +253,9 @@ class CriteoTSV(Source):
                         f.seek(begin)
                         yield path, begin, None, f.read(end - begin), None
 
-    def parse_rows(self, split: str, path: str, offset: int, line: Optional[int], text: bytes,
-                   report: ReadReport) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def parse_rows(
+        self, split: str, path: str, offset: int, line: Optional[int], text: bytes, report: ReadReport
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A block's valid rows (dense, table ids, labels), the validation holdout applied
         (a seeded hash of file and line offset), bad lines counted into ``report``."""
         first_line = (lambda: line) if line is not None else (lambda: self._lines.line_at(path, offset))
@@ -265,8 +285,9 @@ class CriteoTSV(Source):
                 read_options=pacsv.ReadOptions(column_names=COLUMNS, block_size=len(data) + 1, use_threads=False),
                 # an empty line is a row (of empty fields, refused by _convert): every line is
                 # counted, and the parser's line numbers are the file's
-                parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False,
-                                                 invalid_row_handler=wrong_field_count),
+                parse_options=pacsv.ParseOptions(
+                    delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=wrong_field_count
+                ),
                 convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS}),
             )
 
@@ -367,8 +388,11 @@ class _ShardReader:
         self.buffered -= taken
         self.position += taken
         if not out:
-            return (np.zeros((0, INT_FEATURES), np.float32), np.zeros((0, CAT_FEATURES), np.int64),
-                    np.zeros(0, np.float32))
+            return (
+                np.zeros((0, INT_FEATURES), np.float32),
+                np.zeros((0, CAT_FEATURES), np.int64),
+                np.zeros(0, np.float32),
+            )
         return tuple(np.concatenate(cols) for cols in zip(*out)) if len(out) > 1 else out[0]
 
     def _rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -381,13 +405,16 @@ class _ShardReader:
             for path, offset, line, text, broken in src.shard_blocks(self.split, self.shard):
                 blocks += 1
                 if broken is not None:
-                    reason = f"{broken.kind}: {broken.cause}; {broken.partial:,} bytes of that line read, nothing after it"
+                    reason = (
+                        f"{broken.kind}: {broken.cause}; {broken.partial:,} bytes of that line read, nothing after it"
+                    )
                     if src.fail:
                         raise DataError(f"{path}:{line}: unreadable from here ({reason})")
                     (self.report if count else scratch).unreadable(path, line, reason)
                     continue
-                dense, raw, labels = src.parse_rows(self.split, path, offset, line, text,
-                                                    self.report if count else scratch)
+                dense, raw, labels = src.parse_rows(
+                    self.split, path, offset, line, text, self.report if count else scratch
+                )
                 ids = map_ids(raw, src.sizes, src.id_mapping)
                 if self.sample is not None:
                     self._sample(raw, ids)
@@ -402,9 +429,12 @@ class _ShardReader:
             if rows < m:  # a global batch would hold one of the shard's rows twice
                 # Say what the shard was dealt: no block at all means too few blocks for the
                 # shards (a line longer than a block is one block), not too few rows.
-                got = (f"it was dealt none of the training files' blocks (whole lines of about "
-                       f"{src.block_bytes(self.split):,} bytes; a longer line is one block)" if not blocks else
-                       f"its {blocks} block(s) of lines held {rows} valid rows")
+                got = (
+                    f"it was dealt none of the training files' blocks (whole lines of about "
+                    f"{src.block_bytes(self.split):,} bytes; a longer line is one block)"
+                    if not blocks
+                    else f"its {blocks} block(s) of lines held {rows} valid rows"
+                )
                 raise DataError(
                     f"data.train_path has {rows} usable rows in shard {self.shard} of data.shards={src.shards}, "
                     f"fewer than its {m} rows of one global batch (data.batch_size={src.batch_size}): {got}; "
@@ -471,8 +501,9 @@ def _line_start(f, offset: int, size: int) -> int:
         at += len(chunk)
 
 
-def parse_block(text: bytes, path: str, first_line, fail: bool, report: ReadReport
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def parse_block(
+    text: bytes, path: str, first_line, fail: bool, report: ReadReport
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A block of whole lines: the valid rows' (dense, raw ids, labels) and their in-block
     line numbers (1-based). Every line is counted in ``report``: kept or bad (file:line and
     the reason; ``fail`` stops at the first). ``first_line()`` gives the block's first line
@@ -482,8 +513,10 @@ def parse_block(text: bytes, path: str, first_line, fail: bool, report: ReadRepo
     # in-block line of each parsed row: the lines the parser did not skip
     rows_at = np.setdiff1d(np.arange(1, lines + 1), list(errors), assume_unique=True)
     if len(rows_at) != block.num_rows:  # PyArrow also ends a line at a lone \r
-        raise DataError(f"{path}:{first_line()}: a carriage return inside a line within the next {lines} "
-                        f"lines: not a Criteo TSV (lines end with \\n)")
+        raise DataError(
+            f"{path}:{first_line()}: a carriage return inside a line within the next {lines} "
+            f"lines: not a Criteo TSV (lines end with \\n)"
+        )
     ok = np.zeros(0, dtype=bool)
     dense = raw = labels = None
     if block.num_rows:  # (a block of only bad lines has none to convert)
@@ -497,8 +530,12 @@ def parse_block(text: bytes, path: str, first_line, fail: bool, report: ReadRepo
             report.bad(path, line + at - 1, errors[at])
     report.good(path, int(ok.sum()))
     if not ok.any():
-        return (np.zeros((0, INT_FEATURES), np.float32), np.zeros((0, CAT_FEATURES), np.uint64),
-                np.zeros(0, np.float32), np.zeros(0, np.int64))
+        return (
+            np.zeros((0, INT_FEATURES), np.float32),
+            np.zeros((0, CAT_FEATURES), np.uint64),
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int64),
+        )
     return dense[ok], raw[ok], labels[ok], rows_at[ok]
 
 

@@ -87,8 +87,9 @@ class _Columns:
     it reads the source's settings: label_column, threshold_value, weight_column, dense,
     sparse, vocabularies, hash_seed, fail and weighted)."""
 
-    def _convert(self, table: pa.Table, spans: list[tuple[str, int, int]], report: Optional[ReadReport],
-                 sample: bool = False) -> _Part:
+    def _convert(
+        self, table: pa.Table, spans: list[tuple[str, int, int]], report: Optional[ReadReport], sample: bool = False
+    ) -> _Part:
         """The rows of ``table``, which are ``spans`` (file, first row, rows) end to end, as
         arrays, every column checked at once; bad rows become padding, counted in ``report``
         (or raised with bad_rows=fail) with their file and row.
@@ -101,8 +102,10 @@ class _Columns:
         if self.weight_column:
             w, nulls = _floats(_plain_array(table.column(self.weight_column)))
             bad = ~nulls & ~(np.isfinite(w) & (w >= 0))
-            checks += [(nulls, lambda i: f"sample weight {self.weight_column} is null"),
-                       (bad, lambda i, w=w: f"sample weight {self.weight_column} {w[i]:g} is not a finite number >= 0")]
+            checks += [
+                (nulls, lambda i: f"sample weight {self.weight_column} is null"),
+                (bad, lambda i, w=w: f"sample weight {self.weight_column} {w[i]:g} is not a finite number >= 0"),
+            ]
             weights = np.where(nulls | bad, 0, w).astype(np.float32)
         dense = np.zeros((n, len(self.dense)), np.float32)
         for j, d in enumerate(self.dense):
@@ -117,10 +120,11 @@ class _Columns:
                 y = y.astype(np.float32)
             raw_bad = ~nulls & ~np.isfinite(x)
             over = ~nulls & ~raw_bad & ~np.isfinite(y)
-            checks += [(nulls, lambda i, c=d.column: f"{c} is null"),
-                       (raw_bad, lambda i, c=d.column, x=x: f"{c} {x[i]} is not finite"),
-                       (over, lambda i, c=d.column, x=x, t=d.transform:
-                        f"{c} {x[i]:g} is out of float32's range after {t}")]
+            checks += [
+                (nulls, lambda i, c=d.column: f"{c} is null"),
+                (raw_bad, lambda i, c=d.column, x=x: f"{c} {x[i]} is not finite"),
+                (over, lambda i, c=d.column, x=x, t=d.transform: f"{c} {x[i]:g} is out of float32's range after {t}"),
+            ]
             dense[:, j] = np.where(nulls | raw_bad | over, 0, y)
         ids, keys, null_rows = [], [], []
         for f in self.sparse:
@@ -132,8 +136,9 @@ class _Columns:
             if column.null_count:  # rows whose column is null (not an id inside a list)
                 nulls = np.asarray(column.is_null())
                 if f.null_ids == "bad":
-                    checks.append((nulls, lambda i, c=f.column, k=f.index:
-                                   f"{c} is null (data.sparse[{k}].null_ids=bad)"))
+                    checks.append(
+                        (nulls, lambda i, c=f.column, k=f.index: f"{c} is null (data.sparse[{k}].null_ids=bad)")
+                    )
                 else:
                     null_rows.append((f, nulls))
         bad = np.zeros(n, bool)
@@ -144,12 +149,13 @@ class _Columns:
         if report is not None:
             at = 0
             for path, _, count in spans:
-                report.good(path, int(count - bad[at: at + count].sum()))
+                report.good(path, int(count - bad[at : at + count].sum()))
                 at += count
             for f, nulls in null_rows:  # rows kept without ids: counted, said once at the end
                 if kept := int((nulls & ~bad).sum()):
-                    report.null_ids[f"{f.column} (data.sparse[{f.index}])"] = report.null_ids.get(
-                        f"{f.column} (data.sparse[{f.index}])", 0) + kept
+                    report.null_ids[f"{f.column} (data.sparse[{f.index}])"] = (
+                        report.null_ids.get(f"{f.column} (data.sparse[{f.index}])", 0) + kept
+                    )
         if bad.any() and not sample:  # a sample keeps its ids as read: the estimates filter by ``real``
             dense[bad] = 0
             labels = np.where(bad, 0, labels).astype(np.float32)
@@ -157,8 +163,9 @@ class _Columns:
             ids = [_as_padding(values, lengths, w, bad) for values, lengths, w in ids]
         return _Part(dense, labels, weights, ids, ~bad, keys if sample else None)
 
-    def _bad_rows(self, bad: np.ndarray, checks: list[_Check], spans: list[tuple[str, int, int]],
-                  report: Optional[ReadReport]) -> None:
+    def _bad_rows(
+        self, bad: np.ndarray, checks: list[_Check], spans: list[tuple[str, int, int]], report: Optional[ReadReport]
+    ) -> None:
         starts = np.cumsum([0] + [count for _, _, count in spans])
         where = np.flatnonzero(bad)
         reason = lambda i: next(why(int(i)) for mask, why in checks if mask[i])
@@ -175,7 +182,7 @@ class _Columns:
         kept = where[: report.max_errors]  # only the first few are kept with their reason
         for i in kept:
             report.bad(*located(int(i)), reason(i))
-        rest = np.searchsorted(starts, where[len(kept):], side="right") - 1  # the rest are counted, by file
+        rest = np.searchsorted(starts, where[len(kept) :], side="right") - 1  # the rest are counted, by file
         for j, count in zip(*np.unique(rest, return_counts=True)):
             report.files.setdefault(spans[int(j)][0], FileReport()).bad_rows += int(count)
 
@@ -191,23 +198,36 @@ class _Columns:
         checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not 0 or 1 (or set data.label.threshold)"))
         return np.where(nulls | wrong, 0, x).astype(np.float32), checks
 
-    def _ids(self, f: _Sparse, table: pa.Table, sample: bool
-             ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], list[_Check]]:
+    def _ids(
+        self, f: _Sparse, table: pa.Table, sample: bool
+    ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[np.ndarray], list[_Check]]:
         """Feature ``f`` of the rows: table rows of its ids (flat), ids per row, each id's
         weight (weighted features), the ids' 64-bit keys (``sample``) and its checks."""
         column = _plain_array(table.column(f.column))
         n = len(column)
         checks: list[_Check] = []
         listed = _is_list(column.type)
-        if (not listed and not column.null_count and f.id_mapping == ParquetIdMapping.none.value
-                and not f.weights_column and _kind(column.type) == "int"):
+        if (
+            not listed
+            and not column.null_count
+            and f.id_mapping == ParquetIdMapping.none.value
+            and not f.weights_column
+            and _kind(column.type) == "int"
+        ):
             # One id per row that is already a table row (converted Criteo, say): no list
             # offsets to build and no cast, the column's own buffer checked as it is.
             values = column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             outside = (values < 0) | (values >= f.num_embeddings)
             if outside.any():
-                checks.append((outside, lambda i, v=values: f"{f.column}: id {v[i]} is outside the table's rows "
-                                                            f"0..{f.num_embeddings - 1} (id_mapping=none)"))
+                checks.append(
+                    (
+                        outside,
+                        lambda i, v=values: (
+                            f"{f.column}: id {v[i]} is outside the table's rows "
+                            f"0..{f.num_embeddings - 1} (id_mapping=none)"
+                        ),
+                    )
+                )
                 values = np.where(outside, 0, values)
             return values, np.ones(n, np.int32), None, None, checks
         if listed:
@@ -216,8 +236,15 @@ class _Columns:
             lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
             flat = _plain_array(pc.list_flatten(column))
             if f.max_length is not None and not f.truncate:
-                checks.append((lengths > f.max_length, lambda i: f"{f.column} has {lengths[i]} ids, more than "
-                                                                 f"data.sparse[{f.index}].max_length={f.max_length}"))
+                checks.append(
+                    (
+                        lengths > f.max_length,
+                        lambda i: (
+                            f"{f.column} has {lengths[i]} ids, more than "
+                            f"data.sparse[{f.index}].max_length={f.max_length}"
+                        ),
+                    )
+                )
         else:  # a null: a row without ids
             lengths = (~np.asarray(column.is_null())).astype(np.int64) if column.null_count else np.ones(n, np.int64)
             flat = pc.drop_null(column) if column.null_count else column
@@ -227,18 +254,25 @@ class _Columns:
         if flat.null_count:
             nulls = np.asarray(flat.is_null())
             checks.append((_rows_of(row_of, nulls, n), lambda i: f"{f.column} has a null id in its list"))
-            fill = 0 if kind == "int" else ("" if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type)
-                                            else b"")
+            fill = (
+                0
+                if kind == "int"
+                else ("" if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type) else b"")
+            )
             flat = pc.fill_null(flat, pa.scalar(fill, flat.type))
         key = None
         if f.id_mapping == ParquetIdMapping.none.value:
             values = np.asarray(pc.cast(flat, pa.int64(), safe=False), dtype=np.int64)
             outside = (values < 0) | (values >= f.num_embeddings)
             if outside.any():
+
                 def why(i: int, ids=flat, outside=outside) -> str:
-                    k = offsets[i] + int(np.argmax(outside[offsets[i]: offsets[i + 1]]))
-                    return (f"{f.column}: id {ids[int(k)].as_py()} is outside the table's rows "
-                            f"0..{f.num_embeddings - 1} (id_mapping=none)")
+                    k = offsets[i] + int(np.argmax(outside[offsets[i] : offsets[i + 1]]))
+                    return (
+                        f"{f.column}: id {ids[int(k)].as_py()} is outside the table's rows "
+                        f"0..{f.num_embeddings - 1} (id_mapping=none)"
+                    )
+
                 checks.append((_rows_of(row_of, outside, n), why))
                 values = np.where(outside, 0, values)
         elif f.id_mapping in (ParquetIdMapping.hash.value, ParquetIdMapping.managed.value):
@@ -246,8 +280,9 @@ class _Columns:
             if f.id_mapping == ParquetIdMapping.hash.value:
                 values = (key % np.uint64(f.num_embeddings)).astype(np.int64)
             else:  # the rows of the version the read is made with (ParquetSource._version); none to sample
-                values = np.zeros(len(key), np.int64) if sample else self.managed.rows(f.table_name, key,
-                                                                                        self._version())
+                values = (
+                    np.zeros(len(key), np.int64) if sample else self.managed.rows(f.table_name, key, self._version())
+                )
         else:
             values = self.vocabularies[f.index].rows(flat)
             key = values.astype(np.uint64)
@@ -263,8 +298,16 @@ class _Columns:
             return hash_strings(encoded.dictionary, self.hash_seed)[np.asarray(encoded.indices, dtype=np.int64)]
         return np.zeros(0, np.uint64)
 
-    def _id_weights(self, f: _Sparse, table: pa.Table, listed: bool, lengths: np.ndarray, offsets: np.ndarray,
-                    row_of: np.ndarray, checks: list[_Check]) -> np.ndarray:
+    def _id_weights(
+        self,
+        f: _Sparse,
+        table: pa.Table,
+        listed: bool,
+        lengths: np.ndarray,
+        offsets: np.ndarray,
+        row_of: np.ndarray,
+        checks: list[_Check],
+    ) -> np.ndarray:
         """The weight of each id of ``f`` (1.0 for ids of rows whose weights do not fit:
         those rows are bad, and become padding)."""
         column = _plain_array(table.column(f.weights_column))
@@ -280,8 +323,12 @@ class _Columns:
             fits = ~mismatch[row_of]
             weights = np.where(fits, w[np.where(fits, start, 0)] if len(w) else 1.0, 1.0)
             nonfinite = ~np.isfinite(w)
-            checks.append((_rows_of(np.repeat(np.arange(n), counts), nonfinite, n),
-                           lambda i: f"{c} has a null or non-finite weight"))
+            checks.append(
+                (
+                    _rows_of(np.repeat(np.arange(n), counts), nonfinite, n),
+                    lambda i: f"{c} has a null or non-finite weight",
+                )
+            )
         else:
             w, nulls = _floats(column)
             has_id = lengths == 1
@@ -296,8 +343,15 @@ class _Columns:
         features = len(self.sparse)
         if not parts:
             empty = np.zeros(0, np.int64)
-            parts = [_Part(np.zeros((0, len(self.dense)), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32),
-                           [(empty, np.zeros(0, np.int32), None)] * features, np.zeros(0, bool))]
+            parts = [
+                _Part(
+                    np.zeros((0, len(self.dense)), np.float32),
+                    np.zeros(0, np.float32),
+                    np.zeros(0, np.float32),
+                    [(empty, np.zeros(0, np.int32), None)] * features,
+                    np.zeros(0, bool),
+                )
+            ]
         cat = lambda arrays: arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         real = cat([p.real for p in parts])
         n = len(real)
@@ -312,10 +366,22 @@ class _Columns:
         else:
             weights = None
             if self.weighted:
-                weights = [cat([(w if w is not None else np.ones(len(v), np.float32)).astype(np.float32)
-                                for v, _, w in (p.ids[f] for p in parts)]) for f in range(features)]
-            rows = Rows.of(dense, [(cat([p.ids[f][0] for p in parts]), cat([p.ids[f][1] for p in parts]))
-                                   for f in range(features)], labels, extra, weights)
+                weights = [
+                    cat(
+                        [
+                            (w if w is not None else np.ones(len(v), np.float32)).astype(np.float32)
+                            for v, _, w in (p.ids[f] for p in parts)
+                        ]
+                    )
+                    for f in range(features)
+                ]
+            rows = Rows.of(
+                dense,
+                [(cat([p.ids[f][0] for p in parts]), cat([p.ids[f][1] for p in parts])) for f in range(features)],
+                labels,
+                extra,
+                weights,
+            )
         rows.real = None if real.all() else torch.from_numpy(real)
         return rows
 
@@ -327,8 +393,9 @@ def _rows_of(row_of: np.ndarray, flagged: np.ndarray, n: int) -> np.ndarray:
     return mask
 
 
-def _as_padding(values: np.ndarray, lengths: np.ndarray, weights: Optional[np.ndarray], bad: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+def _as_padding(
+    values: np.ndarray, lengths: np.ndarray, weights: Optional[np.ndarray], bad: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """A feature's ids with each bad row's replaced by padding's: one id 0 of weight 1."""
     n = len(lengths)
     row_of = np.repeat(np.arange(n), lengths)

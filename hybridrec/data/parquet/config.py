@@ -57,10 +57,22 @@ class _Sparse:
 def _sparse_list(sparse: Any) -> list[_Sparse]:
     out = []
     for i, f in enumerate(_plain(sparse) or []):
-        out.append(_Sparse(i, f["name"], f["column"], int(f["num_embeddings"]), f.get("table"),
-                           f.get("pooling") or "sum", f.get("weights_column"), f.get("max_length"),
-                           bool(f.get("truncate", False)), f.get("id_mapping") or "none", f.get("vocabulary"),
-                           f.get("null_ids") or "empty"))
+        out.append(
+            _Sparse(
+                i,
+                f["name"],
+                f["column"],
+                int(f["num_embeddings"]),
+                f.get("table"),
+                f.get("pooling") or "sum",
+                f.get("weights_column"),
+                f.get("max_length"),
+                bool(f.get("truncate", False)),
+                f.get("id_mapping") or "none",
+                f.get("vocabulary"),
+                f.get("null_ids") or "empty",
+            )
+        )
     return out
 
 

@@ -36,19 +36,20 @@ def hash_strings(array: pa.Array, seed: int) -> np.ndarray:
         return np.zeros(0, np.uint64)
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], np.int64 if large else np.int32)[array.offset: array.offset + n + 1]
+    offsets = np.frombuffer(buffers[1], np.int64 if large else np.int32)[array.offset : array.offset + n + 1]
     offsets = offsets.astype(np.int64)
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
     spans = np.diff(offsets)  # a null's span may hold bytes: they are skipped, not summed into a neighbour
     starts = offsets[:-1] - offsets[0]
-    body = data[offsets[0]: offsets[-1]]
+    body = data[offsets[0] : offsets[-1]]
     salt = _salt(seed)
     sums = np.zeros(n, np.uint64)
     with np.errstate(over="ignore"):
         if len(body):
             position = np.arange(len(body), dtype=np.int64) - np.repeat(starts, spans)
-            mixed = splitmix64(((position.astype(np.uint64) << np.uint64(8)) | body.astype(np.uint64))
-                               + salt + _STRING_SALT)
+            mixed = splitmix64(
+                ((position.astype(np.uint64) << np.uint64(8)) | body.astype(np.uint64)) + salt + _STRING_SALT
+            )
             nonempty = np.flatnonzero(spans > 0)
             if len(nonempty):
                 sums[nonempty] = np.add.reduceat(mixed, starts[nonempty])

@@ -71,4 +71,3 @@ class _Open:
         self.files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         self.groups: OrderedDict[tuple[str, int], tuple[frozenset[str], pa.Table]] = OrderedDict()
         self.lock = threading.Lock()
-

@@ -57,8 +57,9 @@ class ManagedIds:
     partition p's ids per table (all of its managed features' keys, with repeats); versions
     are made on demand, in order, and kept."""
 
-    def __init__(self, capacities: dict[str, int], min_count: int, eviction: str,
-                 keys_of: Callable[[int], dict[str, np.ndarray]]) -> None:
+    def __init__(
+        self, capacities: dict[str, int], min_count: int, eviction: str, keys_of: Callable[[int], dict[str, np.ndarray]]
+    ) -> None:
         if eviction not in EVICTIONS:
             raise ValueError(f"data.managed_ids.eviction={eviction!r}: one of {', '.join(EVICTIONS)}")
         self.tables = {name: _Table(capacity - 1) for name, capacity in capacities.items()}
@@ -97,8 +98,11 @@ class ManagedIds:
             count[new] += counts
             last[new] = p
             t.seen, t.count, t.last = seen, count, last
-            t.versions.append(self._assign(t, t.versions[-1] if t.versions else
-                                           _Version(np.zeros(0, np.uint64), np.zeros(0, np.int64))))
+            t.versions.append(
+                self._assign(
+                    t, t.versions[-1] if t.versions else _Version(np.zeros(0, np.uint64), np.zeros(0, np.int64))
+                )
+            )
 
     def _assign(self, t: _Table, before: _Version) -> _Version:
         """The next version: the ``capacity`` best-ranked ids of those holding a row and those
@@ -130,5 +134,11 @@ class ManagedIds:
         and the version's rows used, admissions and evictions."""
         v = self.version(table, p)
         hits = int((self.rows(table, keys, p) > 0).sum())
-        return {"rows_used": len(v.keys), "rows": self.tables[table].capacity + 1, "hits": hits,
-                "misses": len(keys) - hits, "admitted": v.admitted, "evicted": v.evicted}
+        return {
+            "rows_used": len(v.keys),
+            "rows": self.tables[table].capacity + 1,
+            "hits": hits,
+            "misses": len(keys) - hits,
+            "admitted": v.admitted,
+            "evicted": v.evicted,
+        }

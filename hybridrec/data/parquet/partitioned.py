@@ -50,8 +50,17 @@ class _Partitioned:
             self._splits[PARTITION + p.name] = whole = self._layout(fs, None)
             trained = until is None or p.time <= until
             batches = -(-whole.total // self.batch_size) if trained else 0
-            self.partitions.append({"name": p.name, "rows": whole.total, "batches": batches, "trained": trained,
-                                    "first_batch": first, "files": list(p.files), "index": len(self.partitions)})
+            self.partitions.append(
+                {
+                    "name": p.name,
+                    "rows": whole.total,
+                    "batches": batches,
+                    "trained": trained,
+                    "first_batch": first,
+                    "files": list(p.files),
+                    "index": len(self.partitions),
+                }
+            )
             first += batches
             trained_files += fs if trained else []
         # The trained rows end to end: what the pooling factors are estimated on.
@@ -63,7 +72,7 @@ class _Partitioned:
         self._partition_index = {p["name"]: p["index"] for p in self.partitions}
         trained = [p["index"] for p in self.partitions if p["trained"]]
         self._last_trained = trained[-1] if trained else 0
-        if self.managed and [p["name"] for p in self.partitions[:len(before)]] != before:
+        if self.managed and [p["name"] for p in self.partitions[: len(before)]] != before:
             self.managed.reset()  # versions are made from the partitions in order: not the same ones
 
     # -- managed ids --------------------------------------------------------------------------
@@ -78,7 +87,7 @@ class _Partitioned:
         if split == "train" and self.partitioning:
             p = self._batch_parts[int(np.searchsorted(self._batch_starts, index, side="right")) - 1]["index"]
         elif split.startswith(PARTITION):
-            p = self._partition_index[split[len(PARTITION):]]
+            p = self._partition_index[split[len(PARTITION) :]]
         else:
             p = self._last_trained
         return min(p, self._last_trained)
@@ -129,25 +138,36 @@ def check_partitions(parts: dict[str, Any], valid_fraction: float, shards: Optio
     """``data.partitions``'s rules (a ValueError naming the key)."""
     regex = pattern_regex(parts.get("pattern") or "")
     if valid_fraction:
-        raise ValueError("data.valid_fraction carves validation out of the training files; with data.partitions "
-                         "every partition is scored before it is trained on (progressive validation): unset "
-                         "data.valid_fraction, or give data.valid_path (the days after the log)")
+        raise ValueError(
+            "data.valid_fraction carves validation out of the training files; with data.partitions "
+            "every partition is scored before it is trained on (progressive validation): unset "
+            "data.valid_fraction, or give data.valid_path (the days after the log)"
+        )
     if shards:
         raise ValueError("data.shards and data.partitions do not go together yet: unset data.shards")
     until = parts.get("train_until")
     if until is not None and parse_until(str(until), regex) is None:
-        raise ValueError(f"data.partitions.train_until={until!r} is neither a partition name of the pattern "
-                         f"{parts.get('pattern')!r} nor a date (2026-11-07)")
+        raise ValueError(
+            f"data.partitions.train_until={until!r} is neither a partition name of the pattern "
+            f"{parts.get('pattern')!r} nor a date (2026-11-07)"
+        )
     marker = parts.get("ready_marker")
     if marker is not None and (not marker or marker in (".", "..") or "/" in marker or os.sep in marker):
-        raise ValueError(f"data.partitions.ready_marker={marker!r}: the name of a file inside each partition "
-                         "(Spark's _SUCCESS), not a path")
+        raise ValueError(
+            f"data.partitions.ready_marker={marker!r}: the name of a file inside each partition "
+            "(Spark's _SUCCESS), not a path"
+        )
     if parts.get("follow") and not parts.get("ready_marker"):
-        raise ValueError("data.partitions.follow=true reads partitions while they are written: set "
-                         "data.partitions.ready_marker (the file a writer leaves in a complete partition, "
-                         "Spark's _SUCCESS) so that none is read half-written")
+        raise ValueError(
+            "data.partitions.follow=true reads partitions while they are written: set "
+            "data.partitions.ready_marker (the file a writer leaves in a complete partition, "
+            "Spark's _SUCCESS) so that none is read half-written"
+        )
     for key in ("poll_s", "stop_after_idle_s"):
         value = parts.get(key)
         if value is not None and not value > 0:
-            raise ValueError(f"data.partitions.{key} must be > 0" + (", or null: never stop" if key != "poll_s"
-                                                                     else "") + f", got {value}")
+            raise ValueError(
+                f"data.partitions.{key} must be > 0"
+                + (", or null: never stop" if key != "poll_s" else "")
+                + f", got {value}"
+            )

@@ -58,9 +58,10 @@ def pattern_regex(pattern: str, key: str = "data.partitions.pattern") -> re.Patt
     parts, i = [], 0
     for m in re.finditer(r"%.", pattern):
         if m.group() not in _CODES:
-            raise ValueError(f"{key}={pattern!r}: {m.group()} is not supported; use "
-                             f"{', '.join(_CODES)} (year, month, day, hour)")
-        parts.append(re.escape(pattern[i:m.start()]))
+            raise ValueError(
+                f"{key}={pattern!r}: {m.group()} is not supported; use {', '.join(_CODES)} (year, month, day, hour)"
+            )
+        parts.append(re.escape(pattern[i : m.start()]))
         parts.append(_CODES[m.group()])
         i = m.end()
     parts.append(re.escape(pattern[i:]))
@@ -94,8 +95,14 @@ def parse_until(value: str, regex: re.Pattern) -> Optional[dt.datetime]:
     return time
 
 
-def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None, strict: bool = True,
-                    warned: Optional[set[str]] = None, unready: Optional[list[Partition]] = None) -> list[Partition]:
+def list_partitions(
+    root: str,
+    pattern: str,
+    ready_marker: Optional[str] = None,
+    strict: bool = True,
+    warned: Optional[set[str]] = None,
+    unready: Optional[list[Partition]] = None,
+) -> list[Partition]:
     """The complete partitions under ``root`` in time order (see the module docstring).
     ``strict``: a malformed name is a DataError; otherwise it is warned about (once per name,
     recorded in ``warned``) and left out. ``unready``: receives the partitions left out for
@@ -112,8 +119,10 @@ def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None,
             continue  # markers and temporaries beside the partitions
         time = parse_name(name, regex)
         if time is None:
-            why = (f"{os.path.join(root, name)}: the partition name does not match data.partitions.pattern="
-                   f"{pattern!r} (or is no real time)")
+            why = (
+                f"{os.path.join(root, name)}: the partition name does not match data.partitions.pattern="
+                f"{pattern!r} (or is no real time)"
+            )
             if strict:
                 raise DataError(f"{why}: rename it, move it out of {root}, or set the pattern its names follow")
             if name not in warned:
@@ -121,14 +130,21 @@ def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None,
                 log.warning(f"data: {why}; left out")
             continue
         if time in found:
-            raise DataError(f"{path} and {os.path.join(root, found[time].name)} name the same time ({time}): "
-                            f"one partition per time; merge or remove one")
+            raise DataError(
+                f"{path} and {os.path.join(root, found[time].name)} name the same time ({time}): "
+                f"one partition per time; merge or remove one"
+            )
         if ready_marker and not os.path.exists(os.path.join(path, ready_marker)):
             if unready is not None:  # not complete yet: read once its writer leaves the marker
                 unready.append(Partition(name, time, ()))
             continue
-        files = tuple(sorted(p for p in glob.glob(os.path.join(path, "*.parquet"))
-                             if os.path.isfile(p) and not os.path.basename(p).startswith((".", "_"))))
+        files = tuple(
+            sorted(
+                p
+                for p in glob.glob(os.path.join(path, "*.parquet"))
+                if os.path.isfile(p) and not os.path.basename(p).startswith((".", "_"))
+            )
+        )
         found[time] = Partition(name, time, files)
     listed = [found[t] for t in sorted(found)]
     if unready is not None:
@@ -138,7 +154,9 @@ def list_partitions(root: str, pattern: str, ready_marker: Optional[str] = None,
         for f in p.files:
             real = os.path.realpath(f)
             if real in owner:
-                raise DataError(f"{f} is also {owner[real]}: two partitions hold the same file (a link); a day's "
-                                f"rows are trained on once: remove the duplicate")
+                raise DataError(
+                    f"{f} is also {owner[real]}: two partitions hold the same file (a link); a day's "
+                    f"rows are trained on once: remove the duplicate"
+                )
             owner[real] = f
     return listed

@@ -14,17 +14,17 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from omegaconf import DictConfig
 
-from hybridrec.config.schema import BadRows, DenseTransform, ParquetIdMapping
+from hybridrec.config.schema import BadRows, ParquetIdMapping
 from hybridrec.data import DataError, ReadReport, SparseFeature, check_disjoint, holdout
 from hybridrec.data.criteo import resolve_paths, validation_fraction
+from hybridrec.data.parquet.checks import check_config
 from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _floats, _is_list, _kind, _Part, _plain_array
-from hybridrec.data.parquet.config import _Dense, _dense_list, _plain, _Sparse, _sparse_list, _value
+from hybridrec.data.parquet.config import _Dense, _dense_list, _plain, _sparse_list, _value
 from hybridrec.data.parquet.layout import _File, _Open, _Split
 from hybridrec.data.parquet.managed import ManagedIds
-from hybridrec.data.parquet.partitioned import PARTITION, _Partitioned, check_partitions
+from hybridrec.data.parquet.partitioned import PARTITION, _Partitioned
 from hybridrec.data.parquet.partitions import Partition, list_partitions
 from hybridrec.data.parquet.vocabulary import Vocabulary
 from hybridrec.data.raw_inputs import MANAGED_FILE, RawInputs, dense_input, sparse_input
@@ -49,84 +49,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
 
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:
-        c = _plain(cfg)
-        shards = c.get("shards")
-        if shards is not None and (shards < 1 or shards % world_size or c["batch_size"] % shards):
-            raise ValueError(
-                f"data.shards={shards} must be a multiple of the world size ({world_size}) and divide "
-                f"data.batch_size={c['batch_size']}: each rank reads whole shards. Set data.shards to a "
-                f"multiple of {world_size} (it changes which rows make a batch), or unset it")
-        fraction = c.get("valid_fraction") or 0.0
-        if not 0 <= fraction < 1:
-            raise ValueError(f"data.valid_fraction must be in [0, 1), got {fraction}")
-        if fraction and c.get("valid_path"):
-            raise ValueError("data.valid_path and data.valid_fraction are both set: choose one source of "
-                             "validation rows")
-        if (parts := c.get("partitions")) is not None:
-            check_partitions(parts, fraction, shards)
-        managed = [f for f in _sparse_list(c.get("sparse")) if f.id_mapping == ParquetIdMapping.managed.value]
-        if managed and parts is None:
-            raise ValueError(f"data.sparse[{managed[0].index}].id_mapping=managed gives rows partition by partition: "
-                             f"set data.partitions (a directory of time partitions), or use id_mapping=hash")
-        if managed and not (c.get("managed_ids") or {}).get("min_count", 1) >= 1:
-            raise ValueError(f"data.managed_ids.min_count must be >= 1, got {c['managed_ids']['min_count']}")
-        for f in managed:
-            if f.num_embeddings < 2:
-                raise ValueError(f"data.sparse[{f.index}].num_embeddings={f.num_embeddings}: a managed table needs "
-                                 f"row 0 (ids without a row) and at least one row to give")
-        label = c.get("label") or {}
-        if not label.get("column"):
-            raise ValueError("data.label.column is not set: name the label column")
-        if c.get("weight") is not None and c.get("weight") in ("", label["column"]):
-            raise ValueError(f"data.weight={c.get('weight')!r} must name a sample weight column other than the label's")
-        dense = _dense_list(c.get("dense"))
-        seen: set[str] = set()
-        for i, d in enumerate(dense):
-            key = f"data.dense[{i}]"
-            if d.column in seen:
-                raise ValueError(f"{key}.column={d.column!r} is listed twice in data.dense")
-            seen.add(d.column)
-            given = (d.mean is not None, d.std is not None)
-            if d.transform != DenseTransform.standardize.value and any(given):
-                raise ValueError(f"{key}: mean and std belong to transform=standardize, not transform={d.transform}")
-            if given[0] != given[1]:
-                raise ValueError(f"{key}: set both mean and std, or neither (both are then fitted on the train split)")
-            if d.std is not None and not d.std > 0:
-                raise ValueError(f"{key}.std must be > 0, got {d.std}")
-        sparse = _sparse_list(c.get("sparse"))
-        if not sparse:
-            raise ValueError("data.sparse lists no feature: give at least one (name, column, num_embeddings)")
-        names: set[str] = set()
-        tables: dict[str, _Sparse] = {}
-        for f in sparse:
-            key = f"data.sparse[{f.index}]"
-            if not f.name or f.name in names:
-                raise ValueError(f"{key}.name={f.name!r} is " + ("empty" if not f.name else "used twice")
-                                 + ": feature names are the batch's keys and must be unique")
-            names.add(f.name)
-            if f.num_embeddings < 1:
-                raise ValueError(f"{key}.num_embeddings must be >= 1, got {f.num_embeddings}")
-            if f.max_length is not None and f.max_length < 1:
-                raise ValueError(f"{key}.max_length must be >= 1 (or unset: any length), got {f.max_length}")
-            if f.truncate and f.max_length is None:
-                raise ValueError(f"{key}.truncate=true cuts lists to max_length: set {key}.max_length")
-            if (f.id_mapping == ParquetIdMapping.vocabulary.value) != bool(f.vocabulary):
-                raise ValueError(f"{key}: id_mapping=vocabulary and a vocabulary file go together "
-                                 f"(id_mapping={f.id_mapping}, vocabulary={f.vocabulary})")
-            if f.weights_column is not None and f.weights_column in ("", f.column):
-                raise ValueError(f"{key}.weights_column={f.weights_column!r} must name a column other than its ids'")
-            if f.table is not None and (not f.table or "." in f.table or hasattr(torch.nn.ModuleDict, f.table)):
-                # TorchRec keeps the tables in an nn.ModuleDict keyed by name, which refuses these
-                raise ValueError(f"{key}.table={f.table!r} cannot name a table: " + (
-                    "leave it unset for a table of its own" if not f.table else "a name holds no '.'" if "." in f.table
-                    else "it is an attribute of torch's ModuleDict, which holds the tables") + "; choose another name")
-            other = tables.setdefault(f.table_name, f)
-            for attr in ("num_embeddings", "pooling", "id_mapping", "vocabulary"):
-                if getattr(other, attr) != getattr(f, attr):
-                    raise ValueError(
-                        f"data.sparse: {other.name} and {f.name} share table {f.table_name} but differ in {attr} "
-                        f"({getattr(other, attr)} vs {getattr(f, attr)}): features of one table must agree on "
-                        f"num_embeddings, pooling, id_mapping and vocabulary")
+        check_config(cfg, world_size)
 
     def __init__(
         self,
@@ -165,24 +88,45 @@ class ParquetSource(_Columns, _Partitioned, Source):
         if self.partitioning:  # train_path is a directory of time partitions (partitions.py)
             listed = list_partitions(train_path, self.partitioning["pattern"], self.partitioning.get("ready_marker"))
             if not any(p.files for p in listed):
-                raise DataError(f"data.train_path={train_path}: no partition with Parquet files (names like "
-                                f"{self.partitioning['pattern']!r}" + (f", holding {self.partitioning['ready_marker']}"
-                                if self.partitioning.get("ready_marker") else "") + ")")
-        paths = {split: [f for p in listed for f in p.files] if split == "train" and self.partitioning
-                 else resolve_paths(spec, f"data.{split}_path", "*.parquet") for split, spec in specs.items()}
+                raise DataError(
+                    f"data.train_path={train_path}: no partition with Parquet files (names like "
+                    f"{self.partitioning['pattern']!r}"
+                    + (
+                        f", holding {self.partitioning['ready_marker']}"
+                        if self.partitioning.get("ready_marker")
+                        else ""
+                    )
+                    + ")"
+                )
+        paths = {
+            split: [f for p in listed for f in p.files]
+            if split == "train" and self.partitioning
+            else resolve_paths(spec, f"data.{split}_path", "*.parquet")
+            for split, spec in specs.items()
+        }
         check_disjoint({f"data.{split}_path": p for split, p in paths.items()})
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
-        self.columns = list(dict.fromkeys(
-            [self.label_column] + ([weight] if weight else []) + [d.column for d in self.dense]
-            + [c for f in self.sparse for c in (f.column, f.weights_column) if c]))
-        self.vocabularies = {f.index: Vocabulary(f.vocabulary, f"data.sparse[{f.index}].vocabulary")
-                             for f in self.sparse if f.id_mapping == ParquetIdMapping.vocabulary.value}
+        self.columns = list(
+            dict.fromkeys(
+                [self.label_column]
+                + ([weight] if weight else [])
+                + [d.column for d in self.dense]
+                + [c for f in self.sparse for c in (f.column, f.weights_column) if c]
+            )
+        )
+        self.vocabularies = {
+            f.index: Vocabulary(f.vocabulary, f"data.sparse[{f.index}].vocabulary")
+            for f in self.sparse
+            if f.id_mapping == ParquetIdMapping.vocabulary.value
+        }
         for i, vocab in self.vocabularies.items():
             f = self.sparse[i]
             if f.num_embeddings < vocab.size + 1:
-                raise DataError(f"data.sparse[{i}].num_embeddings={f.num_embeddings} is too small for "
-                                f"{f.vocabulary} ({vocab.size} ids): it needs {vocab.size + 1} rows "
-                                f"(row 0 is every id not in the vocabulary)")
+                raise DataError(
+                    f"data.sparse[{i}].num_embeddings={f.num_embeddings} is too small for "
+                    f"{f.vocabulary} ({vocab.size} ids): it needs {vocab.size + 1} rows "
+                    f"(row 0 is every id not in the vocabulary)"
+                )
         self._splits: dict[str, _Split] = {}
         files = {split: [self._index(p, f"data.{split}_path") for p in ps] for split, ps in paths.items()}
         for split, fs in files.items():
@@ -194,8 +138,9 @@ class ParquetSource(_Columns, _Partitioned, Source):
         tables = {f.table_name: f.num_embeddings for f in self.sparse if f.id_mapping == ParquetIdMapping.managed.value}
         if tables:
             m = _plain(managed_ids) or {}
-            self.managed = ManagedIds(tables, int(m.get("min_count", 1)), m.get("eviction") or "lfu",
-                                      self.partition_keys)
+            self.managed = ManagedIds(
+                tables, int(m.get("min_count", 1)), m.get("eviction") or "lfu", self.partition_keys
+            )
         if self.partitioning:
             self.set_partitions(listed)
         if self.valid_fraction:
@@ -206,13 +151,27 @@ class ParquetSource(_Columns, _Partitioned, Source):
                 continue  # a partition without rows is a day without rows: reported, not refused
             if (sp.total < (1 if self.partitioning else batch_size)) if split == "train" else sp.total == 0:
                 carved = split != "eval" and self.valid_fraction
-                raise DataError(f"the {split} split has {sp.total} rows" + (
-                    f" (data.train_path less data.valid_fraction={self.valid_fraction})" if carved else
-                    f" in its partitions (data.train_path={train_path}" + (
-                        f", up to data.partitions.train_until={self.partitioning['train_until']}"
-                        if self.partitioning.get("train_until") else "") + ")" if self.partitioning else "")
-                    + (f": fewer than one global batch (data.batch_size={batch_size})" if split == "train"
-                       else ": nothing to evaluate"))
+                raise DataError(
+                    f"the {split} split has {sp.total} rows"
+                    + (
+                        f" (data.train_path less data.valid_fraction={self.valid_fraction})"
+                        if carved
+                        else f" in its partitions (data.train_path={train_path}"
+                        + (
+                            f", up to data.partitions.train_until={self.partitioning['train_until']}"
+                            if self.partitioning.get("train_until")
+                            else ""
+                        )
+                        + ")"
+                        if self.partitioning
+                        else ""
+                    )
+                    + (
+                        f": fewer than one global batch (data.batch_size={batch_size})"
+                        if split == "train"
+                        else ": nothing to evaluate"
+                    )
+                )
         self._open: Optional[_Open] = None
         self._report = ReadReport()
         self._counting: dict[str, Optional[int]] = {}  # the epoch a split's rows are counted in
@@ -246,20 +205,32 @@ class ParquetSource(_Columns, _Partitioned, Source):
         for f in self.sparse:
             key_ = f"data.sparse[{f.index}].column"
             kinds = {"none": ("int",), "hash": ("int", "str"), "managed": ("int", "str")}.get(
-                f.id_mapping, (self.vocabularies[f.index].kind,) if f.index in self.vocabularies else ())
+                f.id_mapping, (self.vocabularies[f.index].kind,) if f.index in self.vocabularies else ()
+            )
             element = lambda t: t.value_type if _is_list(t) else t
-            t = need(f.column, key_, lambda t: _kind(element(t)) in kinds,
-                     f"{' or '.join('integers' if k == 'int' else 'strings' for k in kinds)} (or lists of them)"
-                     + (f": the vocabulary's ids are {'integers' if kinds == ('int',) else 'strings'}"
-                        if f.id_mapping == "vocabulary" else ""))
+            t = need(
+                f.column,
+                key_,
+                lambda t: _kind(element(t)) in kinds,
+                f"{' or '.join('integers' if k == 'int' else 'strings' for k in kinds)} (or lists of them)"
+                + (
+                    f": the vocabulary's ids are {'integers' if kinds == ('int',) else 'strings'}"
+                    if f.id_mapping == "vocabulary"
+                    else ""
+                ),
+            )
             if f.weights_column:
                 shape = _is_list(t)
-                need(f.weights_column, f"data.sparse[{f.index}].weights_column",
-                     lambda w: _is_list(w) == shape and _kind(element(w)) in ("int", "float", "decimal"),
-                     "lists of numbers, like its ids" if shape else "numbers, like its ids (one per row)")
+                need(
+                    f.weights_column,
+                    f"data.sparse[{f.index}].weights_column",
+                    lambda w: _is_list(w) == shape and _kind(element(w)) in ("int", "float", "decimal"),
+                    "lists of numbers, like its ids" if shape else "numbers, like its ids (one per row)",
+                )
             if f.max_length is not None and not _is_list(t):
-                raise DataError(f"{path}: data.sparse[{f.index}].max_length is set but column {f.column!r} is "
-                                f"{t}, one id per row")
+                raise DataError(
+                    f"{path}: data.sparse[{f.index}].max_length is set but column {f.column!r} is {t}, one id per row"
+                )
         starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
         return _File(path, int(meta.num_rows), starts.astype(np.int64), zlib.crc32(os.path.basename(path).encode()))
 
@@ -286,8 +257,9 @@ class ParquetSource(_Columns, _Partitioned, Source):
         """Mean and std of each standardize column that left them unset, over the train
         split's rows, one row group at a time (Chan's parallel update: the same numbers
         whatever the row groups' sizes). Nulls and non-finite values (bad rows) are left out."""
-        todo = [i for i, d in enumerate(self.dense)
-                if d.transform == "standardize" and (d.mean is None or d.std is None)]
+        todo = [
+            i for i, d in enumerate(self.dense) if d.transform == "standardize" and (d.mean is None or d.std is None)
+        ]
         if not todo:
             return False
         columns = list(dict.fromkeys(self.dense[i].column for i in todo))
@@ -312,10 +284,15 @@ class ParquetSource(_Columns, _Partitioned, Source):
             n, mean, m2 = stats[d.column]
             std = math.sqrt(m2 / n) if n else 0.0
             if not n or not std > 0:
-                raise DataError(f"data.dense[{i}] ({d.column}): " + (
-                    "no finite value in the train split to fit its mean and std" if not n else
-                    f"every training value is {mean:g}: a constant feature cannot be standardized (drop it, or set "
-                    f"data.dense[{i}].mean and std)"))
+                raise DataError(
+                    f"data.dense[{i}] ({d.column}): "
+                    + (
+                        "no finite value in the train split to fit its mean and std"
+                        if not n
+                        else f"every training value is {mean:g}: a constant feature cannot be standardized (drop it, or set "
+                        f"data.dense[{i}].mean and std)"
+                    )
+                )
             self.dense[i] = _Dense(d.column, d.transform, mean, std)
         return True
 
@@ -327,8 +304,9 @@ class ParquetSource(_Columns, _Partitioned, Source):
         numbers standardize serving inputs and no rank fits them again."""
         if not self._fitted:
             return {}
-        return {"dense": [{"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std}
-                          for d in self.dense]}
+        return {
+            "dense": [{"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std} for d in self.dense]
+        }
 
     def raw_inputs(self) -> RawInputs:
         """A raw row is a row of the log: the dense and sparse columns of the data config,
@@ -337,8 +315,13 @@ class ParquetSource(_Columns, _Partitioned, Source):
         a row training would have made padding (a null dense value, an id outside a table
         with id_mapping=none) is refused."""
         steps = {"log1p": [{"op": "clamp", "min": 0.0}, {"op": "log1p"}], "none": []}
-        dense = [dense_input(d.column, steps[d.transform] if d.transform in steps
-                             else [{"op": "standardize", "mean": d.mean, "std": d.std}]) for d in self.dense]
+        dense = [
+            dense_input(
+                d.column,
+                steps[d.transform] if d.transform in steps else [{"op": "standardize", "mean": d.mean, "std": d.std}],
+            )
+            for d in self.dense
+        ]
         # the layout the files have (a partitioned log's trained files may be none yet)
         files = [f for sp in self._splits.values() for f in sp.files]
         schema = pq.read_schema(files[0].path)
@@ -349,15 +332,32 @@ class ParquetSource(_Columns, _Partitioned, Source):
             elif f.id_mapping == ParquetIdMapping.hash.value:
                 ids = {"kind": "hash", "function": "splitmix64", "seed": self.hash_seed, "modulo": f.num_embeddings}
             elif f.id_mapping == ParquetIdMapping.managed.value:
-                ids = {"kind": "managed", "file": MANAGED_FILE, "table": f.table_name, "function": "splitmix64",
-                       "seed": self.hash_seed}
+                ids = {
+                    "kind": "managed",
+                    "file": MANAGED_FILE,
+                    "table": f.table_name,
+                    "function": "splitmix64",
+                    "seed": self.hash_seed,
+                }
             else:  # features sharing a table share its vocabulary (check_config): one file per table
                 ids = {"kind": "vocabulary", "file": f"vocabulary_{f.table_name}.parquet"}
                 copies[ids["file"]] = f.vocabulary
             layout = "list" if f.max_length is not None or _is_list(schema.field(f.column).type) else "one id or list"
-            sparse.append(sparse_input(f.name, f.column, f.table_name, f.num_embeddings, f.pooling, ids, layout,
-                                       weights_column=f.weights_column, max_length=f.max_length, truncate=f.truncate,
-                                       null_rows="error" if f.null_ids == "bad" else "empty"))
+            sparse.append(
+                sparse_input(
+                    f.name,
+                    f.column,
+                    f.table_name,
+                    f.num_embeddings,
+                    f.pooling,
+                    ids,
+                    layout,
+                    weights_column=f.weights_column,
+                    max_length=f.max_length,
+                    truncate=f.truncate,
+                    null_rows="error" if f.null_ids == "bad" else "empty",
+                )
+            )
         read = [c for c in self.columns if c not in (self.label_column, self.weight_column)]
         return RawInputs(f"a row of the feature log: columns {', '.join(read)}", dense, sparse, copies=copies)
 
@@ -384,23 +384,39 @@ class ParquetSource(_Columns, _Partitioned, Source):
                 pairs = np.unique(np.stack([rows.astype(np.uint64), raw]), axis=1)
                 _, per_row = np.unique(pairs[0], return_counts=True)
                 if pairs.shape[1] > len(per_row):
-                    collisions[f.name] = {"distinct_ids": int(pairs.shape[1]), "distinct_rows": len(per_row),
-                                          "sample_rows": n, "colliding_share": round(float(
-                                              per_row[per_row > 1].sum()) / pairs.shape[1], 4)}
+                    collisions[f.name] = {
+                        "distinct_ids": int(pairs.shape[1]),
+                        "distinct_rows": len(per_row),
+                        "sample_rows": n,
+                        "colliding_share": round(float(per_row[per_row > 1].sum()) / pairs.shape[1], 4),
+                    }
             elif len(rows):  # vocabulary: every unknown id shares row 0
                 collisions[f.name] = {"sample_ids": len(rows), "oov_share": round(float((rows == 0).mean()), 4)}
         self._report.collisions = collisions
         crowded = {name: c for name, c in collisions.items() if c.get("colliding_share", 0) > 0.5}
         if crowded:
-            log.warning("data: most ids collide in " + "; ".join(
-                f"{name} ({c['distinct_ids']:,} ids on {c['distinct_rows']:,} rows over the first {n:,} training rows)"
-                for name, c in crowded.items()) + ": raise their data.sparse[i].num_embeddings")
+            log.warning(
+                "data: most ids collide in "
+                + "; ".join(
+                    f"{name} ({c['distinct_ids']:,} ids on {c['distinct_rows']:,} rows over the first {n:,} training rows)"
+                    for name, c in crowded.items()
+                )
+                + ": raise their data.sparse[i].num_embeddings"
+            )
         features = []
         for f in self.sparse:
             seen = np.concatenate(lengths[f.index]) if lengths[f.index] else np.zeros(0)
             pooling_factor = round(float(seen.mean()), 4) if len(seen) else 1.0
-            features.append(SparseFeature(f.name, f.num_embeddings, max(pooling_factor, 0.01), table=f.table,
-                                          pooling=f.pooling, weighted=f.weights_column is not None))
+            features.append(
+                SparseFeature(
+                    f.name,
+                    f.num_embeddings,
+                    max(pooling_factor, 0.01),
+                    table=f.table,
+                    pooling=f.pooling,
+                    weighted=f.weights_column is not None,
+                )
+            )
         return features
 
     # -- the Source contract ---------------------------------------------------------------
@@ -464,8 +480,12 @@ class ParquetSource(_Columns, _Partitioned, Source):
         if len(spans) > 1 and any(b - a < want for a, b, want in spans):
             # The end of an evaluated split, shard by shard: each shard's rows padded in place,
             # so that every row keeps its position in the global batch whoever reads it.
-            rows = Rows.cat([self._rows(self._convert_all(list(self._ranges(split, a, b, self.columns)), report))
-                             .padded(want) for a, b, want in spans])
+            rows = Rows.cat(
+                [
+                    self._rows(self._convert_all(list(self._ranges(split, a, b, self.columns)), report)).padded(want)
+                    for a, b, want in spans
+                ]
+            )
         else:
             ranges = [r for a, b, _ in spans for r in self._ranges(split, a, b, self.columns)]
             rows = self._rows(self._convert_all(ranges, report))
@@ -522,8 +542,10 @@ class ParquetSource(_Columns, _Partitioned, Source):
         try:
             table = handle.read_row_group(g, columns=columns)
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{file.path}: row group {g} (rows {file.groups[g]}..{file.groups[g + 1] - 1}) cannot be "
-                            f"read: {str(e).splitlines()[0]}") from None
+            raise DataError(
+                f"{file.path}: row group {g} (rows {file.groups[g]}..{file.groups[g + 1] - 1}) cannot be "
+                f"read: {str(e).splitlines()[0]}"
+            ) from None
         state.groups[key] = (frozenset(table.column_names), table)
         # With data.shards a process reads up to S shards in turn (1 rank: all of them): room for
         # each one's groups, or the shards would evict each other's group at every batch.
@@ -544,4 +566,3 @@ class ParquetSource(_Columns, _Partitioned, Source):
             else:
                 return [self._convert(table, [(f, first, t.num_rows) for f, first, t in ranges], report)]
         return [self._convert(t, [(f, first, t.num_rows)], report) for f, first, t in ranges]
-

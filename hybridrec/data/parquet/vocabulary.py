@@ -26,26 +26,35 @@ class Vocabulary:
         try:
             ids = pq.read_table(path, columns=["id"]).column("id")
         except (OSError, pa.ArrowInvalid, KeyError) as e:
-            raise DataError(f"{key}={path}: not a vocabulary file written by `python -m hybridrec.data.vocab` "
-                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+            raise DataError(
+                f"{key}={path}: not a vocabulary file written by `python -m hybridrec.data.vocab` "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
         ids = _plain_array(ids)
         self.path, self.kind, self.size = path, _kind(ids.type), len(ids)
         if self.kind not in ("int", "str") or ids.null_count:
-            raise DataError(f"{key}={path}: its ids are {ids.type}{' with nulls' if ids.null_count else ''}; "
-                            f"a vocabulary holds integers or strings")
+            raise DataError(
+                f"{key}={path}: its ids are {ids.type}{' with nulls' if ids.null_count else ''}; "
+                f"a vocabulary holds integers or strings"
+            )
         if self.kind == "int":
             keys = np.asarray(pc.cast(ids, pa.int64()), dtype=np.int64)
         else:
-            self.ids = ids.cast(pa.large_binary()) if pa.types.is_large_string(ids.type) or pa.types.is_large_binary(
-                ids.type) else ids.cast(pa.binary())
+            self.ids = (
+                ids.cast(pa.large_binary())
+                if pa.types.is_large_string(ids.type) or pa.types.is_large_binary(ids.type)
+                else ids.cast(pa.binary())
+            )
             keys = hash_strings(ids, _VOCABULARY_SEED)
         self.order = np.argsort(keys, kind="stable")
         self.keys = keys[self.order]
         same = np.flatnonzero(self.keys[1:] == self.keys[:-1])
         if len(same):
             first = ids[int(self.order[same[0]])].as_py()
-            raise DataError(f"{key}={path}: id {shorten(first)} is in it twice (or two strings share a 64-bit "
-                            f"hash): write it again with `python -m hybridrec.data.vocab`")
+            raise DataError(
+                f"{key}={path}: id {shorten(first)} is in it twice (or two strings share a 64-bit "
+                f"hash): write it again with `python -m hybridrec.data.vocab`"
+            )
 
     def rows(self, values: pa.Array) -> np.ndarray:
         """Table rows of non-null ids (1 + position in the file; 0 = not in the vocabulary)."""
