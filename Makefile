@@ -41,7 +41,7 @@ EXAMPLE_DAYS := data/example_days/eval/part-00000.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install demo docs train test test-fast test-flakes test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
+.PHONY: help install demo docs train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -83,7 +83,14 @@ docs: install ## build the guides in docs/ as a site into outputs/site (open out
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
 
-test: install $(MOVIELENS) ## run the whole test suite, every tier, in about 9 min on 2 cores (fetches MovieLens-100k first: the experiments are tested on it); prints its 15 slowest tests
+# The checks' settings are in pyproject.toml ([tool.ruff], [tool.mypy]).
+LINTED := hybridrec tests benchmarks
+lint: install ## ruff's lint and format checks over the code, tests and benchmarks, and mypy over hybridrec/ (zero findings)
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+	$(PY) -m mypy
+
+test: install $(MOVIELENS) lint ## make lint, then the whole test suite, every tier, in about 9 min on 2 cores (fetches MovieLens-100k first: the experiments are tested on it); prints its 15 slowest tests
 	$(PYTEST) --durations=15 $(ARGS)
 
 test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute on 2 cores)

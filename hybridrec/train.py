@@ -74,6 +74,7 @@ def check_before_launch(cfg: DictConfig, lock: Optional[DirLock] = None, run_dir
     if data:
         keep_fitted(cfg, data)  # fitted once here: the ranks get the values
     if state:
+        assert path is not None and data is not None  # state was read from path, and data built for it
         check_compatible(cfg, path, state, data.features, data.num_dense_features, data.version)
     # A continuous run's length is its partitions, not train.steps (a run day after day passes
     # any fixed count): the same command resumes it at any step, and the stream says what is new.

@@ -19,17 +19,10 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 from torch import nn
-from torch.distributed.elastic.agent.server.api import RunResult
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-try:  # torch >= 2.12
-    from torch.distributed.elastic.utils.process_state import read_proc_state as _torch_proc_state
-except ImportError:  # torch 2.11: the module does not exist
-    _torch_proc_state = None
 
 # ShardedTensor lives under torch.distributed._shard: TorchRec's sharded tables are
 # ShardedTensors, and torch has no public import path for the class while it deprecates it.
@@ -38,10 +31,21 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor  # noqa: F401 
 # DCP's planner puts a loaded non-tensor value back into the nested state dict with this
 # helper; a planner that loads those values safely (checkpoint.SafeLoadPlanner) needs it too.
 from torch.distributed.checkpoint._traverse import set_element  # noqa: F401  (re-exported)
+from torch.distributed.elastic.agent.server.api import RunResult
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.utils._pytree import tree_map_only  # noqa: F401  (re-exported: no public pytree map by type)
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import Topology
+
+if TYPE_CHECKING:
+    from torch.utils._config_module import ConfigModule
+
+_torch_proc_state: Callable[[int], str | None] | None
+try:  # torch >= 2.12
+    from torch.distributed.elastic.utils.process_state import read_proc_state as _torch_proc_state
+except ImportError:  # torch 2.11: the module does not exist
+    _torch_proc_state = None
 
 
 def dmp_root(dmp: DistributedModelParallel) -> nn.Module:
@@ -104,7 +108,9 @@ def size_oblivious_export() -> Any:
     export tutorial documents as experimental: ``torch.fx.experimental._config``."""
     import torch.fx.experimental._config as fx_config
 
-    return fx_config.patch(backed_size_oblivious=True)
+    # install_config_module made the module a ConfigModule (its patch, save_config, ...); the
+    # patch("key", value) form, as ConfigModule types patch(key=value)'s value as a dict
+    return cast("ConfigModule", fx_config).patch("backed_size_oblivious", True)
 
 
 def failed_job_error(job_return: Any) -> BaseException:
@@ -135,7 +141,7 @@ def own_proc_state(pid: int) -> str | None:
     return rest[0] if rest else None
 
 
-def agent_kwargs(shutdown_timeout: int, cls: type = LocalElasticAgent) -> dict[str, Any]:
+def agent_kwargs(shutdown_timeout: int, cls: type[Any] = LocalElasticAgent) -> dict[str, Any]:
     """Keyword arguments for torch's ``LocalElasticAgent`` (``cls``) that its torch accepts:
     torch 2.12 added ``shutdown_timeout`` (the grace before a worker that ignores SIGTERM is
     killed); an older agent keeps its fixed 30 s."""
@@ -206,7 +212,8 @@ class AgentFailureLogFilter(logging.Filter):
         self.hide = hide
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg, args = str(record.msg), record.args or ()
+        # torch's agent formats its lines with positional args: a tuple, never a mapping
+        msg, args = str(record.msg), cast("tuple[Any, ...]", record.args or ())
         if msg.startswith("failed (exitcode") and len(args) > 2:  # (exitcode, local_rank, pid, ...)
             return not self.hide(args[0], args[2])
         return not msg.startswith(("Received %s death signal", "Closing process %s via signal"))

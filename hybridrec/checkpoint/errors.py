@@ -29,9 +29,10 @@ def root_cause(e: BaseException) -> BaseException:
     """What went wrong under DCP's wrapper: a ``CheckpointException`` holds each failed rank's
     exception (lowest rank first here), and an exception may be chained to its cause."""
     while True:
+        cause = e.__cause__ or e.__context__
         if isinstance(e, CheckpointException) and e.failures:
             e = e.failures[min(e.failures)][0]
-        elif isinstance(e, (OSError, CheckpointError)) or (e.__cause__ or e.__context__) is None:
+        elif isinstance(e, (OSError, CheckpointError)) or cause is None:
             return e
         else:
-            e = e.__cause__ or e.__context__
+            e = cause

@@ -129,6 +129,7 @@ def check_pickle_stream(data: bytes, file: str) -> None:
     end = -1
     try:
         for op, _arg, pos in pickletools.genops(data):
+            assert pos is not None  # genops reads bytes through a BytesIO, which has a position
             end = pos
             if op.name == "STOP":
                 break
@@ -177,6 +178,7 @@ class SafeReader(dcp.FileSystemReader):
         metadata = read_metadata(str(self.path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
+        assert metadata.storage_meta is not None  # set just above
         metadata.storage_meta.load_id = self.load_id  # what FileSystemReader.read_metadata sets
         return metadata
 

@@ -71,7 +71,7 @@ class Resumable:
 
     def train_state(self, step: int) -> TrainState:
         """The rest, after ``step`` (collective: gathers every rank's RNG state)."""
-        rng = [None] * dist.get_world_size()
+        rng: list[Any] = [None] * dist.get_world_size()  # every rank's RNG state, once gathered
         dist.all_gather_object(rng, torch.get_rng_state())
         return TrainState(
             step=step,
@@ -244,7 +244,7 @@ class Checkpointer:
             hashes = pending.write.result()
         except (CheckpointException, OSError) as e:
             self._abandon(step, partial, e)
-        every = [None] * dist.get_world_size()
+        every: list[Any] = [None] * dist.get_world_size()  # every rank's file hashes, once gathered
         dist.all_gather_object(every, hashes)  # every rank's files are written, and their checksums here
         if self.rank == 0:
             if os.path.isdir(final) and writer_of(final) not in self.live.runs:

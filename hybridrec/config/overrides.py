@@ -41,7 +41,7 @@ def check(overrides: list[str], config_name: str = "config") -> None:
             _explain(compose, config_name, mine, HydraException, CONF_DIR)
 
 
-def _explain(compose, config_name: str, mine: list[str], errors: type, conf_dir: str) -> None:
+def _explain(compose, config_name: str, mine: list[str], errors: type[BaseException], conf_dir: str) -> None:
     error = _compose(compose, config_name, mine, errors)
     if error is None:
         return
@@ -66,7 +66,7 @@ def _explain(compose, config_name: str, mine: list[str], errors: type, conf_dir:
             )
 
 
-def _compose(compose, config_name: str, overrides: list[str], errors: type) -> Optional[str]:
+def _compose(compose, config_name: str, overrides: list[str], errors: type[BaseException]) -> Optional[str]:
     try:
         compose(config_name=config_name, overrides=overrides)
     except errors as e:
@@ -74,7 +74,7 @@ def _compose(compose, config_name: str, overrides: list[str], errors: type) -> O
     return None
 
 
-def _node(compose, config_name: str, overrides: list[str], path: str, errors: type) -> Optional[object]:
+def _node(compose, config_name: str, overrides: list[str], path: str, errors: type[BaseException]) -> Optional[object]:
     """The node at ``path`` of the config composed with ``overrides`` (None if that fails)."""
     try:
         cfg = compose(config_name=config_name, overrides=overrides)

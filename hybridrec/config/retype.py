@@ -7,7 +7,7 @@ import difflib
 import glob
 import os
 from dataclasses import fields
-from typing import NoReturn, Optional
+from typing import NoReturn, Optional, cast
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -101,7 +101,10 @@ def typed(saved: DictConfig) -> DictConfig:
         node = OmegaConf.select(saved, path)
         if isinstance(node, DictConfig) and "_target_" in node:
             OmegaConf.update(schema, path, typed_node(group_schema(group, node._target_), node, path), merge=False)
-    rest = OmegaConf.masked_copy(saved, [k for k in saved if k not in ("model", "loss", "data", "optimizer")])
+    # a config's keys are strings (OmegaConf types a key as any DictKeyType)
+    rest = OmegaConf.masked_copy(
+        saved, cast("list[str]", [k for k in saved if k not in ("model", "loss", "data", "optimizer")])
+    )
     if "optimizer" in saved:
         rest.optimizer = {k: v for k, v in saved.optimizer.items() if k not in ("sparse", "dense")}
     return _merge(schema, rest, "")
@@ -116,7 +119,7 @@ def evaluation_config(saved: DictConfig, ev: DictConfig, data_option: bool) -> D
     job's topology (topology.world_size, local_world_size, compute_device) is unset: the
     evaluation plans the tables for its own ranks. Nothing is saved or resumed."""
     cfg = typed(saved)
-    data = ev.data if data_option else OmegaConf.merge(saved.data, ev.data)
+    data = ev.data if data_option else cast(DictConfig, OmegaConf.merge(saved.data, ev.data))  # two mappings merged
     if "_target_" not in data:
         raise ValueError("data._target_ is not set: data=<option> names a source, or leave data as the checkpoint's")
     cfg.data = typed_node(group_schema("data", data._target_), data, "data")
@@ -132,7 +135,9 @@ def typed_node(schema: Optional[DictConfig], values: DictConfig, path: str) -> D
     """``values`` merged onto ``schema`` (None: left untyped), each key checked first."""
     if schema is None:
         return values
-    known = [f.name for f in fields(OmegaConf.get_type(schema))]
+    schema_type = OmegaConf.get_type(schema)
+    assert schema_type is not None  # a registered schema is a structured config: its dataclass
+    known = [f.name for f in fields(schema_type)]
     for key in values:
         if key not in known:
             refuse_key(str(key), known, path)
@@ -141,7 +146,7 @@ def typed_node(schema: Optional[DictConfig], values: DictConfig, path: str) -> D
 
 def _merge(schema: DictConfig, values: DictConfig, path: str) -> DictConfig:
     try:
-        return OmegaConf.merge(schema, values)
+        return cast(DictConfig, OmegaConf.merge(schema, values))  # mappings merged: a mapping
     except ValidationError as e:  # a value of the wrong type: OmegaConf names the key
         where = ".".join(k for k in (path, str(e.full_key or e.key or "")) if k)
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -72,7 +72,8 @@ def build_source(cfg: Any, seed: int) -> Any:
     from omegaconf import OmegaConf
 
     # num_workers and prefetch configure the loader (hybridrec.data.loader), not the source
-    node = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in LOADER_KEYS}
+    container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))  # cfg is a DictConfig: a dict
+    node = {k: v for k, v in container.items() if k not in LOADER_KEYS}
     try:
         return instantiate(node, seed=seed)
     except InstantiationException as e:

@@ -149,7 +149,8 @@ def read_npy_day(
         dense = np.asarray(parts["dense"][lo : lo + step], dtype=np.float32)
         raw = np.asarray(parts["sparse"][lo : lo + step])
         labels = np.asarray(parts["labels"][lo : lo + step]).reshape(-1)
-        checks = (
+        # (name, bad-row mask, reason of row i); Any: numpy's stubs type the masks as maybe scalars
+        checks: tuple[tuple[str, Any, Callable[[Any], str]], ...] = (
             ("labels", (labels != 0) & (labels != 1), lambda i: f"label {labels[i]:g} is not 0 or 1"),
             (
                 "dense",
@@ -239,6 +240,7 @@ def _init_worker(rows_done: Any) -> None:
 
 
 def _count(rows: int) -> None:
+    assert _rows_done is not None  # (set by _init_worker in every worker)
     with _rows_done.get_lock():
         _rows_done.value += rows
 
@@ -326,6 +328,7 @@ def plan(spec: str, out: str, overwrite: bool, target: Target = NPY) -> list[tup
         names = [stem(p) for p in paths]
     if os.path.exists(out) and not os.path.isdir(out):
         raise Refused(f"--out {out}: exists and is not a directory")
+    seen: dict[str, str]
     jobs, seen = [], {}
     for path, name in zip(paths, names):
         if name in seen:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -117,15 +117,17 @@ class _ParquetWriter:
     def _write(self, n: int) -> None:
         rows = [np.concatenate(cols) for cols in zip(*self.parts)]
         dense, ids, labels = (a[:n] for a in rows)
-        rest = tuple(a[n:] for a in rows)
+        rest = cast("tuple[np.ndarray, np.ndarray, np.ndarray]", tuple(a[n:] for a in rows))
         self.parts, self.buffered = ([rest] if len(rest[2]) else []), len(rest[2])
         dense, ids = np.ascontiguousarray(dense.T, np.float32), np.ascontiguousarray(ids.T, np.int64)
         columns = [pa.array(labels.astype(np.int8))] + [pa.array(c) for c in dense] + [pa.array(c) for c in ids]
+        assert self.writer is not None  # (None only once finished)
         self.writer.write_table(pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA), row_group_size=n)
 
     def finish(self) -> None:
         if self.buffered:
             self._write(self.buffered)
+        assert self.writer is not None  # (None only once finished)
         self.writer.close()
         self.writer = None
         fd = os.open(self.partial, os.O_RDONLY)

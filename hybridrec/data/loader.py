@@ -28,7 +28,7 @@ import re
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional, Union
+from typing import TYPE_CHECKING, Generator, Iterator, Optional, Union, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -38,6 +38,9 @@ from hybridrec.base.signals import Killed, signal_name
 from hybridrec.data import DataError, RecBatch
 from hybridrec.data.handoff import Handle, SlotRing, slot_bytes_for
 from hybridrec.data.source import Rows, Source
+
+if TYPE_CHECKING:
+    from hybridrec.data.sequences import NextItemSource
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class EvalBatch:
 class _Piece:
     index: int  # the global batch
     piece: int  # which of the rank's P pieces
-    rows: Rows  # fewer rows than asked, or none: the end of an evaluated split
+    rows: Union[Rows, Handle]  # fewer rows than asked, or none: the end of an evaluated split (a Handle: in a slot)
     end: bool = False  # past the end: carries only the read report
 
 
@@ -113,13 +116,18 @@ class _Stream(IterableDataset):
                         out.append(_Piece(index, p, rows))
                 # a pass of unknown length ends when every reader of this worker runs dry
                 # (other workers' pieces of the batch, if any, are padded by the loader)
-                if out and self.per_epoch is None and self.split != "train" and not any(len(o.rows) for o in out):
+                if (
+                    out
+                    and self.per_epoch is None
+                    and self.split != "train"
+                    and not any(len(cast(Rows, o.rows)) for o in out)
+                ):
                     for o in out:  # no batch, but what the last reads counted (a broken file)
                         o.end = True
                         yield o
                     return
                 for o in out:
-                    if self.ring is not None and (handle := self.ring.put(worker, o.rows)) is not None:
+                    if self.ring is not None and (handle := self.ring.put(worker, cast(Rows, o.rows))) is not None:
                         o.rows = handle  # only the slot's description crosses the queue
                     yield o
                 index += 1
@@ -174,7 +182,7 @@ _BUILDING = threading.Lock()
 _END = object()
 
 
-def ahead(items: Iterator, depth: int) -> Iterator:
+def ahead(items: Generator, depth: int) -> Iterator:
     """``items``, produced by a background thread up to ``depth`` ahead of the consumer.
 
     torch.utils.data has no thread-based loader (DataLoader's workers are processes), and a
@@ -233,7 +241,7 @@ def _batches(
     num_workers: int,
     prefetch: int,
     pin_memory: bool,
-) -> Iterator[Union[RecBatch, EvalBatch]]:
+) -> Generator[Union[RecBatch, EvalBatch], None, None]:
     train = split == "train"
     if not source.has_split(split):
         raise DataError(f"this data source has no {split} split (it has {', '.join(source.splits)})")
@@ -279,6 +287,7 @@ def _batches(
         if isinstance(item, _Failed):
             raise DataError(item.message)
         if isinstance(item.rows, Handle):
+            assert ring is not None  # (a Handle comes from a worker, and workers have the ring)
             item.rows = ring.take(item.rows)  # copied out at once: the worker's slot is free again
         elif ring is not None and not item.end:
             _said_oversized(item.rows, ring)
@@ -295,13 +304,14 @@ def _batches(
             item.rows.report = None
         pending[item.piece] = item.rows
     if pending:
+        assert index is not None  # (set with the first piece)
         yield _assemble(source, pending, len(ranges), per, train, pin_memory, index, ranges[0][0])
 
 
 def _no_rows(source: Source, key: str) -> torch.Tensor:
     """No rows of the ranking or sequence field ``key``: its dtype and row shape."""
     if key == "times":
-        return torch.zeros(0, source.max_length, dtype=torch.int64)
+        return torch.zeros(0, cast("NextItemSource", source).max_length, dtype=torch.int64)  # (times: next-item rows)
     return torch.zeros(0, dtype=torch.int64 if key == "query" else torch.float32)
 
 
@@ -309,7 +319,9 @@ def _slot_bytes(source: Source, rows: int) -> int:
     """A slot for ``rows`` rows of ``source``: its ids per row estimated by the features'
     pooling factors (twice that for room)."""
     ids = sum(f.pooling_factor for f in source.features)
-    extra = len(source.extra_fields) + (source.max_length - 1 if "times" in source.extra_fields else 0)
+    extra = len(source.extra_fields) + (
+        cast("NextItemSource", source).max_length - 1 if "times" in source.extra_fields else 0
+    )
     return slot_bytes_for(rows, source.num_dense_features, len(source.features), ids, source.weighted, extra)
 
 

@@ -84,8 +84,8 @@ def read_table(
     for j, (lo, hi) in (ranges or {}).items():
         value = np.asarray(pc.cast(pc.if_else(pa.array(ok), table.column(j), "0"), pa.int64()))
         outside = ok & ((value < lo) | (value > hi))
-        for i in np.flatnonzero(outside):
-            reasons[int(i)] = f"{COLUMN_NAMES.get(j, f'field {j + 1}')} {value[i]} is outside {lo}..{hi}"
+        for r in np.flatnonzero(outside):
+            reasons[int(r)] = f"{COLUMN_NAMES.get(j, f'field {j + 1}')} {value[r]} is outside {lo}..{hi}"
         ok &= ~outside
     for i in sorted(reasons):
         if fail:
@@ -375,6 +375,7 @@ class MovieLensRank(MovieLens):
     """
 
     lists = True
+    list_size: int  # always set (Source's is None for sources without lists)
 
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import pyarrow as pa
 
@@ -141,7 +141,7 @@ _STEP_FIELDS = {
     "standardize": {"mean": _NUMBER, "std": _NUMBER},
     "constant": {"value": _NUMBER},
 }
-_ID_FIELDS = {
+_ID_FIELDS: dict[str, dict[str, Union[tuple[str, ...], type]]] = {
     "row": {"outside": ("error", "row_0")},
     "hash": {"function": ("splitmix64",), "seed": int, "modulo": int},
     "hex": {"function": ("splitmix64", "none"), "modulo": int},
@@ -261,7 +261,7 @@ def check_description(spec: Any) -> list[str]:
                 )
             else:
                 need(
-                    isinstance(value, str) and value,
+                    isinstance(value, str) and bool(value),
                     f"{at}.ids.{key}",
                     value,
                     "a file name" if key == "file" else "a name",

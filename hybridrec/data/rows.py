@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -52,11 +53,11 @@ def _ones(n: int) -> torch.Tensor:
     return ones
 
 
-def _tensor(a: np.ndarray, dtype: np.dtype) -> torch.Tensor:
+def _tensor(a: np.ndarray, dtype: npt.DTypeLike) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
 
 
-def _extra_dtype(key: str) -> type:
+def _extra_dtype(key: str) -> type[np.generic]:
     """The dtype of a ranking field: the query (a user id) and times are integers, the rest floats."""
     return np.int64 if key in ("query", "times") else np.float32
 

@@ -49,6 +49,7 @@ class Loss(nn.Module):
         self.list_size = list_size
 
     def _lists(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        assert self.list_size is not None  # list losses (needs_lists) are built with the list source's size
         return [t.view(-1, self.list_size) for t in tensors]
 
 
@@ -99,6 +100,7 @@ class Pairwise(Loss):
     needs_relevance = True
 
     def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
+        assert batch.relevance is not None and batch.weights is not None  # list sources set both (RANKING_FIELDS)
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
         real = (w[:, :, None] > 0) & (w[:, None, :] > 0)
         pairs = (rel[:, :, None] > rel[:, None, :]) & real
@@ -115,6 +117,7 @@ class ListwiseSoftmax(Loss):
     needs_relevance = True
 
     def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
+        assert batch.relevance is not None and batch.weights is not None  # list sources set both (RANKING_FIELDS)
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
         log_p = torch.log_softmax(s.masked_fill(w == 0, float("-inf")), dim=1)
         target = rel * w / (rel * w).sum(1, keepdim=True).clamp(min=1e-12)
@@ -134,6 +137,7 @@ class ApproxNDCG(Loss):
         self.temperature = temperature
 
     def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
+        assert batch.relevance is not None and batch.weights is not None  # list sources set both (RANKING_FIELDS)
         s, rel, w = self._lists(logits, batch.relevance, batch.weights)
         real = (w[:, None, :] > 0) & (w[:, :, None] > 0)
         beats = torch.sigmoid((s[:, None, :] - s[:, :, None]) / self.temperature) * real  # [i, j]: j above i
@@ -167,15 +171,17 @@ class InBatchSoftmax(Loss):
 
     def forward(self, user: torch.Tensor, item: torch.Tensor, batch: RecBatch) -> torch.Tensor:
         item_ids = batch.sparse_features["item"].values()
-        log_q = batch.log_q
+        log_q = batch.log_q  # set by user-item sources, the only ones two towers train on
         offset = 0
         if dist.is_initialized() and dist.get_world_size() > 1:
+            assert log_q is not None  # (see above)
             # The backward of this all_gather sums every rank's gradient into the owner's rows.
             item = torch.cat(dist_nn.all_gather(item))
             item_ids, log_q = torch.cat(_all_gather_nograd(item_ids)), torch.cat(_all_gather_nograd(log_q))
             offset = dist.get_rank() * user.shape[0]
         logits = user @ item.T
         if self.logq_correction:
+            assert log_q is not None  # (see above)
             logits = logits - log_q[None, :]
         mine = torch.arange(user.shape[0], device=user.device) + offset
         same_item = item_ids[mine][:, None] == item_ids[None, :]
@@ -235,7 +241,7 @@ class NextItemSoftmax(Loss):
         # sampled negatives when drawn by popularity; uniformly drawn ones shift by a constant.
         corrections = [
             log_q[negative_ids]
-            if correct and sampled_by_popularity
+            if correct and sampled_by_popularity and log_q is not None  # (correct implies log_q)
             else torch.zeros(len(negative_ids), device=queries.device)
         ]
         if self.in_batch:
@@ -250,7 +256,11 @@ class NextItemSoftmax(Loss):
                     _all_gather_nograd(torch.tensor([len(positives)], device=positives.device)),
                 )
             candidates, candidate_ids = torch.cat([candidates, batch_items]), torch.cat([candidate_ids, batch_ids])
-            corrections.append(log_q[batch_ids] if correct else torch.zeros(len(batch_ids), device=queries.device))
+            corrections.append(
+                log_q[batch_ids]
+                if correct and log_q is not None  # (correct implies log_q)
+                else torch.zeros(len(batch_ids), device=queries.device)
+            )
         queries = queries / self.temperature
         target = (
             None if self.in_batch or (correct and sampled_by_popularity) else self._column(candidate_ids, positive_ids)
@@ -265,6 +275,7 @@ class NextItemSoftmax(Loss):
         positive = (queries * positives).sum(1)
         logits = queries @ candidates.T
         if correct and (self.in_batch or sampled_by_popularity):
+            assert log_q is not None  # correct implies it
             positive = positive - log_q[positive_ids]
             logits = logits - torch.cat(corrections)[None, :]
         # in place: mm's backward keeps its inputs, not its output

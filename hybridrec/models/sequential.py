@@ -28,7 +28,7 @@ catalogue for the user's held-out item; the model returns that item's rank (1 = 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +89,7 @@ class Stack(nn.Module):
         self,
         dim: int,
         max_length: int,
-        blocks: list[nn.Module],
+        blocks: Sequence[nn.Module],
         dropout: float,
         positions: bool,
         activation_checkpointing: bool,
@@ -138,7 +138,7 @@ class SequenceRanker(Ranker):
         features: list[SparseFeature],
         embedding_dim: int,
         max_length: int,
-        blocks: list[nn.Module],
+        blocks: Sequence[nn.Module],
         positions: bool,
         dropout: float,
         activation_checkpointing: bool,

@@ -4,7 +4,7 @@ torch; learning-rate schedules for both; clipping of the dense gradients."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from hydra.utils import get_class, instantiate
@@ -22,7 +22,7 @@ def sparse_optimizer(cfg: DictConfig) -> tuple[type, dict[str, Any]]:
     """The class and keyword arguments for ``apply_optimizer_in_backward``: TorchRec maps them
     onto its fused kernels (rowwise Adagrad, Adagrad, Adam, SGD)."""
     kwargs = {k: v for k, v in cfg.items() if not str(k).startswith("_")}
-    return get_class(cfg._target_), kwargs
+    return get_class(cfg._target_), cast(dict[str, Any], kwargs)  # a config node's keys: names
 
 
 def lr_multiplier(cfg: DictConfig) -> Callable[[int], float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -49,9 +50,12 @@ from hybridrec.config import (
     Pipeline,
 )
 from hybridrec.models import Ranker
-from hybridrec.parallel.optim import sparse_optimizer
+from hybridrec.parallel.optim import TrainOptimizer, sparse_optimizer
 from hybridrec.parallel.parallel_dims import ParallelDims
 from hybridrec.parallel.sharding import PlanInputs, plan_tables, sharders
+
+if TYPE_CHECKING:
+    from torchrec.distributed.shards_wrapper import LocalShardsWrapper
 
 
 class FSDP2Wrapper(DataParallelWrapper):
@@ -90,7 +94,7 @@ class FSDP2Wrapper(DataParallelWrapper):
             ),
             offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda") if cfg.cpu_offload else OffloadPolicy(),
         )
-        units = []  # the modules whose parameters are gathered, in forward order
+        units: list[FSDPModule] = []  # the modules whose parameters are gathered, in forward order
         # units=root: no per-block units; the root below then owns every dense parameter.
         blocks = [] if cfg.units == FSDPUnits.root else dmp.module.dense_units()
         if cfg.units == FSDPUnits.root and cfg.param_dtype:
@@ -99,13 +103,13 @@ class FSDP2Wrapper(DataParallelWrapper):
             # fp32 embeddings (DLRM's top MLP after the interaction) would see fp32 inputs
             # with bf16 weights. Give each block the unit's casts without making it a unit.
             for block in dmp.module.dense_units():
-                cast_at_boundary(block, dtype(cfg.param_dtype))
+                cast_at_boundary(block, cast(torch.dtype, dtype(cfg.param_dtype)))  # param_dtype is set here
         with one_post_forward_mesh():  # reshard_after_forward=N: one N-rank mesh for all units
             for block in blocks:
                 if cfg.units == FSDPUnits.layer:
                     for layer in dense_layers(block):
                         fully_shard(layer, **kwargs)
-                        units.append(layer)
+                        units.append(cast(FSDPModule, layer))  # fully_shard made it one
                 fully_shard(block, **kwargs)  # the block's own parameters (all of them in arch mode)
                 if cfg.units == FSDPUnits.arch or any(True for _ in block.parameters(recurse=False)):
                     units.append(block)
@@ -116,7 +120,7 @@ class FSDP2Wrapper(DataParallelWrapper):
         # which keeps the root unsharded after forward because backward needs it at once.
         # With units=root (the whole dense part in the root) an explicit True all-gathers it
         # twice per step.
-        root = dmp_root(dmp)
+        root = cast(Ranker, dmp_root(dmp))  # the model DMP was given, its tables sharded in place
         root_kwargs = {**kwargs, "reshard_after_forward": cfg.root_reshard_after_forward}
         fully_shard(root, **root_kwargs, ignored_params=set(root.sparse_module().parameters()))
         # Explicit prefetch: issue the next units' all-gathers while this one computes.
@@ -208,7 +212,9 @@ class Parallelized:
     dense: DenseParallel
     """The dense wrapper that runs (``dense_mode``): mesh.dense, or single on one rank."""
 
-    def pipeline(self, kind: Pipeline, optimizer: torch.optim.Optimizer, device: torch.device) -> TrainPipeline:
+    def pipeline(
+        self, kind: Pipeline, optimizer: torch.optim.Optimizer | TrainOptimizer, device: torch.device
+    ) -> TrainPipeline:
         """TorchRec's train pipeline. sparse_dist overlaps the next batch's input all-to-all
         with this batch's forward/backward. Its own 2D sync is turned off: ``after_step`` is
         the one owner of the sync, so that it runs every mesh.embedding_sync_every steps
@@ -337,9 +343,12 @@ def init_embeddings(sharded_ebc: nn.Module, seed: int) -> None:
         table = key.split(".")[-2]
         rows, dim = weight.size()
         if isinstance(weight, ShardedTensor):
-            shards = [(s.metadata.shard_offsets, s.tensor) for s in weight.local_shards()]
+            shards: list[tuple[Sequence[int], torch.Tensor]] = [
+                (s.metadata.shard_offsets, s.tensor) for s in weight.local_shards()
+            ]
         elif isinstance(weight, DTensor):  # 2D: TorchRec's LocalShardsWrapper of this rank's shards
-            local = weight.to_local()  # no_grad: the wrapper itself, whose shards alias the tables
+            # no_grad: the wrapper itself, whose shards alias the tables
+            local = cast("LocalShardsWrapper", weight.to_local())
             shards = list(zip(local.local_offsets(), local.local_shards()))
         else:
             shards = [((0, 0), weight)]  # data_parallel: a full replica

@@ -13,13 +13,12 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm as FbgemmCacheAlgorithm
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -45,6 +44,9 @@ from hybridrec.base.compat import planner_options, planner_reserved_share, plann
 from hybridrec.config import StorageReservation
 from hybridrec.models import Ranker
 from hybridrec.parallel.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
 
@@ -81,7 +83,7 @@ def sharders(qcomm_codecs_registry: Optional[dict] = None) -> list:
     ]
 
 
-def table_configs(module: nn.Module) -> list:
+def table_configs(module: Union[EmbeddingBagCollection, EmbeddingCollection]) -> list:
     """The table configs of a model's sparse module: an EmbeddingBagCollection's or an
     EmbeddingCollection's (each names its tables' rows, width and features)."""
     if hasattr(module, "embedding_bag_configs"):
@@ -153,7 +155,7 @@ def build_constraints(
     """One ParameterConstraints per table: the group-wide types/kernels, the data's pooling
     factors, then every ``sharding.tables`` entry whose glob matches, in order."""
     names = [t.name for t in tables]
-    overrides = OmegaConf.to_container(cfg.tables, enum_to_str=True)
+    overrides = cast(list[dict[str, Any]], OmegaConf.to_container(cfg.tables, enum_to_str=True))  # a list node
     for i, override in enumerate(overrides):
         if not fnmatch.filter(names, override["match"]):
             raise ValueError(
@@ -295,7 +297,7 @@ def optimizer_notes(report: dict[str, Any], sparse_optimizer: str) -> list[str]:
 
 def _plan(
     planner: EmbeddingShardingPlanner,
-    module: nn.Module,
+    module: Ranker,
     sharder: list,
     pg: Optional[dist.ProcessGroup],
 ) -> ShardingPlan:
@@ -307,9 +309,7 @@ def _plan(
         raise PlanError(explain_planner_error(e, planner, module, sharder)) from e
 
 
-def explain_planner_error(
-    error: PlannerError, planner: EmbeddingShardingPlanner, module: nn.Module, sharder: list
-) -> str:
+def explain_planner_error(error: PlannerError, planner: EmbeddingShardingPlanner, module: Ranker, sharder: list) -> str:
     """Turn TorchRec's PlannerError into what the user needs: which tables, how many GiB are
     missing and which knobs would make the plan fit. TorchRec's own text follows."""
     topology: Topology = planner_topology(planner)
@@ -363,7 +363,7 @@ def explain_planner_error(
             name: min(max(getattr(s.storage, tier) for s in so.shards) for so in opts)
             for name, opts in by_table.items()
         }
-        worst = max(largest, key=largest.get)
+        worst = max(largest, key=largest.__getitem__)
         lines.append(
             f"In total the tables fit, but no placement does: {worst}'s smallest shard needs "
             f"{largest[worst] / GIB:.1f} GiB of {memory} memory and a rank offers "
@@ -379,6 +379,7 @@ def explain_planner_error(
 def plan_report(recorder: PlanRecorder, topology_info: dict[str, Any]) -> dict[str, Any]:
     """Per table and per rank: placement and the planner's memory and cost estimates."""
     topology = recorder.topology
+    assert topology is not None  # the planner's log call sets it with best_plan, which this rank has
     world = topology.world_size
     est = [{"device_bytes": 0, "host_bytes": 0, "step_ms": 0.0} for _ in range(world)]
     tables = {}

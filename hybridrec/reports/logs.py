@@ -19,7 +19,7 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 from tqdm import tqdm
 
@@ -79,7 +79,11 @@ class JobLogging:
             return None
         job_logging = HydraConfig.get().job_logging
         return cls(
-            OmegaConf.to_container(job_logging, resolve=True) if job_logging is not None else None, hydra_verbose()
+            # a mapping node (a logging dictConfig): its container is a dict
+            cast(dict[str, Any], OmegaConf.to_container(job_logging, resolve=True))
+            if job_logging is not None
+            else None,
+            hydra_verbose(),
         )
 
     def apply(self) -> None:
@@ -88,7 +92,9 @@ class JobLogging:
         from omegaconf import OmegaConf
 
         verbose = self.verbose if isinstance(self.verbose, (bool, str)) else OmegaConf.create(self.verbose)
-        configure_log(OmegaConf.create(self.config) if self.config is not None else None, verbose)
+        log_config = OmegaConf.create(self.config) if self.config is not None else None
+        # Hydra's annotation omits the None it takes (None: its default console logging)
+        configure_log(log_config, verbose)  # type: ignore[arg-type]  # None is valid, see above
 
 
 class _RankPrefix(logging.Filter):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import resource
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import numpy as np
 import torch
@@ -28,7 +28,15 @@ def peak_device_mb(device: torch.device) -> dict[str, float]:
     }
 
 
-def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+class StepTimes(TypedDict, total=False):
+    """``percentiles_ms``: the step-time keys of summary.json's ``train`` block (both absent
+    when no step ran)."""
+
+    step_time_p50_ms: float
+    step_time_p95_ms: float
+
+
+def percentiles_ms(seconds: list[float]) -> StepTimes:
     if not seconds:
         return {}
     ms = np.array(seconds) * 1000
@@ -65,7 +73,19 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def comm_compute_split(events: Any) -> dict[str, Any]:
+class CommSplit(TypedDict):
+    """``comm_compute_split``: a rank's profile (``hybridrec.reports.summary.Profile``, where
+    each key is described) less its rank and step breakdown."""
+
+    profiled_steps: int
+    profiled_ms: float
+    comm_ms: float
+    compute_ms: float
+    comm_share: float
+    comm_ms_by_kind: dict[str, float]
+
+
+def comm_compute_split(events: Any) -> CommSplit:
     """Share of the profiled steps' wall time during which a collective was running.
 
     Window = the union of the ProfilerStep spans. Communication = the union of the backend's

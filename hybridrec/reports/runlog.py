@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Optional
 
-from hybridrec.reports.summary import ObjectiveBlock, ReferenceResult, RunSummary
+from hybridrec.reports.summary import ObjectiveBlock, ReferenceResult, ResumedFrom, RunSummary
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -34,7 +34,7 @@ def resume_record(step: int, path: str) -> dict[str, Any]:
     return {"event": RESUME, "step": step, "path": path}
 
 
-def resumes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def resumes(records: list[dict[str, Any]]) -> list[ResumedFrom]:
     """The resumes of a history, oldest first: ``{"step", "path"}`` each."""
     return [{"step": r["step"], "path": r["path"]} for r in records if r.get("event") == RESUME]
 
@@ -81,7 +81,7 @@ class MetricsLog:
         elif self._tb:
             # an evaluation's metrics go under its split's tag (valid/auc, test/auc,
             # progressive/auc): one tag for every split would hold two values at one step
-            split = {"eval": "test"}.get(record.get("split"), record.get("split"))
+            split = "test" if record.get("split") == "eval" else record.get("split")
             for key, value in _flatten({k: v for k, v in record.items() if k != "split"}).items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     if split and key.startswith("eval/"):
@@ -140,6 +140,7 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
     ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
     ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
     if judged:
+        assert objective is not None  # judged: there is an objective
         _plot_objective(axes[1], objective, evals, test, references)
     if evals:
         steps = [r["step"] for r in evals]
@@ -149,7 +150,8 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         ax_eval.plot(steps, [r["eval"][head] for r in evals], "o-", color="tab:green", label=f"{curve} {label}")
         for r in test:
             ax_eval.plot([r["step"]], [r["eval"][head]], "*", markersize=12, color="black", label=f"test {label}")
-        if not (judged and objective["name"] == f"valid.{head}"):  # else drawn in the objective's panel
+        # else drawn in the objective's panel (judged: objective is not None)
+        if not (judged and objective is not None and objective["name"] == f"valid.{head}"):
             _plot_references(ax_eval, references, head)
         ax_eval.set(title="validation" if curve == "valid" else "eval", xlabel="step", ylabel=label)
         extra = []

@@ -236,6 +236,12 @@ class RunSummary(TypedDict):
     their means (``hybridrec.training.continuous.freshness_summary``)."""
 
 
+class _Valid(TypedDict, total=False):
+    """RunSummary's ``valid`` alone: spread into the summary where the key belongs, when it is there."""
+
+    valid: Metrics
+
+
 class ScoreSummary(TypedDict):
     """``metrics.json`` of ``python -m hybridrec.evaluate``."""
 
@@ -376,6 +382,7 @@ def run_summary(
         train["steady_samples_per_second"] = global_batch_size * len(rest) / sum(rest)
     rss = [m.peak_rss_mb for m in ranks]
     plan = plan or {"tables": {}, "ranks": []}  # the report lives on rank 0
+    valid: _Valid = {"valid": final["valid"]} if "valid" in final else {}
     summary: RunSummary = {
         "world_size": world_size,
         "device": device,
@@ -392,7 +399,7 @@ def run_summary(
         "dense_parameters": dense_parameters,
         "train": train,
         "eval": final["eval"],  # the test split: scored once, at the end
-        **({"valid": final["valid"]} if "valid" in final else {}),
+        **valid,
         "eval_history": eval_history,  # on validation when the source has it
         "provenance": provenance,
         "plan": plan["tables"],

@@ -97,9 +97,14 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def _override_values(overrides: list[str]) -> dict[str, str]:
+    """Each override's key as written (``+``/``~`` kept) and its value ("" for a bare key)."""
+    return {key: value for key, _, value in (o.partition("=") for o in overrides)}
+
+
 def swept_keys(jobs: list[Job]) -> list[str]:
     """The override keys whose value is not the same in every job, in first-seen order."""
-    per_job = [dict(o.split("=", 1) if "=" in o else (o, "") for o in j.overrides) for j in jobs]
+    per_job = [_override_values(j.overrides) for j in jobs]
     keys = list(dict.fromkeys(k for d in per_job for k in d))
     return [k for k in keys if len({d.get(k) for d in per_job}) > 1]
 
@@ -127,24 +132,31 @@ def objective_of(job: Job) -> tuple[str, str, Optional[float]]:
     return o["name"], o["direction"], o["value"] if job.status == "ok" else None
 
 
+def _objective_value(job: Job) -> float:
+    """The objective value of a finished job (one of ``done`` below: not None)."""
+    value = objective_of(job)[2]
+    assert value is not None
+    return value
+
+
 def chosen(jobs: list[Job]) -> Optional[Job]:
     """The job whose validation objective is best, the one a sweeper reports (None: no job
     finished). Ties go to the lower job number, as Optuna's best trial."""
-    done = [j for j in jobs if objective_of(j)[2] is not None and not math.isnan(objective_of(j)[2])]
+    done = [j for j in jobs if (v := objective_of(j)[2]) is not None and not math.isnan(v)]
     if not done:
         return None
     sign = -1.0 if objective_of(done[0])[1] == "maximize" else 1.0
-    return min(done, key=lambda j: (sign * objective_of(j)[2], j.num or 0))
+    return min(done, key=lambda j: (sign * _objective_value(j), j.num or 0))
 
 
 def ranked(jobs: list[Job]) -> list[Job]:
     """Finished jobs best first by the objective, then the failed and unfinished ones, in
     job order."""
-    done = [j for j in jobs if objective_of(j)[2] is not None and not math.isnan(objective_of(j)[2])]
+    done = [j for j in jobs if (v := objective_of(j)[2]) is not None and not math.isnan(v)]
     rest = [j for j in jobs if j not in done]
     if done:
         sign = -1.0 if objective_of(done[0])[1] == "maximize" else 1.0
-        done.sort(key=lambda j: (sign * objective_of(j)[2], j.num or 0))
+        done.sort(key=lambda j: (sign * _objective_value(j), j.num or 0))
     return done + rest
 
 
@@ -158,7 +170,7 @@ def rows(jobs: list[Job]) -> tuple[list[str], list[dict[str, Any]]]:
     out = []
     for j in ranked(jobs):
         s = j.summary
-        values = dict(o.split("=", 1) if "=" in o else (o, "") for o in j.overrides)
+        values = _override_values(j.overrides)
         name, direction, value = objective_of(j)
         row: dict[str, Any] = {"job": j.num, "status": j.status}
         row |= {_key(k): values.get(k, "") for k in swept}

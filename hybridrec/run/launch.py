@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, cast
 
 import torch.distributed.elastic.rendezvous.registry as rdzv_registry
 from omegaconf import DictConfig, OmegaConf
@@ -179,7 +179,7 @@ def world_size(cfg: DictConfig) -> int:
     return cfg.launcher.nproc_per_node * job_nodes().count
 
 
-def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict[str, Any]:
+def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> Mapping[str, Any]:
     """Run ``job`` (default: training) on ``world_size(cfg)`` ranks and return rank 0's
     summary. A signal that stops the launched ranks ends this process (see ``Stopped``)."""
     if already_launched():
@@ -188,11 +188,12 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> dict
         # torch's elastic agent (torchrun) is this rank's parent; srun's is Slurm's step daemon,
         # which ends its tasks itself.
         as_launched_rank(parent_ends_it="TORCHELASTIC_RUN_ID" in os.environ)
-        return run(cfg, run_dir, job=job)
+        # torch's @record types run as returning None too (for a SystemExit(0), which run never raises)
+        return cast("Mapping[str, Any]", run(cfg, run_dir, job=job))
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
     if nproc == 1 and nodes.count == 1 and not in_sweep():
         with _stops_in_one_line(run_dir):
-            return run(cfg, run_dir, job=job)
+            return cast("Mapping[str, Any]", run(cfg, run_dir, job=job))  # (as above)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
     # The ranks are new processes: they get the Hydra job's logging (console, train.log).
@@ -261,7 +262,7 @@ def _stops_in_one_line(run_dir: str) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def oversubscribed(cfg: DictConfig, env: Optional[dict[str, str]] = None) -> Optional[str]:
+def oversubscribed(cfg: DictConfig, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """A warning when this node's ranks would run more threads than it has cores: it works,
     slower than fewer ranks or threads would, so it is said once, with the numbers."""
     env = os.environ if env is None else env
@@ -373,6 +374,7 @@ def _heartbeat(beats: Any, slot: int) -> None:
     ends too. The fork server the rank came from outlives the launcher while its ranks run,
     so a launcher killed with SIGKILL would otherwise leave them training."""
     launcher = multiprocessing.parent_process()  # the launcher, not the fork server
+    assert launcher is not None  # a rank is a process the launcher started
     while True:
         beats[slot] = time.monotonic()
         if wait([launcher.sentinel], timeout=1.0):

@@ -56,6 +56,7 @@ def dry_plan(cfg: DictConfig, dims: ParallelDims, detect: bool, data: Optional[S
     (planning for another cluster). ``data``: the source, when the caller has built it."""
     data = data or build_source(cfg.data, cfg.seed)
     _, report = plan_tables(model_for(cfg, data), plan_inputs(cfg, dims, data), sharders(), detect=detect)
+    assert report is not None  # planned here (no process group), so this process has the report
     return report
 
 

@@ -52,8 +52,9 @@ def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-RankJob = Callable[[DictConfig, str, torch.device], dict[str, Any]]
-"""What a rank does once its process group is up: ``job(cfg, run_dir, device)`` -> its result."""
+RankJob = Callable[[DictConfig, str, torch.device], Mapping[str, Any]]
+"""What a rank does once its process group is up: ``job(cfg, run_dir, device)`` -> its result
+(a summary: a TypedDict, ``RunSummary`` or ``ScoreSummary``)."""
 
 
 @record  # under the elastic launcher, a failing rank's traceback reaches the user
@@ -63,7 +64,7 @@ def run(
     parent_reports: bool = False,
     job: Optional[RankJob] = None,
     job_logging: Optional[JobLogging] = None,
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """One rank's whole job: process group, ``job`` (default: training; ``ScoreCheckpoint``
     for ``python -m hybridrec.evaluate``), teardown. Returns the job's result (a summary).
 

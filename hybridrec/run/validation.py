@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import fields, is_dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 from hydra.utils import get_class
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -15,6 +15,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from hybridrec.config.retype import refuse_key
 from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule, TrainSchedule
 from hybridrec.parallel.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:
+    from hybridrec.data.source import Source
+    from hybridrec.models import Ranker
+    from hybridrec.models.losses import Loss
 
 # Fused optimizers fbgemm's CPU kernels implement (its TBE asserts the same list).
 CPU_SPARSE_OPTIMIZERS = ("torchrec.optim.RowWiseAdagrad", "torch.optim.Adagrad", "torch.optim.SGD")
@@ -43,13 +48,16 @@ def check_device(cfg: DictConfig, device_type: str) -> None:
 
 
 def _kwargs(node: DictConfig) -> dict[str, Any]:
-    return {k: v for k, v in node.items() if not str(k).startswith("_")}
+    # keyword arguments: a config's keys are strings (OmegaConf types a key as any DictKeyType)
+    return cast("dict[str, Any]", {k: v for k, v in node.items() if not str(k).startswith("_")})
 
 
 def _validate_loss(cfg: DictConfig) -> None:
     """The loss, the model and the data must fit together: each class declares what it needs
     or provides (hybridrec.models.losses.Loss, hybridrec.models.Ranker, hybridrec.data.source.Source)."""
-    loss, model, source = (get_class(cfg[g]._target_) for g in ("loss", "model", "data"))
+    loss = cast("type[Loss]", get_class(cfg.loss._target_))
+    model = cast("type[Ranker]", get_class(cfg.model._target_))
+    source = cast("type[Source]", get_class(cfg.data._target_))
     name = lambda c: c.__name__
     if loss.needs_lists and not source.lists:
         raise ValueError(
@@ -117,7 +125,7 @@ def _check_keys(node: Any, path: str = "") -> None:
             if key not in names and f"{path}.{key}".lstrip(".") not in _FREE_FORM:
                 refuse_key(str(key), names, path)
     if isinstance(node, (DictConfig, ListConfig)):
-        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        keys: Iterable[Any] = node.keys() if isinstance(node, DictConfig) else range(len(node))  # names or indices
         for key in keys:
             if not OmegaConf.is_missing(node, key) and not OmegaConf.is_interpolation(node, key):
                 child = node[key]
@@ -130,7 +138,7 @@ def _check_finite(node: Any, path: str = "") -> None:
     NaN passes every range comparison (``lr > 0`` is False for NaN and so is ``lr <= 0``) and
     then changes what a run computes without an error (a NaN Zipf exponent, a NaN rate)."""
     if isinstance(node, (DictConfig, ListConfig)):
-        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        keys: Iterable[Any] = node.keys() if isinstance(node, DictConfig) else range(len(node))  # names or indices
         for key in keys:
             if key == "hydra" or OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
                 continue
@@ -142,7 +150,7 @@ def _check_finite(node: Any, path: str = "") -> None:
 def _paths(node: DictConfig, prefix: str = "") -> list[str]:
     """Every dotted key of a config, depth first, in order."""
     out = []
-    for key in node.keys():
+    for key in cast("Iterable[str]", node.keys()):  # a config's keys are strings
         path = f"{prefix}{key}"
         out.append(path)
         if (
@@ -200,7 +208,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
 def _validate_structure(cfg: DictConfig) -> None:
     """Every required key set, no unknown key, sizes and degrees positive."""
     # hybridrec's keys only: Hydra's own (present under a launcher callback) resolve later
-    ours = [k for k in cfg.keys() if k != "hydra"]
+    ours = [k for k in cast("Iterable[str]", cfg.keys()) if k != "hydra"]
     unset = {m for k in ours if isinstance(cfg[k], DictConfig) for m in OmegaConf.missing_keys(cfg[k])}  # full keys
     missing = [p for k in ours if isinstance(cfg[k], DictConfig) for p in _paths(cfg[k], f"{k}.") if p in unset]
     if missing:
@@ -438,12 +446,12 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         if value is not None and value < least:
             raise ValueError(f"data.{key} must be >= {least}, got {value}")
     # The source's own rules (shards, table sizes, whole lists per rank), declared beside its traits.
-    get_class(cfg.data._target_).check_config(cfg.data, world_size)
+    cast("type[Source]", get_class(cfg.data._target_)).check_config(cfg.data, world_size)
 
 
 def _validate_model(cfg: DictConfig) -> None:
     """The model's own rules (its layer sizes), declared beside its traits."""
-    get_class(cfg.model._target_).check_config(cfg.model)
+    cast("type[Ranker]", get_class(cfg.model._target_)).check_config(cfg.model)
 
 
 def _validate_optimizers(cfg: DictConfig) -> None:

@@ -84,7 +84,7 @@ def export_program(
     weighted = any(f.weighted for f in features)
     scorer = Scorer(model, [f.name for f in features], model.loss.calibrated, weighted).eval()
     rows = 2  # any example works: the batch dimension is exported as dynamic
-    example = (
+    example: tuple[torch.Tensor, ...] = (
         torch.zeros(rows, num_dense_features),
         torch.zeros(rows * len(features), dtype=torch.int64),
         torch.ones(rows * len(features), dtype=torch.int32),

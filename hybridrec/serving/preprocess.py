@@ -185,7 +185,7 @@ class Preprocessor:
             values.append(ids)
             lengths.append(length)
             weights.append(w if w is not None else np.ones(len(ids), np.float32))
-        out = (
+        out: tuple[torch.Tensor, ...] = (
             torch.from_numpy(dense),
             torch.from_numpy(np.concatenate(values).astype(np.int64)),
             torch.from_numpy(np.concatenate(lengths).astype(np.int32)),

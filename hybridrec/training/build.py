@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,10 @@ from hybridrec.parallel.parallel_dims import ParallelDims, rank_dims
 from hybridrec.parallel.parallelize import Parallelized, parallelize
 from hybridrec.parallel.sharding import PlanInputs, format_report
 from hybridrec.reports.runlog import write_json
+
+if TYPE_CHECKING:
+    from hybridrec.data.sequences import NextItemSource
+    from hybridrec.models.sequential import SequenceRanker
 
 log = logging.getLogger("hybridrec.build")  # its name before the packages: hydra.verbose keeps it
 
@@ -44,7 +48,11 @@ def model_for(cfg: DictConfig, data: Source) -> Ranker:
     (its tables, dense features and list size)."""
     model = build_model(cfg, data.features, data.num_dense_features, data.list_size)
     if data.next_item:  # the sampler's log-probabilities, for the loss's log-q correction
-        model.use_sampler(data.sampler_log_q(cfg.loss.get("in_batch", False)), data.negative_sampling == "popularity")
+        # a next-item source, and so (validation: needs_next_item) a sequence ranker
+        source, ranker = cast("NextItemSource", data), cast("SequenceRanker", model)
+        ranker.use_sampler(
+            source.sampler_log_q(cfg.loss.get("in_batch", False)), source.negative_sampling == "popularity"
+        )
     return model
 
 
@@ -71,10 +79,11 @@ def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, 
     loader.check_splits(data)  # an empty split fails here, before any sharding
     model = model_for(cfg, data)
     dims = rank_dims(cfg, dist.get_world_size(), device)
-    parallel = parallelize(
-        model, plan_inputs(cfg, dims, data), cfg.mesh, cfg.optimizer.sparse, cfg.seed, device, dist.group.WORLD
-    )
+    world = dist.group.WORLD
+    assert world is not None  # the default group, initialized: dist.get_world_size() above needs it
+    parallel = parallelize(model, plan_inputs(cfg, dims, data), cfg.mesh, cfg.optimizer.sparse, cfg.seed, device, world)
     if dist.get_rank() == 0:
+        assert parallel.plan is not None  # rank 0 plans (collective_plan): the report is its own
         log.info("\n" + format_report(parallel.plan))
         if parallel.dense != cfg.mesh.dense:
             log.info(

@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 import pyarrow.compute as pc
@@ -38,6 +38,10 @@ from hybridrec.data import DataError
 from hybridrec.data.parquet.partitions import Partition, list_partitions
 from hybridrec.data.parquet.source import PARTITION, ParquetSource
 from hybridrec.reports.metrics import format_eval
+
+if TYPE_CHECKING:
+    from hybridrec.data.source import Source
+    from hybridrec.reports.summary import ObjectiveBlock
 
 log = logging.getLogger("hybridrec.continuous")  # its name before the packages: hydra.verbose keeps it
 
@@ -66,7 +70,7 @@ class Stream:
     scored, and what a checkpoint records. ``state`` is the dict the checkpoint saves (the
     trainer's ``Resumable.stream``): filled on resume before ``start``."""
 
-    def __init__(self, source: ParquetSource, state: dict[str, Any], rank: int) -> None:
+    def __init__(self, source: Source, state: dict[str, Any], rank: int) -> None:
         if not isinstance(source, ParquetSource) or not source.partitioning:
             raise DataError("train.schedule=continuous needs a partitioned log: data=parquet with data.partitions")
         self.source, self.state, self.rank = source, state, rank
@@ -87,7 +91,7 @@ class Stream:
     def start(self) -> int:
         """Agree on the partitions (rank 0 lists, every rank takes its list), check them
         against a resumed checkpoint's, and lay out the train split; returns its global batches."""
-        chosen = [self._choose(strict=True) if self.rank == 0 else None]
+        chosen: list[Any] = [self._choose(strict=True) if self.rank == 0 else None]  # rank 0's, on every rank
         dist.broadcast_object_list(chosen, src=0)
         if isinstance(chosen[0], str):  # rank 0's refusal, raised on every rank
             raise DataError(chosen[0])
@@ -392,7 +396,7 @@ class Stream:
             self._seen_ids.setdefault(name, set()).update(ids)
 
     # -- the report ----------------------------------------------------------------------------
-    def objective(self, metric: str) -> dict[str, Any]:
+    def objective(self, metric: str) -> ObjectiveBlock:
         """summary.json's objective: the mean progressive ``metric`` over the partitions after
         the first that have rows (the first is scored by an untrained model)."""
         values = [r["eval"][metric] for r in self.records[1:] if "eval" in r and metric in r["eval"]]
@@ -439,7 +443,7 @@ def _what_changed(was: dict[str, Any], now: dict[str, Any]) -> str:
     return "its files' bytes differ from the digest recorded then"
 
 
-def freshness_summary(records: list[dict[str, Any]], skipped: list[dict[str, Any]] = ()) -> dict[str, Any]:
+def freshness_summary(records: list[dict[str, Any]], skipped: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """summary.json's ``freshness``: per partition, its progressive scores and counts, the
     means over the partitions after the first, trained and scored-only apart, and the
     partitions trained past without their ready marker (``skip_unready``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -89,6 +89,8 @@ def evaluate(
         columns["label"].append(labels)
         real = item.real
         if lists:
+            # list sources set every ranking field (RANKING_FIELDS), their padding batches too
+            assert item.batch.weights is not None and item.batch.relevance is not None and item.batch.query is not None
             real = real & (item.batch.weights > 0)
             columns["relevance"].append(item.batch.relevance)
             columns["query"].append(item.batch.query)
@@ -102,7 +104,7 @@ def evaluate(
     gathered = {name: gather_to_first(t) for name, t in mine.items()}
     metrics: list[Any] = [None, None]
     if dist.get_rank() == 0:
-        c = {name: t.cpu() for name, t in gathered.items()}
+        c = {name: cast(torch.Tensor, t).cpu() for name, t in gathered.items()}  # rank 0: gathered, not None
         metrics[0] = (
             next_item_metrics(c["score"])
             if source.next_item
@@ -134,6 +136,8 @@ def split_metrics(
         # NE, log loss, calibration and accuracy of sigmoid(score) would mean nothing.
         result = {k: v for k, v in result.items() if k not in CALIBRATED_ONLY}
     if source.ranking_k is not None:  # lists per user: NDCG, MAP, recall
+        # list sources have a threshold and batches with relevance and query (the caller's)
+        assert relevance is not None and query is not None and source.threshold is not None
         result |= ranking_metrics(
             scores.double().numpy(), relevance.numpy(), query.numpy(), source.threshold, source.ranking_k
         )

@@ -11,7 +11,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -129,7 +129,8 @@ class Trainer:
     def _references(self) -> list[dict[str, Any]]:
         """train.references measured on this run's data source; the others are named once."""
         source = self.cfg.data._target_
-        refs: list[dict[str, Any]] = OmegaConf.to_container(self.cfg.train.references, resolve=True)
+        # a list node of mappings: its container is a list of dicts
+        refs = cast(list[dict[str, Any]], OmegaConf.to_container(self.cfg.train.references, resolve=True))
         if self.rank == 0:
             for ref in refs:
                 if ref["data"] != source:
@@ -174,6 +175,7 @@ class Trainer:
                     if not self.stream.follow():
                         break
                     first, last = last + 1, self.data.num_batches("train")
+                    assert last is not None  # a partitioned log (the stream's source) counts its batches
                     cfg.steps = progress.total = last
         finally:
             progress.close()  # the bar's last state first, then whatever reports an error
@@ -220,12 +222,14 @@ class Trainer:
                     self.stopped_early_at = last = step
                     save = bool(self.checkpointer)
                     if self.rank == 0:
+                        assert self.objective is not None  # patience is only spent against an objective
                         log.info(
                             f"early stop at step {step}: {self.objective.name} has not improved on "
                             f"{self.selection.best_value:.4f} (step {self.selection.best_step}) for "
                             f"{cfg.early_stop_patience} evaluations"
                         )
             if save:
+                assert self.checkpointer is not None  # save implies one (keep_best implies checkpoint.dir)
                 if self.stream:
                     self.stream_state["position"] = self.stream.position(step)
                 self.checkpointer.save(step)
@@ -254,6 +258,8 @@ class Trainer:
             return False
         improved = self.selection.update(self.objective, self.objective.value(result), step)
         if improved and self.cfg.checkpoint.keep_best:
+            # keep_best implies checkpoint.dir (validated before launch; auto is false without it)
+            assert self.checkpointer is not None
             self.selection.best_checkpoint = self.checkpointer.path(step)  # saved now, committed if sane
         return improved
 
@@ -264,11 +270,13 @@ class Trainer:
         has_valid = "valid" in self.data.splits
         if self.last_evaluation[0] == last:  # the last step was an evaluation step
             judged = self.last_evaluation[1]
+            assert judged is not None  # recorded with its step
         else:
             judged = self._evaluate_and_log("valid" if has_valid else "eval", last)
         if self.objective and self.last_evaluation[0] != last:
             self.selection.update(self.objective, self.objective.value(judged.metrics), last)
             if self.selection.best_step == last and self.cfg.checkpoint.keep_best:
+                assert self.checkpointer is not None  # keep_best implies checkpoint.dir (as above)
                 self.selection.best_checkpoint = self.checkpointer.path(last)
         exploded = self._exploded_at_end()
         hint = self.checkpointer.resume_hint() if self.checkpointer else "no checkpoints are saved"
@@ -292,6 +300,8 @@ class Trainer:
         best, weights_step = self.selection.best_checkpoint, last
         if self.cfg.checkpoint.keep_best and best and self.selection.best_step != last:
             checkpoint.load_weights(self.pipeline.detach(), best)
+            # a best checkpoint is kept for the objective's best step
+            assert self.objective is not None and self.selection.best_step is not None
             weights_step = self.selection.best_step
             if self.rank == 0:
                 log.info(
@@ -487,7 +497,7 @@ class Trainer:
         report = self.data.report()
         if report is None or not self.data.per_rank_report:
             return report
-        parts = [None] * self.world_size
+        parts: list[Any] = [None] * self.world_size
         dist.all_gather_object(parts, report)
         total = ReadReport()
         for part in parts:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -173,6 +173,7 @@ class CriteoTSV(Source):
         bad = sum(f.bad_rows for f in report.files.values()) if report else 0
         if not bad:
             return f"no lines in {', '.join(files)}"
+        assert report is not None  # (bad > 0 only with a probe's report)
         first = next(e for f in report.files.values() for e in f.errors)
         return f"every one of its {bad:,} lines is bad (the first: {first})"
 
@@ -349,6 +350,9 @@ class CriteoTSV(Source):
         return features, raw, np.asarray(pc.cast(pc.if_else(pa.array(bad_label), "0", label), pa.float32())), ok, why
 
 
+_Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A block's valid rows: dense, table ids, labels."""
+
 _MIN_BLOCK = 4096  # bytes: the smallest block, so that a tiny file still spreads over shards
 
 
@@ -364,7 +368,9 @@ class _ShardReader:
         self.report = ReadReport()
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.buffered = 0
-        self.sample: Optional[list] = [] if count and split == "train" and shard == 0 else None
+        self.sample: Optional[list[tuple[np.ndarray, np.ndarray]]] = (
+            [] if count and split == "train" and shard == 0 else None
+        )
         self.rows = self._rows()
 
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -381,8 +387,8 @@ class _ShardReader:
                 out.append(self.parts.pop(0))
                 need -= len(head[0])
             else:
-                out.append(tuple(a[:need] for a in head))
-                self.parts[0] = tuple(a[need:] for a in head)
+                out.append(cast(_Columns, tuple(a[:need] for a in head)))
+                self.parts[0] = cast(_Columns, tuple(a[need:] for a in head))
                 need = 0
         taken = n - need
         self.buffered -= taken
@@ -393,7 +399,7 @@ class _ShardReader:
                 np.zeros((0, CAT_FEATURES), np.int64),
                 np.zeros(0, np.float32),
             )
-        return tuple(np.concatenate(cols) for cols in zip(*out)) if len(out) > 1 else out[0]
+        return cast(_Columns, tuple(np.concatenate(cols) for cols in zip(*out))) if len(out) > 1 else out[0]
 
     def _rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         src, cycle = self.source, 0
@@ -410,6 +416,7 @@ class _ShardReader:
                     )
                     if src.fail:
                         raise DataError(f"{path}:{line}: unreadable from here ({reason})")
+                    assert line is not None  # (only a .gz stream breaks, and its blocks' lines are counted)
                     (self.report if count else scratch).unreadable(path, line, reason)
                     continue
                 dense, raw, labels = src.parse_rows(
@@ -444,6 +451,7 @@ class _ShardReader:
 
     def _sample(self, raw: np.ndarray, ids: np.ndarray) -> None:
         """Keep the first rows of shard 0 (up to _COLLISION_SAMPLE) for the collision estimate."""
+        assert self.sample is not None  # (called only while sampling)
         self.sample.append((raw, ids))
         if sum(len(r) for r, _ in self.sample) >= _COLLISION_SAMPLE:
             self.finish_sample()
@@ -536,6 +544,7 @@ def parse_block(
             np.zeros(0, np.float32),
             np.zeros(0, np.int64),
         )
+    assert dense is not None and raw is not None and labels is not None  # (some row ok: the block was converted)
     return dense[ok], raw[ok], labels[ok], rows_at[ok]
 
 

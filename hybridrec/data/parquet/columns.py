@@ -6,7 +6,7 @@ and the padding that replaces them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +18,11 @@ from hybridrec.data import DataError, FileReport, ReadReport, portable
 from hybridrec.data.parquet.config import _Sparse
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.source import Rows
+
+if TYPE_CHECKING:
+    from hybridrec.data.parquet.config import _Dense
+    from hybridrec.data.parquet.managed import ManagedIds
+    from hybridrec.data.parquet.vocabulary import Vocabulary
 
 
 # ------------------------------------------------------------------------------ column types
@@ -87,6 +92,22 @@ class _Columns:
     it reads the source's settings: label_column, threshold_value, weight_column, dense,
     sparse, vocabularies, hash_seed, fail and weighted)."""
 
+    if TYPE_CHECKING:  # what ParquetSource (and its _Partitioned side) gives this mixin, for the type checker
+        label_column: str
+        threshold_value: Optional[float]
+        weight_column: Optional[str]
+        dense: list[_Dense]
+        sparse: list[_Sparse]
+        vocabularies: dict[int, Vocabulary]
+        hash_seed: int
+        fail: bool
+        managed: Optional[ManagedIds]
+
+        @property
+        def weighted(self) -> bool: ...
+
+        def _version(self) -> int: ...
+
     def _convert(
         self, table: pa.Table, spans: list[tuple[str, int, int]], report: Optional[ReadReport], sample: bool = False
     ) -> _Part:
@@ -102,10 +123,11 @@ class _Columns:
         if self.weight_column:
             w, nulls = _floats(_plain_array(table.column(self.weight_column)))
             bad = ~nulls & ~(np.isfinite(w) & (w >= 0))
-            checks += [
-                (nulls, lambda i: f"sample weight {self.weight_column} is null"),
-                (bad, lambda i, w=w: f"sample weight {self.weight_column} {w[i]:g} is not a finite number >= 0"),
-            ]
+
+            def weight_not_finite(i: int, w: np.ndarray = w) -> str:
+                return f"sample weight {self.weight_column} {w[i]:g} is not a finite number >= 0"
+
+            checks += [(nulls, lambda i: f"sample weight {self.weight_column} is null"), (bad, weight_not_finite)]
             weights = np.where(nulls | bad, 0, w).astype(np.float32)
         dense = np.zeros((n, len(self.dense)), np.float32)
         for j, d in enumerate(self.dense):
@@ -114,17 +136,24 @@ class _Columns:
                 if d.transform == "log1p":
                     y = portable.log1p(np.maximum(x, 0))
                 elif d.transform == "standardize":
+                    assert d.mean is not None and d.std is not None  # given, or fitted at build (_fit_dense)
                     y = (x - d.mean) / d.std
                 else:
                     y = x
                 y = y.astype(np.float32)
             raw_bad = ~nulls & ~np.isfinite(x)
             over = ~nulls & ~raw_bad & ~np.isfinite(y)
-            checks += [
-                (nulls, lambda i, c=d.column: f"{c} is null"),
-                (raw_bad, lambda i, c=d.column, x=x: f"{c} {x[i]} is not finite"),
-                (over, lambda i, c=d.column, x=x, t=d.transform: f"{c} {x[i]:g} is out of float32's range after {t}"),
-            ]
+
+            def dense_null(i: int, c: str = d.column) -> str:
+                return f"{c} is null"
+
+            def dense_not_finite(i: int, c: str = d.column, x: np.ndarray = x) -> str:
+                return f"{c} {x[i]} is not finite"
+
+            def dense_over(i: int, c: str = d.column, x: np.ndarray = x, t: str = d.transform) -> str:
+                return f"{c} {x[i]:g} is out of float32's range after {t}"
+
+            checks += [(nulls, dense_null), (raw_bad, dense_not_finite), (over, dense_over)]
             dense[:, j] = np.where(nulls | raw_bad | over, 0, y)
         ids, keys, null_rows = [], [], []
         for f in self.sparse:
@@ -136,9 +165,11 @@ class _Columns:
             if column.null_count:  # rows whose column is null (not an id inside a list)
                 nulls = np.asarray(column.is_null())
                 if f.null_ids == "bad":
-                    checks.append(
-                        (nulls, lambda i, c=f.column, k=f.index: f"{c} is null (data.sparse[{k}].null_ids=bad)")
-                    )
+
+                    def null_row(i: int, c: str = f.column, k: int = f.index) -> str:
+                        return f"{c} is null (data.sparse[{k}].null_ids=bad)"
+
+                    checks.append((nulls, null_row))
                 else:
                     null_rows.append((f, nulls))
         bad = np.zeros(n, bool)
@@ -219,15 +250,13 @@ class _Columns:
             values = column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             outside = (values < 0) | (values >= f.num_embeddings)
             if outside.any():
-                checks.append(
-                    (
-                        outside,
-                        lambda i, v=values: (
-                            f"{f.column}: id {v[i]} is outside the table's rows "
-                            f"0..{f.num_embeddings - 1} (id_mapping=none)"
-                        ),
+
+                def row_outside(i: int, v: np.ndarray = values) -> str:
+                    return (
+                        f"{f.column}: id {v[i]} is outside the table's rows 0..{f.num_embeddings - 1} (id_mapping=none)"
                     )
-                )
+
+                checks.append((outside, row_outside))
                 values = np.where(outside, 0, values)
             return values, np.ones(n, np.int32), None, None, checks
         if listed:
@@ -280,6 +309,7 @@ class _Columns:
             if f.id_mapping == ParquetIdMapping.hash.value:
                 values = (key % np.uint64(f.num_embeddings)).astype(np.int64)
             else:  # the rows of the version the read is made with (ParquetSource._version); none to sample
+                assert self.managed is not None  # a managed feature gives the source its ManagedIds
                 values = (
                     np.zeros(len(key), np.int64) if sample else self.managed.rows(f.table_name, key, self._version())
                 )

@@ -54,6 +54,7 @@ class _Split:
                 last = (f, start, take)
             a += take
             i += 1
+        assert last is not None  # a < b: the loop ran at least once
         yield last
 
     def locate(self, row: int) -> tuple[str, int]:

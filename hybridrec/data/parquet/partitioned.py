@@ -6,7 +6,7 @@ and the managed-id version each read uses (``hybridrec.data.parquet.managed``); 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -16,9 +16,16 @@ import pyarrow.parquet as pq
 from hybridrec.config.schema import ParquetIdMapping
 from hybridrec.data import ReadReport
 from hybridrec.data.parquet.columns import _kind, _plain_array
-from hybridrec.data.parquet.layout import _File
+from hybridrec.data.parquet.layout import _File, _Split
 from hybridrec.data.parquet.partitions import Partition, parse_until, pattern_regex
 from hybridrec.data.source import Rows
+
+if TYPE_CHECKING:
+    import threading
+
+    from hybridrec.data.parquet.columns import _Part
+    from hybridrec.data.parquet.config import _Sparse
+    from hybridrec.data.parquet.managed import ManagedIds
 
 PARTITION = "partition:"
 """The evaluated split of one partition: ``partition:<name>``."""
@@ -29,12 +36,38 @@ class _Partitioned:
     partitioning, batch_size, sparse, managed, _splits, _index, _layout, _ranges, _rows,
     _convert_all, columns)."""
 
+    if TYPE_CHECKING:  # what ParquetSource (and its _Columns side) gives this mixin, for the type checker
+        partitioning: Optional[dict[str, Any]]
+        batch_size: int
+        sparse: list[_Sparse]
+        managed: Optional[ManagedIds]
+        columns: list[str]
+        partitions: list[dict[str, Any]]
+        _splits: dict[str, _Split]
+        _indexed: dict[str, _File]
+        _local: threading.local
+
+        def _index(self, path: str, key: str) -> _File: ...
+
+        def _layout(self, files: list[_File], held: Optional[bool]) -> _Split: ...
+
+        def _ranges(self, split: str, a: int, b: int, columns: list[str]) -> Iterator[tuple[str, int, pa.Table]]: ...
+
+        def _keys(self, flat: pa.Array, kind: str) -> np.ndarray: ...
+
+        def _rows(self, parts: list[_Part]) -> Rows: ...
+
+        def _convert_all(
+            self, ranges: list[tuple[str, int, pa.Table]], report: Optional[ReadReport]
+        ) -> list[_Part]: ...
+
     def set_partitions(self, listed: list[Partition]) -> None:
         """Lay the train split out as ``listed``, in order, each partition in global batches
         of its own (its last one padded with rows of weight 0: every row is trained on, and
         no batch mixes two days), none of a partition after ``train_until``. Each partition
         is also an evaluated split, ``partition:<name>``: what progressive validation scores.
         Called at build and again when partitions arrive (every rank with the same list)."""
+        assert self.partitioning is not None  # called only for a partitioned source
         until = self.partitioning.get("train_until")
         until = parse_until(str(until), pattern_regex(self.partitioning["pattern"])) if until else None
         trained_files: list[_File] = []
@@ -70,8 +103,8 @@ class _Partitioned:
         if hasattr(self, "_counting"):  # arrived partitions: the train split's new rows are counted too
             self._counting.pop("train", None)
         self._partition_index = {p["name"]: p["index"] for p in self.partitions}
-        trained = [p["index"] for p in self.partitions if p["trained"]]
-        self._last_trained = trained[-1] if trained else 0
+        trained_indices = [p["index"] for p in self.partitions if p["trained"]]
+        self._last_trained = trained_indices[-1] if trained_indices else 0
         if self.managed and [p["name"] for p in self.partitions[: len(before)]] != before:
             self.managed.reset()  # versions are made from the partitions in order: not the same ones
 

@@ -9,7 +9,7 @@ import math
 import os
 import threading
 import zlib
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
 import numpy as np
 import pyarrow as pa
@@ -115,7 +115,8 @@ class ParquetSource(_Columns, _Partitioned, Source):
             )
         )
         self.vocabularies = {
-            f.index: Vocabulary(f.vocabulary, f"data.sparse[{f.index}].vocabulary")
+            # check_config: id_mapping=vocabulary comes with a vocabulary file
+            f.index: Vocabulary(cast(str, f.vocabulary), f"data.sparse[{f.index}].vocabulary")
             for f in self.sparse
             if f.id_mapping == ParquetIdMapping.vocabulary.value
         }
@@ -314,7 +315,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
         hash seed, the vocabulary files, copied into the export, and the managed ids' file);
         a row training would have made padding (a null dense value, an id outside a table
         with id_mapping=none) is refused."""
-        steps = {"log1p": [{"op": "clamp", "min": 0.0}, {"op": "log1p"}], "none": []}
+        steps: dict[str, list[dict[str, Any]]] = {"log1p": [{"op": "clamp", "min": 0.0}, {"op": "log1p"}], "none": []}
         dense = [
             dense_input(
                 d.column,
@@ -325,7 +326,8 @@ class ParquetSource(_Columns, _Partitioned, Source):
         # the layout the files have (a partitioned log's trained files may be none yet)
         files = [f for sp in self._splits.values() for f in sp.files]
         schema = pq.read_schema(files[0].path)
-        sparse, copies = [], {}
+        sparse: list[dict[str, Any]] = []
+        copies: dict[str, str] = {}
         for f in self.sparse:
             if f.id_mapping == ParquetIdMapping.none.value:
                 ids: dict[str, Any] = {"kind": "row", "outside": "error"}
@@ -341,6 +343,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
                 }
             else:  # features sharing a table share its vocabulary (check_config): one file per table
                 ids = {"kind": "vocabulary", "file": f"vocabulary_{f.table_name}.parquet"}
+                assert f.vocabulary is not None  # id_mapping=vocabulary: __init__ read its Vocabulary from it
                 copies[ids["file"]] = f.vocabulary
             layout = "list" if f.max_length is not None or _is_list(schema.field(f.column).type) else "one id or list"
             sparse.append(
@@ -365,16 +368,18 @@ class ParquetSource(_Columns, _Partitioned, Source):
         """The features, with pooling factors (mean ids per row) and collisions estimated on
         the first SAMPLE_ROWS training rows; a table where most ids collide is warned about."""
         n = min(SAMPLE_ROWS, self._splits["train"].total)
-        lengths = [[] for _ in self.sparse]
+        lengths: list[list[np.ndarray]] = [[] for _ in self.sparse]
         keys: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in self.sparse]
         for file, first, table in self._ranges("train", 0, n, self.columns):
             part = self._convert(table, [(file, first, table.num_rows)], None, sample=True)
+            assert part.keys is not None  # sample=True keeps the id keys
             for f in self.sparse:
                 values, length, _ = part.ids[f.index]
                 lengths[f.index].append(length[part.real])
-                if part.keys[f.index] is not None:
+                key = part.keys[f.index]
+                if key is not None:
                     keep = np.repeat(part.real, length)
-                    keys[f.index].append((part.keys[f.index][keep], values[keep]))
+                    keys[f.index].append((key[keep], values[keep]))
         collisions = {}
         for f in self.sparse:
             if not keys[f.index] or f.id_mapping == ParquetIdMapping.managed.value:
@@ -491,6 +496,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
             rows = self._rows(self._convert_all(ranges, report))
         if counting and split == "train" and lo == 0 and index == self.num_batches(split) - 1 and not self.partitioning:
             # reported once per run: by the rank whose slice starts the batch (the report is a sum over ranks)
+            assert report is not None  # counting made it
             report.dropped_tail_rows["train"] = sp.total - self.num_batches(split) * self.batch_size
         rows.report = report
         return rows
