@@ -209,5 +209,6 @@ def test_the_quick_start_is_what_make_demo_runs():
     quick = open(README).read().split("## Quick start", 1)[1].split("\n## ", 1)[0]
     steps = re.findall(r"```bash\n(.*?)```", quick, flags=re.S)[1]  # the block after `make demo`'s
     shown = [line.split("  #")[0].strip() for line in steps.splitlines()]
-    assert shown == [command for _, command, _ in demo.COMMANDS]
+    # the same commands, into a directory of their own (typed after the demo, they start afresh)
+    assert shown == [command.replace(demo.DEMO, "outputs/quickstart") for _, command, _ in demo.COMMANDS]
     assert "demo: install" in open(os.path.join(ROOT, "Makefile")).read()

@@ -312,3 +312,19 @@ def test_a_checkpoint_dir_stands_for_its_newest_loadable_checkpoint(tmp_path):
     os.makedirs(step)  # committed, but without DCP's metadata: not loadable
     with pytest.raises(CheckpointError, match="holds no loadable checkpoint"):
         resolve_checkpoint(str(tmp_path / "ckpt"))
+    # a run's output directory (what Hydra writes): where its checkpoints are, or that it has none
+    run = tmp_path / "run"
+    os.makedirs(run / ".hydra")
+    (run / ".hydra" / "config.yaml").write_text(f"checkpoint:\n  dir: {tmp_path / 'ckpt'}\n")
+    with pytest.raises(
+        CheckpointError,
+        match=rf"checkpoint={run} is a run's output directory, not a checkpoint: its "
+        rf"checkpoints are in {tmp_path / 'ckpt'}: give checkpoint={tmp_path / 'ckpt'}$",
+    ):
+        resolve_checkpoint(str(run))
+    (run / ".hydra" / "config.yaml").write_text("checkpoint:\n  dir: null\n")
+    with pytest.raises(CheckpointError, match="that run saved no checkpoint"):
+        resolve_checkpoint(str(run))
+    # the guides say what the code does
+    serving = open(os.path.join(os.path.dirname(__file__), "..", "docs", "serving.md")).read()
+    assert "A `checkpoint.dir` stands for its newest loadable checkpoint" in serving

@@ -10,7 +10,7 @@ from hybridrec.reports.logs import QUIET, Progress, quiet_libraries, verbose_abo
 
 pytestmark = pytest.mark.unit
 
-log = logging.getLogger("hybridrec.training.trainer")
+log = logging.getLogger("hybridrec.trainer")
 
 
 def _train(progress, steps, log_every, seconds_per_step=1.0, start=0, batch=1000):
@@ -25,11 +25,11 @@ def _train(progress, steps, log_every, seconds_per_step=1.0, start=0, batch=1000
 
 
 def _lines(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "hybridrec.training.trainer"]
+    return [r.getMessage() for r in caplog.records if r.name == "hybridrec.trainer"]
 
 
 def test_without_a_terminal_progress_is_one_line_per_report(caplog):
-    with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridrec.trainer"):
         _train(Progress(10, 0, enabled=True, logger=log, terminal=False), steps=10, log_every=3)
     assert _lines(caplog) == [
         "step 3/10  loss 0.1667  1,000 samples/s  ETA 00:07",
@@ -41,7 +41,7 @@ def test_without_a_terminal_progress_is_one_line_per_report(caplog):
 
 def test_progress_of_a_resumed_run_counts_from_its_first_step(caplog):
     # resumed at step 400 of 1000, 2 s per step: at step 600, 400 steps are left (800 s)
-    with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridrec.trainer"):
         _train(
             Progress(1000, 400, enabled=True, logger=log, terminal=False),
             steps=1000,
@@ -82,7 +82,7 @@ def test_on_a_terminal_the_bar_shows_progress_and_the_files_get_the_lines(tmp_pa
 
 
 def test_other_ranks_report_nothing(caplog, capsys):
-    with caplog.at_level(logging.INFO, logger="hybridrec.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="hybridrec.trainer"):
         for terminal in (False, True):
             _train(Progress(10, 0, enabled=False, logger=log, terminal=terminal), steps=10, log_every=3)
     assert _lines(caplog) == [] and capsys.readouterr().err == ""

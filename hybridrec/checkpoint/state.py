@@ -410,6 +410,15 @@ def resolve_checkpoint(path: str, allow_unverified: bool = False) -> tuple[str, 
     each newer one was passed over ("" for a step directory, returned as given and checked by
     ``check_checkpoint``)."""
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, METADATA)) or not committed(path):
+        if (where := _run_checkpoints(path)) is not None:
+            raise CheckpointError(
+                f"checkpoint={path} is a run's output directory, not a checkpoint: "
+                + (
+                    f"its checkpoints are in {where}: give checkpoint={where}"
+                    if where
+                    else "that run saved no checkpoint (checkpoint.dir was not set)"
+                )
+            )
         return path, ""
     newest, skipped = _newest_loadable(path, verify_content=True, allow_unverified=allow_unverified)
     if newest is None:
@@ -420,6 +429,21 @@ def resolve_checkpoint(path: str, allow_unverified: bool = False) -> tuple[str, 
         f"checkpoint={path}: its newest loadable checkpoint, {newest}"
         + (f" (newer, not loadable: {'; '.join(skipped)})" if skipped else "")
     )
+
+
+def _run_checkpoints(path: str) -> Optional[str]:
+    """For a run's output directory (Hydra's ``.hydra/config.yaml`` in it): its
+    ``checkpoint.dir`` ("" when the run saved none); None for any other path. Read with yaml's
+    safe loader, as a checkpoint's config is."""
+    import yaml
+
+    try:
+        with open(os.path.join(path, ".hydra", "config.yaml")) as f:
+            cfg = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+    where = ((cfg or {}).get("checkpoint") or {}).get("dir") if isinstance(cfg, dict) else None
+    return str(where) if where else ""
 
 
 def latest(
