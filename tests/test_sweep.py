@@ -260,5 +260,5 @@ def test_callback_finds_the_sweep_dir_of_a_nested_subdir(tmp_path):
 
 
 def test_one_line_error():
-    report = "\n============\nhybridrec.rank.run FAILED\n------------\nFailures:\n  <NO_OTHER_FAILURES>"
+    report = "\n============\nhybridrec.run.rank.run FAILED\n------------\nFailures:\n  <NO_OTHER_FAILURES>"
     assert one_line(RuntimeError(report)) == "RuntimeError: hybridrec.run.rank.run FAILED"
