@@ -2,13 +2,14 @@
 cost of the embedding init on a column shard."""
 
 import contextlib
+import os
 
 import pytest
 import torch
 
 from conftest import compose_cfg
 from dist_helpers import spawn
-from hybridrec.run.rank import intra_op_threads
+from hybridrec.run.rank import idle_cores, intra_op_threads
 
 BASE = [
     "+experiment=ctr",
@@ -25,14 +26,27 @@ BASE = [
 
 
 @pytest.mark.unit
-def test_threads_per_rank_split_the_cores_unless_set():
-    cores = torch.multiprocessing.cpu_count()
+def test_threads_per_rank_split_the_cores_unless_set(tmp_path, monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    all_idle = lambda cpus: float(len(cpus))
     assert intra_op_threads(compose_cfg(["launcher.threads_per_rank=3"]), {}) == 3
     # split between the node's ranks, whatever their device (GPU ranks share the host's cores too)
     two = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
-    assert intra_op_threads(compose_cfg([]), two) == max(1, cores // 2)
-    assert intra_op_threads(compose_cfg(["launcher.device=cuda"]), two) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg([]), two, all_idle) == max(1, cores // 2)
+    assert intra_op_threads(compose_cfg(["launcher.device=cuda"]), two, all_idle) == max(1, cores // 2)
     assert intra_op_threads(compose_cfg([]), {"OMP_NUM_THREADS": "1"}) is None  # the user's choice stands
+    # no more than the cores idle now: a busy neighbour's core is not counted
+    assert intra_op_threads(compose_cfg([]), {}, lambda cpus: len(cpus) - 1.0) == max(1, cores - 1)
+    assert intra_op_threads(compose_cfg([]), {}, lambda cpus: 0.1) == 1
+    assert intra_op_threads(compose_cfg([]), {}, lambda cpus: None) == cores  # not measurable: the split
+    # the counters: two samples of /proc/stat's per-CPU lines, the window apart
+    import hybridrec.run.rank as rank
+
+    samples = iter([{0: (100, 200), 1: (100, 200)}, {0: (100, 300), 1: (200, 300)}])  # cpu0 busy, cpu1 idle
+    monkeypatch.setattr(rank, "_cpu_ticks", lambda stat, cpus: next(samples))
+    assert idle_cores([0, 1], window_s=0) == 1.0
+    monkeypatch.undo()
+    assert idle_cores([0], window_s=0, stat=str(tmp_path / "none")) is None
 
 
 def compiled_losses(cfg, run_dir):

@@ -210,8 +210,9 @@ class LauncherConfig:
     device: Device = Device.auto
     """auto = CUDA when available (NCCL), otherwise CPU (gloo)."""
     threads_per_rank: Optional[int] = None
-    """Intra-op CPU threads per rank. Unset = OMP_NUM_THREADS when set, else on CPU the cores
-    split between this machine's ranks (N ranks each using every core oversubscribe it)."""
+    """Intra-op CPU threads per rank. Unset = OMP_NUM_THREADS when set, else the cores split
+    between this machine's ranks (N ranks each using every core oversubscribe it), but no
+    more than the cores idle at start (a core another process keeps busy stalls them all)."""
     max_restarts: int = 0
     """Elastic restarts: when a rank dies, restart all ranks (up to N times); they resume from
     the newest complete checkpoint (set checkpoint.dir). Under torchrun: --max-restarts."""

@@ -9,10 +9,12 @@ process torchrun or srun started (``launch.launch`` calls it there directly).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 import warnings
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -40,16 +42,69 @@ def _quiet_deprecations() -> None:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
-def intra_op_threads(cfg: DictConfig, env: Mapping[str, str]) -> Optional[int]:
-    """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is."""
+log = logging.getLogger("hybridrec.rank")
+IDLE_WINDOW_S = 0.3
+"""How long the cores are watched for what is idle before the threads are chosen."""
+
+
+def _cpu_ticks(stat: str, cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """Per CPU of ``cpus``: its idle ticks (idle + iowait) and all its ticks, from /proc/stat."""
+    out = {}
+    with open(stat) as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return out
+
+
+def idle_cores(cpus: Iterable[int], window_s: float = IDLE_WINDOW_S, stat: str = "/proc/stat") -> Optional[float]:
+    """How many of ``cpus`` sat idle over ``window_s``, in cores (Linux's per-CPU counters in
+    /proc/stat); None where they cannot be read."""
+    wanted = set(cpus)
+    try:
+        before = _cpu_ticks(stat, wanted)
+        time.sleep(window_s)
+        after = _cpu_ticks(stat, wanted)
+    except (OSError, ValueError, IndexError):
+        return None
+    if not before or before.keys() != after.keys():
+        return None
+    idle = 0.0
+    for cpu, (was_idle, was_total) in before.items():
+        now_idle, now_total = after[cpu]
+        idle += (now_idle - was_idle) / (now_total - was_total) if now_total > was_total else 1.0
+    return idle
+
+
+def intra_op_threads(
+    cfg: DictConfig, env: Mapping[str, str], idle: Callable[..., Optional[float]] = idle_cores
+) -> Optional[int]:
+    """The rank's intra-op thread count, or None to leave torch's (OMP_NUM_THREADS) as is.
+
+    Unset (``launcher.threads_per_rank``, OMP_NUM_THREADS): the node's cores split between its
+    ranks, but no more than the cores idle now. N local ranks each at every core oversubscribe
+    the CPU (torchrun sets OMP_NUM_THREADS=1 for this reason; elastic_launch does not); and a
+    core another process keeps busy stalls every parallel region, whose OpenMP threads wait
+    for the one that shares that core (measured: 3x slower than one thread with one busy
+    neighbour on 2 cores, docs/performance.md). On GPUs too: each rank's input pipeline,
+    optimizer on CPU and host-side work share the cores."""
     if cfg.launcher.threads_per_rank:
-        return cfg.launcher.threads_per_rank
-    if "OMP_NUM_THREADS" not in env:
-        # N local ranks each defaulting to every core oversubscribe the CPU (torchrun sets
-        # OMP_NUM_THREADS=1 for this reason; elastic_launch does not): split the cores. On
-        # GPUs too: each rank's input pipeline, optimizer on CPU and host-side work share them.
-        return max(1, (os.cpu_count() or 1) // local_layout(env).world_size)
-    return None
+        return int(cfg.launcher.threads_per_rank)
+    if "OMP_NUM_THREADS" in env:
+        return None
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    world = local_layout(env).world_size
+    share = max(1, len(cpus) // world)
+    if (free := idle(cpus)) is not None:
+        share = max(1, min(share, int(free / world + 0.5)))  # the idle cores, split, to the nearest
+        if share < len(cpus) // world:
+            log.info(
+                f"intra-op threads: {share} per rank ({free:.1f} of {len(cpus)} cores idle: other work is "
+                f"running; launcher.threads_per_rank sets the count)"
+            )
+    return share
 
 
 RankJob = Callable[[DictConfig, str, torch.device], Mapping[str, Any]]
