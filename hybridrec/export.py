@@ -28,8 +28,24 @@ def check_export_dir(checkpoint: str, out: str) -> None:
 
 USAGE = (
     "usage: python -m hybridrec.export checkpoint=<dir> [out=<dir> | delta=<export dir>] "
-    "[trusted_targets=<class>,...] [allow_unverified=true]"
+    "[overwrite=true] [trusted_targets=<class>,...] [allow_unverified=true]"
 )
+
+
+def check_out(out: str, overwrite: bool) -> None:
+    """``out`` is a new or empty directory, or an export that ``overwrite`` replaces: an
+    export never writes among files of something else (a run's outputs, a source tree)."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise CheckpointError(f"out={out} is a file: give a directory (a new one, or an export to replace)")
+    entries = os.listdir(out) if os.path.isdir(out) else []
+    if not entries:
+        return
+    if not os.path.isfile(os.path.join(out, SPEC)):
+        raise CheckpointError(
+            f"out={out} holds {len(entries)} entries and no export ({SPEC}): give a new or empty directory"
+        )
+    if not overwrite:
+        raise CheckpointError(f"out={out} holds an export already: overwrite=true replaces it, or give another out")
 
 
 def main(argv: list[str]) -> None:
@@ -37,7 +53,7 @@ def main(argv: list[str]) -> None:
         print(f"{USAGE}\n\n{writer.__doc__.strip()}")
         return
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified", "delta"} or [
+    unknown = set(args) - {"checkpoint", "out", "trusted_targets", "allow_unverified", "delta", "overwrite"} or [
         a for a in argv if "=" not in a
     ]
     if "checkpoint" not in args or unknown or ("delta" in args and "out" in args):
@@ -47,6 +63,9 @@ def main(argv: list[str]) -> None:
     allow = args.get("allow_unverified", "false").lower()
     if allow not in ("true", "false"):
         sys.exit(f"hybridrec.export: allow_unverified={args['allow_unverified']}: give true or false")
+    overwrite = args.get("overwrite", "false").lower()
+    if overwrite not in ("true", "false"):
+        sys.exit(f"hybridrec.export: overwrite={args['overwrite']}: give true or false")
     # Checked before anything is loaded: each failure is one line naming the file.
     try:
         # a checkpoint.dir stands for its newest loadable checkpoint
@@ -57,6 +76,8 @@ def main(argv: list[str]) -> None:
         check_checkpoint(ckpt, allow == "true")
         if "out" not in args:
             check_export_dir(ckpt, out)
+        if "delta" not in args:
+            check_out(out, overwrite == "true")
     except CheckpointError as e:
         sys.exit(f"hybridrec.export: {e}")
     if "delta" in args:  # what changed since that export (hybridrec.serving.delta)

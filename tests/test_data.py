@@ -1,5 +1,7 @@
 """The synthetic click log: deterministic, world-size independent, skewed, learnable."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -93,3 +95,33 @@ def test_dense_distribution_is_configurable_and_learnable(dist):
     else:
         assert abs(dense.mean()) < 0.05 and abs(dense.std() - 1) < 0.05
     assert 0.1 < global_batch(data, "train", 0).labels.mean() < 0.6
+
+
+@pytest.mark.unit
+def test_a_shipped_dataset_not_yet_written_is_named_with_its_make_target(tmp_path, monkeypatch):
+    from hybridrec.data import DataError
+    from hybridrec.data.criteo import resolve_paths
+    from hybridrec.data.parquet.partitions import list_partitions
+    from hybridrec.data.parquet.vocabulary import Vocabulary
+
+    monkeypatch.chdir(tmp_path)  # a fresh clone: no data/ yet
+    with pytest.raises(
+        DataError,
+        match=r"data.train_path=data/example/train: no such file, .* \(run `make "
+        r"data-example` first: it writes data/example/\)$",
+    ):
+        resolve_paths("data/example/train", "data.train_path")
+    with pytest.raises(
+        DataError,
+        match=r"not a directory of partitions \(data.partitions is set\) \(run `make "
+        r"data-example` first: it writes data/example_days/\)$",
+    ):
+        list_partitions("data/example_days/train", "day=%Y-%m-%d")
+    with pytest.raises(DataError, match=r"\(run `make data-example` first: it writes data/example/\)$"):
+        Vocabulary("data/example/vocab/item_id.parquet", "data.sparse[1].vocabulary")
+    # a path of the user's own, or a shipped folder that exists, gets no hint
+    with pytest.raises(DataError, match=r"glob$"):
+        resolve_paths("mine/train", "data.train_path")
+    os.makedirs("data/example")
+    with pytest.raises(DataError, match=r"glob$"):
+        resolve_paths("data/example/train", "data.train_path")

@@ -143,3 +143,25 @@ def test_export_help_says_how_and_exits_zero(capsys):
     assert "delta=<export dir>" in out and "model.json" in out
     with pytest.raises(SystemExit, match=r"usage: .* \(unknown: \['chekpoint'\]; --help says more\)"):
         main(["chekpoint=x"])
+
+
+def test_an_export_goes_to_a_new_or_empty_directory_or_replaces_an_export_when_asked(tmp_path):
+    """out= never writes a program among other files (a run's outputs, a source tree)."""
+    from hybridrec.checkpoint import CheckpointError
+    from hybridrec.export import check_out
+
+    check_out(str(tmp_path / "new"), overwrite=False)
+    (tmp_path / "empty").mkdir()
+    check_out(str(tmp_path / "empty"), overwrite=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match=r"out=.*file is a file: give a directory"):
+        check_out(str(tmp_path / "file"), overwrite=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("x")
+    with pytest.raises(CheckpointError, match=r"out=.*run holds 1 entries and no export \(model.json\): give a new"):
+        check_out(str(run), overwrite=True)
+    (run / "model.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="holds an export already: overwrite=true replaces it"):
+        check_out(str(run), overwrite=False)
+    check_out(str(run), overwrite=True)

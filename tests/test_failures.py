@@ -392,6 +392,16 @@ def test_full_error_shows_the_traceback(tmp_path):
             "hybridrec: invalid config: sharding=rowwise is not an option of sharding (did you mean "
             "sharding=row_wise?): the options are auto,",
         ),
+        (  # case aside
+            "model=DLRM",
+            "hybridrec: invalid config: model=DLRM is not an option of model (did you mean model=dlrm?)",
+        ),
+        (  # a path where an override goes (Hydra's own line: "missing EQUAL at '<EOF>'")
+            "README.md",
+            "hybridrec: README.md is not key=value: to resume from it, give checkpoint.resume=README.md "
+            "(python -m hybridrec.train --help lists them)",
+        ),
+        ("trainsteps", "hybridrec: trainsteps is not key=value: every argument is an override, key=value or "),
     ],
 )
 def test_a_mistyped_key_or_option_is_named_before_hydra_advises_appending_it(override, line):

@@ -263,3 +263,18 @@ def test_ranks_are_forked_from_a_preloaded_server_only_where_no_gpu_is_usable():
     assert start_method(Cuda("12.8", 8)) == "spawn"
     assert start_method(Cuda("12.8", 0)) == "forkserver"  # a CUDA build with no usable GPU: CPU ranks
     assert start_method(Cuda(None, 0)) == "forkserver"
+
+
+@pytest.mark.unit
+def test_a_stopped_run_names_its_newest_checkpoint_and_how_to_resume(tmp_path):
+    from hybridrec.run.launch import stopped_line
+
+    run, ck = tmp_path / "run", tmp_path / "ck"
+    assert stopped_line("stopped by SIGINT", str(run), None) == f"hybridrec: stopped by SIGINT; outputs so far in {run}"
+    assert stopped_line("stopped by SIGINT", str(run), str(ck)).endswith(f"; no checkpoint saved yet in {ck}")
+    for name in ("step_00000010", "step_00000020", "step_00000030.partial"):  # 30: a save cut short
+        os.makedirs(ck / name)
+    assert stopped_line("stopped by SIGTERM", str(run), str(ck)) == (
+        f"hybridrec: stopped by SIGTERM; outputs so far in {run}; newest checkpoint {ck / 'step_00000020'}: the "
+        f"same command resumes from it"
+    )

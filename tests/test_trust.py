@@ -532,7 +532,9 @@ def test_an_export_never_writes_through_a_planted_link(trained, tmp_path):
     (step / "export").unlink()
     (step / "export").mkdir()
     (step / "export" / "model.json").symlink_to(victim / "model.json")  # a link where a file will be written
-    export.main([f"checkpoint={step}"])
+    with pytest.raises(SystemExit, match="holds an export already: overwrite=true replaces it"):
+        export.main([f"checkpoint={step}"])
+    export.main([f"checkpoint={step}", "overwrite=true"])
     assert (victim / "model.json").read_text() == "precious"
     assert not (step / "export" / "model.json").is_symlink()
     assert json.load(open(step / "export" / "model.json"))["program"] == "model.pt2"

@@ -11,14 +11,13 @@ does not recognize is left to Hydra's own report.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from typing import Optional
 
 from omegaconf import DictConfig
 
-from hybridrec.config.retype import refuse_key
+from hybridrec.config.retype import nearest, refuse_key
 
 _KEY = re.compile(r"Could not override '([^']+)'")
 _OPTION = re.compile(r"Could not find '([^']+)/([^'/]+)'")
@@ -57,7 +56,7 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
         folder = os.path.join(conf_dir, group)
         if os.path.isdir(folder) and not group.startswith(("schema", "experiment_model")):
             options = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
-            near = difflib.get_close_matches(option, options, n=1)
+            near = [n] if (n := nearest(option, options)) else []
             key = group.replace("/", ".") if group != "experiment" else "+experiment"
             raise ValueError(
                 f"{key}={option} is not an option of {group}"

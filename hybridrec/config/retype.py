@@ -152,8 +152,15 @@ def _merge(schema: DictConfig, values: DictConfig, path: str) -> DictConfig:
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
 
 
+def nearest(name: str, names: list[str]) -> Optional[str]:
+    """The closest of ``names`` to a mistyped ``name``, case aside (``DLRM`` is ``dlrm``)."""
+    lower = {n.lower(): n for n in names}
+    near = difflib.get_close_matches(name.lower(), list(lower), n=1)
+    return lower[near[0]] if near else None
+
+
 def refuse_key(key: str, names: list[str], path: str) -> NoReturn:
-    near = difflib.get_close_matches(key, names, n=1)
+    near = [n] if (n := nearest(key, names)) else []
     where = f"{path}." if path else ""
     raise ValueError(
         f"unknown key {where}{key}{f' (did you mean {where}{near[0]}?)' if near else ''}: "

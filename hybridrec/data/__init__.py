@@ -167,6 +167,28 @@ def _clip(reason: str, limit: int = 300) -> str:
     return reason if len(reason) <= limit else f"{reason[:limit]}…({len(reason.encode())} bytes)"
 
 
+# The datasets hybridrec ships, by the folder their make target writes: a missing one is
+# named with the command that writes it.
+SHIPPED = {
+    "data/example_days": "make data-example",
+    "data/example": "make data-example",
+    "data/ml-100k": "make data-movielens",
+}
+
+
+def missing_hint(path: str) -> str:
+    """`` (run `make ...`)`` when ``path`` is inside a shipped dataset's folder that is not
+    there (the dataset was never written); "" otherwise."""
+    try:
+        rel = os.path.relpath(os.path.abspath(path), os.getcwd())
+    except ValueError:  # another drive (Windows)
+        return ""
+    for folder, target in SHIPPED.items():
+        if (rel == folder or rel.startswith(folder + os.sep)) and not os.path.isdir(folder):
+            return f" (run `{target}` first: it writes {folder}/)"
+    return ""
+
+
 def shorten(value: Any, limit: int = 40) -> str:
     """A value as an error message quotes it: repr, cut to ``limit`` characters with its full
     size, so that a 3 MB field does not become a 3 MB warning and summary.json."""

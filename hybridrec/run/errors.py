@@ -55,6 +55,16 @@ def check_command_line(config_name: str) -> None:
     from hybridrec.config import overrides
 
     argv = sys.argv[1:]
+    if bare := next((a for a in argv if "=" not in a and not a.startswith(("-", "~"))), None):
+        # Hydra would answer "missing EQUAL at '<EOF>'"
+        app = "evaluate" if config_name == "evaluate" else "train"
+        if app == "evaluate":
+            fix = f"give checkpoint={bare}"
+        elif os.path.exists(bare):
+            fix = f"to resume from it, give checkpoint.resume={bare}"
+        else:
+            fix = "every argument is an override, key=value or +experiment=<name>"
+        sys.exit(f"hybridrec: {bare} is not key=value: {fix} (python -m hybridrec.{app} --help lists them)")
     if not argv or any(a.startswith("-") for a in argv):
         return
     try:

@@ -53,6 +53,7 @@ from hybridrec.base.compat import (
     stop_rendezvous_heartbeats,
 )
 from hybridrec.base.signals import Killed, signal_name
+from hybridrec.checkpoint import committed
 from hybridrec.parallel.devices import Cuda
 from hybridrec.parallel.distributed import as_launched_rank, tie_forks_to_this_process
 from hybridrec.reports.logs import JobLogging
@@ -192,7 +193,7 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> Mapp
         return cast("Mapping[str, Any]", run(cfg, run_dir, job=job))
     nproc, nodes = cfg.launcher.nproc_per_node, job_nodes()
     if nproc == 1 and nodes.count == 1 and not in_sweep():
-        with _stops_in_one_line(run_dir):
+        with _stops_in_one_line(run_dir, cfg.checkpoint.dir):
             return cast("Mapping[str, Any]", run(cfg, run_dir, job=job))  # (as above)
     # Jobs of a sweep (-m) get processes of their own, one rank included: peak memory,
     # thread settings and library state of one job must not leak into the next.
@@ -226,12 +227,25 @@ def launch(cfg: DictConfig, run_dir: str, job: Optional[RankJob] = None) -> Mapp
     except Stopped as e:
         # The user asked the whole command to end, a sweep's jobs still to run included: one
         # line, and the shell's exit status of a process ended by that signal.
-        print(f"hybridrec: {e}; outputs so far in {os.path.abspath(run_dir)}", file=sys.stderr, flush=True)
+        print(stopped_line(str(e), run_dir, cfg.checkpoint.dir), file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
 
 
+def stopped_line(why: str, run_dir: str, checkpoint_dir: Optional[str]) -> str:
+    """The one line a stopped run ends with: why, where its outputs are, and with a
+    checkpoint.dir, its newest committed checkpoint and that the same command resumes from it
+    (checkpoint.resume=auto). Cheap enough for a signal handler: a directory listing."""
+    line = f"hybridrec: {why}; outputs so far in {os.path.abspath(run_dir)}"
+    if not checkpoint_dir:
+        return line
+    saved = committed(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
+    if not saved:
+        return f"{line}; no checkpoint saved yet in {checkpoint_dir}"
+    return f"{line}; newest checkpoint {saved[-1][1]}: the same command resumes from it"
+
+
 @contextlib.contextmanager
-def _stops_in_one_line(run_dir: str) -> Iterator[None]:
+def _stops_in_one_line(run_dir: str, checkpoint_dir: Optional[str] = None) -> Iterator[None]:
     """One rank in this process: SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT end it as they end
     launched ranks: one line and exit status 128 + the signal, at once. Python's default
     would unwind the rank (KeyboardInterrupt: some 60 lines of traceback, after the
@@ -247,10 +261,8 @@ def _stops_in_one_line(run_dir: str) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         if os.getpid() == owner:  # a DataLoader worker inherits the handler: it ends without a word
-            os.write(
-                2,
-                f"hybridrec: stopped by {signal_name(signum)}; outputs so far in {os.path.abspath(run_dir)}\n".encode(),
-            )
+            line = stopped_line(f"stopped by {signal_name(signum)}", run_dir, checkpoint_dir)
+            os.write(2, f"{line}\n".encode())
         os._exit(128 + signum)
 
     tie_forks_to_this_process()

@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from hybridrec.config import IdMapping
-from hybridrec.data import DataError, SparseFeature, splitmix64
+from hybridrec.data import DataError, SparseFeature, missing_hint, splitmix64
 
 log = logging.getLogger("hybridrec.data.criteo")  # the package's name: its log lines read as before the split
 
@@ -31,7 +31,7 @@ def resolve_paths(spec: Optional[str], key: str, pattern: str = "*") -> list[str
     else:
         paths = [spec] if os.path.isfile(spec) else []
     if not paths:
-        raise DataError(f"{key}={spec}: no such file, or no file in that directory / glob")
+        raise DataError(f"{key}={spec}: no such file, or no file in that directory / glob{missing_hint(spec)}")
     return paths
 
 

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from hybridrec.data import DataError
+from hybridrec.data import DataError, missing_hint
 
 log = logging.getLogger("hybridrec.data.parquet")
 
@@ -109,7 +109,7 @@ def list_partitions(
     want of ``ready_marker``, in time order (their files are not listed)."""
     key = "data.train_path"
     if not os.path.isdir(root):
-        raise DataError(f"{key}={root}: not a directory of partitions (data.partitions is set)")
+        raise DataError(f"{key}={root}: not a directory of partitions (data.partitions is set){missing_hint(root)}")
     regex = pattern_regex(pattern)
     warned = set() if warned is None else warned
     found: dict[dt.datetime, Partition] = {}

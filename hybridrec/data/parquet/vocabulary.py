@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hybridrec.data import DataError, shorten
+from hybridrec.data import DataError, missing_hint, shorten
 from hybridrec.data.parquet.columns import _kind, _plain_array
 from hybridrec.data.parquet.hashing import hash_strings
 
@@ -28,7 +28,7 @@ class Vocabulary:
         except (OSError, pa.ArrowInvalid, KeyError) as e:
             raise DataError(
                 f"{key}={path}: not a vocabulary file written by `python -m hybridrec.data.vocab` "
-                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}){missing_hint(path)}"
             ) from None
         ids = _plain_array(ids)
         self.path, self.kind, self.size = path, _kind(ids.type), len(ids)
