@@ -17,10 +17,11 @@ managed``) sized for every item the log shows, then for a quarter of them (evict
 for reference, a quarter-size table that hashes the ids: the mean progressive AUC over days
 2 to 14 (the objective) of each, day by day.
 
-    python benchmarks/continuous.py [--seeds 0 1 2]
+    python benchmarks/continuous.py [--seeds 0 1 2] [--out DIR] [--docs]
 
-Writes benchmarks/results/CONTINUOUS.md and continuous.json, and copies the first seed's
-continuous report.png to docs/continuous_report.png.
+Writes CONTINUOUS.md, continuous.json and the first seed's continuous report.png
+(continuous_report.png) into --out (benchmarks/results/); --docs also copies that figure
+over docs/continuous_report.png, the guides' (refreshing the docs is a step of its own).
 """
 
 from __future__ import annotations
@@ -82,10 +83,8 @@ def run(seeds: list[int], out: str) -> dict:
                     ],
                 }
                 if seed == seeds[0] and name == "continuous":
-                    os.makedirs(os.path.join(ROOT, "docs"), exist_ok=True)
-                    shutil.copy(
-                        os.path.join(run_dir, "report.png"), os.path.join(ROOT, "docs", "continuous_report.png")
-                    )
+                    os.makedirs(out, exist_ok=True)
+                    shutil.copy(os.path.join(run_dir, "report.png"), os.path.join(out, "continuous_report.png"))
             # every item id the log shows (the day-by-day run's last version): the full table
             distinct = row["continuous"]["days"][-1]["managed_ids"]["item_table"]["rows_used"]
             quarter = -(-distinct // 4) + 1  # + row 0, the row of ids without one
@@ -198,8 +197,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--docs", action="store_true", help="also copy the figure to docs/continuous_report.png")
     args = parser.parse_args()
     run(args.seeds, args.out)
+    if args.docs:
+        shutil.copy(
+            os.path.join(args.out, "continuous_report.png"), os.path.join(ROOT, "docs", "continuous_report.png")
+        )
 
 
 if __name__ == "__main__":

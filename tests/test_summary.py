@@ -268,3 +268,39 @@ def test_report_png_marks_the_objective_the_references_and_the_resumes(tmp_path)
     plot_report([r for r in records if "eval" not in r], str(tmp_path / "plain.png"))
     judged, plain = (matplotlib.image.imread(tmp_path / name) for name in ("report.png", "plain.png"))
     assert judged.shape[1] == plain.shape[1] * 4 // 3  # 5 inches per panel
+
+
+def test_a_continuous_report_leads_with_the_progressive_metric_and_one_evaluation_says_so(tmp_path, monkeypatch):
+    """A continuous run's report.png: its first panel is the progressive AUC per partition,
+    titled with the mean over the days after the first and which days those are; a panel with
+    a single evaluation states it on an axis of its own scale, not magnified."""
+    import matplotlib.figure
+
+    from hybridrec.reports.runlog import plot_report
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    records = [{"step": s, "loss": 0.6, "loss_mean": 0.6, "samples_per_second": 100.0} for s in range(1, 13)]
+    aucs = [0.5, 0.77, 0.78, 0.79]
+    records += [
+        {
+            "step": 4 * i,
+            "split": "progressive",
+            "partition": f"day=2026-11-0{i + 1}",
+            "trained": True,
+            "eval": {"auc": a, "ne": 0.9, "logloss": 0.5},
+        }
+        for i, a in enumerate(aucs)
+    ]
+    records.append({"step": 12, "split": "valid", "eval": {"auc": 0.7749, "ne": 0.9, "logloss": 0.5}})
+    plot_report(records, str(tmp_path / "report.png"))
+    axes = drawn[0].axes
+    assert (
+        axes[0]
+        .get_title()
+        .startswith("progressive AUC per partition: mean 0.7800 over 3 (day=2026-11-02 to day=2026-11-04)")
+    )
+    validation = next(ax for ax in axes if ax.get_title() == "validation")
+    assert "one evaluation: AUC 0.7749 at step 12" in [t.get_text() for t in validation.texts]
+    low, high = validation.get_ylim()
+    assert high - low > 0.05  # not a magnified axis around one point

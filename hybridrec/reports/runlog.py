@@ -133,10 +133,12 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         and objective["name"][6:] in evals[0]["eval"]
     )
     panels = 3 + judged + bool(progressive)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))  # room for the legends below
+    fig, all_axes = plt.subplots(1, panels, figsize=(5 * panels, 4.8))  # room for the legends below
+    # a continuous run's headline, its progressive metric per day, comes first
+    axes = list(all_axes[1:]) if progressive else list(all_axes)
     ax_loss, ax_eval, ax_rate = axes[0], axes[1 + judged], axes[2 + judged]
     if progressive:
-        _plot_freshness(axes[-1], progressive)
+        _plot_freshness(all_axes[0], progressive)
     ax_loss.plot([r["step"] for r in train], [r["loss_mean"] for r in train], color="tab:blue")
     ax_loss.set(title="training loss (global, mean per log window)", xlabel="step", ylabel="loss")
     if judged:
@@ -164,6 +166,8 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
             ax_eval.set_ylabel("AUC / NDCG")
+        if len(evals) == 1:
+            _one_evaluation(ax_eval, evals[0]["step"], evals[0]["eval"][head], label)
         _legend_below(ax_eval, ax_eval.lines + extra)
     else:  # a run stopped before its first validation (a continuous run scores it at the end)
         ax_eval.text(
@@ -183,12 +187,12 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         part = [r for r in train if lo < r["step"] <= hi]
         ax_rate.plot([r["step"] for r in part], [r["samples_per_second"] for r in part], color="tab:purple")
     ax_rate.set(title="throughput (cumulative, per run)", xlabel="step", ylabel="samples/s")
-    for ax in axes[: panels - bool(progressive)]:  # the freshness panel's x axis is partitions, not steps
+    for ax in axes:  # (not the freshness panel: its x axis is partitions, not steps)
         for i, step in enumerate(bounds[1:-1]):
             ax.axvline(step, color="gray", linestyle=":", label="resumed" if i == 0 and ax is ax_loss else None)
     if len(bounds) > 2:
         ax_loss.legend(loc="upper right", fontsize=8)
-    for ax in axes:
+    for ax in all_axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -253,6 +257,16 @@ def _plot_references(ax: Any, references: list[ReferenceResult], metric: str) ->
         )
 
 
+def _one_evaluation(ax: Any, step: int, value: float, label: str) -> None:
+    """A panel with one evaluation says so, on an axis of its own scale (matplotlib would
+    magnify the point's neighbourhood to the fourth decimal)."""
+    margin = max(0.05 * abs(value), 0.01)
+    ax.set_ylim(value - margin, value + margin)
+    ax.text(
+        0.5, 0.9, f"one evaluation: {label} {value:.4f} at step {step}", ha="center", transform=ax.transAxes, fontsize=9
+    )
+
+
 def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:
     """A continuous run's freshness: each partition's progressive AUC (scored before it was
     trained on), trained partitions and scored-only ones apart, and its new ids."""
@@ -280,7 +294,14 @@ def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:
             color="tab:orange",
             label="scored only (after train_until)",
         )
-    ax.set(title=f"freshness (first partition, untrained model: AUC {first['eval']['auc']:.3f})", ylabel="AUC")
+    days = records[1:] or records
+    mean = sum(r["eval"]["auc"] for r in days) / len(days)
+    span = days[0]["partition"] if len(days) == 1 else f"{days[0]['partition']} to {days[-1]['partition']}"
+    ax.set(
+        title=f"progressive AUC per partition: mean {mean:.4f} over {len(days)} ({span})\n"
+        f"(the first, scored by the untrained model: {first['eval']['auc']:.3f}, left out)",
+        ylabel="AUC",
+    )
     step = max(1, len(records) // 7)
     ax.set_xticks(
         range(len(records))[::step], [r["partition"].split("=")[-1] for r in records][::step], rotation=30, fontsize=8
