@@ -25,12 +25,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hybridrec.data import loader  # noqa: E402
-from hybridrec.data.criteo import CriteoBinary, CriteoTSV  # noqa: E402
-from hybridrec.data.fetch_movielens import write_layout  # noqa: E402
-from hybridrec.data.parquet import ParquetSource  # noqa: E402
-from hybridrec.data.synthetic import SyntheticClickLog  # noqa: E402
-from shared import SIZES, ml, rand_rows, tables, write  # noqa: E402
+from hybridrec.data import loader  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from hybridrec.data.criteo import CriteoBinary, CriteoTSV  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from hybridrec.data.fetch_movielens import write_layout  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from hybridrec.data.parquet import ParquetSource  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from hybridrec.data.synthetic import SyntheticClickLog  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from shared import SIZES, ml, rand_rows, tables, write  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "batches.json")
 WORLDS = (1, 2)

@@ -11,13 +11,13 @@ import warnings
 # test file took 1.8 times as long (measured on 2 busy cores). A value the user sets stays.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+import pytest  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+import torch  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from hydra import compose, initialize_config_dir  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
+from omegaconf import DictConfig  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
 
-from hybridrec.config import register_configs  # noqa: E402
+from hybridrec.config import register_configs  # noqa: E402  (after the path of the tests' helpers, or the environment, is set)
 
 CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "hybridrec", "conf")
 # Make the test helpers importable by the ranks that elastic_launch spawns.

@@ -297,7 +297,7 @@ def _validate_run(cfg: DictConfig) -> None:
         )
     if cfg.logger == Logger.tensorboard:
         try:
-            import tensorboard  # noqa: F401
+            import tensorboard  # noqa: F401  (imported only to see that it is installed)
         except ImportError:
             raise ValueError(
                 "logger=tensorboard needs the optional tensorboard package: "
