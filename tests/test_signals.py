@@ -142,10 +142,11 @@ def run(tmp_path):
     r.stop()
 
 
-def _ends_in_one_line(run, sig, group):
+def _ends_in_one_line(run, sig, group, checkpoints=None):
     """Sends ``sig`` to the training run (``group``: to its whole process group, as a
     terminal's Ctrl-C does): it ends with one line and exit status 128 + the signal, and
-    leaves no process behind."""
+    leaves no process behind. ``checkpoints``: the run's checkpoint.dir, whose newest
+    checkpoint (or that there is none yet) the line names."""
     before = os.path.getsize(run.stderr_path)
     start = time.monotonic()
     if group:
@@ -155,7 +156,15 @@ def _ends_in_one_line(run, sig, group):
     returncode = run.proc.wait(timeout=30)
     gone = run.gone_after(start, limit=10)
     assert "Traceback" not in run.stderr(), run.stderr()[-3000:]
-    assert run.stderr(since=before) == f"hybridrec: stopped by {sig.name}; outputs so far in {run.dir}\n"
+    line = f"hybridrec: stopped by {sig.name}; outputs so far in {run.dir}"
+    if checkpoints is None:
+        assert run.stderr(since=before) == line + "\n"
+    else:
+        saved = (
+            rf"; newest checkpoint {re.escape(str(checkpoints))}/step_\d{{8}}: the same command resumes from it"
+            rf"|; no checkpoint saved yet in {re.escape(str(checkpoints))}"
+        )
+        assert re.fullmatch(rf"{re.escape(line)}({saved})\n", run.stderr(since=before)), run.stderr(since=before)
     assert returncode == 128 + sig  # the shell's convention for a process ended by a signal
     print(f"{sig.name}: every process gone {gone:.1f} s after the signal")
 
@@ -245,7 +254,7 @@ def test_a_killed_rank_restarts_with_one_line_and_sigterm_then_ends_the_run(tmp_
             time.sleep(0.1)
             log = (r.dir / "train.log").read_text()
         assert "Traceback" not in r.stderr() + (r.dir / "train.log").read_text(), r.stderr()[-3000:]
-        _ends_in_one_line(r, signal.SIGTERM, group=False)
+        _ends_in_one_line(r, signal.SIGTERM, group=False, checkpoints=tmp_path / "ckpt")
         assert "Traceback" not in (r.dir / "train.log").read_text()
     finally:
         r.stop()

@@ -55,6 +55,8 @@ def check_command_line(config_name: str) -> None:
     from hybridrec.config import overrides
 
     argv = sys.argv[1:]
+    if not argv or any(a.startswith("-") for a in argv):
+        return  # (a flag may take a value: --config-dir <dir>)
     if bare := next((a for a in argv if "=" not in a and not a.startswith(("-", "~"))), None):
         # Hydra would answer "missing EQUAL at '<EOF>'"
         app = "evaluate" if config_name == "evaluate" else "train"
@@ -65,8 +67,6 @@ def check_command_line(config_name: str) -> None:
         else:
             fix = "every argument is an override, key=value or +experiment=<name>"
         sys.exit(f"hybridrec: {bare} is not key=value: {fix} (python -m hybridrec.{app} --help lists them)")
-    if not argv or any(a.startswith("-") for a in argv):
-        return
     try:
         overrides.check(argv, config_name)
     except ValueError as e:
