@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "hybridrec", "conf")
@@ -83,13 +83,15 @@ def steady_rate(run_dir: str, global_batch: int, warmup: int) -> float:
     return (last["step"] - first["step"]) * global_batch / (last["elapsed_s"] - first["elapsed_s"])
 
 
-def train_summary(overrides: list[str], out: str) -> dict:
-    """``python -m hybridrec.train <overrides>``'s summary.json, the run written to ``out``."""
+def train_summary(overrides: list[str], out: str, env: Optional[dict[str, str]] = None) -> dict:
+    """``python -m hybridrec.train <overrides>``'s summary.json, the run written to ``out``
+    (``env``: the process's whole environment; None: this one's)."""
     subprocess.run(
         [sys.executable, "-m", "hybridrec.train", *overrides, f"hydra.run.dir={out}"],
         check=True,
         capture_output=True,
         cwd=ROOT,
+        env=env,
     )
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)

@@ -16,12 +16,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-from common import ROOT, busy_machine, machine, write_markdown
+from common import ROOT, busy_machine, machine, train_summary, write_markdown
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
@@ -44,22 +42,10 @@ BASE = ["+experiment=ctr", "train.eval_every=0", "train.log_every=1000", "data.e
 
 def run(overrides: list[str], env_changes: dict[str, str | None], out: str) -> dict:
     """Training samples/s of one run (summary.json's ``train`` block) and its wall seconds."""
-    env = dict(os.environ)
-    for key, value in env_changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
+    env = {k: v for k, v in os.environ.items() if env_changes.get(k, v) is not None}
+    env |= {k: v for k, v in env_changes.items() if v is not None}
     start = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-m", "hybridrec.train", *BASE, *overrides, f"hydra.run.dir={out}"],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-        env=env,
-    )
-    with open(os.path.join(out, "summary.json")) as f:
-        train = json.load(f)["train"]
+    train = train_summary([*BASE, *overrides], out, env)["train"]
     # the rate the run settles at (its first steps aside), as the README's numbers are
     rate = train.get("steady_samples_per_second", train["samples_per_second"])
     return {"samples_per_s": rate, "wall_s": round(time.monotonic() - start, 1)}
