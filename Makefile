@@ -41,7 +41,7 @@ EXAMPLE_DAYS := data/example_days/eval/part-00000.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install demo docs train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
+.PHONY: help install demo docs docs-check train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -79,6 +79,9 @@ demo: install ## the quick start: train, evaluate and export the ctr model into 
 
 docs: install ## build the guides in docs/ as a site into outputs/site (open outputs/site/index.html)
 	$(PY) -m mkdocs build --strict
+
+docs-check: install ## follow the README and every guide in a fresh clone: make demo, then each bash block's commands in order -> outputs/docs-check/DOCS_CHECK.md (long: see docs/install.md)
+	$(PY) benchmarks/docs_check.py $(ARGS)
 
 train: install ## train the ctr experiment on synthetic data (ARGS="..." adds Hydra overrides)
 	$(PY) -m hybridrec.train +experiment=ctr $(ARGS)
