@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -225,3 +225,57 @@ def rank_outcomes(cfg: DictConfig, run_dir: str) -> list[tuple[str, str, int]]:
     finally:
         torch.set_num_threads(before)  # the pool's rank runs other scenarios
     return outcomes
+
+
+def reset_and_gather(cfgs: list[DictConfig], run_dir: str, rows: list[int]) -> list[dict[str, Any]]:
+    """Per config: every rank's shards of the item table's weight and optimizer state, each
+    (first row, values), as a fresh model has them, after training, and after ``reset_rows``
+    set ``rows`` back (rank 0; other ranks get None). The shards are gathered as objects: a
+    rank without a shard of the table has no state of it to join a collective with."""
+    import numpy as np
+
+    from hybridrec.parallel.parallelize import local_shards
+    from hybridrec.parallel.reset_rows import reset_rows
+
+    def snapshot(trainer: Trainer) -> Optional[dict[str, list[tuple[int, torch.Tensor]]]]:
+        sd = trainer.model.module.sparse_module().state_dict()
+        weight = next(v for k, v in sd.items() if k.endswith("item_table.weight"))
+        spans = [(o[0], t.size(0)) for o, t in local_shards(weight)]
+        parts = {"weight": [(o[0], t.detach().clone()) for o, t in local_shards(weight)]}
+        for _, opt in trainer.optimizer.optimizer.optimizers:
+            names = {id(p): n for n, p in getattr(opt, "params", {}).items()}
+            for param, state in opt.state.items():
+                for key, value in state.items():
+                    if key.startswith("item_table."):  # a fused optimizer's, a shard per table shard
+                        shards = [t for _, t in local_shards(value)]
+                        parts[key] = [(row0, t.clone()) for t, (row0, _) in zip(shards, spans)]
+                    elif "item_table" in names.get(id(param), "") and value.dim():  # a data-parallel table's
+                        parts[key] = [(0, value.detach().clone())]
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, parts)
+        merged: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for rank_parts in gathered:
+            for key, shards in rank_parts.items():
+                merged.setdefault(key, []).extend(shards)
+        return merged if dist.get_rank() == 0 else None
+
+    warnings.simplefilter("ignore", FutureWarning)
+    init_distributed(pick_device(cfgs[0]))
+    done = False
+    try:
+        results = []
+        for i, cfg in enumerate(cfgs):
+            out = os.path.join(run_dir, str(i))
+            os.makedirs(out, exist_ok=True)
+            trainer = Trainer(cfg, out, torch.device("cpu"))
+            fresh = snapshot(trainer)
+            trainer.train()
+            trained = snapshot(trainer)
+            reset_rows(
+                trainer.model.module.sparse_module(), trainer.optimizer, cfg.seed, {"item_table": np.array(rows)}
+            )
+            results.append({"fresh": fresh, "trained": trained, "reset": snapshot(trainer)})
+        done = True
+        return results
+    finally:
+        shutdown_distributed(clean=done)

@@ -142,11 +142,15 @@ def runs(log, tmp_path_factory):
     one = spawn(
         train_and_gather,
         1,
-        [*cfgs(f"checkpoint.dir={ck}", *CHECKPOINTS, "checkpoint.export_deltas=true"), _cfg(empty)],
+        [
+            *cfgs(f"checkpoint.dir={ck}", *CHECKPOINTS, "checkpoint.export_deltas=true"),
+            _cfg(empty),
+            _cfg(log, "sharding=row_wise", *SMALL_ITEMS, "data.managed_ids.reset=false"),
+        ],
         str(root / "w1"),
     )
     two = spawn(train_and_gather, 2, cfgs(), str(root / "w2"))
-    return {1: one[:3], 2: two, "empty": one[3], "checkpoints": ck}
+    return {1: one[:3], 2: two, "empty": one[3], "inherit": one[4], "checkpoints": ck}
 
 
 def _empty_days(d):
@@ -184,6 +188,21 @@ def test_each_partition_is_scored_before_it_is_trained_on(runs):
     assert all(m["misses"] == 0 and m["evicted"] == 0 for m in big) and big[0]["rows_used"] > 63
     tight = [r["managed_ids"]["item_table"] for r in small["summary"]["freshness"]["partitions"]]
     assert all(m["rows_used"] == 63 and m["misses"] > 0 for m in tight) and sum(m["evicted"] for m in tight) > 0
+    # the rows evicted ids held start over for the ids given them (none in the big table)
+    assert all(m["reset"] == 0 for m in big) and all(m["reset"] <= m["admitted"] for m in tight)
+    assert sum(m["reset"] for m in tight) > 0
+
+
+@pytest.mark.dist
+def test_a_reused_row_starts_over_unless_reset_is_off(runs):
+    """data.managed_ids.reset=false: the new id inherits the evicted id's row as it was. The
+    two runs train alike up to the first partition that gives a row an evicted id held."""
+    small, inherit = runs[1][2], runs["inherit"]
+    days = small["summary"]["freshness"]["partitions"]
+    first = next(d for d in days if d["managed_ids"]["item_table"]["reset"])
+    assert "reset" not in inherit["summary"]["freshness"]["partitions"][0]["managed_ids"]["item_table"]
+    assert inherit["losses"][: first["step"]] == small["losses"][: first["step"]]
+    assert inherit["losses"][first["step"] :] != small["losses"][first["step"] :]
 
 
 @pytest.mark.dist
@@ -537,6 +556,8 @@ def test_a_full_table_evicts_the_lowest_ranked_id_and_never_gives_row_0(eviction
     assert m.rows("t", np.array([1, 3, 4, 2], np.uint64), 2).tolist() == day2
     v = m.version("t", 2)
     assert 0 not in v.rows.tolist() and len(set(v.rows.tolist())) == len(v.rows)
+    # the rows that changed hands, to be reset: 2's on day 1; on day 2 only lru gives 1's to 4
+    assert [m.version("t", p).reused.tolist() for p in range(3)] == [[], [2], [] if eviction == "lfu" else [1]]
 
 
 @pytest.mark.unit
@@ -650,3 +671,45 @@ def test_a_partition_trained_on_that_changed_or_went_away_is_refused_by_rank_0(t
         "ne",
         "logloss",
     ]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world,shardings", [(1, ("table_wise", "data_parallel")), (2, ("row_wise", "column_wise"))])
+def test_rows_reset_start_over_in_every_kind_of_shard(log, tmp_path, world, shardings):
+    """reset_rows sets the given rows of a trained table back to the values a fresh model has
+    and their optimizer state to a fresh one, in table-wise, data-parallel, row-wise and
+    column-wise shards (two column shards of 32: their row-wise optimizer states are stacked);
+    every other row keeps its trained values."""
+    import torch
+
+    from dist_helpers import reset_and_gather
+
+    rows = [1, 5, 40, 63]
+    wide = ["model.embedding_dim=64", "model.dense_arch_layer_sizes=[16,64]"]
+    split = "sharding.tables=[{match:item_table,sharding_types:[column_wise],min_partition:32}]"
+    cfgs = [
+        _cfg(
+            log,
+            *SMALL_ITEMS,
+            "data.managed_ids.reset=false",
+            *([*wide, split] if s == "column_wise" else [f"sharding={s}"]),
+        )
+        for s in shardings
+    ]
+    for sharding, r in zip(shardings, spawn(reset_and_gather, world, cfgs, str(tmp_path), rows)):
+        assert "weight" in r["reset"] and len(r["reset"]) >= 2, (sharding, r["reset"].keys())
+        if sharding != "table_wise":  # split in two (data-parallel: a replica per rank, one here)
+            assert len(r["reset"]["weight"]) == (1 if sharding == "data_parallel" else 2), sharding
+        for name, shards in r["reset"].items():
+            changed = False
+            for i, (row0, after) in enumerate(shards):
+                trained = r["trained"][name][i][1]
+                mine = [x - row0 for x in rows if row0 <= x < row0 + after.size(0)]
+                others = [x for x in range(after.size(0)) if x not in mine]
+                assert torch.equal(after[others], trained[others]), (sharding, name)
+                changed |= not torch.equal(after[mine], trained[mine])  # they had trained
+                if name in r["fresh"]:
+                    assert torch.equal(after[mine], r["fresh"][name][i][1][mine]), (sharding, name)
+                else:  # a plain optimizer's state, made at the first step: as it starts
+                    assert torch.all(after[mine] == 0), (sharding, name)
+            assert changed, (sharding, name)

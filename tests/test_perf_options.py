@@ -84,13 +84,13 @@ def test_a_column_shard_draws_only_its_own_columns(monkeypatch):
 
     rows, dim = 70_000, 256  # two row blocks, eight column chunks
     full = torch.empty(rows, dim)
-    for r, c, values in par._table_blocks(3, "t", rows, dim, 0, rows, 0, dim):
+    for r, c, values in par.table_blocks(3, "t", rows, dim, 0, rows, 0, dim):
         full[r : r + values.size(0), c : c + values.size(1)] = values
     drawn = []
     draw = par._draw
     monkeypatch.setattr(par, "_draw", lambda *a: drawn.append(a[1] * a[2]) or draw(*a))
     shard = torch.full((rows - 1000, 64), float("nan"))  # rows 1000.., columns 128..192
-    for r, c, values in par._table_blocks(3, "t", rows, dim, 1000, rows, 128, 192):
+    for r, c, values in par.table_blocks(3, "t", rows, dim, 1000, rows, 128, 192):
         shard[r : r + values.size(0), c : c + values.size(1)] = values
     assert torch.equal(shard, full[1000:, 128:192])
     assert sum(drawn) == rows * 64  # the shard's 64 columns of both row blocks, nothing wider

@@ -319,6 +319,10 @@ class ManagedIdsConfig:
     min_count: int = 1
     """Occurrences (over the partitions read so far) before an id gets a row."""
     eviction: Eviction = Eviction.lfu
+    reset: bool = True
+    """A row an evicted id held starts over for the id it is given to: the table's initial
+    values for that row and a fresh optimizer state (as TorchRec's managed-collision modules
+    reset it). false: the new id inherits the evicted id's vector and optimizer state."""
 
 
 @dataclass

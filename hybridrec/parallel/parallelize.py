@@ -342,28 +342,31 @@ def init_embeddings(sharded_ebc: nn.Module, seed: int) -> None:
     for key, weight in sharded_ebc.state_dict().items():
         table = key.split(".")[-2]
         rows, dim = weight.size()
-        if isinstance(weight, ShardedTensor):
-            shards: list[tuple[Sequence[int], torch.Tensor]] = [
-                (s.metadata.shard_offsets, s.tensor) for s in weight.local_shards()
-            ]
-        elif isinstance(weight, DTensor):  # 2D: TorchRec's LocalShardsWrapper of this rank's shards
-            # no_grad: the wrapper itself, whose shards alias the tables
-            local = cast("LocalShardsWrapper", weight.to_local())
-            shards = list(zip(local.local_offsets(), local.local_shards()))
-        else:
-            shards = [((0, 0), weight)]  # data_parallel: a full replica
-        for (row0, col0), local in shards:
+        for (row0, col0), local in local_shards(weight):
             # Block by block into the shard: a whole-shard temporary would double the peak
             # memory of the largest table (measured: +256 MB for ctr's 1M x 64 table).
             row1, col1 = row0 + local.size(0), col0 + local.size(1)
-            for r, c, values in _table_blocks(seed, table, rows, dim, row0, row1, col0, col1):
+            for r, c, values in table_blocks(seed, table, rows, dim, row0, row1, col0, col1):
                 if local.is_cuda:
                     # the caching host allocator keeps the pinned block until the copy is done
                     values = values.pin_memory()
                 local[r : r + values.size(0), c : c + values.size(1)].copy_(values, non_blocking=local.is_cuda)
 
 
-def _table_blocks(
+def local_shards(tensor: Any) -> list[tuple[Sequence[int], torch.Tensor]]:
+    """This rank's parts of a table's weight or optimizer state, each (its offsets in the
+    whole, a tensor that aliases it): a ShardedTensor's local shards, a 2D DTensor's
+    (TorchRec's LocalShardsWrapper), or a data-parallel table's full replica."""
+    if isinstance(tensor, ShardedTensor):
+        return [(s.metadata.shard_offsets, s.tensor) for s in tensor.local_shards()]
+    if isinstance(tensor, DTensor):
+        # no_grad: the wrapper itself, whose shards alias the tables
+        local = cast("LocalShardsWrapper", tensor.to_local())
+        return list(zip(local.local_offsets(), local.local_shards()))
+    return [((0,) * tensor.dim(), tensor)]
+
+
+def table_blocks(
     seed: int, table: str, rows: int, dim: int, row0: int, row1: int, col0: int, col1: int
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """Rows row0..row1, columns col0..col1 of the table's init, one seeded block of rows and

@@ -68,12 +68,21 @@ def progressive_metric(objective: str) -> str:
 class Stream:
     """The continuous schedule of one rank: which partitions the train split holds, which are
     scored, and what a checkpoint records. ``state`` is the dict the checkpoint saves (the
-    trainer's ``Resumable.stream``): filled on resume before ``start``."""
+    trainer's ``Resumable.stream``): filled on resume before ``start``. ``reset(rows)``, when
+    given, sets the managed tables' rows that change hands back to their initial state: every
+    rank calls it before scoring the partition whose version gives them (so a resume from the
+    previous partition's checkpoint resets them again, from the same state)."""
 
-    def __init__(self, source: Source, state: dict[str, Any], rank: int) -> None:
+    def __init__(
+        self,
+        source: Source,
+        state: dict[str, Any],
+        rank: int,
+        reset: Optional[Callable[[dict[str, np.ndarray]], int]] = None,
+    ) -> None:
         if not isinstance(source, ParquetSource) or not source.partitioning:
             raise DataError("train.schedule=continuous needs a partitioned log: data=parquet with data.partitions")
-        self.source, self.state, self.rank = source, state, rank
+        self.source, self.state, self.rank, self.reset = source, state, rank, reset
         self.spec = source.partitioning
         self.root = source.train_root
         self._warned: set[str] = set()
@@ -348,8 +357,14 @@ class Stream:
                 "trained": p["trained"],
                 "new_ids": new_ids,
             }
+            reused = self.source.reused_rows(p["index"]) if self.reset else {}
+            if any(len(r) for r in reused.values()):
+                assert self.reset is not None
+                self.reset(reused)
             if self.source.managed and self.rank == 0:  # each managed table's lookups of the partition
                 record["managed_ids"] = self.source.managed_stats(p["index"])
+                for table, r in reused.items():
+                    record["managed_ids"][table]["reset"] = len(r)
             if p["rows"]:
                 record["eval"] = evaluate(PARTITION + p["name"]).metrics
             self.records.append(record)
@@ -363,6 +378,7 @@ class Stream:
                     + "".join(
                         f"; {t}: {m['rows_used']:,}/{m['rows']:,} rows used, {m['hits']:,} hits, "
                         f"{m['misses']:,} misses, {m['admitted']:,} admitted, {m['evicted']:,} evicted"
+                        + (f", {m['reset']:,} rows reset" if m.get("reset") else "")
                         for t, m in record.get("managed_ids", {}).items()
                     )
                     + ")"

@@ -6,6 +6,7 @@ it on every rank).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from hybridrec.config.objective import resolve as resolve_objective
 from hybridrec.config.schema import TrainSchedule
 from hybridrec.data import DataError, ReadReport
 from hybridrec.parallel.optim import TrainOptimizer
+from hybridrec.parallel.reset_rows import reset_rows
 from hybridrec.reports.logs import Progress
 from hybridrec.reports.metrics import format_eval
 from hybridrec.reports.profiling import comm_compute_split, peak_device_mb, peak_rss_mb, step_breakdown
@@ -118,7 +120,13 @@ class Trainer:
         self.checkpointer = checkpoint.Checkpointer(cfg, live, device, path) if cfg.checkpoint.dir else None
         self.stream: Optional[Stream] = None
         if cfg.train.schedule == TrainSchedule.continuous:
-            self.stream = Stream(self.data, self.stream_state, self.rank)
+            managed = cfg.data.get("managed_ids")
+            reset = (
+                functools.partial(reset_rows, self.model.module.sparse_module(), self.optimizer, cfg.seed)
+                if managed is not None and managed.reset
+                else None
+            )
+            self.stream = Stream(self.data, self.stream_state, self.rank, reset)
             cfg.train.steps = self.stream.start()  # the partitions' global batches
             if self.checkpointer and cfg.checkpoint.export_deltas:
                 self.serving = Serving(

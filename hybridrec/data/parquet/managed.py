@@ -21,8 +21,11 @@ checkpoint or reshard. What it gives up: rows change hands at partition boundari
 with hourly partitions) rather than at any batch, and the counts live in each reading
 process's memory (24 bytes per distinct id seen, 16 per row), not in the planner's budget.
 
-A row that changes hands keeps its trained values: the new id starts from the evicted id's
-vector, as a hash collision would, and the optimizer state goes with it.
+A row that changes hands (``reused``: an evicted id's row given to a new id) is set back to
+its initial values and a fresh optimizer state before the partition is read, as TorchRec's
+managed-collision modules reset an evicted row (``hybridrec.parallel.reset_rows``; on every
+rank, from the same versions). With ``data.managed_ids.reset=false`` the new id starts from
+the evicted id's vector and optimizer state instead, as a hash collision would.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class _Version:
     rows: np.ndarray  # int64: each one's row
     admitted: int = 0
     evicted: int = 0
+    reused: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows an evicted id held
 
 
 @dataclass
@@ -126,7 +130,12 @@ class ManagedIds:
         used[rows[kept]] = True
         free = np.flatnonzero(~used)
         rows[~kept] = free[: int((~kept).sum())]
-        return _Version(keys, rows, admitted=int((~kept).sum()), evicted=int(len(before.keys) - kept.sum()))
+        # the rows the evicted ids held, now given to new ones (a row never given is still as
+        # the table started)
+        reused = np.intersect1d(rows[~kept], before.rows)
+        return _Version(
+            keys, rows, admitted=int((~kept).sum()), evicted=int(len(before.keys) - kept.sum()), reused=reused
+        )
 
     def stats(self, table: str, p: int, keys: np.ndarray) -> dict[str, int]:
         """Partition p's lookups of ``table`` (``keys``, with repeats) against version p: hits

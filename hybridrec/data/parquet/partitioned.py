@@ -149,6 +149,13 @@ class _Partitioned:
                     out.setdefault(f.table_name, []).append(self._keys(ids, _kind(ids.type)))
         return {t: np.concatenate(k) for t, k in out.items()}
 
+    def reused_rows(self, p: int) -> dict[str, np.ndarray]:
+        """Per managed table, the rows that version p gives to new ids after another id held
+        them; empty past the last partition trained on (its version is the one read)."""
+        if not self.managed or p > self._last_trained:
+            return {}
+        return {t: self.managed.version(t, p).reused for t in self.managed.tables}
+
     def managed_stats(self, p: int) -> dict[str, dict[str, int]]:
         """Partition p's lookups of each managed table against the version it is read with."""
         if not self.managed:
