@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, machine, write_markdown
+from common import ROOT, LoadAverage, machine, write_markdown
 
 # (pattern in the command, why it is not run here)
 SKIP = [
@@ -107,19 +107,21 @@ def main() -> None:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
     steps = [("(setup)", "make demo")] + [(p, c) for p in (args.pages or pages()) for c in commands(p)]
     rows, failed, start = [], 0, time.perf_counter()
-    for i, (page, command) in enumerate(steps):
-        why = skip_reason(command)
-        if why or (page != "(setup)" and command == "make demo"):  # the setup ran it
-            rows.append((page, command, "skipped", why or "the setup ran it", None, None))
-            continue
-        log = os.path.join(args.out, f"{i:03d}.log")
-        print(f"[{minutes(time.perf_counter() - start)}] {page}: {command}", flush=True)
-        rc, seconds = run(command, clone, log, args.timeout)
-        failed += rc != 0
-        rows.append((page, command, "ok" if rc == 0 else f"failed (exit {rc})", "", seconds, log))
-        if rc:
-            print("\n".join(f"    {line}" for line in tail(log)), flush=True)
+    with LoadAverage() as load:  # what else shared the cores: every time here depends on it
+        for i, (page, command) in enumerate(steps):
+            why = skip_reason(command)
+            if why or (page != "(setup)" and command == "make demo"):  # the setup ran it
+                rows.append((page, command, "skipped", why or "the setup ran it", None, None))
+                continue
+            log = os.path.join(args.out, f"{i:03d}.log")
+            print(f"[{minutes(time.perf_counter() - start)}] {page}: {command}", flush=True)
+            rc, seconds = run(command, clone, log, args.timeout)
+            failed += rc != 0
+            rows.append((page, command, "ok" if rc == 0 else f"failed (exit {rc})", "", seconds, log))
+            if rc:
+                print("\n".join(f"    {line}" for line in tail(log)), flush=True)
     total = time.perf_counter() - start
+    loads = load.samples or [os.getloadavg()[0]]
     disk = subprocess.run(
         "du -sch outputs multirun 2>/dev/null | tail -1 | cut -f1",
         shell=True,
@@ -143,6 +145,8 @@ def main() -> None:
         "",
         f"- {m['cpu']}, {m['cores']} cores; torch {m['torch']}; commit {head.strip()}; "
         f"{datetime.date.today().isoformat()}. The wall time includes `make demo`'s install.",
+        f"- The machine's 1-minute load average meanwhile: median {sorted(loads)[len(loads) // 2]:.1f}, max "
+        f"{max(loads):.1f} (a command on both cores accounts for about {m['cores']}).",
         f"- Left on disk by all of them: {disk or '0'} under `outputs/` and `multirun/` (`make clean` removes both).",
         "",
         "## Commands",

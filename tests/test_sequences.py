@@ -225,6 +225,29 @@ def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, m
     assert torch.equal(expected.float(), ranks)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["sasrec", "hstu"])
+def test_the_exported_program_takes_any_number_of_users(tmp_path, model):
+    """The user encoder as ``hybridrec.export`` writes it (traced with 2 users) gives the
+    encoder's vectors for 3 users and for 1."""
+    from hybridrec.serving.export_sequences import write_user_encoder
+
+    cfg, data, m = _built(tmp_path, model)
+    write_user_encoder(m, str(tmp_path), {}, lambda path, save: save(path))
+    program = torch.export.load(str(tmp_path / "model.pt2")).module()
+    item = next(iter(loader.batches(data, "eval", 0, 1, 1)))
+    history = item.batch.sparse_features.to_dict()["history"]
+    inputs = (
+        history.to_padded_dense(desired_length=cfg.data.max_length, padding_value=0),
+        history.lengths().long(),
+        item.batch.times,
+    )
+    assert len(inputs[1]) >= 3
+    for n in (3, 1):
+        some = tuple(t[:n] for t in inputs)
+        torch.testing.assert_close(program(*some), m.encoder().eval()(*some), **TOL)
+
+
 @pytest.mark.unit
 def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
     table = pa.table(

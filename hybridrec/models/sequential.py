@@ -271,7 +271,8 @@ class UserEncoder(nn.Module):
 
     def forward(self, history: torch.Tensor, lengths: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
         out = self.stack(self.table(history), lengths, times)
-        return out[torch.arange(len(lengths), device=out.device), lengths - 1]
+        # out.size(0), not len(): len() is a Python int, which would fix the exported batch size
+        return out[torch.arange(out.size(0), device=out.device), lengths - 1]
 
 
 @torch.fx.wrap
