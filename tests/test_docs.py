@@ -249,3 +249,21 @@ def test_the_config_group_table_lists_every_option_help_lists():
         if gone := sorted(set(loader.get_group_options(group)) - named):
             missing[group] = gone
     assert not missing, f"docs/training.md's config group table lacks {missing}"
+
+
+@pytest.mark.unit
+def test_make_docs_check_runs_every_guide_command_or_says_why_not():
+    """benchmarks/docs_check.py (``make docs-check``) finds every page's bash commands, in the
+    README's order of the guides, and skips only commands its SKIP list names a reason for;
+    each of those reasons still matches a command (none stale), and no quick-start command is
+    skipped."""
+    benchmark_script("common")  # what docs_check.py imports by name
+    check = benchmark_script("docs_check")
+    pages = check.pages()
+    assert pages[0] == "README.md" and sorted(pages) == sorted(os.path.relpath(p, ROOT) for p in PAGES)
+    commands = [(p, c) for p in pages for c in check.commands(p)]
+    assert len(commands) > 40 and not any(c.lstrip().startswith("#") or c.endswith("\\") for _, c in commands)
+    skipped = [c for _, c in commands if check.skip_reason(c)]
+    for pattern, _ in check.SKIP:
+        assert any(re.search(pattern, re.split(r"\s+#", c)[0]) for c in skipped), f"stale skip: {pattern}"
+    assert not any(check.skip_reason(c) for c in check.commands("README.md")[:4])
