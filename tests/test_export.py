@@ -103,7 +103,7 @@ def test_an_archive_with_a_pickled_payload_is_refused(tmp_path):
 
 def test_the_guides_example_scores_a_row_with_torch_alone(ml400, tmp_path):
     model, data = _model("dlrm", ml400)
-    export = tmp_path / "outputs" / "ckpt" / "step_00000400" / "export"  # the path the example names
+    export = tmp_path / "outputs" / "demo" / "checkpoints" / "step_00000400" / "export"  # the path the example names
     export.mkdir(parents=True)
     write_program(model, data.features, data.num_dense_features, str(export), {})
     example = docs_snippet("serving.md", 'print(spec["output"]')  # the torch-only example, as printed
