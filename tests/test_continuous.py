@@ -221,19 +221,24 @@ def test_two_ranks_train_day_by_day_as_one(runs):
 def test_a_run_killed_in_a_partition_resumes_at_its_next_row_exactly(runs, log, tmp_path):
     """Checkpoints every 3 steps: a run whose newest checkpoint is step 6 (the middle of day 2,
     as after a kill -9 right after that save) resumes there and ends with the weights, losses
-    and progressive scores of the run never stopped."""
+    and progressive scores of the run never stopped; so does one from step 8, the end of day
+    2, with the rows day 3 reuses reset after the resume. Over 20 s: two 14-day runs."""
     a, b = runs["checkpoints"], tmp_path / "b"
     uninterrupted = runs[1][2]
     run = lambda d, ck: _cfg(d, "sharding=row_wise", *SMALL_ITEMS, f"checkpoint.dir={ck}", *CHECKPOINTS)
     shutil.copytree(a / "step_00000006", b / "step_00000006")
     state = json.loads((b / "step_00000006" / "trainer_state.json").read_text())
     assert state["stream"]["position"] == {"partition": day_name(1), "row": 128}
-    (resumed,) = spawn(train_and_gather, 1, [run(log, b)], str(tmp_path / "w2"))
-    assert resumed["summary"]["train"]["resumed_from_step"] == 6
-    assert resumed["losses"] == uninterrupted["losses"]
-    for key, value in uninterrupted["state"].items():
-        assert torch.equal(resumed["state"][key], value), key
-    assert resumed["summary"]["freshness"] == uninterrupted["summary"]["freshness"]
+    # and from step 8, a day's end: the next day's reused rows are reset after the resume
+    shutil.copytree(a / "step_00000008", tmp_path / "c" / "step_00000008")
+    assert any(d["managed_ids"]["item_table"]["reset"] for d in uninterrupted["summary"]["freshness"]["partitions"][2:])
+    both = spawn(train_and_gather, 1, [run(log, b), run(log, tmp_path / "c")], str(tmp_path / "w2"))
+    for resumed, step in zip(both, (6, 8)):
+        assert resumed["summary"]["train"]["resumed_from_step"] == step
+        assert resumed["losses"] == uninterrupted["losses"]
+        for key, value in uninterrupted["state"].items():
+            assert torch.equal(resumed["state"][key], value), key
+        assert resumed["summary"]["freshness"] == uninterrupted["summary"]["freshness"]
     # a partition the checkpoint trained on changed: one line, nothing trained
     shutil.rmtree(b)
     shutil.copytree(a / "step_00000006", b / "step_00000006")
