@@ -44,10 +44,11 @@ def disk_bytes(path: str) -> int:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:,.0f} {unit}" if unit in ("B", "KB") else f"{n:,.1f} {unit}"
-        n /= 1000
+    """Binary units, as ``du -h`` counts (its M is a MiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit in ("B", "KiB") else f"{n:,.1f} {unit}"
+        n /= 1024
     raise AssertionError
 
 
