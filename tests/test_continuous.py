@@ -101,6 +101,7 @@ def test_a_malformed_or_duplicated_partition_is_one_line(tmp_path):
         (["data.partitions.train_until=someday"], "data.partitions.train_until='someday' is neither a partition name"),
         (["data.partitions.pattern=d%d"], "needs %Y"),
         (["train.objective=valid.auc"], "a continuous run is judged by its progressive validation"),
+        (["train.schedule=steps"], "data.sparse.1.id_mapping=managed gives rows partition by partition, as "),
         (["train.early_stop_patience=2", "train.eval_every=5"], "a continuous run ships its latest model"),
         (["data.valid_fraction=0.1", "data.valid_path=null"], "every partition is scored before it is trained on"),
     ],

@@ -284,6 +284,15 @@ def _validate_run(cfg: DictConfig) -> None:
         )
     if cfg.train.schedule == TrainSchedule.continuous:
         _validate_continuous(cfg)
+    managed = [i for i, f in enumerate(cfg.data.get("sparse") or []) if f.get("id_mapping") == "managed"]
+    if managed and cfg.train.schedule != TrainSchedule.continuous:
+        # The rows change hands at partition boundaries, and a reused row is reset there: what
+        # the continuous schedule does between partitions. Another schedule would read a
+        # partition again in a later epoch with the rows of its own time.
+        raise ValueError(
+            f"data.sparse.{managed[0]}.id_mapping=managed gives rows partition by partition, as "
+            f"train.schedule=continuous reads them: set train.schedule=continuous, or use id_mapping=hash"
+        )
     if ck.export_deltas and (cfg.train.schedule != TrainSchedule.continuous or not ck.dir):
         raise ValueError(
             "checkpoint.export_deltas=true exports each partition's checkpoint to serving: it needs "
