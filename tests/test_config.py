@@ -82,6 +82,8 @@ def test_every_option_composes_and_validates(group, option):
         experiment = "movielens_rank"  # ctr is Criteo-shaped: no ratings, no lists, no user/item
     if option in ("sasrec", "hstu", "next_item", "movielens_seq", "parquet_seq"):
         experiment = "sequences"  # next-item training: a sequence model, source and loss together
+    if option == "example_days":
+        experiment = "continuous"  # managed ids: the continuous schedule reads them
     cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}", *paths])
     validate(cfg, world_size=1 if option == "single" else 2)
 
