@@ -52,9 +52,10 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str, Any]]:
+def _train_each(cfgs: list[DictConfig], run_dir: str, collect, before=None) -> list[dict[str, Any]]:
     """Train each config in turn in one process group; ``collect(trainer, summary)`` says
-    what each run returns (one function for all, or a list of one per config)."""
+    what each run returns (one function for all, or a list of one per config); ``before(trainer)``,
+    when given, runs after the trainer is built and before it trains."""
     warnings.simplefilter("ignore", FutureWarning)
     device = pick_device(cfgs[0])
     init_distributed(device)
@@ -65,6 +66,8 @@ def _train_each(cfgs: list[DictConfig], run_dir: str, collect) -> list[dict[str,
             out = os.path.join(run_dir, str(i))
             os.makedirs(out, exist_ok=True)
             trainer = Trainer(cfg, out, device)
+            if before:
+                before(trainer)
             results.append((collect[i] if isinstance(collect, list) else collect)(trainer, trainer.train()))
         done = True
         return results
@@ -259,23 +262,16 @@ def reset_and_gather(cfgs: list[DictConfig], run_dir: str, rows: list[int]) -> l
                 merged.setdefault(key, []).extend(shards)
         return merged if dist.get_rank() == 0 else None
 
-    warnings.simplefilter("ignore", FutureWarning)
-    init_distributed(pick_device(cfgs[0]))
-    done = False
-    try:
-        results = []
-        for i, cfg in enumerate(cfgs):
-            out = os.path.join(run_dir, str(i))
-            os.makedirs(out, exist_ok=True)
-            trainer = Trainer(cfg, out, torch.device("cpu"))
-            fresh = snapshot(trainer)
-            trainer.train()
-            trained = snapshot(trainer)
-            reset_rows(
-                trainer.model.module.sparse_module(), trainer.optimizer, cfg.seed, {"item_table": np.array(rows)}
-            )
-            results.append({"fresh": fresh, "trained": trained, "reset": snapshot(trainer)})
-        done = True
-        return results
-    finally:
-        shutdown_distributed(clean=done)
+    fresh: dict[int, Any] = {}
+
+    def before(trainer: Trainer) -> None:
+        fresh[id(trainer)] = snapshot(trainer)
+
+    def collect(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any]:
+        trained = snapshot(trainer)
+        reset_rows(
+            trainer.model.module.sparse_module(), trainer.optimizer, trainer.cfg.seed, {"item_table": np.array(rows)}
+        )
+        return {"fresh": fresh.pop(id(trainer)), "trained": trained, "reset": snapshot(trainer)}
+
+    return _train_each(cfgs, run_dir, collect, before)
