@@ -298,7 +298,7 @@ def test_a_continuous_report_leads_with_the_progressive_metric_and_one_evaluatio
     assert (
         axes[0]
         .get_title()
-        .startswith("progressive AUC per partition: mean 0.7800 over 3 (day=2026-11-02 to day=2026-11-04)")
+        .startswith("progressive AUC per partition: mean 0.7800\nover 3: day=2026-11-02 to day=2026-11-04\n")
     )
     validation = next(ax for ax in axes if ax.get_title() == "validation")
     assert "one evaluation: AUC 0.7749 at step 12" in [t.get_text() for t in validation.texts]

@@ -298,8 +298,9 @@ def _plot_freshness(ax: Any, records: list[dict[str, Any]]) -> None:
     mean = sum(r["eval"]["auc"] for r in days) / len(days)
     span = days[0]["partition"] if len(days) == 1 else f"{days[0]['partition']} to {days[-1]['partition']}"
     ax.set(
-        title=f"progressive AUC per partition: mean {mean:.4f} over {len(days)} ({span})\n"
-        f"(the first, scored by the untrained model: {first['eval']['auc']:.3f}, left out)",
+        # short lines: a title wider than the panel is cut at the figure's left edge
+        title=f"progressive AUC per partition: mean {mean:.4f}\nover {len(days)}: {span}\n"
+        f"(the first, by the untrained model: {first['eval']['auc']:.3f}, left out)",
         ylabel="AUC",
     )
     step = max(1, len(records) // 7)
