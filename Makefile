@@ -117,8 +117,8 @@ bench: install ## full benchmark suite vs a hand-written TorchRec loop -> benchm
 bench-quick: install ## representative subset of the suite (14.5 min on 2 quiet CPU cores, 5 of them the dense-memory section; prints progress, Ctrl-C writes a partial report) -> outputs/bench-quick/
 	$(PY) benchmarks/bench.py --preset quick $(ARGS)
 
-bench-gpu: install ## hybridrec vs the TorchRec loop on 1 and on every local GPU -> outputs/bench-gpu/ (CUDA builds; not yet run on a GPU)
-	$(PY) benchmarks/bench.py --preset gpu $(ARGS)
+bench-gpu: install ## input on one GPU (drawn on the device, on the host, taken out, TorchRec pre-generated), syncs per step, sequences and continuous there -> outputs/bench-gpu/ (CUDA builds)
+	$(PY) benchmarks/bench_gpu.py $(ARGS)
 
 compare-models: install $(MOVIELENS) ## DLRM, DCN and DeepFM on ctr and movielens, one sweep each -> benchmarks/results/MODELS.md (~5 min on 2 CPU cores)
 	$(PY) benchmarks/compare_models.py $(ARGS)

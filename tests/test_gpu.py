@@ -117,3 +117,24 @@ def test_a_gpu_checkpoint_evaluates_exports_and_serves(tmp_path):
     with torch.no_grad():
         scores = program(*Preprocessor.load(str(tmp_path / "export"))(rows))
     torch.testing.assert_close(scores, torch.tensor(predictions["probability"]), rtol=0, atol=1e-4)
+
+
+@needs_gpus(1)
+def test_the_synthetic_log_drawn_on_the_gpu_is_the_cpus():
+    """data.device_input: ctr's batches drawn by torch on the GPU are NumPy's on the CPU, byte
+    for byte, and drawing them never makes the host wait for the GPU."""
+    from hybridrec.data.synthetic import SyntheticClickLog
+
+    log = SyntheticClickLog(8192, 13, [10**6] + [10**5] * 25, 1, [], 1.05, 2, 0)
+    draw = log.device_rows(torch.device("cuda"))
+    draw("train", 0, 0, 8192)  # the tables' one-time copies to the GPU
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        drawn = [draw(split, index, 0, 8192) for split, index in (("train", 0), ("train", 9), ("eval", 1))]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for (split, index), rows in zip((("train", 0), ("train", 9), ("eval", 1)), drawn):
+        want = log.rows(split, index, 0, 8192)
+        for name in ("dense", "values", "labels"):
+            assert torch.equal(getattr(want, name), getattr(rows, name).cpu()), (split, index, name)

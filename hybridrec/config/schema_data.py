@@ -27,6 +27,12 @@ class DataConfig:
     on the training thread, when it asks for them; unset = on a thread when training on a GPU
     (the GPU waits for every batch built on the training thread), not on CPU ranks (whose
     compute uses every core: measured slower, benchmarks/results/INPUT_THREAD.md)."""
+    device_input: Optional[bool] = None
+    """Draw the training batches on the training device, for a source that can (the synthetic
+    log: the same bytes as on the CPU, ``hybridrec.data.synthetic_device``), with no worker,
+    thread, pinned copy or host-device transfer; unset = on when training on a GPU. true with
+    a source that cannot, or with data.num_workers > 0, is refused before launch. The
+    evaluated splits are read as without it (they are scored once per evaluation)."""
 
 
 class DenseDistribution(str, Enum):

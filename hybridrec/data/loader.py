@@ -28,7 +28,7 @@ import re
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generator, Iterator, Optional, Union, cast
+from typing import TYPE_CHECKING, Callable, Generator, Iterator, Optional, Union, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from hybridrec.data.sequences import NextItemSource
 
 log = logging.getLogger(__name__)
+
+DeviceRows = Callable[[str, int, int, int], Rows]
+"""Rows [lo, hi) of global batch ``index`` of ``split``, drawn on the training device:
+``device_rows(split, index, lo, hi)``."""
 
 
 @dataclass
@@ -94,10 +98,11 @@ class _Stream(IterableDataset):
         stop: Optional[int],
         per_epoch: Optional[int],
         ring: Optional[SlotRing] = None,
+        device_rows: Optional[DeviceRows] = None,
     ) -> None:
         self.source, self.split, self.ranges = source, split, ranges
         self.start, self.stop, self.per_epoch = start, stop, per_epoch
-        self.ring = ring
+        self.ring, self.device_rows = ring, device_rows
 
     def __iter__(self) -> Iterator[Union[_Piece, _Failed]]:
         info = get_worker_info()
@@ -112,7 +117,10 @@ class _Stream(IterableDataset):
                     # unit u = (batch, piece) goes to worker u mod W; with W dividing P every
                     # worker keeps the same pieces (shards), with P = 1 whole batches alternate
                     if ((index - self.start) * pieces + p) % workers == worker:
-                        rows = self.source.read(self.split, epoch, at, lo, hi)
+                        if self.device_rows is not None:
+                            rows = self.device_rows(self.split, at, lo, hi)
+                        else:
+                            rows = self.source.read(self.split, epoch, at, lo, hi)
                         out.append(_Piece(index, p, rows))
                 # a pass of unknown length ends when every reader of this worker runs dry
                 # (other workers' pieces of the batch, if any, are padded by the loader)
@@ -167,12 +175,19 @@ def batches(
     prefetch: int = 2,
     pin_memory: bool = False,
     thread: bool = False,
+    device_rows: Optional[DeviceRows] = None,
 ) -> Iterator[Union[RecBatch, EvalBatch]]:
     """This rank's batches of ``split``: global batches ``start`` .. ``num_batches - 1``
     (training: endless when None; an evaluated split: one pass, capped by ``num_batches`` or
     ``source.eval_batches``). Training yields ``RecBatch``; an evaluated split ``EvalBatch``.
-    ``thread`` (with no workers): built ``prefetch`` ahead on a background thread."""
-    inline = _batches(source, split, rank, world_size, num_batches, start, num_workers, prefetch, pin_memory)
+    ``thread`` (with no workers): built ``prefetch`` ahead on a background thread.
+    ``device_rows`` (no workers, no thread): the source's rows drawn on the training device
+    (``SyntheticClickLog.device_rows``), read in place of ``source.read``."""
+    if device_rows is not None and (num_workers or thread):
+        raise ValueError("rows drawn on the device are drawn by the training thread: no workers, no input thread")
+    inline = _batches(
+        source, split, rank, world_size, num_batches, start, num_workers, prefetch, pin_memory, device_rows
+    )
     return ahead(inline, prefetch) if thread and not num_workers else inline
 
 
@@ -241,6 +256,7 @@ def _batches(
     num_workers: int,
     prefetch: int,
     pin_memory: bool,
+    device_rows: Optional[DeviceRows] = None,
 ) -> Generator[Union[RecBatch, EvalBatch], None, None]:
     train = split == "train"
     if not source.has_split(split):
@@ -264,7 +280,7 @@ def _batches(
     # A worker's pieces reach this process through shared-memory slots: at most ``prefetch``
     # wait in DataLoader's queue per worker, one is being written, one spare.
     ring = SlotRing(workers, prefetch + 2, _slot_bytes(source, per)) if workers else None
-    stream = _Stream(source, split, ranges, start, stop, per_epoch, ring)
+    stream = _Stream(source, split, ranges, start, stop, per_epoch, ring, device_rows)
     if workers:
         pieces: Iterator = _watched(
             iter(
@@ -393,7 +409,7 @@ def _assemble(
     if train and len(rows) != per * pieces:
         raise AssertionError(f"a training batch of {len(rows)} rows, expected {per * pieces}")  # a source bug
     batch = rows.batch(source.keys, source.weighted)
-    if pin_memory:
+    if pin_memory and rows.labels.device.type == "cpu":
         batch = batch.pin_memory()
     if train:
         return batch

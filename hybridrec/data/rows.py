@@ -38,18 +38,19 @@ SEQUENCE_FIELDS = ("times",)
 """The RecBatch field next-item sources set beside the ids: each history item's time."""
 
 
-_ONES: dict[int, torch.Tensor] = {}
+_ONES: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _ones(n: int) -> torch.Tensor:
-    """int32 ones of length ``n``: the lengths of one-hot rows, made once per size (a batch
-    shape recurs every step) and shared by the batches' KeyedJaggedTensors, which never write
-    their lengths (TorchRec's input distribution and pipelines copy or permute them)."""
-    ones = _ONES.get(n)
+def _ones(n: int, device: torch.device) -> torch.Tensor:
+    """int32 ones of length ``n`` on ``device``: the lengths of one-hot rows, made once per
+    size and device (a batch shape recurs every step) and shared by the batches'
+    KeyedJaggedTensors, which never write their lengths (TorchRec's input distribution and
+    pipelines copy or permute them)."""
+    ones = _ONES.get((n, device))
     if ones is None:
         if len(_ONES) >= 8:  # a few shapes per run (train, evaluated splits, their last batches)
             _ONES.clear()
-        ones = _ONES[n] = torch.ones(n, dtype=torch.int32)
+        ones = _ONES[(n, device)] = torch.ones(n, dtype=torch.int32, device=device)
     return ones
 
 
@@ -77,6 +78,9 @@ class Rows:
     """False for padding rows; None = every row is real."""
     report: Optional[ReadReport] = None
     id_weights: Optional[torch.Tensor] = None
+    totals: Optional[list[int]] = None
+    """Each feature's ids, when the source knows them without reading ``lengths`` (rows made on
+    a GPU: reading their lengths back would wait for the device); None = counted from them."""
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -228,6 +232,7 @@ class Rows:
             {k: torch.cat([p.extra[k] for p in parts]) for k in first.extra},
             real,
             id_weights=weights,
+            totals=[sum(t) for t in zip(*[p.totals or [] for p in parts])] if all(p.totals for p in parts) else None,
         )
 
     def none_like(self) -> "Rows":
@@ -256,11 +261,11 @@ class Rows:
             weights = self.weights_or_ones()
         n = len(self)
         if self.lengths is None:
-            lengths = _ones(self.features * n)
+            lengths = _ones(self.features * n, self.values.device)
             per_key = [n] * self.features
         else:
             lengths = self.lengths.reshape(-1)
-            per_key = self.feature_totals().tolist()
+            per_key = self.totals if self.totals is not None else self.feature_totals().tolist()
         offsets = np.concatenate([[0], np.cumsum(per_key, dtype=np.int64)]).tolist()
         kjt = KeyedJaggedTensor(
             keys=keys,

@@ -23,9 +23,10 @@ AVX-512 than on one without.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from hybridrec.config import DenseDistribution
@@ -253,6 +254,12 @@ class SyntheticClickLog(Source):
             ],
             labels,
         )
+
+    def device_rows(self, device: torch.device) -> Callable[[str, int, int, int], Rows]:
+        """``rows`` drawn by torch on ``device``, the same bytes (``synthetic_device``)."""
+        from hybridrec.data.synthetic_device import DeviceGenerator
+
+        return DeviceGenerator(self, device).rows
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> Optional[int]:

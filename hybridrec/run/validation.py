@@ -448,6 +448,18 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         )
     if cfg.data.num_workers < 0:
         raise ValueError(f"data.num_workers={cfg.data.num_workers}: must be >= 0 (0 = read in the rank itself)")
+    if cfg.data.get("device_input"):
+        source = get_class(cfg.data._target_)
+        if not hasattr(source, "device_rows"):
+            raise ValueError(
+                f"data.device_input=true: {source.__name__} reads its rows on the CPU (only the synthetic log "
+                f"draws them on the device); leave data.device_input unset"
+            )
+        if cfg.data.num_workers:
+            raise ValueError(
+                f"data.device_input=true draws the batches on the device, not in workers: set "
+                f"data.num_workers=0 (it is {cfg.data.num_workers}) or leave data.device_input unset"
+            )
     if cfg.data.prefetch < 1:
         raise ValueError(f"data.prefetch={cfg.data.prefetch}: batches built ahead, must be >= 1")
     for key, least in _DATA_COUNTS.items():

@@ -103,8 +103,22 @@ def rank_batches(
     start: int = 0,
 ) -> Iterator:
     """This rank's batches of ``split`` from the shared input loop, with the worker processes
-    and input thread of ``data_cfg`` (the ``data`` config; pinned memory on CUDA)."""
+    and input thread of ``data_cfg`` (the ``data`` config; pinned memory on CUDA), or, for the
+    training split of a source that draws its rows on the device, drawn there (data.device_input)."""
     d = data_cfg
+    on_device = d.get("device_input")
+    if on_device is None:  # unset: where it saves the GPU a host-built batch, and the config allows it
+        on_device = device.type == "cuda" and not d.num_workers and not d.input_thread
+    if on_device and split == "train" and hasattr(data, "device_rows"):
+        return loader.batches(
+            data,
+            split,
+            dist.get_rank(),
+            dist.get_world_size(),
+            num_batches,
+            start,
+            device_rows=data.device_rows(device),
+        )
     return loader.batches(
         data,
         split,

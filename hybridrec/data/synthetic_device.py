@@ -1,0 +1,217 @@
+"""The synthetic click log drawn by torch on the training device: the same bytes as
+``SyntheticClickLog``'s NumPy generator, on a CPU or a GPU.
+
+A GPU rank then builds its batch where it consumes it: a few dozen elementwise kernels over the
+batch's ``rows x columns`` random numbers, issued inside TorchRec's pipeline on its copy stream,
+so that they overlap the previous step; no host work per row, no pinned copy, no host-device
+transfer. On one GPU this is what lets the input keep up with the step (docs/performance.md).
+
+Why the bytes are equal: the NumPy generator uses only integer hashes and the exactly rounded
+IEEE operations of ``hybridrec.data.portable`` (additions, multiplications, divisions, square
+roots, ``frexp``, table lookups). Each line below is the same operation on the same dtype, one
+torch op per NumPy op (torch's eager kernels never fuse a multiply and an add), with four
+differences that change no bit, each justified where it is made:
+
+- unsigned 32-bit arithmetic runs in int64 and is masked to 32 bits (torch has no uint32
+  multiply); a product that passes 2**63 wraps, and its low 32 bits are the same;
+- ``rank * _SCATTER % n`` (up to 2**64, unsigned in NumPy) is reduced in two halves, so that no
+  int64 intermediate overflows;
+- the float32 square root is corrected to the correctly rounded one (``_sqrt_f32``);
+- ``ldexp`` builds the power of two from its exponent bits (``torch.ldexp`` multiplies by
+  ``pow(2, e)``, whose rounding is the device library's).
+
+``tests/test_synthetic_device.py`` compares the bytes with NumPy's for every dense
+distribution, one-hot and multi-hot rows and both Zipf branches; the GPU tier compares them on
+the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from hybridrec.config import DenseDistribution
+from hybridrec.data import portable
+from hybridrec.data.rows import Rows
+
+if TYPE_CHECKING:
+    from hybridrec.data.synthetic import SyntheticClickLog
+
+_M32 = 0xFFFFFFFF
+_F32 = lambda c: float(np.float32(c))  # noqa: E731  (a constant rounded as NumPy's float32 scalar is)
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """``synthetic._fmix32`` on int64 holding uint32 values."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _pow2_f32(e: torch.Tensor) -> torch.Tensor:
+    """2**e as float32, exactly, for integer ``e`` in [-126, 127] (from its exponent bits)."""
+    return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def _pow2_f64(e: torch.Tensor) -> torch.Tensor:
+    """2**e as float64, exactly, for integer ``e`` in [-1022, 1023]."""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+class _Tables:
+    """``portable``'s float32 interpolation tables on one device."""
+
+    def __init__(self, device: torch.device) -> None:
+        def put(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        self.log2 = put(portable._LOG2_KNOTS), put(portable._SLOPES[id(portable._LOG2_KNOTS)])
+        self.exp2 = put(portable._EXP2_KNOTS), put(portable._SLOPES[id(portable._EXP2_KNOTS)])
+        self.cos = put(portable._COS_KNOTS), put(portable._SLOPES[id(portable._COS_KNOTS)])
+
+
+def _interpolate(table: tuple[torch.Tensor, torch.Tensor], t: torch.Tensor) -> torch.Tensor:
+    knots, slopes = table
+    i = t.to(torch.int32)  # t >= 0: truncation is floor, as NumPy's astype
+    frac = t - i.to(torch.float32)  # exact (NumPy: in float64, then rounded: the same exact value)
+    flat = i.reshape(-1).long()
+    return slopes[flat].view_as(t) * frac + knots[flat].view_as(t)
+
+
+def _log2_f32(x: torch.Tensor, tab: _Tables) -> torch.Tensor:
+    m, e = torch.frexp(x)
+    m = m * _F32(2 * portable._K) - _F32(portable._K)
+    # NumPy adds the int32 exponent in float64 and rounds once: the same as one float32 addition
+    return _interpolate(tab.log2, m) + e.to(torch.float32)
+
+
+def _exp2_f32(x: torch.Tensor, tab: _Tables) -> torch.Tensor:
+    whole = torch.floor(x)
+    r = (x - whole) * _F32(portable._K)
+    return _interpolate(tab.exp2, r) * _pow2_f32(whole)
+
+
+def _cos_2pi_f32(t: torch.Tensor, tab: _Tables) -> torch.Tensor:
+    t = (t - torch.floor(t)) * _F32(portable._COS_K)
+    return _interpolate(tab.cos, t)
+
+
+def _sqrt_f32(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 square root of non-negative ``x``, as NumPy's (the CPU's
+    instruction). torch's CPU kernel for float32 is vectorized by SLEEF to within 0.5001 ulp,
+    not correctly rounded (it differed from NumPy in 15% of a batch's normals): here the
+    float64 root rounded to float32 is corrected against the midpoints between it and its
+    neighbours, whose squares float64 holds exactly (25-bit numbers, 50-bit squares)."""
+    s = torch.sqrt(x.to(torch.float64)).to(torch.float32)
+    x64, s64 = x.to(torch.float64), s.to(torch.float64)
+    above = (s64 + torch.nextafter(s, torch.full_like(s, torch.inf)).to(torch.float64)) * 0.5
+    below = (s64 + torch.nextafter(s, torch.zeros_like(s)).to(torch.float64)) * 0.5
+    s = torch.where(above * above < x64, torch.nextafter(s, torch.full_like(s, torch.inf)), s)
+    return torch.where((below * below > x64) & (s > 0), torch.nextafter(s, torch.zeros_like(s)), s)
+
+
+def _normal_f32(u1: torch.Tensor, u2: torch.Tensor, tab: _Tables) -> torch.Tensor:
+    r = _sqrt_f32(_log2_f32(u1, tab) * _F32(-2 * portable._LN2))
+    return r * _cos_2pi_f32(u2, tab)
+
+
+def _horner(coefficients: list[float], x: torch.Tensor) -> torch.Tensor:
+    out = torch.full_like(x, coefficients[0])
+    for c in coefficients[1:]:
+        out = out * x
+        out = out + c
+    return out
+
+
+def _sigmoid_f64(x: torch.Tensor) -> torch.Tensor:
+    """``portable.sigmoid`` (float64)."""
+    x = -x
+    k = torch.clamp(torch.floor(x * portable._LOG2E + 0.5), -1100, 1100)
+    z = (x - k * portable._LN2_HI) - k * portable._LN2_LO
+    # ldexp by two exact powers of two, so that k in [-1100, 1100] stays in float64's exponents
+    half = torch.div(k, 2, rounding_mode="floor")
+    e = _horner(portable._EXP, z) * _pow2_f64(half) * _pow2_f64(k - half)
+    e = torch.where(x > 709.79, torch.inf, torch.where(x < -745.2, 0.0, e))
+    e = torch.where(torch.isnan(x), torch.nan, e)
+    return 1.0 / (1.0 + e)
+
+
+class DeviceGenerator:
+    """``log``'s rows drawn by torch on ``device``: ``rows(split, index, lo, hi)``."""
+
+    def __init__(self, log: "SyntheticClickLog", device: torch.device) -> None:
+        self.log, self.device = log, torch.device(device)
+        self.tab = _Tables(self.device)
+        put = lambda a, dtype: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=self.device)  # noqa: E731
+        self.column_rows = put(log._column_rows.astype(np.int64), torch.int64)
+        self.log2_rows = put(log._log2_rows, torch.float32)
+        self.zipf_scale = put(log._zipf_scale, torch.float32)
+        self.salt = put(log._feature_salt.astype(np.int64), torch.int64)
+        self.dense_w = [float(w) for w in log._dense_w]
+        # rank * _SCATTER % n in two halves: (rank * hi % n) * 2**16 + rank * lo, all < 2**49
+        from hybridrec.data.synthetic import _SCATTER
+
+        self.scatter_hi, self.scatter_lo = _SCATTER >> 16, _SCATTER & 0xFFFF
+        self.lengths: dict[int, torch.Tensor] = {}  # multi-hot lengths [F, rows], for the last shape
+
+    def uniforms(self, split: str, index: int, lo: int, hi: int) -> torch.Tensor:
+        total = self.log._columns
+        c = torch.arange(total, dtype=torch.int64, device=self.device)[:, None]
+        r = torch.arange(lo, hi, dtype=torch.int64, device=self.device)
+        h = (c + r * total) ^ int(self.log._key(split, index))
+        h = _fmix32(h) >> 8
+        return (h.to(torch.float32) + 0.5) * _F32(2.0**-24)
+
+    def zipf(self, u: torch.Tensor) -> torch.Tensor:
+        a, n = self.log.zipf_exponent, self.column_rows
+        if abs(a - 1.0) < 1e-9:
+            x = _exp2_f32(u * self.log2_rows, self.tab)
+        else:
+            x = _log2_f32(u * self.zipf_scale + 1.0, self.tab) * _F32(1 / (1 - a))
+            x = _exp2_f32(x, self.tab)
+        rank = torch.minimum(x.to(torch.int64) - 1, n - 1)  # x >= 1: truncation as NumPy's astype(uint64)
+        return ((rank * self.scatter_hi) % n * 65536 + rank * self.scatter_lo) % n
+
+    def planted_weights(self, ids: torch.Tensor) -> torch.Tensor:
+        h = ((ids & _M32) * 0x9E3779B1 + self.salt) & _M32
+        return _fmix32(h).to(torch.float32) * _F32(2.0**-31) - 1.0
+
+    def rows(self, split: str, index: int, lo: int, hi: int) -> Rows:
+        log, tab = self.log, self.tab
+        d, n = log.num_dense_features, hi - lo
+        u = self.uniforms(split, index, lo, hi)
+        if log.dense_distribution == DenseDistribution.uniform:
+            columns = u[:d]
+            signal = (columns - 0.5) * _F32(3.4)
+        else:
+            z = _normal_f32(u[:d], u[d : 2 * d], tab)
+            if log.dense_distribution == DenseDistribution.lognormal:
+                e = _exp2_f32(z * _F32(1.5 * portable.LOG2E), tab) + 1.0
+                columns = _log2_f32(e, tab) * _F32(portable.LN2)
+                signal = (columns - 1.0) / _F32(0.8)
+            else:
+                columns = signal = z
+        dense = columns.t().contiguous()
+        ids = self.zipf(u[2 * d : 2 * d + log._ids])
+        weights = self.planted_weights(ids)
+        logit = torch.full((n,), -1.0, dtype=torch.float64, device=self.device)
+        for j in range(d):  # NumPy: float32 x a float64 scalar is float64
+            logit = logit + 1.5 * (signal[j].to(torch.float64) * self.dense_w[j])
+        scale = float(3.0 / np.sqrt(len(log._sizes)))  # a float64 scalar in NumPy: the product is float64
+        for first, k in zip(log._offsets, log._sizes):
+            total = weights[first]
+            for j in range(1, k):
+                total = total + weights[first + j]
+            logit = logit + scale * (total / _F32(k)).to(torch.float64)
+        labels = (u[-1].to(torch.float64) < _sigmoid_f64(logit)).to(torch.float32)
+        if log._one_hot:
+            return Rows(dense, ids.reshape(-1), None, labels, len(log._sizes), totals=[n] * len(log._sizes))
+        values = torch.cat([ids[first : first + k].t().reshape(-1) for first, k in zip(log._offsets, log._sizes)])
+        if n not in self.lengths:  # the KeyedJaggedTensor never writes its lengths: shared by batches
+            self.lengths = {n: torch.tensor(log._sizes, dtype=torch.int32, device=self.device)[:, None].repeat(1, n)}
+        lengths = self.lengths[n]
+        return Rows(dense, values, lengths, labels, len(log._sizes), totals=[n * k for k in log._sizes])

@@ -1,0 +1,88 @@
+"""The synthetic log drawn by torch (``data.device_input``) is the NumPy generator's, byte for
+byte: the rows, and the batches the loader makes of them for one rank and for each of two.
+On the CPU here; the gpu tier draws the same rows on a GPU (tests/test_gpu.py)."""
+
+import pytest
+import torch
+
+from conftest import compose_cfg
+from hybridrec.config import DenseDistribution
+from hybridrec.data import loader
+from hybridrec.data.synthetic import SyntheticClickLog
+from hybridrec.run.validation import validate
+
+pytestmark = pytest.mark.unit
+
+CPU = torch.device("cpu")
+
+
+def _log(distribution: DenseDistribution, sizes: list[int], zipf: float, batch: int = 512) -> SyntheticClickLog:
+    tables = [1000, 2**31 - 1, 77][: len(sizes) or 3]
+    return SyntheticClickLog(batch, 5, tables, 1, sizes, zipf, 2, 7, distribution)
+
+
+def _same(a, b) -> None:
+    for name in ("dense", "values", "lengths", "labels"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert torch.equal(x, y), f"{name}: {(x != y).sum().item()} of {x.numel()} differ"
+
+
+@pytest.mark.parametrize("distribution", list(DenseDistribution))
+@pytest.mark.parametrize("sizes", [[], [1, 3, 2]], ids=["one-hot", "multi-hot"])
+@pytest.mark.parametrize("zipf", [1.0, 1.2])
+def test_torch_draws_the_numpy_rows(distribution, sizes, zipf):
+    log = _log(distribution, sizes, zipf)
+    draw = log.device_rows(CPU)
+    for split, index, lo, hi in (("train", 0, 0, 512), ("train", 5, 256, 512), ("eval", 1, 100, 300)):
+        _same(log.rows(split, index, lo, hi), draw(split, index, lo, hi))
+
+
+def test_extreme_uniforms_draw_the_same_rows():
+    """A large batch reaches the tails of the Zipf law and of Box-Muller's normals (uniforms
+    near 0 and 1, where the tables' interpolation and the square root's rounding matter most)."""
+    log = _log(DenseDistribution.normal, [], 1.05, batch=1 << 15)
+    _same(log.rows("train", 3, 0, 1 << 15), log.device_rows(CPU)("train", 3, 0, 1 << 15))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("sizes", [[], [2, 1, 3]], ids=["one-hot", "multi-hot"])
+def test_the_loader_gives_the_same_batches_on_the_device_path(world, sizes):
+    log = _log(DenseDistribution.lognormal, sizes, 1.05)
+    for rank in range(world):
+        host = loader.batches(log, "train", rank, world, num_batches=3, start=1)
+        device = loader.batches(log, "train", rank, world, num_batches=3, start=1, device_rows=log.device_rows(CPU))
+        pairs = list(zip(host, device, strict=True))
+        assert len(pairs) == 2
+        for a, b in pairs:
+            for name in ("dense_features", "labels"):
+                assert torch.equal(getattr(a, name), getattr(b, name))
+            x, y = a.sparse_features, b.sparse_features
+            assert x.keys() == y.keys() and x.length_per_key() == y.length_per_key()
+            assert torch.equal(x.values(), y.values()) and torch.equal(x.lengths(), y.lengths())
+
+
+def test_rows_drawn_on_the_device_are_drawn_by_the_training_thread():
+    log = _log(DenseDistribution.normal, [], 1.05)
+    with pytest.raises(ValueError, match="no workers, no input thread"):
+        loader.batches(log, "train", 0, 1, thread=True, device_rows=log.device_rows(CPU))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["+experiment=sequences", "data.device_input=true"],
+            "data.device_input=true: .* reads its rows on the CPU .*leave data.device_input unset",
+        ),
+        (
+            ["+experiment=ctr", "data.device_input=true", "data.num_workers=2"],
+            "data.device_input=true draws the batches on the device, not in workers: set data.num_workers=0",
+        ),
+    ],
+)
+def test_device_input_a_source_cannot_honour_is_refused_before_launch(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        validate(compose_cfg(overrides), 1)
