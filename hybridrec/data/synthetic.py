@@ -259,7 +259,7 @@ class SyntheticClickLog(Source):
         """``rows`` drawn by torch on ``device``, the same bytes (``synthetic_device``)."""
         from hybridrec.data.synthetic_device import DeviceGenerator
 
-        return DeviceGenerator(self, device).rows
+        return DeviceGenerator(self, device, _SCATTER).rows
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> Optional[int]:

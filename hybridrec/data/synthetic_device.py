@@ -143,19 +143,20 @@ def _sigmoid_f64(x: torch.Tensor) -> torch.Tensor:
 class DeviceGenerator:
     """``log``'s rows drawn by torch on ``device``: ``rows(split, index, lo, hi)``."""
 
-    def __init__(self, log: "SyntheticClickLog", device: torch.device) -> None:
+    def __init__(self, log: "SyntheticClickLog", device: torch.device, scatter: int) -> None:
         self.log, self.device = log, torch.device(device)
         self.tab = _Tables(self.device)
-        put = lambda a, dtype: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=self.device)  # noqa: E731
+
+        def put(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=self.device)
+
         self.column_rows = put(log._column_rows.astype(np.int64), torch.int64)
         self.log2_rows = put(log._log2_rows, torch.float32)
         self.zipf_scale = put(log._zipf_scale, torch.float32)
         self.salt = put(log._feature_salt.astype(np.int64), torch.int64)
         self.dense_w = [float(w) for w in log._dense_w]
-        # rank * _SCATTER % n in two halves: (rank * hi % n) * 2**16 + rank * lo, all < 2**49
-        from hybridrec.data.synthetic import _SCATTER
-
-        self.scatter_hi, self.scatter_lo = _SCATTER >> 16, _SCATTER & 0xFFFF
+        # rank * scatter % n in two halves: (rank * hi % n) * 2**16 + rank * lo, all < 2**49
+        self.scatter_hi, self.scatter_lo = scatter >> 16, scatter & 0xFFFF
         self.lengths: dict[int, torch.Tensor] = {}  # multi-hot lengths [F, rows], for the last shape
 
     def uniforms(self, split: str, index: int, lo: int, hi: int) -> torch.Tensor:
