@@ -28,11 +28,13 @@ class DataConfig:
     (the GPU waits for every batch built on the training thread), not on CPU ranks (whose
     compute uses every core: measured slower, benchmarks/results/INPUT_THREAD.md)."""
     device_input: Optional[bool] = None
-    """Draw the training batches on the training device, for a source that can (the synthetic
-    log: the same bytes as on the CPU, ``hybridrec.data.synthetic_device``), with no worker,
-    thread, pinned copy or host-device transfer; unset = on when training on a GPU. true with
-    a source that cannot, or with data.num_workers > 0, is refused before launch. The
-    evaluated splits are read as without it (they are scored once per evaluation)."""
+    """Make the training batches on the training device, for a source that can: the synthetic
+    log draws them there (the same bytes as on the CPU, ``hybridrec.data.synthetic_device``);
+    Criteo's binary layout copies the stored bytes through reused pinned buffers and converts
+    them there (``hybridrec.data.criteo.binary_device``). Unset = on when training on a GPU
+    with no workers and no input thread asked for. true with a source that cannot, or with
+    data.num_workers > 0, is refused before launch. The evaluated splits are read as without it
+    (they are scored once per evaluation)."""
 
 
 class DenseDistribution(str, Enum):

@@ -452,8 +452,8 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         source = get_class(cfg.data._target_)
         if not hasattr(source, "device_rows"):
             raise ValueError(
-                f"data.device_input=true: {source.__name__} reads its rows on the CPU (only the synthetic log "
-                f"draws them on the device); leave data.device_input unset"
+                f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log and "
+                f"Criteo's binary layout can make them on the device); leave data.device_input unset"
             )
         if cfg.data.num_workers:
             raise ValueError(

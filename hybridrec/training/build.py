@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Iterator, Optional, cast
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -101,15 +101,21 @@ def rank_batches(
     device: torch.device,
     num_batches: Optional[int] = None,
     start: int = 0,
+    on_check: Optional[Callable[[Callable[[], None]], None]] = None,
 ) -> Iterator:
     """This rank's batches of ``split`` from the shared input loop, with the worker processes
     and input thread of ``data_cfg`` (the ``data`` config; pinned memory on CUDA), or, for the
-    training split of a source that draws its rows on the device, drawn there (data.device_input)."""
+    training split of a source that draws its rows on the device, drawn there (data.device_input).
+    ``on_check`` receives the device reader's ``check`` (its data checks' flags: the trainer
+    calls it where it reads the losses), for a reader that has one."""
     d = data_cfg
     on_device = d.get("device_input")
     if on_device is None:  # unset: where it saves the GPU a host-built batch, and the config allows it
         on_device = device.type == "cuda" and not d.num_workers and not d.input_thread
     if on_device and split == "train" and hasattr(data, "device_rows"):
+        reader = data.device_rows(device)
+        if on_check is not None and hasattr(reader, "check"):
+            on_check(reader.check)
         return loader.batches(
             data,
             split,
@@ -117,7 +123,7 @@ def rank_batches(
             dist.get_world_size(),
             num_batches,
             start,
-            device_rows=data.device_rows(device),
+            device_rows=reader,
         )
     return loader.batches(
         data,

@@ -12,7 +12,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Iterator, Optional, cast
+from typing import Any, Callable, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -88,6 +88,7 @@ class Trainer:
         self.stopped_early_at: Optional[int] = None
         self.last_evaluation: tuple[int, Optional[Evaluation]] = (-1, None)  # step, validation result
         self.stream_state: dict[str, Any] = {}  # train.schedule=continuous: the Stream's, saved with the run
+        self.input_checks: list[Callable[[], None]] = []  # the device readers' data checks (_check_input)
         live = checkpoint.Resumable(
             self.model,
             self.optimizer,
@@ -360,6 +361,7 @@ class Trainer:
     def _check_losses(self, step: int) -> None:
         """All-reduce the losses of the steps not yet checked, up to ``step``, and stop on a
         non-finite one (one line: the step, the likely cause, where to resume)."""
+        self._check_input()
         # One all-reduce per window, not per step: the reduction is a sync point.
         window = self._global_mean(self.local_losses[len(self.losses) : step])
         if bad := [i for i, x in enumerate(window) if not math.isfinite(x)]:
@@ -423,7 +425,19 @@ class Trainer:
         return evaluate(model, self.data, self.loss, self._batches(split), self.device, predictions)
 
     def _batches(self, split: str, num_batches: Optional[int] = None, start: int = 0):
-        return rank_batches(self.cfg.data, self.data, split, self.device, num_batches, start)
+        if split == "train":
+            self._check_input()  # the batches of an earlier pass, before its reader is let go
+            self.input_checks = []
+        return rank_batches(
+            self.cfg.data, self.data, split, self.device, num_batches, start, on_check=self.input_checks.append
+        )
+
+    def _check_input(self) -> None:
+        """The data checks of batches converted on the device (data.device_input): a flag read
+        where the losses are read, so that the step itself never waits; a bad value stops the
+        run naming its file and row, before any later save is committed."""
+        for check in self.input_checks:
+            check()
 
     def _profiler(self) -> Optional[torch.profiler.profile]:
         """torch.profiler over steps start_step+1 .. start_step+steps (step start_step is the

@@ -4,9 +4,10 @@ each rank's rows of the ``.npy`` files as memory-mapped ranges."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from hybridrec.config import IdMapping
@@ -26,6 +27,9 @@ from hybridrec.data.criteo.common import (
     validation_fraction,
 )
 from hybridrec.data.source import Rows, Source, check_table_sizes
+
+if TYPE_CHECKING:
+    from hybridrec.data.criteo.binary_device import BinaryOnDevice
 
 _HOLDOUT_RUN = 4096  # binary format: validation rows are held out in runs of this many rows
 
@@ -148,6 +152,19 @@ class CriteoBinary(Source):
 
     def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
         """The rows, memory-mapped ranges of the days: the same order every epoch."""
+        first, dense, sparse, labels = self.stored(split, index, lo, hi)
+        stored = dense.reshape(-1, INT_FEATURES)
+        with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf: named by the check
+            dense = np.array(stored, dtype=np.float32)  # a copy (the file stays read-only); a wider dtype rounded
+        self._check_values(split, first, dense, sparse.reshape(-1, CAT_FEATURES), labels.reshape(-1), stored)
+        ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping, feature_major=True)
+        # a copy: labels stored as float32 would otherwise be a view of the read-only mapping
+        return Rows.one_hot(dense, ids, np.array(labels.reshape(-1), dtype=np.float32))
+
+    def stored(self, split: str, index: int, lo: int, hi: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """Rows [lo, hi) of global batch ``index`` as the files store them: the split's first
+        row read, then dense ``[n, 13]``, sparse ``[n, 26]`` and labels ``[n, 1]`` (views of the
+        memory-mapped files, or one array when the rows span days or held-out runs)."""
         total = sum(n for _, n in self.segments[split])
         first = min(index * self.batch_size + lo, total)
         count = min(index * self.batch_size + hi, total) - first
@@ -155,12 +172,13 @@ class CriteoBinary(Source):
             self._rows(self.days[split], self.segments[split], part, first, count)
             for part in ("dense", "sparse", "labels")
         )
-        stored = dense.reshape(-1, INT_FEATURES)
-        with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf: named by the check
-            dense = np.array(stored, dtype=np.float32)  # a copy (the file stays read-only); a wider dtype rounded
-        self._check_values(split, first, dense, sparse.reshape(-1, CAT_FEATURES), labels.reshape(-1), stored)
-        ids = map_ids(sparse.reshape(-1, CAT_FEATURES), self.sizes, self.id_mapping, feature_major=True)
-        return Rows.one_hot(dense, ids, labels.reshape(-1))
+        return first, dense, sparse, labels
+
+    def device_rows(self, device: torch.device) -> "BinaryOnDevice":
+        """``read``'s rows, converted on ``device`` from the stored bytes (``binary_device``)."""
+        from hybridrec.data.criteo.binary_device import BinaryOnDevice
+
+        return BinaryOnDevice(self, device)
 
     def _check_values(
         self, split: str, first: int, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, stored: np.ndarray

@@ -1,0 +1,106 @@
+"""What every source that converts its rows on the training device shares (``data.device_input``):
+host buffers reused for the copy to the device, and data checks that never make the host wait.
+
+- ``Staging``: the host side of a batch (a file's bytes, as stored) goes into one of a few
+  reused buffers, pinned on a GPU, then to the device in one asynchronous copy; a buffer is
+  written again only after the event recorded behind its copy has completed. On the CPU
+  (``torch.device("cpu")``, which the tests run) the arrays are copied into fresh tensors.
+- ``DeviceChecks``: a check that finds a bad value on the device sets a flag there instead of
+  reading it back; ``check()``, which the trainer calls where it already reads the losses, reads
+  the flag once for every batch since the last call and, when it is set, reads those batches
+  again on the CPU, whose reader names the file and row (``Source.read`` raises the DataError).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+_ALIGN = 16  # each array's offset in a staging buffer: any dtype's view of it is aligned
+
+
+def _dtype(a: np.ndarray) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, a.dtype)).dtype
+
+
+def as_signed(a: np.ndarray) -> np.ndarray:
+    """Unsigned integers as the signed ones of their width, the same bytes (torch's unsigned
+    dtypes above 8 bits support few operations): ``widen`` gives the values back on the device."""
+    return a.view(f"i{a.dtype.itemsize}") if a.dtype.kind == "u" and a.dtype.itemsize > 1 else a
+
+
+def widen(t: torch.Tensor, stored: np.dtype) -> torch.Tensor:
+    """int64 of what ``as_signed`` transferred: the stored values (a uint64 above 2**63 keeps its
+    bits, which unsigned arithmetic then reads as such)."""
+    x = t.to(torch.int64)
+    if stored.kind == "u" and 1 < stored.itemsize < 8:
+        x = x & ((1 << (8 * stored.itemsize)) - 1)
+    return x
+
+
+class Staging:
+    """``put(arrays)``: the NumPy arrays as tensors on ``device``, through ``depth`` reused host
+    buffers (pinned, on a GPU)."""
+
+    def __init__(self, device: torch.device, depth: int = 3) -> None:
+        self.device, self.depth = torch.device(device), depth
+        self.slots: list[Optional[tuple[torch.Tensor, Optional[torch.cuda.Event]]]] = [None] * depth
+        self.next = 0
+
+    def put(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        if self.device.type == "cpu":  # no copy to make asynchronous: the rows are the batch
+            return [torch.from_numpy(np.array(a)) for a in arrays]
+        offsets, size = [], 0
+        for a in arrays:
+            offsets.append(size)
+            size += -(-a.nbytes // _ALIGN) * _ALIGN
+        buffer = self._buffer(max(size, _ALIGN))
+        host = buffer.numpy()
+        for a, at in zip(arrays, offsets):
+            host[at : at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a  # the one host copy: file -> pinned
+        on_device = buffer[:size].to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.slots[self.next] = (buffer, event)
+        self.next = (self.next + 1) % self.depth
+        return [on_device[at : at + a.nbytes].view(_dtype(a)).view(a.shape) for a, at in zip(arrays, offsets)]
+
+    def _buffer(self, size: int) -> torch.Tensor:
+        """The next slot's buffer, once the copy that last read it has completed (waiting only
+        when ``depth`` copies are still in flight); grown when too small."""
+        slot = self.slots[self.next]
+        if slot is not None:
+            buffer, event = slot
+            if event is not None:
+                event.synchronize()
+            if buffer.numel() >= size:
+                return buffer
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+class DeviceChecks:
+    """Flags set on the device by a batch's data checks, and the batches they cover."""
+
+    def __init__(self, device: torch.device, reread: Callable[[str, int, int, int], object]) -> None:
+        self.flag = torch.zeros((), dtype=torch.bool, device=device)
+        self.pending: list[tuple[str, int, int, int]] = []
+        self.reread = reread
+
+    def add(self, bad: torch.Tensor, split: str, index: int, lo: int, hi: int) -> None:
+        """One batch's result (a 0-dim bool on the device: True = a bad value somewhere)."""
+        self.flag |= bad
+        self.pending.append((split, index, lo, hi))
+
+    def check(self) -> None:
+        """Read the flag (the one host-device synchronization); if a batch since the last check
+        had a bad value, read the batches again on the CPU, which raises the reader's DataError
+        naming the file and row."""
+        if not self.pending:
+            return
+        if bool(self.flag):
+            for coordinates in self.pending:
+                self.reread(*coordinates)
+            raise AssertionError(f"the device flagged a bad value the CPU's reader accepts, in {self.pending}")
+        self.pending.clear()
