@@ -192,7 +192,7 @@ def _reshard_states(trainer: Trainer, _summary: dict[str, Any]) -> dict[str, Any
 
 def rank_outcomes(cfg: DictConfig, run_dir: str) -> list[tuple[str, str, int]]:
     """``hybridrec.run.rank.run`` with jobs that fail as a rank's job can: a bug, a killed
-    DataLoader worker, a user's error. Per job: the exception the caller gets, its message,
+    DataLoader worker, a user's error, the device out of memory. Per job: the exception the caller gets, its message,
     and the job's intra-op threads (``launcher.threads_per_rank``). Each run meets at a port
     of its own; the failed run's group is destroyed here, as the launcher ends the rank."""
     from hybridrec.base.signals import Killed
@@ -214,6 +214,7 @@ def rank_outcomes(cfg: DictConfig, run_dir: str) -> list[tuple[str, str, int]]:
         RuntimeError("a bug in the job"),
         Killed("rank 0's DataLoader worker was killed by SIGKILL", 9),
         DataError("train.csv:3: a bad row"),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total)\nmore"),
     )
     try:
         for error in errors:

@@ -413,7 +413,8 @@ def test_a_mistyped_key_or_option_is_named_before_hydra_advises_appending_it(ove
 @pytest.mark.dist
 def test_a_ranks_job_error_reaches_its_caller_as_itself(tmp_path):
     """In a rank (``hybridrec.run.rank.run``, outside the launcher): a bug keeps its type and
-    traceback, a killed worker is the one-line ``Killed``, a user's error propagates as it is;
+    traceback, a killed worker is the one-line ``Killed``, a user's error propagates as it is, the
+    device out of memory is one line with the settings that lower it;
     the job runs with ``launcher.threads_per_rank`` intra-op threads."""
     from dist_helpers import rank_outcomes, spawn
 
@@ -422,4 +423,12 @@ def test_a_ranks_job_error_reaches_its_caller_as_itself(tmp_path):
         ("RuntimeError", "a bug in the job", 2),
         ("Killed", "rank 0's DataLoader worker was killed by SIGKILL", 2),
         ("DataError", "train.csv:3: a bad row", 2),
+        (
+            "OutOfMemory",
+            "rank 0: the device ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB "
+            "total)); the last committed checkpoint is kept, nothing after it was saved. Lower data.batch_size or "
+            "data.prefetch, or spread the tables over more devices (python -m hybridrec.plan prints the planner's "
+            "memory per device)",
+            2,
+        ),
     ]

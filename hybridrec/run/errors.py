@@ -15,11 +15,26 @@ from hybridrec.data import DataError
 from hybridrec.parallel.distributed import LaunchError
 from hybridrec.parallel.sharding import PlanError
 
+
+class OutOfMemory(Exception):
+    """A rank's device ran out of memory (a step, or a batch made on it ahead of the step): one
+    line with the device's words and the settings that lower the memory, not torch's traceback."""
+
+
+def out_of_memory(error: BaseException, rank: int) -> OutOfMemory:
+    said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return OutOfMemory(
+        f"rank {rank}: the device ran out of memory ({said}); the last committed checkpoint is kept, nothing "
+        f"after it was saved. Lower data.batch_size or data.prefetch, or spread the tables over more devices "
+        f"(python -m hybridrec.plan prints the planner's memory per device)"
+    )
+
+
 # Errors the user can fix (bad input files, a damaged or mismatched checkpoint, a full disk,
 # a plan the planner cannot meet: under torchrun the ranks plan before anything else has,
-# a launcher environment without the local layout): reported as one line naming the
+# a launcher environment without the local layout, a device out of memory): reported as one line naming the
 # file or key, without a traceback, and never restarted.
-USER_ERRORS = (DataError, CheckpointError, Diverged, PlanError, LaunchError)
+USER_ERRORS = (DataError, CheckpointError, Diverged, PlanError, LaunchError, OutOfMemory)
 USER_ERROR_EXIT = 3
 """Exit code of a rank stopped by a user error (its message is in the elastic error file)."""
 
@@ -31,7 +46,7 @@ def full_errors() -> bool:
 
 def user_message(error: BaseException) -> str:
     """The one line a user error found before launch is reported with."""
-    if isinstance(error, (CheckpointError, Diverged, LaunchError, DataError)):
+    if isinstance(error, (CheckpointError, Diverged, LaunchError, DataError, OutOfMemory)):
         return f"hybridrec: {error}"  # a file or a process, named in the message
     return f"hybridrec: invalid config: {error}"  # PlanError included
 

@@ -27,7 +27,7 @@ from hybridrec.data.loader import worker_killed
 from hybridrec.parallel.devices import pick_device
 from hybridrec.parallel.distributed import health_check, init_distributed, local_layout, shutdown_distributed
 from hybridrec.reports.logs import JobLogging, configure_rank
-from hybridrec.run.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors
+from hybridrec.run.errors import USER_ERROR_EXIT, USER_ERRORS, full_errors, out_of_memory
 from hybridrec.training.trainer import train_job
 
 
@@ -146,6 +146,11 @@ def run(
         if parent_reports and not full_errors() and record_error_message(str(e)):
             sys.exit(USER_ERROR_EXIT)
         raise
+    except torch.OutOfMemoryError as e:
+        oom = out_of_memory(e, dist.get_rank())
+        if parent_reports and not full_errors() and record_error_message(str(oom)):
+            sys.exit(USER_ERROR_EXIT)
+        raise oom from None
     except (Killed, RuntimeError) as e:  # a DataLoader worker of this rank was killed: one line
         killed = e if isinstance(e, Killed) else worker_killed(e, dist.get_rank())
         if killed is None:
