@@ -112,26 +112,16 @@ def rank_batches(
     on_device = d.get("device_input")
     if on_device is None:  # unset: where it saves the GPU a host-built batch, and the config allows it
         on_device = device.type == "cuda" and not d.num_workers and not d.input_thread
+    where = dist.get_rank(), dist.get_world_size(), num_batches, start
     if on_device and split == "train" and hasattr(data, "device_rows"):
         reader = data.device_rows(device)
         if on_check is not None and hasattr(reader, "check"):
             on_check(reader.check)
-        return loader.batches(
-            data,
-            split,
-            dist.get_rank(),
-            dist.get_world_size(),
-            num_batches,
-            start,
-            device_rows=reader,
-        )
+        return loader.batches(data, split, *where, device_rows=reader)
     return loader.batches(
         data,
         split,
-        dist.get_rank(),
-        dist.get_world_size(),
-        num_batches,
-        start,
+        *where,
         num_workers=d.num_workers,
         prefetch=d.prefetch,
         pin_memory=device.type == "cuda",
