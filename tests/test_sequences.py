@@ -154,6 +154,11 @@ def test_the_full_softmax_is_cross_entropy_over_the_catalogue():
     )
     logits = torch.stack([queries[0] @ table[3], queries[0] @ table[5]])
     torch.testing.assert_close(sampled, -torch.log_softmax(logits, 0)[0])
+    # by position: every position counts alike (one process: no count to all-reduce)
+    by_position = NextItemSoftmax(average="position")(
+        queries, table[positive_ids], positive_ids, table[catalogue], catalogue, user, 4
+    )
+    torch.testing.assert_close(by_position, per_position.mean())
 
 
 def _tiny(model="sasrec", *extra):
@@ -176,12 +181,12 @@ def _tiny(model="sasrec", *extra):
     ]
 
 
-def _built(tmp_path, model="sasrec"):
+def _built(tmp_path, model="sasrec", *extra):
     from hybridrec.data.fetch_movielens import write_layout
     from shared import tables
 
     write_layout(tables(400, seed=3), str(tmp_path))
-    cfg = compose_cfg(_tiny(model, f"data.path={tmp_path}"))
+    cfg = compose_cfg(_tiny(model, f"data.path={tmp_path}", *extra))
     from hybridrec.data import build_source
 
     data = build_source(cfg.data, 0)
@@ -211,8 +216,9 @@ def test_padding_and_the_other_rows_change_no_real_output(tmp_path, model):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("model", ["sasrec", "hstu"])
-def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, model):
-    cfg, data, m = _built(tmp_path, model)
+@pytest.mark.parametrize("l2", [False, True], ids=["dot", "cosine"])
+def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, model, l2):
+    cfg, data, m = _built(tmp_path, model, f"model.l2_normalize={l2}")
     item = next(iter(loader.batches(data, "eval", 0, 1, 1)))
     _, (_, ranks, _) = m(item.batch)
     features = item.batch.sparse_features.to_dict()
@@ -223,6 +229,9 @@ def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, m
     target = features["next"].values() - 1
     expected = 1 + (scores > scores.gather(1, target[:, None])).sum(1)
     assert torch.equal(expected.float(), ranks)
+    if l2:  # cosines: unit vectors on both sides
+        for vectors in (users, m.item_vectors()):
+            torch.testing.assert_close(vectors.norm(dim=1), torch.ones(len(vectors)))
 
 
 @pytest.mark.slow
@@ -292,7 +301,9 @@ def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both).
+    """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both);
+    SASRec also with sampled in-batch negatives, and with the loss averaged by position over
+    cosine scores.
     On two ranks HSTU also checkpoints every 2 steps (the run never stopped), and a second
     HSTU run stops after step 2 and resumes (``trained["resumed"]``); on one rank an HSTU run
     continues the 2-rank step-2 checkpoint (``trained["resharded"]``). One launch per world size."""
@@ -306,6 +317,7 @@ def trained(tmp_path_factory):
     run = lambda m, *extra: compose_cfg(_tiny(m, f"data.path={d}", "sharding=row_wise", *extra))
     sampled = ["loss.in_batch=true", "data.train_negatives=7", "data.negative_sampling=popularity"]
     resumable = ["checkpoint.every_n_steps=2"]
+    recipe = ["loss.average=position", "model.l2_normalize=true", "loss.temperature=0.1"]
     two = spawn(
         train_and_gather,
         2,
@@ -315,6 +327,7 @@ def trained(tmp_path_factory):
             run("sasrec", *sampled),
             run("hstu", *resumable, f"checkpoint.dir={b}", "train.steps=2"),
             run("hstu", *resumable, f"checkpoint.dir={b}"),
+            run("sasrec", *recipe),
         ],
         str(root / "two"),
     )
@@ -326,14 +339,17 @@ def trained(tmp_path_factory):
             run("hstu"),
             run("sasrec", *sampled),
             run("hstu", *resumable, f"checkpoint.dir={c}", f"checkpoint.resume={a / 'step_00000002'}"),
+            run("sasrec", *recipe),
         ],
         str(root / "one"),
     )
-    return {1: one[:3], 2: two[:3], "resumed": two[4], "resharded": one[3]}
+    return {1: [*one[:3], one[4]], 2: [*two[:3], two[5]], "resumed": two[4], "resharded": one[3]}
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("run", [0, 1, 2], ids=["sasrec", "hstu", "sasrec sampled in-batch"])
+@pytest.mark.parametrize(
+    "run", [0, 1, 2, 3], ids=["sasrec", "hstu", "sasrec sampled in-batch", "sasrec by position, cosine"]
+)
 def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
     """Over 20 s for the first case: it waits for ``trained`` (9 short runs in two launches)."""
     one, two = trained[1][run], trained[2][run]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import ClassVar
 
 from omegaconf import MISSING
@@ -79,6 +80,11 @@ class SequenceConfig(ModelConfig):
     mask_history: bool = False
     """Evaluation: leave the items of the user's history out of the ranking (the held-out
     item is always ranked). Off by default: the published figures rank every item."""
+    l2_normalize: bool = False
+    """Score the cosine of the user's output and the item's vector (both scaled to length 1)
+    instead of their dot product; the loss's temperature (loss.temperature, 0.05 in
+    generative-recommenders) then sets how sharp the softmax is. The export's user vectors
+    and item vectors are normalized alike."""
 
     free_on_resume: ClassVar[tuple[str, ...]] = ("dropout", "activation_checkpointing", "mask_history")
 
@@ -102,6 +108,11 @@ class HSTUConfig(SequenceConfig):
 
 
 # ---------------------------------------------------------------------------- loss
+class LossAverage(str, Enum):
+    user = "user"
+    position = "position"
+
+
 @dataclass
 class LossConfig:
     _target_: str = MISSING
@@ -131,3 +142,8 @@ class NextItemConfig(LossConfig):
     """Lower each candidate's logit by log(its sampling probability) when the negatives are
     drawn by popularity (data.negative_sampling=popularity) or in-batch."""
     temperature: float = 1.0
+    average: LossAverage = field(default_factory=lambda: LossAverage.user)
+    """How the positions' losses make the batch's: ``user`` = each user's mean over its positions,
+    averaged over users (every user counts alike); ``position`` = the mean over every position
+    of the global batch (every prediction counts alike, as training on each prefix of every
+    history does: long histories count more)."""

@@ -218,9 +218,11 @@ class NextItemSoftmax(Loss):
         in_batch: bool = False,
         logq_correction: bool = True,
         temperature: float = 1.0,
+        average: str = "user",
     ) -> None:
         super().__init__(list_size)
         self.in_batch, self.logq_correction, self.temperature = in_batch, logq_correction, temperature
+        self.by_position = str(getattr(average, "value", average)) == "position"
 
     def forward(
         self,
@@ -267,7 +269,7 @@ class NextItemSoftmax(Loss):
         )
         if target is not None:  # the full softmax: every positive is a candidate, once
             per_position = F.cross_entropy(queries @ candidates.T, target, reduction="none")
-            return self._per_user_mean(per_position, user, users)
+            return self._mean(per_position, user, users)
         # The softmax over [positive, candidates] without building that [P, 1 + C] matrix: the
         # candidates' logsumexp, then logaddexp with the positive. With a full softmax C is the
         # catalogue, and concatenating, dividing and slicing the logits cost more than the
@@ -281,7 +283,7 @@ class NextItemSoftmax(Loss):
         # in place: mm's backward keeps its inputs, not its output
         logits.masked_fill_(candidate_ids[None, :] == positive_ids[:, None], float("-inf"))
         per_position = torch.logaddexp(positive, torch.logsumexp(logits, dim=1)) - positive
-        return self._per_user_mean(per_position, user, users)
+        return self._mean(per_position, user, users)
 
     @staticmethod
     def _column(candidate_ids: torch.Tensor, positive_ids: torch.Tensor) -> Optional[torch.Tensor]:
@@ -298,6 +300,20 @@ class NextItemSoftmax(Loss):
             return None
         target = positive_ids - first
         return target if bool(((target >= 0) & (target < n)).all()) else None
+
+    def _mean(self, per_position: torch.Tensor, user: torch.Tensor, users: int) -> torch.Tensor:
+        """The batch's loss from its positions' (``average``). By position, each rank returns
+        its positions' sum times the world size over the global batch's positions (one
+        all-reduce of a count), so that the ranks' mean is the global batch's mean whatever
+        the world size, as the per-user mean is."""
+        if not self.by_position:
+            return self._per_user_mean(per_position, user, users)
+        count = torch.tensor([float(len(per_position))], device=per_position.device)
+        world = 1
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(count)
+            world = dist.get_world_size()
+        return per_position.sum() * world / count.clamp(min=1)[0]
 
     @staticmethod
     def _per_user_mean(per_position: torch.Tensor, user: torch.Tensor, users: int) -> torch.Tensor:

@@ -144,11 +144,18 @@ class SequenceRanker(Ranker):
         activation_checkpointing: bool,
         mask_history: bool,
         loss: Loss,
+        l2_normalize: bool = False,
     ) -> None:
         super().__init__(loss)
         self.items = item_table(features, embedding_dim)
-        self.max_length, self.mask_history = max_length, mask_history
+        self.max_length, self.mask_history, self.l2_normalize = max_length, mask_history, l2_normalize
         self.stack = Stack(embedding_dim, max_length, blocks, dropout, positions, activation_checkpointing)
+
+    def unit(self, x: torch.Tensor) -> torch.Tensor:
+        """A user's output or an item's vector as it is scored: with ``l2_normalize``, scaled to
+        length 1 (the score is then a cosine, and the loss's temperature sets its sharpness,
+        as generative-recommenders trains); else as it is."""
+        return F.normalize(x, dim=-1) if self.l2_normalize else x
 
     def encode(self, history: JaggedTensor, times: Optional[torch.Tensor]) -> torch.Tensor:
         """Every position's output ``[B, L, D]`` for the histories (padded positions: zeros)."""
@@ -184,10 +191,10 @@ class SequenceRanker(Ranker):
         first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
         features = batch.sparse_features.to_dict()
         return self.loss(
-            queries,
-            nxt.values(),
+            self.unit(queries),
+            self.unit(nxt.values()),
             features["next"].values(),
-            negatives.values()[:first],
+            self.unit(negatives.values()[:first]),
             features["negatives"].values()[:first],
             user,
             len(lengths),
@@ -204,9 +211,9 @@ class SequenceRanker(Ranker):
         output; ties count against it. With ``mask_history``, the items of the user's
         history are not ranked (the held-out item always is)."""
         lengths = history.lengths().long()
-        last = out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)]
+        last = self.unit(out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)])
         first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
-        catalogue = negatives.values()[:first]  # [N - 1, D]: items 1..N-1, in id order
+        catalogue = self.unit(negatives.values()[:first])  # [N - 1, D]: items 1..N-1, in id order
         scores = last @ catalogue.T  # [B, N - 1]
         # the held-out item's own score, from the same product: compared with itself, a
         # separately computed dot product could differ in the last bit and beat it
@@ -230,8 +237,8 @@ class SequenceRanker(Ranker):
         looked_up = self.items(batch.sparse_features)
         out = self.encode(looked_up["history"], batch.times)
         lengths = looked_up["history"].lengths().long()
-        last = out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)]
-        return (last * looked_up["next"].values()[: len(lengths)]).sum(1)
+        last = self.unit(out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)])
+        return (last * self.unit(looked_up["next"].values()[: len(lengths)])).sum(1)
 
     def use_sampler(self, log_q: Optional[torch.Tensor], by_popularity: bool) -> None:
         """Each item's log training popularity, for the loss's log-q correction of in-batch
@@ -246,10 +253,11 @@ class SequenceRanker(Ranker):
         return UserEncoder(self)
 
     def item_vectors(self, with_row_0: bool = False) -> torch.Tensor:
-        """``[N - 1, D]``: every item's vector, rows 1..N-1 of the (unsharded) table; with
-        ``with_row_0``, the whole table (row 0: no item, what padding looks up)."""
+        """``[N - 1, D]``: every item's vector as it is scored (``unit``), rows 1..N-1 of the
+        (unsharded) table; with ``with_row_0``, the whole table as histories look it up (row
+        0: no item, what padding looks up)."""
         weight = self.items.embeddings[next(iter(self.items.embeddings))].weight.detach()
-        return weight if with_row_0 else weight[1:]
+        return weight if with_row_0 else self.unit(weight[1:])
 
     def sparse_module(self) -> nn.Module:
         return self.items
@@ -267,12 +275,13 @@ class UserEncoder(nn.Module):
     def __init__(self, model: SequenceRanker) -> None:
         super().__init__()
         self.table = nn.Embedding.from_pretrained(model.item_vectors(with_row_0=True).clone(), freeze=True)
-        self.stack = model.stack
+        self.stack, self.l2_normalize = model.stack, model.l2_normalize
 
     def forward(self, history: torch.Tensor, lengths: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
         out = self.stack(self.table(history), lengths, times)
         # out.size(0), not len(): len() is a Python int, which would fix the exported batch size
-        return out[torch.arange(out.size(0), device=out.device), lengths - 1]
+        last = out[torch.arange(out.size(0), device=out.device), lengths - 1]
+        return F.normalize(last, dim=-1) if self.l2_normalize else last
 
 
 @torch.fx.wrap
@@ -345,10 +354,20 @@ class SASRec(SequenceRanker):
         activation_checkpointing: bool,
         mask_history: bool,
         loss: Loss,
+        l2_normalize: bool = False,
     ) -> None:
         blocks = [SASRecBlock(embedding_dim, num_heads, dropout) for _ in range(num_blocks)]
         super().__init__(
-            features, embedding_dim, max_length, blocks, True, dropout, activation_checkpointing, mask_history, loss
+            features,
+            embedding_dim,
+            max_length,
+            blocks,
+            True,
+            dropout,
+            activation_checkpointing,
+            mask_history,
+            loss,
+            l2_normalize,
         )
 
 
@@ -426,11 +445,21 @@ class HSTU(SequenceRanker):
         linear_dim: int,
         time_buckets: int,
         loss: Loss,
+        l2_normalize: bool = False,
     ) -> None:
         blocks = [
             HSTUBlock(embedding_dim, num_heads, attention_dim, linear_dim, dropout, max_length, time_buckets)
             for _ in range(num_blocks)
         ]
         super().__init__(
-            features, embedding_dim, max_length, blocks, False, dropout, activation_checkpointing, mask_history, loss
+            features,
+            embedding_dim,
+            max_length,
+            blocks,
+            False,
+            dropout,
+            activation_checkpointing,
+            mask_history,
+            loss,
+            l2_normalize,
         )
