@@ -234,6 +234,30 @@ def test_the_exported_encoder_ranks_the_catalogue_as_evaluation_does(tmp_path, m
             torch.testing.assert_close(vectors.norm(dim=1), torch.ones(len(vectors)))
 
 
+@pytest.mark.unit
+def test_masked_ranks_leave_the_history_out_beside_the_unmasked_ones(tmp_path):
+    cfg, data, m = _built(tmp_path, "sasrec", "model.mask_history=true")
+    item = next(iter(loader.batches(data, "eval", 0, 1, 1)))
+    _, (_, ranks, masked) = m(item.batch)
+    features = item.batch.sparse_features.to_dict()
+    history = features["history"]
+    users = m.encoder().eval()(
+        history.to_padded_dense(desired_length=cfg.data.max_length, padding_value=0),
+        history.lengths().long(),
+        item.batch.times,
+    )
+    scores = users @ m.item_vectors().T
+    target = features["next"].values() - 1
+    start = 0
+    for row, n in enumerate(history.lengths().tolist()):
+        seen = set(history.values()[start : start + n].tolist()) - {int(target[row]) + 1}
+        start += n
+        beaten = scores[row] > scores[row, target[row]]
+        keep = torch.tensor([i + 1 not in seen for i in range(len(beaten))])
+        assert masked[row] == 1 + (beaten & keep).sum() and ranks[row] == 1 + beaten.sum()
+    assert (masked <= ranks).all() and (masked < ranks).any()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["sasrec", "hstu"])
 def test_the_exported_program_takes_any_number_of_users(tmp_path, model):
@@ -303,7 +327,7 @@ def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
 def trained(tmp_path_factory):
     """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both);
     SASRec also with sampled in-batch negatives, and with the loss averaged by position over
-    cosine scores.
+    cosine scores, its history-masked ranks reported beside.
     On two ranks HSTU also checkpoints every 2 steps (the run never stopped), and a second
     HSTU run stops after step 2 and resumes (``trained["resumed"]``); on one rank an HSTU run
     continues the 2-rank step-2 checkpoint (``trained["resharded"]``). One launch per world size."""
@@ -317,7 +341,7 @@ def trained(tmp_path_factory):
     run = lambda m, *extra: compose_cfg(_tiny(m, f"data.path={d}", "sharding=row_wise", *extra))
     sampled = ["loss.in_batch=true", "data.train_negatives=7", "data.negative_sampling=popularity"]
     resumable = ["checkpoint.every_n_steps=2"]
-    recipe = ["loss.average=position", "model.l2_normalize=true", "loss.temperature=0.1"]
+    recipe = ["loss.average=position", "model.l2_normalize=true", "loss.temperature=0.1", "model.mask_history=true"]
     two = spawn(
         train_and_gather,
         2,
@@ -356,6 +380,9 @@ def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
     assert one["losses"][-1] < one["losses"][0]  # it learns
     assert_same_training(one, two)
     assert one["summary"]["eval"] == pytest.approx(two["summary"]["eval"], abs=1e-9)  # the same ranks, the same metrics
+    if run == 3:  # masked beside unmasked: a user's history no longer outranks the held-out item
+        e = one["summary"]["eval"]
+        assert e["masked_hr@200"] >= e["hr@200"] and e["masked_mrr"] > e["mrr"]
 
 
 @pytest.mark.dist

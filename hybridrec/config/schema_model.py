@@ -78,8 +78,10 @@ class SequenceConfig(ModelConfig):
     """Recompute each block's activations in the backward instead of keeping them: less
     memory for a longer history or more blocks, one more forward of the blocks."""
     mask_history: bool = False
-    """Evaluation: leave the items of the user's history out of the ranking (the held-out
-    item is always ranked). Off by default: the published figures rank every item."""
+    """Evaluation: also rank with the items of the user's history left out (the held-out
+    item is always ranked), reported beside the unmasked metrics as ``masked_hr@10``,
+    ``masked_ndcg@10``, ... (the objective stays unmasked). generative-recommenders and most
+    public recipes report masked numbers."""
     l2_normalize: bool = False
     """Score the cosine of the user's output and the item's vector (both scaled to length 1)
     instead of their dot product; the loss's temperature (loss.temperature, 0.05 in

@@ -175,9 +175,11 @@ class SequenceRanker(Ranker):
             loss = self._loss(out, history, nxt, negatives, batch)
             zeros = batch.labels.new_zeros(batch.labels.shape)
             return loss, (loss.detach(), zeros, zeros)
-        ranks = self._ranks(out, history, nxt, negatives, batch)
+        ranks, masked = self._ranks(out, history, nxt, negatives, batch)
         loss = ranks.new_zeros(())
-        return loss, (loss, ranks, batch.labels.detach())
+        # the labels' slot of a next-item row (it has no label) carries the ranks with the
+        # history masked, when asked: evaluation reports them beside the unmasked ones
+        return loss, (loss, ranks, batch.labels.detach() if masked is None else masked)
 
     def _loss(
         self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor, batch: RecBatch
@@ -205,11 +207,11 @@ class SequenceRanker(Ranker):
     @torch.no_grad()
     def _ranks(
         self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor, batch: RecBatch
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The rank (1 = first) of each row's held-out item among every item of the catalogue
         (the negatives of an evaluated batch, in its first row), by the last position's
-        output; ties count against it. With ``mask_history``, the items of the user's
-        history are not ranked (the held-out item always is)."""
+        output; ties count against it. With ``mask_history``, also its rank when the items
+        of the user's history are not ranked (the held-out item always is); else None."""
         lengths = history.lengths().long()
         last = self.unit(out[torch.arange(len(lengths), device=out.device), (lengths - 1).clamp(min=0)])
         first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
@@ -220,17 +222,18 @@ class SequenceRanker(Ranker):
         target_ids = batch.sparse_features.to_dict()["next"].values()
         target = scores.gather(1, (target_ids - 1).clamp(0, first - 1)[:, None])[:, 0]
         beaten = scores > target[:, None]
-        if self.mask_history:
-            ids = batch.sparse_features.to_dict()["history"].values()
-            rows = torch.repeat_interleave(torch.arange(len(lengths), device=out.device), lengths)
-            seen = torch.zeros_like(beaten)
-            keep = (ids >= 1) & (ids <= first) & (ids != target_ids[rows])
-            seen[rows[keep], ids[keep] - 1] = True
-            beaten &= ~seen
-        ranks = 1.0 + beaten.sum(1).to(out.dtype)
         # a diverged model's NaN scores beat nothing: say NaN, not rank 1 (evaluation's finite check)
         finite = torch.isfinite(target) & torch.isfinite(scores).all(1)
-        return torch.where(finite, ranks, torch.full_like(ranks, float("nan")))
+        nan = torch.full((len(lengths),), float("nan"), dtype=out.dtype, device=out.device)
+        ranks = torch.where(finite, 1.0 + beaten.sum(1).to(out.dtype), nan)
+        if not self.mask_history:
+            return ranks, None
+        ids = batch.sparse_features.to_dict()["history"].values()
+        rows = torch.repeat_interleave(torch.arange(len(lengths), device=out.device), lengths)
+        seen = torch.zeros_like(beaten)
+        keep = (ids >= 1) & (ids <= first) & (ids != target_ids[rows])
+        seen[rows[keep], ids[keep] - 1] = True
+        return ranks, torch.where(finite, 1.0 + (beaten & ~seen).sum(1).to(out.dtype), nan)
 
     def score(self, batch: RecBatch) -> torch.Tensor:  # the Ranker contract: one score per row
         """The last position's score of each row's ``next`` item (the held-out one)."""

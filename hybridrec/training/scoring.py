@@ -110,6 +110,10 @@ def evaluate(
             if source.next_item
             else split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
         )
+        if source.next_item and getattr(getattr(model, "module", model), "mask_history", False):
+            # the ranks with the user's history masked, in the labels' slot (SequenceRanker)
+            masked = next_item_metrics(c["label"])
+            metrics[0] |= {f"masked_{k}": v for k, v in masked.items() if k != "n"}
         metrics[1] = bool(torch.isfinite(c["score"]).all())
     dist.broadcast_object_list(metrics, src=0)  # a few numbers: every rank reports the same
     table = None
