@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DeviceRows = Callable[[str, int, int, int], Rows]
-"""Rows [lo, hi) of global batch ``index`` of ``split``, drawn on the training device:
+"""Rows [lo, hi) of global batch ``index`` of ``split``, made on the training device:
 ``device_rows(split, index, lo, hi)``."""
 
 
@@ -181,8 +181,9 @@ def batches(
     (training: endless when None; an evaluated split: one pass, capped by ``num_batches`` or
     ``source.eval_batches``). Training yields ``RecBatch``; an evaluated split ``EvalBatch``.
     ``thread`` (with no workers): built ``prefetch`` ahead on a background thread.
-    ``device_rows`` (no workers, no thread): the source's rows drawn on the training device
-    (``SyntheticClickLog.device_rows``), read in place of ``source.read``."""
+    ``device_rows`` (no workers, no thread): the source's rows made on the training device
+    (the ``device_rows(device)`` of ``SyntheticClickLog`` and ``CriteoBinary``), read in place
+    of ``source.read``."""
     if device_rows is not None and (num_workers or thread):
         raise ValueError("rows drawn on the device are drawn by the training thread: no workers, no input thread")
     inline = _batches(
