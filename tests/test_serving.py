@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import commands
 from conftest import compose_cfg
@@ -165,6 +166,38 @@ def test_a_missing_column_or_a_wrong_type_names_the_column(log, log_export):
         prep(rows.set_column(rows.schema.get_field_index("price"), "price", pa.array(["1", "2", "3"])))
     with pytest.raises(ValueError, match=r"^hybridrec: column 'tenure_days' \(a dense feature\) is null in row 1"):
         prep(rows.set_column(rows.schema.get_field_index("tenure_days"), "tenure_days", pa.array([1.0, None, 2.0])))
+
+
+@pytest.mark.slow
+def test_numbers_as_embeddings_score_from_raw_rows_as_evaluate_does(log, tmp_path):
+    """price bucketized and tenure_days piecewise-linear, their knots fitted on the train
+    split: the checkpoint's config and the export carry the same knots, raw rows score as
+    evaluate scores them, and a number training would have refused is refused."""
+    log_dir, overrides = log
+    encodings = ["data.dense.0.encoding=bucketized", "data.dense.1.encoding=piecewise_linear", "data.dense.1.buckets=8"]
+    export_dir, expected = _train_export_evaluate(
+        tmp_path, [*overrides, "data.batch_size=128", *SMALL_DLRM, *encodings]
+    )
+    spec = json.load(open(export_dir / PREPROCESSING))
+    assert [d["column"] for d in spec["dense"]] == ["position"]
+    encoded = {f["name"]: f for f in spec["sparse"] if f["ids"]["kind"] == "numeric"}
+    assert list(encoded) == ["num_price", "num_tenure_days"]
+    (step,) = sorted((tmp_path / "ckpt").glob("step_*"))
+    saved = OmegaConf.load(step / "config.yaml").data.dense
+    for d, name in zip(saved[:2], encoded, strict=True):
+        assert list(d.knots) == encoded[name]["ids"]["knots"] and d.encoding == encoded[name]["ids"]["encoding"]
+    assert 2 <= len(saved[1].knots) <= 9 and encoded["num_tenure_days"]["num_embeddings"] == len(saved[1].knots)
+    rows = _log_rows(log_dir)
+    torch.testing.assert_close(_scores(export_dir, rows), expected, rtol=0, atol=1e-5)
+    prep = Preprocessor.load(str(export_dir))
+    price = rows.schema.get_field_index("price")
+    with pytest.raises(ValueError, match=r"^hybridrec: column 'price' \(feature num_price\) is nan in row 1: training"):
+        prep(rows.slice(0, 3).set_column(price, "price", pa.array([1.0, float("nan"), 2.0])))
+    # knots that do not size the table: the description was edited
+    spec["sparse"][-1]["ids"]["knots"] = spec["sparse"][-1]["ids"]["knots"][:-1]
+    json.dump(spec, open(export_dir / PREPROCESSING, "w"))
+    with pytest.raises(ValueError, match=r"damaged or was edited: field sparse\[\d\]\.num_embeddings"):
+        Preprocessor.load(str(export_dir))
 
 
 # ------------------------------------------------------------------- ctr and MovieLens

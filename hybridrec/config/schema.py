@@ -44,6 +44,7 @@ from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the grou
     NegativeSampler,
     NegativeSampling,
     NullIds,
+    NumericEncoding,
     ParquetDataConfig,
     ParquetDenseConfig,
     ParquetIdMapping,

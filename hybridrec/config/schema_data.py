@@ -230,6 +230,16 @@ class DenseTransform(str, Enum):
     """(x - mean) / std, with the column's mean and std (given, or fitted on the train split)."""
 
 
+class NumericEncoding(str, Enum):
+    scalar = "scalar"
+    """One dense input: the value through data.dense[i].transform."""
+    bucketized = "bucketized"
+    """The id of the value's bucket in a table of its own (knots: quantiles of the train split)."""
+    piecewise_linear = "piecewise_linear"
+    """Two weighted ids of a table of its own: the linear interpolation of the learned vectors
+    of the knots around the value (``hybridrec.data.numeric``)."""
+
+
 class Pooling(str, Enum):
     sum = "sum"
     """The sum of the ids' (weighted) embeddings."""
@@ -277,6 +287,20 @@ class ParquetDenseConfig:
     """transform=standardize: the mean subtracted; unset = fitted on the train split at build."""
     std: Optional[float] = None
     """transform=standardize: the divisor (> 0); unset = fitted on the train split with the mean."""
+    encoding: Optional[NumericEncoding] = None
+    """How the model sees the column; unset = data.numeric_encoding. bucketized and
+    piecewise_linear read the raw value (transform is for scalar only) as ids of a table of
+    its own, named like a sparse feature (``name``) and sharded like every table."""
+    buckets: Optional[int] = None
+    """bucketized / piecewise_linear: equal-count buckets fitted on the train split (ties
+    merged: fewer for a column of few values); unset = data.numeric_buckets."""
+    knots: Optional[list[float]] = None
+    """bucketized / piecewise_linear: the bucket edges, first and last included (strictly
+    increasing); unset = fitted on the train split. They travel with the run's config, its
+    checkpoints and its export."""
+    name: Optional[str] = None
+    """bucketized / piecewise_linear: the feature's name (unique among data.sparse's);
+    unset = num_<column>."""
 
 
 @dataclass
@@ -400,6 +424,10 @@ class ParquetDataConfig(DataConfig):
     partitions: Optional[PartitionsConfig] = None
     """Set: data.train_path is a directory of time partitions, trained in time order
     (train.schedule=continuous trains on each and scores it first); None = its files."""
+    numeric_encoding: NumericEncoding = NumericEncoding.scalar
+    """The encoding of every data.dense entry that leaves its own unset: one key to sweep."""
+    numeric_buckets: int = 16
+    """The buckets of every encoded data.dense entry that leaves its own unset."""
 
 
 class NegativeSampler(str, Enum):

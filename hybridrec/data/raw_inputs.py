@@ -34,7 +34,11 @@ Id mappings (``ids``), from a raw id to a table row:
   (column ``id``) plus 1; row 0 for an id not in it;
 - ``{"kind": "managed", "file": "managed_ids.parquet", "table": t, "function": "splitmix64",
   "seed": s}``: the row the id's 64-bit key holds in table ``t`` of the managed ids' file;
-  row 0 for a key without one.
+  row 0 for a key without one;
+- ``{"kind": "numeric", "encoding": "bucketized" | "piecewise_linear", "knots": [k0, ...]}``:
+  the column holds one number per row, which ``hybridrec.data.numeric.encode`` turns into
+  the id of its bucket, or two ids weighted by its place between two knots (no weights
+  column: the weights come from the number).
 
 A feature or dense column may be read from a join instead of the raw row (``"join": name``):
 the join's file holds one row per key (its ``on`` column, which the raw rows carry too);
@@ -49,10 +53,12 @@ from typing import Any, Optional, Union
 
 import pyarrow as pa
 
+from hybridrec.data.numeric import check_knots, rows_of
+
 FORMAT = 1
 """preprocessing.json's format version: a reader refuses another one."""
 DENSE_OPS = ("fill_null", "clamp", "log1p", "standardize", "constant")
-ID_MAPPINGS = ("row", "hash", "hex", "vocabulary", "managed")
+ID_MAPPINGS = ("row", "hash", "hex", "vocabulary", "managed", "numeric")
 LAYOUTS = ("one id", "list", "one id or list")
 MANAGED_FILE = "managed_ids.parquet"
 """The managed ids' file of an export (``hybridrec.serving.exported.write_managed_ids`` writes it)."""
@@ -147,6 +153,7 @@ _ID_FIELDS: dict[str, dict[str, Union[tuple[str, ...], type]]] = {
     "hex": {"function": ("splitmix64", "none"), "modulo": int},
     "vocabulary": {"file": str},
     "managed": {"file": str, "table": str, "function": ("splitmix64",), "seed": int},
+    "numeric": {"encoding": ("bucketized", "piecewise_linear"), "knots": list},
 }
 
 
@@ -251,6 +258,11 @@ def check_description(spec: Any) -> list[str]:
             value = ids.get(key)
             if isinstance(rule, tuple):
                 need(value in rule, f"{at}.ids.{key}", value, f"one of {', '.join(rule)}")
+            elif rule is list:  # a numeric column's knots, which size its table
+                why = check_knots(value)
+                need(why is None, f"{at}.ids.{key}", value, str(why))
+                rows = rows_of(ids["encoding"], value)
+                need(n == rows, f"{at}.num_embeddings", n, f"{rows}, the rows its {len(value)} knots make")
             elif rule is int:  # a modulo is the table's rows; a seed a 64-bit key
                 low, high = (1, n) if key == "modulo" else (0, (1 << 64) - 1)
                 need(

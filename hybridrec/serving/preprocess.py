@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import torch
 
 from hybridrec.config import IdMapping
-from hybridrec.data import portable
+from hybridrec.data import numeric, portable
 from hybridrec.data.criteo.common import map_ids
 from hybridrec.data.parquet.columns import _is_list, _kind, _plain_array
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
@@ -246,6 +246,8 @@ class Preprocessor:
     ) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """Feature ``f``'s table rows (flat), ids per row and id weights."""
         name, n = f"column {f['column']!r} (feature {f['name']})", len(column)
+        if f["ids"]["kind"] == "numeric":
+            return _numeric(f, column, name)
         if f["ids"]["kind"] == "hex" and column.null_count:  # a missing Criteo id is id 0, as an empty field
             column = pc.fill_null(column, pa.scalar("", column.type))
         if column.null_count and f["null_rows"] == "error":
@@ -429,6 +431,20 @@ def _dense(d: dict[str, Any], column: Optional[pa.Array], n: int) -> np.ndarray:
         i = int(np.argmax(~np.isfinite(y)))
         raise _refuse(f"{name}: row {i}'s value is out of float32's range after its steps: training refused it")
     return y
+
+
+def _numeric(f: dict[str, Any], column: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """An encoded number per row as its table rows, ids per row and id weights, as
+    training's reader encodes it (``hybridrec.data.numeric``)."""
+    if _kind(column.type) not in ("int", "float", "bool", "decimal"):
+        raise _refuse(f"{name} is {column.type}: give one number per row")
+    if column.null_count:
+        raise _refuse(f"{name} is null in row {_first(column.is_null())}: training refused such rows; give a value")
+    x = np.asarray(pc.cast(column, pa.float64()), np.float64)
+    if not np.isfinite(x).all():
+        i = int(np.argmax(~np.isfinite(x)))
+        raise _refuse(f"{name} is {x[i]} in row {i}: training refused rows whose value is not finite")
+    return numeric.encode(x, f["ids"]["encoding"], f["ids"]["knots"])
 
 
 def _keys(flat: pa.Array, kind: str, seed: int) -> np.ndarray:

@@ -7,6 +7,7 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import DenseTransform, ParquetIdMapping
+from hybridrec.data.numeric import check_knots
 from hybridrec.data.parquet.config import _dense_list, _plain, _Sparse, _sparse_list
 from hybridrec.data.parquet.partitioned import check_partitions
 
@@ -46,13 +47,16 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         raise ValueError("data.label.column is not set: name the label column")
     if c.get("weight") is not None and c.get("weight") in ("", label["column"]):
         raise ValueError(f"data.weight={c.get('weight')!r} must name a sample weight column other than the label's")
-    dense = _dense_list(c.get("dense"))
-    seen: set[str] = set()
+    buckets = c.get("numeric_buckets", 16)
+    if buckets < 2:
+        raise ValueError(f"data.numeric_buckets must be >= 2 (one bucket says nothing of a number), got {buckets}")
+    dense = _dense_list(c.get("dense"), c.get("numeric_encoding") or "scalar", buckets)
+    seen: set[tuple[str, str]] = set()
     for i, d in enumerate(dense):
         key = f"data.dense[{i}]"
-        if d.column in seen:
-            raise ValueError(f"{key}.column={d.column!r} is listed twice in data.dense")
-        seen.add(d.column)
+        if (d.column, d.encoding) in seen:  # a number may enter as a scalar and as ids, not twice alike
+            raise ValueError(f"{key}.column={d.column!r} is listed twice in data.dense (encoding={d.encoding})")
+        seen.add((d.column, d.encoding))
         given = (d.mean is not None, d.std is not None)
         if d.transform != DenseTransform.standardize.value and any(given):
             raise ValueError(f"{key}: mean and std belong to transform=standardize, not transform={d.transform}")
@@ -60,10 +64,25 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
             raise ValueError(f"{key}: set both mean and std, or neither (both are then fitted on the train split)")
         if d.std is not None and not d.std > 0:
             raise ValueError(f"{key}.std must be > 0, got {d.std}")
+        if d.buckets < 2:
+            raise ValueError(f"{key}.buckets must be >= 2 (one bucket says nothing of a number), got {d.buckets}")
+        if d.knots is not None and (why := check_knots(list(d.knots))):
+            raise ValueError(f"{key}.knots={list(d.knots)}: the bucket edges are {why} (or unset: fitted on train)")
     sparse = _sparse_list(c.get("sparse"))
-    if not sparse:
+    encoded = [(i, d) for i, d in enumerate(dense) if not d.scalar]
+    if not sparse and not encoded:
         raise ValueError("data.sparse lists no feature: give at least one (name, column, num_embeddings)")
-    names: set[str] = set()
+    names, sparse_tables = {f.name for f in sparse}, {f.table_name for f in sparse}
+    for i, d in encoded:  # an encoded column is a feature with a table of its own: named like one
+        used = d.name in names or d.table_name in sparse_tables
+        if used or "." in d.name or hasattr(torch.nn.ModuleDict, d.table_name):
+            raise ValueError(
+                f"data.dense[{i}].name={d.name!r} (encoding={d.encoding}) "
+                + ("is used twice (as a feature or its table)" if used else "cannot name a table")
+                + ": an encoded column is a sparse feature, whose name is unique and holds no '.'; set another name"
+            )
+        names.add(d.name)
+    names = set()
     tables: dict[str, _Sparse] = {}
     for f in sparse:
         key = f"data.sparse[{f.index}]"

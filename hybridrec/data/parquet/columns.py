@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import torch
 
 from hybridrec.config.schema import ParquetIdMapping
-from hybridrec.data import DataError, FileReport, ReadReport, portable
+from hybridrec.data import DataError, FileReport, ReadReport, numeric, portable
 from hybridrec.data.parquet.config import _Sparse
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
 from hybridrec.data.source import Rows
@@ -129,9 +129,21 @@ class _Columns:
 
             checks += [(nulls, lambda i: f"sample weight {self.weight_column} is null"), (bad, weight_not_finite)]
             weights = np.where(nulls | bad, 0, w).astype(np.float32)
-        dense = np.zeros((n, len(self.dense)), np.float32)
-        for j, d in enumerate(self.dense):
+        dense = np.zeros((n, sum(d.scalar for d in self.dense)), np.float32)
+        encoded: list[tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]] = []
+        j = 0
+        for d in self.dense:
             x, nulls = _floats(_plain_array(table.column(d.column)))
+            if not d.scalar:  # ids of its own table; a null or non-finite number is a bad row, as for scalars
+                bad_number = nulls | ~np.isfinite(x)
+
+                def number_bad(i: int, c: str = d.column, x: np.ndarray = x, nulls: np.ndarray = nulls) -> str:
+                    return f"{c} is null" if nulls[i] else f"{c} {x[i]} is not finite"
+
+                checks.append((bad_number, number_bad))
+                assert d.knots is not None  # given, or fitted at build
+                encoded.append(numeric.encode(np.where(bad_number, d.knots[0], x), d.encoding, list(d.knots)))
+                continue
             with np.errstate(all="ignore"):
                 if d.transform == "log1p":
                     y = portable.log1p(np.maximum(x, 0))
@@ -155,6 +167,7 @@ class _Columns:
 
             checks += [(nulls, dense_null), (raw_bad, dense_not_finite), (over, dense_over)]
             dense[:, j] = np.where(nulls | raw_bad | over, 0, y)
+            j += 1
         ids, keys, null_rows = [], [], []
         for f in self.sparse:
             values, lengths, id_weights, key, sparse_checks = self._ids(f, table, sample)
@@ -172,6 +185,8 @@ class _Columns:
                     checks.append((nulls, null_row))
                 else:
                     null_rows.append((f, nulls))
+        ids += encoded
+        keys += [None] * len(encoded)
         bad = np.zeros(n, bool)
         for mask, _ in checks:
             bad |= mask
@@ -370,12 +385,12 @@ class _Columns:
     def _rows(self, parts: list[_Part]) -> Rows:
         """The parts' rows end to end, as ``Rows``: one-hot (``[F, n]`` ids, filled column by
         column) when every feature has one id in every row, else values and lengths."""
-        features = len(self.sparse)
+        features = len(self.sparse) + sum(not d.scalar for d in self.dense)
         if not parts:
             empty = np.zeros(0, np.int64)
             parts = [
                 _Part(
-                    np.zeros((0, len(self.dense)), np.float32),
+                    np.zeros((0, sum(d.scalar for d in self.dense)), np.float32),
                     np.zeros(0, np.float32),
                     np.zeros(0, np.float32),
                     [(empty, np.zeros(0, np.int32), None)] * features,

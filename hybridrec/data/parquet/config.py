@@ -32,6 +32,19 @@ class _Dense:
     transform: str
     mean: Optional[float]
     std: Optional[float]
+    encoding: str = "scalar"
+    buckets: int = 16
+    knots: Optional[tuple[float, ...]] = None
+    name: str = ""
+
+    @property
+    def scalar(self) -> bool:
+        """A dense input of the model; else the ids of a table of its own (``hybridrec.data.numeric``)."""
+        return self.encoding == "scalar"
+
+    @property
+    def table_name(self) -> str:
+        return f"t_{self.name}"
 
 
 @dataclass(frozen=True)
@@ -76,5 +89,22 @@ def _sparse_list(sparse: Any) -> list[_Sparse]:
     return out
 
 
-def _dense_list(dense: Any) -> list[_Dense]:
-    return [_Dense(d["column"], d.get("transform") or "none", d.get("mean"), d.get("std")) for d in _plain(dense) or []]
+def _dense_list(dense: Any, encoding: Any = "scalar", buckets: int = 16) -> list[_Dense]:
+    """The dense entries, each entry's unset encoding and buckets the data config's
+    (``numeric_encoding``, ``numeric_buckets``)."""
+    out = []
+    for d in _plain(dense) or []:
+        knots = d.get("knots")
+        out.append(
+            _Dense(
+                d["column"],
+                d.get("transform") or "none",
+                d.get("mean"),
+                d.get("std"),
+                d.get("encoding") or _value(encoding) or "scalar",
+                int(d["buckets"] if d.get("buckets") is not None else buckets),
+                tuple(float(k) for k in knots) if knots is not None else None,
+                d.get("name") or f"num_{d['column']}",
+            )
+        )
+    return out

@@ -5,7 +5,6 @@ row groups of a rank's rows); the package's docstring says how rows are read and
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import zlib
@@ -17,11 +16,12 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import BadRows, ParquetIdMapping
-from hybridrec.data import DataError, ReadReport, SparseFeature, check_disjoint, holdout
+from hybridrec.data import DataError, ReadReport, SparseFeature, check_disjoint, holdout, numeric
 from hybridrec.data.criteo import resolve_paths, validation_fraction
 from hybridrec.data.parquet.checks import check_config
-from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _floats, _is_list, _kind, _Part, _plain_array
-from hybridrec.data.parquet.config import _Dense, _dense_list, _plain, _sparse_list, _value
+from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _is_list, _kind, _Part
+from hybridrec.data.parquet.config import _dense_list, _plain, _sparse_list, _value
+from hybridrec.data.parquet.fit import fit_dense
 from hybridrec.data.parquet.layout import _File, _Open, _Split
 from hybridrec.data.parquet.managed import ManagedIds
 from hybridrec.data.parquet.partitioned import PARTITION, _Partitioned
@@ -69,6 +69,8 @@ class ParquetSource(_Columns, _Partitioned, Source):
         shards: Optional[int] = None,
         partitions: Any = None,
         managed_ids: Any = None,
+        numeric_encoding: Any = "scalar",
+        numeric_buckets: int = 16,
     ) -> None:
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
         self.shards = shards
@@ -77,9 +79,9 @@ class ParquetSource(_Columns, _Partitioned, Source):
         label = _plain(label)
         self.label_column, self.threshold_value = label["column"], label.get("threshold")
         self.weight_column = weight
-        self.dense = _dense_list(dense)
+        self.dense = _dense_list(dense, numeric_encoding, numeric_buckets)
         self.sparse = _sparse_list(sparse)
-        self.num_dense_features = len(self.dense)
+        self.num_dense_features = sum(d.scalar for d in self.dense)
         self.valid_fraction = validation_fraction(valid_path, valid_fraction)
         specs = {"train": train_path, "eval": eval_path, **({"valid": valid_path} if valid_path else {})}
         self.partitioning = _plain(partitions) if partitions is not None else None
@@ -255,46 +257,15 @@ class ParquetSource(_Columns, _Partitioned, Source):
         return _Split(files, cat(seg_file), cat(seg_start), cat(seg_count))
 
     def _fit_dense(self) -> bool:
-        """Mean and std of each standardize column that left them unset, over the train
-        split's rows, one row group at a time (Chan's parallel update: the same numbers
-        whatever the row groups' sizes). Nulls and non-finite values (bad rows) are left out."""
-        todo = [
-            i for i, d in enumerate(self.dense) if d.transform == "standardize" and (d.mean is None or d.std is None)
-        ]
-        if not todo:
-            return False
-        columns = list(dict.fromkeys(self.dense[i].column for i in todo))
-        stats = {c: (0, 0.0, 0.0) for c in columns}
-        # Partitioned: fitted on the first partition with rows, the data a run has when it
-        # starts; later days would leak into the scores of the days before them.
+        """The dense entries' statistics left unset (``fit.fit_dense``), on the train split.
+        Partitioned: on the first partition with rows, the data a run has when it starts;
+        later days would leak into the scores of the days before them."""
         split = next((PARTITION + p["name"] for p in self.partitions if p["rows"]), "train")
-        for _, _, table in self._ranges(split, 0, self._splits[split].total, columns):
-            for c in columns:
-                x, _ = _floats(_plain_array(table.column(c)))
-                x = x[np.isfinite(x)]
-                if not len(x):
-                    continue
-                n, mean, m2 = stats[c]
-                k, mk = len(x), float(x.mean())
-                m2k = float(((x - mk) ** 2).sum())
-                total = n + k
-                delta = mk - mean
-                stats[c] = (total, mean + delta * k / total, m2 + m2k + delta * delta * n * k / total)
-        for i in todo:
-            d = self.dense[i]
-            n, mean, m2 = stats[d.column]
-            std = math.sqrt(m2 / n) if n else 0.0
-            if not n or not std > 0:
-                raise DataError(
-                    f"data.dense[{i}] ({d.column}): "
-                    + (
-                        "no finite value in the train split to fit its mean and std"
-                        if not n
-                        else f"every training value is {mean:g}: a constant feature cannot be standardized (drop it, or set "
-                        f"data.dense[{i}].mean and std)"
-                    )
-                )
-            self.dense[i] = _Dense(d.column, d.transform, mean, std)
+        total = self._splits[split].total
+        fitted = fit_dense(self.dense, lambda columns: (t for _, _, t in self._ranges(split, 0, total, columns)), total)
+        if fitted is None:
+            return False
+        self.dense = fitted
         return True
 
     def fitted(self) -> dict[str, Any]:
@@ -306,7 +277,15 @@ class ParquetSource(_Columns, _Partitioned, Source):
         if not self._fitted:
             return {}
         return {
-            "dense": [{"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std} for d in self.dense]
+            "dense": [
+                {"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std}
+                | (
+                    {}
+                    if d.scalar
+                    else {"encoding": d.encoding, "buckets": d.buckets, "knots": list(d.knots or ()), "name": d.name}
+                )
+                for d in self.dense
+            ]
         }
 
     def raw_inputs(self) -> RawInputs:
@@ -322,6 +301,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
                 steps[d.transform] if d.transform in steps else [{"op": "standardize", "mean": d.mean, "std": d.std}],
             )
             for d in self.dense
+            if d.scalar
         ]
         # the layout the files have (a partitioned log's trained files may be none yet)
         files = [f for sp in self._splits.values() for f in sp.files]
@@ -361,6 +341,14 @@ class ParquetSource(_Columns, _Partitioned, Source):
                     null_rows="error" if f.null_ids == "bad" else "empty",
                 )
             )
+        for d in self.dense:
+            if not d.scalar:  # one number per row, its ids computed from it (``hybridrec.data.numeric``)
+                assert d.knots is not None  # given, or fitted at build
+                ids = {"kind": "numeric", "encoding": d.encoding, "knots": list(d.knots)}
+                rows = numeric.rows_of(d.encoding, list(d.knots))
+                sparse.append(
+                    sparse_input(d.name, d.column, d.table_name, rows, "sum", ids, "one id", null_rows="error")
+                )
         read = [c for c in self.columns if c not in (self.label_column, self.weight_column)]
         return RawInputs(f"a row of the feature log: columns {', '.join(read)}", dense, sparse, copies=copies)
 
@@ -420,6 +408,16 @@ class ParquetSource(_Columns, _Partitioned, Source):
                     table=f.table,
                     pooling=f.pooling,
                     weighted=f.weights_column is not None,
+                )
+            )
+        for d in self.dense:  # encoded columns: features after data.sparse's, tables of their own
+            if d.scalar:
+                continue
+            assert d.knots is not None  # given, or fitted at build
+            two_ids = d.encoding == "piecewise_linear"  # weighted
+            features.append(
+                SparseFeature(
+                    d.name, numeric.rows_of(d.encoding, list(d.knots)), 2.0 if two_ids else 1.0, weighted=two_ids
                 )
             )
         return features
