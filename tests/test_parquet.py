@@ -451,8 +451,8 @@ def test_dense_transforms_and_the_fitted_standardization(tmp_path):
     np.testing.assert_allclose(got[:, 3], np.arange(1, 7))
     fitted = data.fitted()["dense"]
     assert fitted[1]["mean"] == pytest.approx(x.mean()) and fitted[1]["std"] == pytest.approx(x.std())
-    assert fitted[0] == {"column": "x", "transform": "log1p", "mean": None, "std": None}
-    assert fitted[2] == {"column": "k", "transform": "standardize", "mean": 2.0, "std": 4.0}
+    assert fitted[0] == {"column": "x", "transform": "log1p", "mean": None, "std": None, "encoding": "scalar"}
+    assert fitted[2] == {"column": "k", "transform": "standardize", "mean": 2.0, "std": 4.0, "encoding": "scalar"}
     dense[1] = fitted[1]  # merged into the config: nothing is fitted again
     again = ParquetSource(
         batch_size=6,

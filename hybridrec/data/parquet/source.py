@@ -276,14 +276,12 @@ class ParquetSource(_Columns, _Partitioned, Source):
         numbers standardize serving inputs and no rank fits them again."""
         if not self._fitted:
             return {}
+        # Every entry whole, its encoding resolved: the list replaces the config's, where an
+        # entry that left its encoding to data.numeric_encoding would otherwise follow it.
         return {
             "dense": [
-                {"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std}
-                | (
-                    {}
-                    if d.scalar
-                    else {"encoding": d.encoding, "buckets": d.buckets, "knots": list(d.knots or ()), "name": d.name}
-                )
+                {"column": d.column, "transform": d.transform, "mean": d.mean, "std": d.std, "encoding": d.encoding}
+                | ({} if d.scalar else {"buckets": d.buckets, "knots": list(d.knots or ()), "name": d.name})
                 for d in self.dense
             ]
         }
