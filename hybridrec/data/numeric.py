@@ -26,6 +26,8 @@ from typing import Optional
 import numpy as np
 
 ENCODINGS = ("scalar", "bucketized", "piecewise_linear")
+MAX_BUCKETS = 65_536
+"""The most buckets a column is cut into."""
 SAMPLE = 1_000_000
 """Values per column the knots are fitted on: every k-th training row, k = ceil(rows / SAMPLE)."""
 

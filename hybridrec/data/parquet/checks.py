@@ -7,7 +7,7 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import DenseTransform, ParquetIdMapping
-from hybridrec.data.numeric import check_knots
+from hybridrec.data.numeric import MAX_BUCKETS, SAMPLE, check_knots
 from hybridrec.data.parquet.config import _dense_list, _plain, _Sparse, _sparse_list
 from hybridrec.data.parquet.partitioned import check_partitions
 
@@ -48,8 +48,11 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     if c.get("weight") is not None and c.get("weight") in ("", label["column"]):
         raise ValueError(f"data.weight={c.get('weight')!r} must name a sample weight column other than the label's")
     buckets = c.get("numeric_buckets", 16)
-    if buckets < 2:
-        raise ValueError(f"data.numeric_buckets must be >= 2 (one bucket says nothing of a number), got {buckets}")
+    if not 2 <= buckets <= MAX_BUCKETS:
+        raise ValueError(
+            f"data.numeric_buckets must be in [2, {MAX_BUCKETS}] (one bucket says nothing of a number; the "
+            f"knots are fitted on at most {SAMPLE:,} values), got {buckets}"
+        )
     dense = _dense_list(c.get("dense"), c.get("numeric_encoding") or "scalar", buckets)
     seen: set[tuple[str, str]] = set()
     for i, d in enumerate(dense):
@@ -64,8 +67,8 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
             raise ValueError(f"{key}: set both mean and std, or neither (both are then fitted on the train split)")
         if d.std is not None and not d.std > 0:
             raise ValueError(f"{key}.std must be > 0, got {d.std}")
-        if d.buckets < 2:
-            raise ValueError(f"{key}.buckets must be >= 2 (one bucket says nothing of a number), got {d.buckets}")
+        if not 2 <= d.buckets <= MAX_BUCKETS:
+            raise ValueError(f"{key}.buckets must be in [2, {MAX_BUCKETS}], got {d.buckets}")
         if d.knots is not None and (why := check_knots(list(d.knots))):
             raise ValueError(f"{key}.knots={list(d.knots)}: the bucket edges are {why} (or unset: fitted on train)")
     sparse = _sparse_list(c.get("sparse"))
