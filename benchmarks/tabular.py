@@ -1,7 +1,7 @@
 """The tabular benchmark: hybridrec's models, with each numeric encoding, against logistic
 regression and gradient-boosted trees on the census income table (`make data-adult`).
 
-    python benchmarks/tabular.py [--models dlrm,dcn,deepfm] [--seeds 0,1,2] [--steps 3000]
+    python benchmarks/tabular.py [--models dlrm,dcn,deepfm] [--seeds 0,1,2] [--steps N]
 
 One split (data/adult: train 70%, valid 15%, eval 15%, cut once). Every model is chosen on
 the validation AUC and the test split is scored once per configuration:
@@ -11,7 +11,8 @@ the validation AUC and the test split is scored once per configuration:
 - gradient-boosted trees (scikit-learn's HistGradientBoostingClassifier, categories native):
   learning rate and leaves from a grid, the number of trees by validation (every 10);
 - hybridrec: ``+experiment=tabular model=<m> data.numeric_encoding=<e> seed=<s>``, early
-  stopping on the validation AUC (every 100 steps, patience 5) with the best checkpoint
+  stopping on the validation AUC (every 100 steps, patience 5, at most the experiment's
+  4,000 steps) with the best checkpoint
   scored on test; per encoding, the model with the best median validation AUC is its entry.
 
 scikit-learn is the benchmark's own extra (``pip install -e '.[bench]'``), not hybridrec's
@@ -29,6 +30,7 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
+
 from common import ROOT, machine, train_summary, write_markdown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,7 +122,7 @@ def main() -> None:
     ap.add_argument("--models", default="dlrm,dcn,deepfm")
     ap.add_argument("--encodings", default=",".join(ENCODINGS))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=None, help="unset: the experiment's (early stopping ends most runs)")
     ap.add_argument("--extra", default="", help="overrides added to every hybridrec run, separated by spaces")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args()
@@ -143,7 +145,7 @@ def main() -> None:
                         f"model={model}",
                         f"data.numeric_encoding={encoding}",
                         f"seed={seed}",
-                        f"train.steps={a.steps}",
+                        *([f"train.steps={a.steps}"] if a.steps else []),
                         "train.eval_every=100",
                         "train.early_stop_patience=5",
                         "checkpoint.keep_best=true",
@@ -177,8 +179,9 @@ def write_report(result: dict, a: argparse.Namespace, models: list[str], encodin
     lines = [
         "# Tabular benchmark: the census income table",
         "",
-        f"`python benchmarks/tabular.py --models {a.models} --encodings {a.encodings} --seeds {a.seeds} "
-        f"--steps {a.steps}{' --extra ' + repr(a.extra) if a.extra else ''}` on {m.get('cpu', 'this CPU')} "
+        f"`python benchmarks/tabular.py --models {a.models} --encodings {a.encodings} --seeds {a.seeds}"
+        f"{f' --steps {a.steps}' if a.steps else ''}{' --extra ' + repr(a.extra) if a.extra else ''}` on "
+        f"{m.get('cpu', 'this CPU')} "
         f"({m.get('cores')} cores), torch {m.get('torch', '')}. data/adult (`make data-adult`): 34,189 training, "
         "7,326 validation and 7,327 test rows, cut once. Everything is chosen on the validation AUC; the test "
         "split is scored once per configuration, hybridrec's with the best validation checkpoint "

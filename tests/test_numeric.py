@@ -280,7 +280,7 @@ def test_the_census_table_is_cut_once_into_three_splits_with_vocabularies(tmp_pa
             train[c].to_pylist()
         )
     cfg = compose_cfg(["+experiment=tabular"])
-    assert cfg.data.numeric_encoding.value == "piecewise_linear" and cfg.train.objective == "valid.auc"
+    assert cfg.data.numeric_encoding.value == "bucketized" and cfg.train.objective == "valid.auc"
     assert [d.column for d in cfg.data.dense] == list(fetch_adult.NUMERIC)
     assert [f.column for f in cfg.data.sparse] == list(fetch_adult.CATEGORICAL)
     validate(cfg, 1)
