@@ -9,7 +9,8 @@ once the validation NDCG@10 has not improved for 5 evaluations, and the test spl
 once, with the best validation checkpoint. The configurations alternate within each seed.
 Reported per configuration: the median over seeds of the best validation NDCG@10 (what
 chooses) and of the test HR@10 and NDCG@10, with their spread (min - max), the best step and
-the training time. Writes benchmarks/results/SEQUENCE_RECIPE.md and sequence_recipe.json.
+the training time. Writes benchmarks/results/SEQUENCE_RECIPE.md and sequence_recipe.json
+(``--report NAME``: NAME.md and name.json).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ CHOICES = {
     ],
     "dropout 0.2": ["model.dropout=0.2"],
     "histories of 200": ["data.max_length=200", "model.max_length=200"],
+    "4 blocks": ["model.num_blocks=4"],
     "AdamW betas (0.9, 0.98)": [
         "optimizer/dense=adamw",
         "optimizer.dense.lr=0.001",
@@ -55,12 +57,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--choices", default=";".join(CHOICES), help="names of CHOICES, separated by ;")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--report", default="SEQUENCE_RECIPE", help="the report's name: <out>/<report>.md and .json")
     a = ap.parse_args()
     models, seeds = a.models.split(","), [int(s) for s in a.seeds.split(",")]
     choices = [c for c in CHOICES if c in a.choices.split(";")]
     runs: list[dict] = []
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "sequence_recipe.json")
+    path = os.path.join(a.out, f"{a.report.lower()}.json")
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             for model in models:
@@ -93,7 +96,9 @@ def main() -> None:
     lines = [
         "# Sequence rankers: the training recipe, measured",
         "",
-        f"`python benchmarks/sequence_recipe.py --models {a.models} --seeds {a.seeds} --steps {a.steps}` on "
+        f"`python benchmarks/sequence_recipe.py --models {a.models} --seeds {a.seeds} --steps {a.steps}"
+        + (f" --choices '{a.choices}' --report {a.report}" if a.report != "SEQUENCE_RECIPE" else "")
+        + "` on "
         f"{m.get('cpu', 'this CPU')}, torch {m.get('torch', '')}. MovieLens-100k, each user's last item held out, "
         "the whole catalogue ranked, nothing masked. Each run: `+experiment=sequences` plus the choice, early "
         "stopping on the validation NDCG@10 (every 50 steps, patience 5), the test split scored once with the best "
@@ -110,7 +115,7 @@ def main() -> None:
                 f"{_spread([r['test']['hr@10'] for r in rs])} | {_spread([r['test']['ndcg@10'] for r in rs])} | "
                 f"{statistics.median(r['best_step'] for r in rs):.0f} | {statistics.median(r['train_s'] for r in rs):.0f} |"
             )
-    write_markdown(os.path.join(a.out, "SEQUENCE_RECIPE.md"), lines, "sequence recipe")
+    write_markdown(os.path.join(a.out, f"{a.report}.md"), lines, "sequence recipe")
 
 
 if __name__ == "__main__":
