@@ -141,6 +141,24 @@ def test_bad_value_is_rejected_naming_the_key(override, message):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("mesh.dense=zero3", "mesh.dense=zero3: invalid value 'zero3', expected one of [fsdp, hsdp, ddp, single]"),
+        ("data.batch_size=big", "data.batch_size=big: value 'big' of type 'str' could not be converted to Integer"),
+    ],
+)
+def test_a_value_the_schema_refuses_is_one_line_before_launch(override, line):
+    """What the entry points print (``hybridrec.config.overrides.check``), in place of Hydra's
+    several lines of OmegaConf's error with the schema's class names."""
+    from hybridrec.config import overrides
+
+    with pytest.raises(ValueError) as e:
+        overrides.check([override])
+    assert str(e.value) == line
+
+
+@pytest.mark.unit
 def test_bad_group_option_lists_only_real_choices():
     with pytest.raises(Exception) as e:
         compose_cfg(["sharding=diagonal"])

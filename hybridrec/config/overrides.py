@@ -2,7 +2,10 @@
 with the wrong advice: a mistyped key (``train.stpes=100``: Hydra suggests appending it with
 ``+train.stpes=100``, which only moves the error) and a mistyped group option
 (``sharding=rowwise``: Hydra lists the options among its config search path). Each becomes
-one line with the nearest name (``difflib``, as ``retype.refuse_key`` words unknown keys).
+one line with the nearest name (``difflib``, as ``retype.refuse_key`` words unknown keys). A
+value its schema refuses (``loss.average=tokens``, ``train.steps=abc``: Hydra prints
+OmegaConf's error over several lines, with the schema's class names) becomes one line with
+what the key accepts.
 
 ``check(overrides)`` composes the config the way the entry point will (Hydra's compose API:
 the same config tree, the same grammar), and only when that fails looks at why; anything it
@@ -21,6 +24,7 @@ from hybridrec.config.retype import nearest, refuse_key
 
 _KEY = re.compile(r"Could not override '([^']+)'")
 _OPTION = re.compile(r"Could not find '([^']+)/([^'/]+)'")
+_VALUE = re.compile(r"^Error merging override ([^=\s]+)=(.*)$")
 
 
 def check(overrides: list[str], config_name: str = "config") -> None:
@@ -51,6 +55,9 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
         node = _node(compose, config_name, rest, parent, errors)
         if isinstance(node, DictConfig):
             refuse_key(name, [str(k) for k in node.keys()], parent)
+    elif (m := _VALUE.match(error.split("\n", 1)[0])) and "\n" in error:
+        why = error.split("\n", 2)[1].strip()  # OmegaConf's first line: the value and what is accepted
+        raise ValueError(f"{m.group(1)}={m.group(2)}: {why[:1].lower()}{why[1:]}")
     elif m := _OPTION.search(error):
         group, option = m.group(1), m.group(2)
         folder = os.path.join(conf_dir, group)
@@ -68,8 +75,8 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
 def _compose(compose, config_name: str, overrides: list[str], errors: type[BaseException]) -> Optional[str]:
     try:
         compose(config_name=config_name, overrides=overrides)
-    except errors as e:
-        return str(e)
+    except errors as e:  # with the cause's message: a refused value's reason is there
+        return str(e) + (f"\n{e.__cause__}" if e.__cause__ is not None else "")
     return None
 
 
