@@ -45,6 +45,8 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 # --device cpu: a dry run of the script on a machine without a GPU (rates mean nothing there)
 DEVICE = "cuda"
 CTR = ["+experiment=ctr", "data.eval_batches=1", "train.eval_every=0"]
+# 300 steps, no early stopping: the same work on every card, inside the device budget
+SEQUENCES = ["+experiment=sequences", "train.steps=300", "train.early_stop_patience=0"]
 BF16 = ["mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"]
 
 
@@ -228,7 +230,7 @@ def main() -> int:
             plan.append(
                 (
                     model,
-                    lambda m=model: b.train(m, ["+experiment=sequences", f"model={m}", f"launcher.device={DEVICE}"]),
+                    lambda m=model: b.train(m, [*SEQUENCES, f"model={m}", f"launcher.device={DEVICE}"]),
                 )
             )
     if "continuous" in sections:

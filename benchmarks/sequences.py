@@ -189,6 +189,7 @@ def main() -> None:
                             f"train.steps={speed_steps}",
                             "train.log_every=10",
                             "train.eval_every=0",
+                            "train.early_stop_patience=0",
                         ],
                         os.path.join(tmp, f"speed{rep}"),
                     )

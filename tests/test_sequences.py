@@ -175,6 +175,7 @@ def _tiny(model="sasrec", *extra):
         "train.steps=4",
         "train.log_every=1",
         "train.eval_every=0",
+        "train.early_stop_patience=0",
         "optimizer.sparse.lr=0.1",
         "optimizer.dense.lr=0.01",
         *extra,
