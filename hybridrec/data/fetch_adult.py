@@ -20,6 +20,7 @@ import io
 import os
 import tempfile
 import zipfile
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +55,10 @@ def log_of(raw: pa.Table) -> pa.Table:
     return pa.table({**{c: table.column(c) for c in NUMERIC + CATEGORICAL}, LABEL: label})
 
 
+def _write(rows: pa.Table, path: str) -> None:
+    pq.write_table(rows, path)
+
+
 def write(table: pa.Table, out: str) -> dict[str, int]:
     """The three splits and the training vocabularies under ``out``; rows per split."""
     order = np.random.default_rng(SEED).permutation(table.num_rows)
@@ -61,9 +66,10 @@ def write(table: pa.Table, out: str) -> dict[str, int]:
     for i, (split, share) in enumerate(SPLITS):
         end = table.num_rows if i == len(SPLITS) - 1 else start + round(share * table.num_rows)
         os.makedirs(os.path.join(out, split), exist_ok=True)
-        rows = table.take(pa.array(order[start:end]))
         # a new file renamed into place: a link planted at the name is replaced, not written through
-        replace_file(os.path.join(out, split, "part-00000.parquet"), lambda path, rows=rows: pq.write_table(rows, path))
+        replace_file(
+            os.path.join(out, split, "part-00000.parquet"), partial(_write, table.take(pa.array(order[start:end])))
+        )
         counts[split], start = end - start, end
     build([os.path.join(out, "train")], CATEGORICAL, 1, os.path.join(out, "vocab"))
     return counts
