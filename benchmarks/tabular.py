@@ -175,7 +175,10 @@ def main() -> None:
 
 def write_report(result: dict, a: argparse.Namespace, models: list[str], encodings: list[str]) -> None:
     m, runs = result["machine"], result["runs"]
-    cell = lambda model, enc: [r for r in runs if r["model"] == model and r["encoding"] == enc]  # noqa: E731
+
+    def cell(model: str, enc: str) -> list[dict]:
+        return [r for r in runs if r["model"] == model and r["encoding"] == enc]
+
     lines = [
         "# Tabular benchmark: the census income table",
         "",

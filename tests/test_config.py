@@ -32,6 +32,7 @@ GROUPS = {
         "example_days",
         "movielens_seq",
         "parquet_seq",
+        "adult",
     ],
     "sharding": [
         "auto",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,19 @@ def keep_fitted(cfg: DictConfig, data: Source) -> None:
     if fitted := data.fitted():
         OmegaConf.update(cfg, "data", fitted, merge=True)
         if not dist.is_initialized() or dist.get_rank() == 0:
-            log.info(f"data: fitted on the train split: {fitted}")
+            log.info(f"data: fitted on the train split: {_brief(fitted)}")
+
+
+def _brief(value: Any) -> Any:
+    """``value`` with each long list of numbers (an encoded column's knots) as its ends and its
+    length, for one readable log line; the config keeps every number."""
+    if isinstance(value, dict):
+        return {k: _brief(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if len(value) > 6 and all(isinstance(v, (int, float)) for v in value):
+            return f"[{value[0]:g}, {value[1]:g}, ..., {value[-1]:g}] ({len(value)} values)"
+        return [_brief(v) for v in value]
+    return value
 
 
 def model_for(cfg: DictConfig, data: Source) -> Ranker:
