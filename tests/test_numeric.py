@@ -4,6 +4,7 @@ numbers counted as bad rows, knots carried by the config), the config's refusals
 ranks training as 1 process."""
 
 import re
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +50,10 @@ def test_piecewise_linear_interpolates_between_the_knots_vectors():
     pooled = (np.asarray(knots)[ids] * weights).reshape(-1, 2).sum(1)
     np.testing.assert_allclose(pooled, np.clip(x, -2.0, 4.0), rtol=1e-6)
     assert (weights >= 0).all() and np.allclose(weights.reshape(-1, 2).sum(1), 1.0)
+    with warnings.catch_warnings():  # the far ends of float64 take the end knots, quietly
+        warnings.simplefilter("error")
+        ids, _, weights = numeric.encode(np.array([-1.7e308, 1.7e308]), "piecewise_linear", [-1e300, 0.0, 1e300])
+    assert ids.tolist() == [0, 1, 1, 2] and weights.tolist() == [1.0, 0.0, 0.0, 1.0]
 
 
 @pytest.mark.unit

@@ -56,7 +56,8 @@ def encode(x: np.ndarray, encoding: str, knots: list[float]) -> tuple[np.ndarray
     if encoding == "bucketized":
         return np.searchsorted(k[1:-1], x, side="right").astype(np.int64), np.ones(n, np.int32), None
     t = np.clip(np.searchsorted(k, x, side="right") - 1, 0, len(k) - 2)
-    f = np.clip((x - k[t]) / (k[t + 1] - k[t]), 0.0, 1.0)
+    with np.errstate(over="ignore"):  # a number far outside the knots: +-inf, clipped to the nearest knot
+        f = np.clip((x - k[t]) / (k[t + 1] - k[t]), 0.0, 1.0)
     ids = np.stack([t, t + 1], axis=1).reshape(-1).astype(np.int64)
     weights = np.stack([1.0 - f, f], axis=1).reshape(-1).astype(np.float32)
     return ids, np.full(n, 2, np.int32), weights
