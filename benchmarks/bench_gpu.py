@@ -141,7 +141,28 @@ def check_bytes() -> dict:
         out[f"{split}/{index}"] = {
             name: bool(torch.equal(getattr(a, name), getattr(b, name).cpu())) for name in ("dense", "values", "labels")
         }
+    out["draw_ms"] = draw_time(draw)
     return out
+
+
+def draw_time(draw: Callable[..., Any], n: int = 20) -> dict:
+    """One 32,768-row training batch drawn on the device: the host's time to issue its
+    kernels and the time until the device has run them (medians of ``n``), in ms."""
+    import torch
+
+    issue, done = [], []
+    for i in range(n + 3):  # the first 3: warm-up (allocator, lazy module loading)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        draw("train", 100 + i, 0, 32768)
+        t1 = time.perf_counter()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        if i >= 3:
+            issue.append((t1 - t0) * 1e3)
+            done.append((time.perf_counter() - t0) * 1e3)
+    return {"issue": statistics.median(issue), "done": statistics.median(done)}
 
 
 def count_syncs(trace: str) -> dict:
@@ -166,7 +187,10 @@ def count_syncs(trace: str) -> dict:
             around = [o for o in ops if o["tid"] == c["tid"] and o["ts"] <= c["ts"] <= o["ts"] + o["dur"]]
             around.sort(key=lambda o: o["dur"])
             names = [o["name"] for o in around if not o["name"].startswith("ProfilerStep")]
-            where[f"{c['name']} in {' < '.join(names[:3]) or '?'}"] += 1
+            # the innermost operator, then the innermost named regions around it (TorchRec's
+            # and hybridrec's record_function annotations say which part of the step it is)
+            regions = [n for n in names[1:] if not n.startswith("aten::")][:3]
+            where[f"{c['name']} in {' < '.join(names[:1] + regions) or '?'}"] += 1
     return {"per_step": per_step, "median": statistics.median(per_step) if per_step else None, "where": dict(where)}
 
 
