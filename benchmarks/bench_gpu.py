@@ -1,6 +1,7 @@
 """``make bench-gpu``: how well hybridrec feeds one GPU, and the experiments that run there.
 
     python benchmarks/bench_gpu.py [--out outputs/bench-gpu] [--budget 540] [--steps 120] [--warmup 30]
+    python benchmarks/bench_gpu.py --report RESULTS.json [--to BENCH_GPU.md]   # the report of a stored run
 
 Sections, in this order (each run is a fresh ``python -m hybridrec.train``; a section that no
 longer fits in ``--budget`` seconds is skipped and named in the report):
@@ -127,6 +128,18 @@ class Bench:
             print(f"{'':28s} {r['samples_per_second']:>12,.0f} samples/s (steady)", flush=True)
 
 
+def commit() -> str:
+    """The checkout's commit; the GPU kit unpacks an archive of it and names it in
+    ``HYBRIDREC_COMMIT`` (no .git there)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    except OSError:
+        pass
+    return os.environ.get("HYBRIDREC_COMMIT", "(commit not recorded)")
+
+
 def check_bytes() -> dict:
     """The ctr log's first training batch and a test batch, drawn on the GPU and by NumPy."""
     import torch
@@ -194,6 +207,95 @@ def count_syncs(trace: str) -> dict:
     return {"per_step": per_step, "median": statistics.median(per_step) if per_step else None, "where": dict(where)}
 
 
+def _rate(runs: dict, name: str) -> Optional[float]:
+    r = runs.get(name)
+    return r.get("steady") if r else None
+
+
+def report(results: dict) -> str:
+    """The markdown report of a run's ``bench_gpu.json``: the input table (steady samples/s,
+    the step's median time, the ratios the targets name), the byte check, the synchronizations
+    per step and what did not run, with the reason each run's log gave."""
+    runs = results["runs"]
+    named = lambda prefix: next((k for k in runs if k.startswith(prefix)), prefix)  # noqa: E731  r0 of repeated runs
+    lines = [
+        "# hybridrec's input on one GPU (`make bench-gpu`)",
+        "",
+        f"{results['device']}, {results['date']}, torch {results['versions']['torch']}, Python "
+        f"{results['versions']['python']}, hybridrec {results.get('commit', '(commit not recorded)')}; "
+        "`+experiment=ctr`, one rank, steady samples/s from the warm-up step on (one repetition each).",
+        "",
+        "| rows per step | run | samples/s | step p50 ms | vs fixed batch | vs TorchRec pre-generated |",
+        "|---|---|---|---|---|---|",
+    ]
+    settings = [
+        (32768, "drawn on the GPU (`data.device_input`), fp32", "device_fp32_32768", "fixed_fp32_32768"),
+        (32768, "built on the host (`data.device_input=false`), fp32", "host_fp32_32768", "fixed_fp32_32768"),
+        (32768, "input taken out (`fixed_batch.py`), fp32", "fixed_fp32_32768", None),
+        (32768, "TorchRec's loop on pre-generated batches, fp32", "torchrec_32768", None),
+        (32768, "drawn on the GPU, bf16", "device_bf16_32768", "fixed_bf16_32768"),
+        (32768, "input taken out, bf16", "fixed_bf16_32768", None),
+        (2048, "drawn on the GPU, fp32", "device_fp32_2048", "fixed_fp32_2048"),
+        (2048, "input taken out, fp32", "fixed_fp32_2048", None),
+        (2048, "TorchRec's loop on pre-generated batches, fp32", "torchrec_2048", None),
+    ]
+    for rows, what, name, fixed in settings:
+        name = named(name)
+        rate = _rate(runs, name)
+        if rate is None:
+            continue
+        ref = _rate(runs, named(f"torchrec_{rows}"))
+        base = _rate(runs, named(fixed)) if fixed else None
+        p50 = runs[name].get("step_time_p50_ms")
+        lines.append(
+            f"| {rows:,} | {what} | {rate:,.0f} | {p50:.1f} | "
+            + (f"{rate / base:.2f}x" if base else "")
+            + " | "
+            + (f"{rate / ref:.2f}x" if ref and not name.startswith("torchrec") else "")
+            + " |"
+            if p50 is not None
+            else f"| {rows:,} | {what} | {rate:,.0f} |  |  |  |"
+        )
+    lines.append("")
+    if "bytes" in results:
+        checks = {k: v for k, v in results["bytes"].items() if k != "draw_ms"}
+        same = all(all(v.values()) for v in checks.values())
+        lines.append(
+            f"- The synthetic log drawn on the GPU against NumPy's rows ({', '.join(checks)}): dense, "
+            f"ids and labels {'byte for byte the same' if same else 'DIFFERENT'}."
+        )
+        if "draw_ms" in results["bytes"]:
+            d = results["bytes"]["draw_ms"]
+            lines.append(
+                f"- One 32,768-row batch drawn on the GPU: {d['issue']:.2f} ms to issue its kernels, "
+                f"{d['done']:.2f} ms until they have run (medians)."
+            )
+    if "syncs" in results:
+        sy = results["syncs"]
+        where = "; ".join(f"{n} x {w}" for w, n in sy["where"].items()) or "none"
+        lines.append(
+            f"- Host synchronizations per training step (torch.profiler, steps 21-30, training thread): "
+            f"{max(sy['per_step'] or [0])} ({where})."
+        )
+    for name, command in (
+        ("sasrec", "sequences model=sasrec"),
+        ("hstu", "sequences model=hstu"),
+        ("continuous", "continuous"),
+    ):
+        if (r := runs.get(name)) is not None:
+            metrics = (r.get("eval") or {}).get("eval") or r.get("eval") or {}
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+            lines.append(
+                f"- `+experiment={command}`: {r['samples_per_second']:,.0f} samples/s; {shown or r.get('objective')}."
+            )
+    for name, why in results.get("failed", {}).items():
+        said = [line for line in why.splitlines() if line.startswith("hybridrec:")]
+        lines.append(f"- Not run: `{name}`: {said[-1] if said else why.splitlines()[-1]}")
+    for name in results.get("skipped", []):
+        lines.append(f"- Skipped (out of time): `{name}`.")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(ROOT, "outputs", "bench-gpu"))
@@ -203,7 +305,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--sections", default="bytes,input,syncs,bf16,sequences,continuous,small")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
+    ap.add_argument("--report", help="write the markdown report of this stored bench_gpu.json, and stop")
+    ap.add_argument("--to", help="with --report: the markdown file (default: beside the JSON)")
     a = ap.parse_args()
+    if a.report:
+        to = a.to or os.path.join(os.path.dirname(a.report), "BENCH_GPU.md")
+        with open(a.report) as f, open(to, "w") as g:
+            g.write(report(json.load(f)))
+        print(f"bench-gpu: wrote {to}")
+        return 0
     import torch
 
     global DEVICE
@@ -216,6 +326,7 @@ def main() -> int:
     b.results["device"] = torch.cuda.get_device_name() if DEVICE == "cuda" else platform.processor() or "cpu"
     b.results["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
     b.results["date"] = time.strftime("%Y-%m-%d")
+    b.results["commit"] = commit()
     big = 32768
     plan: list[tuple[str, Callable[[], Any]]] = []
     if "bytes" in sections:
@@ -275,6 +386,8 @@ def main() -> int:
             print(f"{name:28s} FAILED: {e!r}", flush=True)
         with open(os.path.join(a.out, "bench_gpu.json"), "w") as f:
             json.dump(b.results, f, indent=1, default=str)
+        with open(os.path.join(a.out, "BENCH_GPU.md"), "w") as f:
+            f.write(report(b.results))
     print(json.dumps({k: v for k, v in b.results.items() if k != "runs"}, indent=1, default=str))
     for name, r in b.results["runs"].items():
         print(f"{name:28s} steady {r.get('steady') or 0:>12,.0f}  all {r.get('samples_per_second') or 0:>12,.0f}")

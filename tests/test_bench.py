@@ -468,3 +468,19 @@ def test_an_interrupted_suite_reports_what_finished_with_the_machines_load(tmp_p
     res["runs"] = []  # stopped before any run finished: no report, one line
     with pytest.raises(SystemExit, match="no run finished"):
         bench.write_results(res, str(tmp_path))
+
+
+@pytest.mark.unit
+def test_bench_gpu_report_is_the_stored_runs():
+    """BENCH_GPU.md is what bench_gpu.py renders from the stored bench_gpu.json (no number typed
+    by hand), and names every run that did not finish with its reason."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_gpu
+
+    results = os.path.join(ROOT, "benchmarks", "results")
+    with open(os.path.join(results, "bench_gpu.json")) as f:
+        stored = json.load(f)
+    with open(os.path.join(results, "BENCH_GPU.md")) as f:
+        assert f.read() == bench_gpu.report(stored)
+    for name in stored["failed"]:
+        assert f"`{name}`" in bench_gpu.report(stored)
