@@ -11,13 +11,16 @@ longer fits in ``--budget`` seconds is skipped and named in the report):
    drawn on the GPU (the default there, ``data.device_input``), end to end with them built on
    the host (``data.device_input=false``: an input thread and a pinned copy), the same step with
    its input taken out (``fixed_batch.py``: one batch, already on the GPU, every step) and
-   TorchRec's own loop on pre-generated batches (``reference_torchrec.py``); then bf16
+   TorchRec's own loop on pre-generated batches (``reference_torchrec.py``), and the draw
+   replayed from a CUDA graph (``data.device_graph``); then bf16
    (``mesh.param_dtype=bfloat16``) end to end and fixed; then the same at 2,048 rows.
 3. ``syncs``: host synchronizations per training step, counted in a torch.profiler trace of
    steps 21-30 (``profile.enabled``): the CUDA runtime's synchronizing calls inside each
    ``ProfilerStep``, with the operator that made each.
 4. ``sequences`` (SASRec, HSTU) and ``continuous``: the experiments as they are, on the GPU:
-   samples/s and their metrics (to compare with a CPU run of the same command).
+   samples/s and their metrics (to compare with a CPU run of the same command). They read
+   data/ml-100k and data/example_days (``make data-movielens data-example``): a GPU host
+   without network needs them copied from a machine that made them.
 
 Rates are steady samples/s (from step ``--warmup``); one repetition each unless ``--reps``
 (repetitions alternate the settings). ``bench.py --preset gpu`` is the other GPU benchmark:
@@ -49,6 +52,7 @@ CTR = ["+experiment=ctr", "data.eval_batches=1", "train.eval_every=0"]
 # 300 steps, no early stopping: the same work on every card, inside the device budget
 SEQUENCES = ["+experiment=sequences", "train.steps=300", "train.early_stop_patience=0"]
 BF16 = ["mesh.param_dtype=bfloat16", "mesh.reduce_dtype=float32"]
+GRAPH = "data.device_graph=true"  # the draw replayed from a CUDA graph
 
 
 class Bench:
@@ -230,12 +234,19 @@ def report(results: dict) -> str:
     ]
     settings = [
         (32768, "drawn on the GPU (`data.device_input`), fp32", "device_fp32_32768", "fixed_fp32_32768"),
+        (
+            32768,
+            "drawn on the GPU, replayed from a CUDA graph (`data.device_graph`), fp32",
+            "graph_fp32_32768",
+            "fixed_fp32_32768",
+        ),
         (32768, "built on the host (`data.device_input=false`), fp32", "host_fp32_32768", "fixed_fp32_32768"),
         (32768, "input taken out (`fixed_batch.py`), fp32", "fixed_fp32_32768", None),
         (32768, "TorchRec's loop on pre-generated batches, fp32", "torchrec_32768", None),
         (32768, "drawn on the GPU, bf16", "device_bf16_32768", "fixed_bf16_32768"),
         (32768, "input taken out, bf16", "fixed_bf16_32768", None),
         (2048, "drawn on the GPU, fp32", "device_fp32_2048", "fixed_fp32_2048"),
+        (2048, "drawn on the GPU, replayed from a CUDA graph, fp32", "graph_fp32_2048", "fixed_fp32_2048"),
         (2048, "input taken out, fp32", "fixed_fp32_2048", None),
         (2048, "TorchRec's loop on pre-generated batches, fp32", "torchrec_2048", None),
     ]
@@ -336,6 +347,10 @@ def main() -> int:
             plan += [
                 (f"device_fp32_{big}_r{rep}", lambda rep=rep: b.rate(f"device_fp32_{big}_r{rep}", big, [])),
                 (
+                    f"graph_fp32_{big}_r{rep}",
+                    lambda rep=rep: b.rate(f"graph_fp32_{big}_r{rep}", big, [GRAPH]),
+                ),
+                (
                     f"fixed_fp32_{big}_r{rep}",
                     lambda rep=rep: b.rate(f"fixed_fp32_{big}_r{rep}", big, [], script="fixed_batch.py"),
                 ),
@@ -375,9 +390,12 @@ def main() -> int:
     if "small" in sections:
         plan += [
             ("device_fp32_2048", lambda: b.rate("device_fp32_2048", 2048, [])),
+            ("graph_fp32_2048", lambda: b.rate("graph_fp32_2048", 2048, [GRAPH])),
             ("fixed_fp32_2048", lambda: b.rate("fixed_fp32_2048", 2048, [], script="fixed_batch.py")),
             ("torchrec_2048", lambda: b.torchrec("torchrec_2048", 2048)),
         ]
+    if DEVICE == "cpu":  # a CUDA graph of the draw needs a GPU (refused on CPU ranks)
+        plan = [(name, job) for name, job in plan if not name.startswith("graph_")]
     for name, job in plan:
         try:
             job()

@@ -8,8 +8,9 @@ import torch
 from conftest import compose_cfg
 from hybridrec.config import DenseDistribution
 from hybridrec.data import loader
-from hybridrec.data.synthetic import SyntheticClickLog
-from hybridrec.run.validation import validate
+from hybridrec.data.synthetic import _SCATTER, SyntheticClickLog
+from hybridrec.data.synthetic_device import DeviceGenerator
+from hybridrec.run.validation import check_device, validate
 
 pytestmark = pytest.mark.unit
 
@@ -81,8 +82,40 @@ def test_rows_drawn_on_the_device_are_drawn_by_the_training_thread():
             ["+experiment=ctr", "data.device_input=true", "data.num_workers=2"],
             "data.device_input=true draws the batches on the device, not in workers: set data.num_workers=0",
         ),
+        (
+            ["+experiment=sequences", "data.device_graph=true"],
+            "data.device_graph=true: .* has no draw to capture in a CUDA graph",
+        ),
+        (
+            ["+experiment=ctr", "data.device_graph=true", "data.device_input=false"],
+            "data.device_graph=true replays the batches' draw on the GPU: leave data.device_input unset",
+        ),
+        (
+            ["+experiment=ctr", "data.device_graph=true", "data.input_thread=true"],
+            "data.device_graph=true replays .* data.input_thread unset",
+        ),
     ],
 )
 def test_device_input_a_source_cannot_honour_is_refused_before_launch(overrides, message):
     with pytest.raises(ValueError, match=message):
         validate(compose_cfg(overrides), 1)
+
+
+def test_a_cuda_graph_of_the_draw_is_refused_on_cpu_ranks():
+    with pytest.raises(ValueError, match=r"data.device_graph=true captures .* it needs a GPU"):
+        check_device(compose_cfg(["+experiment=ctr", "data.device_graph=true"]), "cpu")
+
+
+def test_the_draw_takes_its_batch_and_first_row_as_device_tensors():
+    """What a CUDA graph of the draw replays: the key and the first row as tensors the replay
+    reads (here on the CPU, eagerly), the rows the same as NumPy's."""
+    log = _log(DenseDistribution.normal, [1, 3, 2], 1.05)
+    gen = DeviceGenerator(log, CPU, _SCATTER)
+    key, lo = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    for split, index, first in (("train", 2, 0), ("train", 7, 128)):
+        key.fill_(int(log._key(split, index)))
+        lo.fill_(first)
+        dense, ids, labels = gen.draw(key, lo, 256)
+        want = log.rows(split, index, first, first + 256)
+        assert torch.equal(dense, want.dense) and torch.equal(labels, want.labels)
+        assert torch.equal(gen.rows(split, index, first, first + 256).values, want.values)

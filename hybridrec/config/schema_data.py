@@ -35,6 +35,11 @@ class DataConfig:
     with no workers and no input thread asked for. true with a source that cannot, or with
     data.num_workers > 0, is refused before launch. The evaluated splits are read as without it
     (they are scored once per evaluation)."""
+    device_graph: bool = False
+    """With the synthetic log drawn on a GPU (data.device_input): replay each batch's draw from
+    a CUDA graph, one launch instead of some 240 small kernels whose issuing bounds a drawn
+    batch (``hybridrec.data.synthetic_device.GraphedDraw``; the same bytes). Off by default:
+    its rate has not been measured on a GPU yet (``make bench-gpu`` runs both)."""
 
 
 class DenseDistribution(str, Enum):

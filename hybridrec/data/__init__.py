@@ -60,7 +60,7 @@ class DataError(ValueError):
     the first bad row, with file:line and the reason."""
 
 
-LOADER_KEYS = ("num_workers", "prefetch", "input_thread", "device_input")
+LOADER_KEYS = ("num_workers", "prefetch", "input_thread", "device_input", "device_graph")
 
 
 def build_source(cfg: Any, seed: int) -> Any:

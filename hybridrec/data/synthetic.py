@@ -255,11 +255,12 @@ class SyntheticClickLog(Source):
             labels,
         )
 
-    def device_rows(self, device: torch.device) -> Callable[[str, int, int, int], Rows]:
-        """``rows`` drawn by torch on ``device``, the same bytes (``synthetic_device``)."""
+    def device_rows(self, device: torch.device, graph: bool = False) -> Callable[[str, int, int, int], Rows]:
+        """``rows`` drawn by torch on ``device``, the same bytes (``synthetic_device``); ``graph``:
+        replayed from a CUDA graph (a GPU only)."""
         from hybridrec.data.synthetic_device import DeviceGenerator
 
-        return DeviceGenerator(self, device, _SCATTER).rows
+        return DeviceGenerator(self, device, _SCATTER, graph).rows
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> Optional[int]:

@@ -27,7 +27,7 @@ the GPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -141,9 +141,10 @@ def _sigmoid_f64(x: torch.Tensor) -> torch.Tensor:
 
 
 class DeviceGenerator:
-    """``log``'s rows drawn by torch on ``device``: ``rows(split, index, lo, hi)``."""
+    """``log``'s rows drawn by torch on ``device``: ``rows(split, index, lo, hi)``; with
+    ``graph`` (a GPU), replayed from a CUDA graph of the draw (``GraphedDraw``)."""
 
-    def __init__(self, log: "SyntheticClickLog", device: torch.device, scatter: int) -> None:
+    def __init__(self, log: "SyntheticClickLog", device: torch.device, scatter: int, graph: bool = False) -> None:
         self.log, self.device = log, torch.device(device)
         self.tab = _Tables(self.device)
 
@@ -154,16 +155,35 @@ class DeviceGenerator:
         self.log2_rows = put(log._log2_rows, torch.float32)
         self.zipf_scale = put(log._zipf_scale, torch.float32)
         self.salt = put(log._feature_salt.astype(np.int64), torch.int64)
-        self.dense_w = [float(w) for w in log._dense_w]
+        # the dense weights as float64 (NumPy multiplies a float32 column by its float64 scalar)
+        self.dense_w = put(np.asarray([float(w) for w in log._dense_w], np.float64).reshape(-1, 1), torch.float64)
+        # features grouped by their ids per row k: each group's means are one gather and k
+        # elementwise kernels over all its features, not 4 kernels per feature (the host's
+        # kernel launches, not the GPU, bound a drawn batch)
+        by_k: dict[int, list[int]] = {}
+        for f, k in enumerate(log._sizes):
+            by_k.setdefault(k, []).append(f)
+        self.groups = [
+            (
+                k,
+                put(np.asarray(fs, np.int64), torch.int64),
+                put(np.asarray([log._offsets[f] + j for f in fs for j in range(k)], np.int64), torch.int64),
+            )
+            for k, fs in by_k.items()
+        ]
         # rank * scatter % n in two halves: (rank * hi % n) * 2**16 + rank * lo, all < 2**49
         self.scatter_hi, self.scatter_lo = scatter >> 16, scatter & 0xFFFF
         self.lengths: dict[int, torch.Tensor] = {}  # multi-hot lengths [F, rows], for the last shape
+        self._draw = GraphedDraw(self.draw, self.device) if graph else self._eager
 
-    def uniforms(self, split: str, index: int, lo: int, hi: int) -> torch.Tensor:
+    def uniforms(self, key: torch.Tensor, lo: torch.Tensor, n: int) -> torch.Tensor:
+        """The ``[columns, n]`` uniforms of rows ``lo .. lo + n`` of the batch whose hash key is
+        ``key`` (both 0-dim int64 tensors on the device, so that a CUDA graph of the draw takes
+        them as inputs)."""
         total = self.log._columns
         c = torch.arange(total, dtype=torch.int64, device=self.device)[:, None]
-        r = torch.arange(lo, hi, dtype=torch.int64, device=self.device)
-        h = (c + r * total) ^ int(self.log._key(split, index))
+        r = torch.arange(n, dtype=torch.int64, device=self.device) + lo
+        h = (c + r * total) ^ key
         h = _fmix32(h) >> 8
         return (h.to(torch.float32) + 0.5) * _F32(2.0**-24)
 
@@ -182,9 +202,29 @@ class DeviceGenerator:
         return _fmix32(h).to(torch.float32) * _F32(2.0**-31) - 1.0
 
     def rows(self, split: str, index: int, lo: int, hi: int) -> Rows:
+        log, n = self.log, hi - lo
+        dense, ids, labels = self._draw(int(log._key(split, index)), lo, n)
+        if log._one_hot:
+            return Rows(dense, ids.reshape(-1), None, labels, len(log._sizes), totals=[n] * len(log._sizes))
+        values = torch.cat([ids[first : first + k].t().reshape(-1) for first, k in zip(log._offsets, log._sizes)])
+        if n not in self.lengths:  # the KeyedJaggedTensor never writes its lengths: shared by batches
+            self.lengths = {n: torch.tensor(log._sizes, dtype=torch.int32, device=self.device)[:, None].repeat(1, n)}
+        lengths = self.lengths[n]
+        return Rows(dense, values, lengths, labels, len(log._sizes), totals=[n * k for k in log._sizes])
+
+    def _eager(self, key: int, lo: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def scalar(v: int) -> torch.Tensor:  # a fill kernel on a GPU: no host-device copy
+            return torch.full((), v, dtype=torch.int64, device=self.device)
+
+        return self.draw(scalar(key), scalar(lo), n)
+
+    def draw(self, key: torch.Tensor, lo: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dense ``[n, d]``, ids ``[ids, n]`` and labels ``[n]`` of ``uniforms(key, lo, n)``:
+        device work only (no host value read, no host-device copy), which a CUDA graph can
+        capture (``GraphedDraw``)."""
         log, tab = self.log, self.tab
-        d, n = log.num_dense_features, hi - lo
-        u = self.uniforms(split, index, lo, hi)
+        d = log.num_dense_features
+        u = self.uniforms(key, lo, n)
         if log.dense_distribution == DenseDistribution.uniform:
             columns = u[:d]
             signal = (columns - 0.5) * _F32(3.4)
@@ -200,19 +240,61 @@ class DeviceGenerator:
         ids = self.zipf(u[2 * d : 2 * d + log._ids])
         weights = self.planted_weights(ids)
         logit = torch.full((n,), -1.0, dtype=torch.float64, device=self.device)
-        for j in range(d):  # NumPy: float32 x a float64 scalar is float64
-            logit = logit + 1.5 * (signal[j].to(torch.float64) * self.dense_w[j])
+        # each term as NumPy's (float32 x a float64 scalar is float64), all in one kernel; the
+        # sum in NumPy's order, one addition per term, so that every rounding is the same
+        terms = 1.5 * (signal.to(torch.float64) * self.dense_w)
+        for j in range(d):
+            logit = logit + terms[j]
         scale = float(3.0 / np.sqrt(len(log._sizes)))  # a float64 scalar in NumPy: the product is float64
-        for first, k in zip(log._offsets, log._sizes):
-            total = weights[first]
-            for j in range(1, k):
-                total = total + weights[first + j]
-            logit = logit + scale * (total / _F32(k)).to(torch.float64)
+        means = torch.empty((len(log._sizes), n), dtype=torch.float64, device=self.device)
+        for k, features, id_rows in self.groups:
+            w = weights.index_select(0, id_rows).view(len(features), k, n)
+            total = w[:, 0]
+            for j in range(1, k):  # a row's k ids summed in NumPy's order
+                total = total + w[:, j]
+            means.index_copy_(0, features, scale * (total / _F32(k)).to(torch.float64))
+        for f in range(len(log._sizes)):
+            logit = logit + means[f]
         labels = (u[-1].to(torch.float64) < _sigmoid_f64(logit)).to(torch.float32)
-        if log._one_hot:
-            return Rows(dense, ids.reshape(-1), None, labels, len(log._sizes), totals=[n] * len(log._sizes))
-        values = torch.cat([ids[first : first + k].t().reshape(-1) for first, k in zip(log._offsets, log._sizes)])
-        if n not in self.lengths:  # the KeyedJaggedTensor never writes its lengths: shared by batches
-            self.lengths = {n: torch.tensor(log._sizes, dtype=torch.int32, device=self.device)[:, None].repeat(1, n)}
-        lengths = self.lengths[n]
-        return Rows(dense, values, lengths, labels, len(log._sizes), totals=[n * k for k in log._sizes])
+        return dense, ids, labels
+
+
+class GraphedDraw:
+    """``DeviceGenerator.draw`` replayed from a CUDA graph, one per batch size.
+
+    A drawn batch is some 240 small elementwise kernels, and on a GPU the host's time to issue
+    them, not the GPU's to run them, is what a drawn batch costs (docs/performance.md). A
+    replay issues the same kernels in one launch: per batch the host writes the key and the
+    first row into the graph's two input tensors (fill kernels), replays, and copies the three
+    outputs out, since the next replay rewrites them while the pipeline still holds this batch.
+    The bytes are the eager draw's (the same kernels on the same inputs)."""
+
+    def __init__(self, draw: Callable[..., tuple[torch.Tensor, ...]], device: torch.device) -> None:
+        self.draw, self.device = draw, device
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+
+    def __call__(self, key: int, lo: int, n: int) -> tuple[torch.Tensor, ...]:
+        if n not in self.graphs:
+            self.graphs[n] = self._capture(n)
+        graph, key_in, lo_in, out = self.graphs[n]
+        key_in.fill_(key)
+        lo_in.fill_(lo)
+        graph.replay()
+        return tuple(t.clone() for t in out)
+
+    def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        key_in = torch.zeros((), dtype=torch.int64, device=self.device)
+        lo_in = torch.zeros((), dtype=torch.int64, device=self.device)
+        # one eager draw on a side stream first, as torch's CUDA graph guide does: kernels'
+        # lazy loading and the allocator's first blocks happen outside the capture
+        side, current = torch.cuda.Stream(self.device), torch.cuda.current_stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self.draw(key_in, lo_in, n)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: CUDA calls of other threads (the NCCL watchdog's event queries) during
+        # the capture must not invalidate it
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = self.draw(key_in, lo_in, n)
+        return graph, key_in, lo_in, out

@@ -33,6 +33,11 @@ def check_device(cfg: DictConfig, device_type: str) -> None:
             f"topology.compute_device={planned_for.value} but this run would use {device_type} "
             f"(launcher.device={cfg.launcher.device.value})"
         )
+    if device_type == "cpu" and cfg.data.get("device_graph"):
+        raise ValueError(
+            "data.device_graph=true captures the batches' draw in a CUDA graph: it needs a GPU "
+            "(launcher.device=cuda); leave data.device_graph unset on CPU ranks"
+        )
     if device_type == "cpu" and cfg.mesh.embedding_replicas > 1:
         raise ValueError(
             f"mesh.embedding_replicas={cfg.mesh.embedding_replicas} needs CUDA: TorchRec 1.8's "
@@ -459,6 +464,18 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
             raise ValueError(
                 f"data.device_input=true draws the batches on the device, not in workers: set "
                 f"data.num_workers=0 (it is {cfg.data.num_workers}) or leave data.device_input unset"
+            )
+    if cfg.data.get("device_graph"):
+        source = get_class(cfg.data._target_)
+        if "graph" not in inspect.signature(getattr(source, "device_rows", lambda: None)).parameters:
+            raise ValueError(
+                f"data.device_graph=true: {source.__name__} has no draw to capture in a CUDA graph (only "
+                f"the synthetic log has); leave data.device_graph unset"
+            )
+        if cfg.data.get("device_input") is False or cfg.data.num_workers or cfg.data.get("input_thread"):
+            raise ValueError(
+                "data.device_graph=true replays the batches' draw on the GPU: leave data.device_input "
+                "unset (or true), data.num_workers=0 and data.input_thread unset"
             )
     if cfg.data.prefetch < 1:
         raise ValueError(f"data.prefetch={cfg.data.prefetch}: batches built ahead, must be >= 1")

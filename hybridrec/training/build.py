@@ -126,7 +126,7 @@ def rank_batches(
         on_device = device.type == "cuda" and not d.num_workers and not d.input_thread
     where = dist.get_rank(), dist.get_world_size(), num_batches, start
     if on_device and split == "train" and hasattr(data, "device_rows"):
-        reader = data.device_rows(device)
+        reader = data.device_rows(device, graph=True) if d.get("device_graph") else data.device_rows(device)
         if on_check is not None and hasattr(reader, "check"):
             on_check(reader.check)
         return loader.batches(data, split, *where, device_rows=reader)
