@@ -276,3 +276,58 @@ def reset_and_gather(cfgs: list[DictConfig], run_dir: str, rows: list[int]) -> l
         return {"fresh": fresh.pop(id(trainer)), "trained": trained, "reset": snapshot(trainer)}
 
     return _train_each(cfgs, run_dir, collect, before)
+
+
+# Tensor methods that read values on the host: on a GPU each waits for the device.
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+HYBRIDREC = os.sep + "hybridrec" + os.sep
+
+
+def host_reads_in_steps(cfgs: list[DictConfig], run_dir: str, first: int, last: int) -> list[dict[str, int]]:
+    """Per config: the host reads of tensor values made during training steps ``first`` ..
+    ``last`` (the trainer's step: pipeline, optimizer, per-step parallel work), counted by the
+    file:line that made each: hybridrec's own file when the read is in hybridrec's code, else
+    the library's (TorchRec's, fbgemm's, torch's) innermost frame."""
+    import traceback
+
+    counts: list[dict[str, int]] = []
+    state = {"on": False}
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(name: str):
+        original = originals[name]
+
+        def read(self, *args, **kwargs):
+            if state["on"]:
+                frames = traceback.extract_stack()[:-1]
+                caller = frames[-1]
+                own = HYBRIDREC in caller.filename and os.sep + "site-packages" + os.sep not in caller.filename
+                where = (
+                    f"{'hybridrec' if own else 'library'} {os.path.basename(caller.filename)}:{caller.lineno} {name}"
+                )
+                counts[-1][where] = counts[-1].get(where, 0) + 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    def before(trainer: Trainer) -> None:
+        counts.append({})
+        step = trainer.step
+
+        def watched(batches, s):
+            state["on"] = first <= s <= last
+            try:
+                return step(batches, s)
+            finally:
+                state["on"] = False
+
+        trainer.step = watched  # type: ignore[method-assign]
+
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, counted(name))
+    try:
+        _train_each(cfgs, run_dir, lambda trainer, summary: None, before)
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return counts

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import commands
+from conftest import compose_cfg
 from hybridrec.data import DataError, loader, splitmix64
 from hybridrec.data.criteo import CriteoBinary
 from hybridrec.data.criteo.binary_device import splitmix64 as splitmix64_torch
@@ -156,3 +157,18 @@ def test_a_run_on_the_device_path_stops_at_the_bad_row_and_commits_no_later_save
             "hybridrec: " + str(tmp_path / "train" / "day_0_labels.npy row 131: label 7 is not 0 or 1") in proc.stderr
         )
         assert sorted(p for p in os.listdir(ckpt) if p.startswith("step_")) == ["step_00000004"], device_input
+
+
+@pytest.mark.dist
+def test_a_training_step_reads_nothing_back_from_the_device(tmp_path):
+    """No code of hybridrec's reads a tensor's value on the host inside a training step, with
+    the batches drawn on the device or built on the host (on a GPU each such read waits for the
+    device). The reads left are the libraries' (TorchRec's input distribution reads its splits)."""
+    from dist_helpers import host_reads_in_steps, spawn
+
+    short = ["+experiment=ctr", "data.batch_size=1024", "train.steps=12", "train.log_every=1000"]
+    short += ["data.eval_batches=1", "train.eval_every=0"]
+    cfgs = [compose_cfg([*short, "data.device_input=true"]), compose_cfg(short)]
+    for reads in spawn(host_reads_in_steps, 1, cfgs, str(tmp_path), 5, 10):
+        assert any(where.startswith("library") for where in reads), reads  # the count sees reads
+        assert not [where for where in reads if where.startswith("hybridrec")], reads
