@@ -160,6 +160,20 @@ def test_a_value_the_schema_refuses_is_one_line_before_launch(override, line):
 
 
 @pytest.mark.unit
+def test_a_group_option_on_the_search_path_is_accepted_and_suggested(tmp_path):
+    """``hydra.searchpath=[file://DIR]`` adds DIR/data/*.yaml to the data options (a converted
+    dataset's config): the pre-launch check accepts them and suggests them for a typo."""
+    from hybridrec.config import overrides
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "my_log.yaml").write_text("defaults:\n  - parquet\n  - _self_\n")
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    overrides.check([search, "data=my_log"])
+    with pytest.raises(ValueError, match=r"data=my_lgo is not an option of data \(did you mean data=my_log\?\)"):
+        overrides.check([search, "data=my_lgo"])
+
+
+@pytest.mark.unit
 def test_bad_group_option_lists_only_real_choices():
     with pytest.raises(Exception) as e:
         compose_cfg(["sharding=diagonal"])

@@ -36,7 +36,11 @@ def check(overrides: list[str], config_name: str = "config") -> None:
 
     from hybridrec.config.schema import CONF_DIR
 
-    mine = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    # hydra.* overrides are Hydra's, except the search path: it adds the places group options
+    # come from (a converted dataset's conf/data/), and without it those options look unknown
+    mine = [
+        o for o in overrides if not o.lstrip("+~").startswith("hydra") or o.lstrip("+~").startswith("hydra.searchpath")
+    ]
     if GlobalHydra.instance().is_initialized():  # a test's, or a caller's: composed in it
         _explain(compose, config_name, mine, HydraException, CONF_DIR)
     else:
@@ -60,9 +64,11 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
         raise ValueError(f"{m.group(1)}={m.group(2)}: {why[:1].lower()}{why[1:]}")
     elif m := _OPTION.search(error):
         group, option = m.group(1), m.group(2)
-        folder = os.path.join(conf_dir, group)
-        if os.path.isdir(folder) and not group.startswith(("schema", "experiment_model")):
-            options = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml"))
+        folders = [os.path.join(d, group) for d in [conf_dir, *_search_path(mine)]]
+        if os.path.isdir(folders[0]) and not group.startswith(("schema", "experiment_model")):
+            options = sorted(
+                {f[:-5] for d in folders if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".yaml")}
+            )
             near = [n] if (n := nearest(option, options)) else []
             key = group.replace("/", ".") if group != "experiment" else "+experiment"
             raise ValueError(
@@ -70,6 +76,18 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
                 + (f" (did you mean {key}={near[0]}?)" if near else "")
                 + f": the options are {', '.join(options)}"
             )
+
+
+def _search_path(overrides: list[str]) -> list[str]:
+    """The folders a ``hydra.searchpath=[file://...]`` override adds."""
+    out = []
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key == "hydra.searchpath":
+            out += [
+                p.strip()[len("file://") :] for p in value.strip("[]").split(",") if p.strip().startswith("file://")
+            ]
+    return out
 
 
 def _compose(compose, config_name: str, overrides: list[str], errors: type[BaseException]) -> Optional[str]:
