@@ -14,10 +14,13 @@ longer fits in ``--budget`` seconds is skipped and named in the report):
    TorchRec's own loop on pre-generated batches (``reference_torchrec.py``), and the draw
    replayed from a CUDA graph (``data.device_graph``); then bf16
    (``mesh.param_dtype=bfloat16``) end to end and fixed; then the same at 2,048 rows.
-3. ``syncs``: host synchronizations per training step, counted in a torch.profiler trace of
+3. ``sources``: the same at 32,768 rows on Criteo-shaped files (``--source-rows``, written
+   once into ``--out``/files): the binary layout converted on the GPU, built on the host and
+   taken out; Parquet on the input thread, with 4 workers and taken out.
+4. ``syncs``: host synchronizations per training step, counted in a torch.profiler trace of
    steps 21-30 (``profile.enabled``): the CUDA runtime's synchronizing calls inside each
    ``ProfilerStep``, with the operator that made each.
-4. ``sequences`` (SASRec, HSTU) and ``continuous``: the experiments as they are, on the GPU:
+5. ``sequences`` (SASRec, HSTU) and ``continuous``: the experiments as they are, on the GPU:
    samples/s and their metrics (to compare with a CPU run of the same command). They read
    data/ml-100k and data/example_days (``make data-movielens data-example``): a GPU host
    without network needs them copied from a machine that made them.
@@ -132,6 +135,24 @@ class Bench:
             print(f"{'':28s} {r['samples_per_second']:>12,.0f} samples/s (steady)", flush=True)
 
 
+def source_overrides(folder: str, rows: int) -> tuple[list[str], list[str]]:
+    """The overrides that train ``ctr``'s model on Criteo-shaped files of ``rows`` rows (random
+    ids and labels: a rate, not a model) in the binary layout and as Parquet, written into
+    ``folder`` once (input_scaling.py's files: a TSV day converted by hybridrec.data.convert)."""
+    from input_scaling import sources
+
+    sources(folder, rows)
+    npy, pq = os.path.join(folder, "npy"), os.path.join(folder, "pq")
+    binary = ["data=criteo_binary", f"data.train_path={npy}/day_0_dense.npy", f"data.eval_path={npy}/day_1_dense.npy"]
+    parquet = [
+        f"hydra.searchpath=[file://{os.path.abspath(pq)}/conf]",
+        "data=criteo_parquet",
+        f"data.train_path={pq}/day_0.parquet",
+        f"data.eval_path={pq}/day_1.parquet",
+    ]
+    return binary, parquet
+
+
 def commit() -> str:
     """The checkout's commit; the GPU kit unpacks an archive of it and names it in
     ``HYBRIDREC_COMMIT`` (no .git there)."""
@@ -243,6 +264,17 @@ def report(results: dict) -> str:
         (32768, "built on the host (`data.device_input=false`), fp32", "host_fp32_32768", "fixed_fp32_32768"),
         (32768, "input taken out (`fixed_batch.py`), fp32", "fixed_fp32_32768", None),
         (32768, "TorchRec's loop on pre-generated batches, fp32", "torchrec_32768", None),
+        (
+            32768,
+            "Criteo binary, converted on the GPU (`data.device_input`)",
+            "binary_device_32768",
+            "binary_fixed_32768",
+        ),
+        (32768, "Criteo binary, built on the host", "binary_host_32768", "binary_fixed_32768"),
+        (32768, "Criteo binary, input taken out", "binary_fixed_32768", None),
+        (32768, "Parquet, built on the host (input thread)", "parquet_thread_32768", "parquet_fixed_32768"),
+        (32768, "Parquet, 4 workers", "parquet_workers_32768", "parquet_fixed_32768"),
+        (32768, "Parquet, input taken out", "parquet_fixed_32768", None),
         (32768, "drawn on the GPU, bf16", "device_bf16_32768", "fixed_bf16_32768"),
         (32768, "input taken out, bf16", "fixed_bf16_32768", None),
         (2048, "drawn on the GPU, fp32", "device_fp32_2048", "fixed_fp32_2048"),
@@ -262,7 +294,7 @@ def report(results: dict) -> str:
             f"| {rows:,} | {what} | {rate:,.0f} | {p50:.1f} | "
             + (f"{rate / base:.2f}x" if base else "")
             + " | "
-            + (f"{rate / ref:.2f}x" if ref and not name.startswith("torchrec") else "")
+            + (f"{rate / ref:.2f}x" if ref and name.startswith(("device_", "graph_", "host_", "fixed_")) else "")
             + " |"
             if p50 is not None
             else f"| {rows:,} | {what} | {rate:,.0f} |  |  |  |"
@@ -314,7 +346,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--sections", default="bytes,input,syncs,bf16,sequences,continuous,small")
+    ap.add_argument("--sections", default="bytes,input,sources,syncs,bf16,sequences,continuous,small")
+    ap.add_argument("--source-rows", type=int, default=300_000, help="rows of the Criteo-shaped files (sources)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     ap.add_argument("--report", help="write the markdown report of this stored bench_gpu.json, and stop")
     ap.add_argument("--to", help="with --report: the markdown file (default: beside the JSON)")
@@ -360,6 +393,17 @@ def main() -> int:
                     lambda rep=rep: b.rate(f"host_fp32_{big}_r{rep}", big, ["data.device_input=false"]),
                 ),
             ]
+    if "sources" in sections:  # Criteo's binary layout and Parquet, files written here once
+        binary, parquet = source_overrides(os.path.join(a.out, "files"), a.source_rows)
+        for name, over, script in (
+            (f"binary_device_{big}", [*binary, "data.device_input=true"], None),
+            (f"binary_host_{big}", [*binary, "data.device_input=false"], None),
+            (f"binary_fixed_{big}", binary, "fixed_batch.py"),
+            (f"parquet_thread_{big}", parquet, None),
+            (f"parquet_workers_{big}", [*parquet, "data.num_workers=4"], None),
+            (f"parquet_fixed_{big}", parquet, "fixed_batch.py"),
+        ):
+            plan.append((name, lambda n=name, o=over, sc=script: b.rate(n, big, o, script=sc)))
     if "syncs" in sections:
 
         def syncs() -> None:
