@@ -242,7 +242,10 @@ def report(results: dict) -> str:
     the step's median time, the ratios the targets name), the byte check, the synchronizations
     per step and what did not run, with the reason each run's log gave."""
     runs = results["runs"]
-    named = lambda prefix: next((k for k in runs if k.startswith(prefix)), prefix)  # noqa: E731  r0 of repeated runs
+
+    def named(prefix: str) -> str:  # a repeated run's first repetition (name_r0)
+        return next((k for k in runs if k.startswith(prefix)), prefix)
+
     lines = [
         "# hybridrec's input on one GPU (`make bench-gpu`)",
         "",

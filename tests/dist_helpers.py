@@ -321,7 +321,7 @@ def host_reads_in_steps(cfgs: list[DictConfig], run_dir: str, first: int, last: 
             finally:
                 state["on"] = False
 
-        trainer.step = watched  # type: ignore[method-assign]
+        trainer.step = watched  # type: ignore[method-assign]  # counted for these steps only, this trainer
 
     for name in HOST_READS:
         setattr(torch.Tensor, name, counted(name))
