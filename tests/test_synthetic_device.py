@@ -7,9 +7,9 @@ import torch
 
 from conftest import compose_cfg
 from hybridrec.config import DenseDistribution
-from hybridrec.data import loader
+from hybridrec.data import DataError, loader
 from hybridrec.data.synthetic import _SCATTER, SyntheticClickLog
-from hybridrec.data.synthetic_device import DeviceGenerator
+from hybridrec.data.synthetic_device import DeviceGenerator, GraphedDraw
 from hybridrec.run.validation import check_device, validate
 
 pytestmark = pytest.mark.unit
@@ -119,3 +119,80 @@ def test_the_draw_takes_its_batch_and_first_row_as_device_tensors():
         want = log.rows(split, index, first, first + 256)
         assert torch.equal(dense, want.dense) and torch.equal(labels, want.labels)
         assert torch.equal(gen.rows(split, index, first, first + 256).values, want.values)
+
+
+class _Replayed:
+    """A stand-in for torch.cuda's graph API on the CPU: capturing runs the draw once into the
+    graph's outputs, a replay runs it again into the same tensors (as a CUDA graph rewrites
+    its outputs), so that GraphedDraw's inputs, copies out and graphs per size are tested here."""
+
+    def __init__(self) -> None:
+        self.fn = None  # (draw, key, first row, n, outputs), set once captured
+
+    def replay(self) -> None:
+        draw, key, lo, n, out = self.fn
+        for mine, new in zip(out, draw(key, lo, n)):
+            mine.copy_(new)
+
+
+def _fake_cuda(monkeypatch, fail: str = ""):
+    import contextlib
+
+    class Stream:
+        def __init__(self, *_):
+            pass
+
+        def wait_stream(self, _):
+            pass
+
+    graphs = []
+
+    @contextlib.contextmanager
+    def graph(g, capture_error_mode):
+        assert capture_error_mode == "thread_local"
+        if fail:
+            raise RuntimeError(fail)
+        graphs.append(g)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *_: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda _: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Replayed)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    return graphs
+
+
+def test_the_graphed_draw_feeds_each_replay_its_batch_and_copies_it_out(monkeypatch):
+    """GraphedDraw: one capture per batch size; per batch the key and first row written into
+    the graph's inputs, a replay, and outputs copied out (a later replay rewrites the graph's
+    outputs, never a batch already handed out); the rows are NumPy's."""
+    graphs = _fake_cuda(monkeypatch)
+    log = _log(DenseDistribution.normal, [], 1.05)
+    gen = DeviceGenerator(log, CPU, _SCATTER, graph=True)
+    assert isinstance(gen._draw, GraphedDraw)
+    real_capture = GraphedDraw._capture
+
+    def capture(self, n):  # the fake graph replays the eager draw of its inputs
+        g, key_in, lo_in, out = real_capture(self, n)
+        g.fn = (self.draw, key_in, lo_in, n, out)
+        return g, key_in, lo_in, out
+
+    monkeypatch.setattr(GraphedDraw, "_capture", capture)
+    batches = [("train", 0, 0, 512), ("train", 4, 0, 512), ("eval", 2, 0, 512), ("train", 1, 256, 512)]
+    drawn = [gen.rows(*b) for b in batches]
+    assert len(graphs) == 2  # 512 rows and 256 rows
+    for b, rows in zip(batches, drawn):  # each batch intact after the replays that followed it
+        _same(log.rows(*b), rows)
+
+
+def test_a_draw_that_cannot_be_captured_stops_the_run_in_one_line(monkeypatch):
+    _fake_cuda(monkeypatch, fail="operation not permitted when stream is capturing\nmore detail")
+    log = _log(DenseDistribution.normal, [], 1.05)
+    draw = log.device_rows(CPU, graph=True)
+    with pytest.raises(DataError) as e:
+        draw("train", 0, 0, 512)
+    assert str(e.value) == (
+        "data.device_graph=true: the synthetic log's draw of 512 rows could not be captured in a CUDA graph "
+        "on cpu (operation not permitted when stream is capturing); leave data.device_graph unset (the eager draw)"
+    )

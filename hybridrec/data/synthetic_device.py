@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from hybridrec.config import DenseDistribution
-from hybridrec.data import portable
+from hybridrec.data import DataError, portable
 from hybridrec.data.rows import Rows
 
 if TYPE_CHECKING:
@@ -293,8 +293,17 @@ class GraphedDraw:
             self.draw(key_in, lo_in, n)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: CUDA calls of other threads (the NCCL watchdog's event queries) during
-        # the capture must not invalidate it
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = self.draw(key_in, lo_in, n)
+        try:
+            # thread_local: CUDA calls of other threads (the NCCL watchdog's event queries)
+            # during the capture must not invalidate it
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = self.draw(key_in, lo_in, n)
+        except torch.OutOfMemoryError:
+            raise  # the rank's one line for a device out of memory
+        except RuntimeError as e:
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(
+                f"data.device_graph=true: the synthetic log's draw of {n} rows could not be captured in a "
+                f"CUDA graph on {self.device} ({said}); leave data.device_graph unset (the eager draw)"
+            ) from e
         return graph, key_in, lo_in, out
