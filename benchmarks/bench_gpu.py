@@ -293,15 +293,13 @@ def report(results: dict) -> str:
         ref = _rate(runs, named(f"torchrec_{rows}"))
         base = _rate(runs, named(fixed)) if fixed else None
         p50 = runs[name].get("step_time_p50_ms")
-        lines.append(
-            f"| {rows:,} | {what} | {rate:,.0f} | {p50:.1f} | "
-            + (f"{rate / base:.2f}x" if base else "")
-            + " | "
-            + (f"{rate / ref:.2f}x" if ref and name.startswith(("device_", "graph_", "host_", "fixed_")) else "")
-            + " |"
-            if p50 is not None
-            else f"| {rows:,} | {what} | {rate:,.0f} |  |  |  |"
-        )
+        vs_fixed = f"{rate / base:.2f}x" if base else ""
+        vs_torchrec = f"{rate / ref:.2f}x" if ref and name.startswith(("device_", "graph_", "host_", "fixed_")) else ""
+        if p50 is None:  # a run that reports no step time: the rate alone
+            p50_cell, vs_fixed, vs_torchrec = "  ", "", ""
+        else:
+            p50_cell = f" {p50:.1f} "
+        lines.append(f"| {rows:,} | {what} | {rate:,.0f} |{p50_cell}| {vs_fixed} | {vs_torchrec} |")
     lines.append("")
     if "bytes" in results:
         checks = {k: v for k, v in results["bytes"].items() if k != "draw_ms"}
@@ -329,7 +327,7 @@ def report(results: dict) -> str:
         ("continuous", "continuous"),
     ):
         if (r := runs.get(name)) is not None:
-            metrics = (r.get("eval") or {}).get("eval") or r.get("eval") or {}
+            metrics = r.get("eval") or {}
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
             lines.append(
                 f"- `+experiment={command}`: {r['samples_per_second']:,.0f} samples/s; {shown or r.get('objective')}."
