@@ -15,10 +15,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from hybridrec.config.tasks import Task, tasks_of
+
 SPLIT = "valid"
 # The metrics a lower value of is better; every other one (auc, accuracy, map, ndcg@k,
 # recall@k) is maximized.
-_MINIMIZE = ("logloss", "ne")
+_MINIMIZE = ("logloss", "ne", "rmse", "mae")
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,17 @@ NEXT_ITEM_METRICS = ("ndcg@10", "hr@10", "mrr", "ndcg@50", "hr@50", "ndcg@200", 
 """What a next-item evaluation reports (every item of the catalogue ranked per user)."""
 
 
-def choices(calibrated: bool, ranking_k: Optional[int], next_item: bool = False) -> list[str]:
-    """The objectives a run with this loss and data can declare, ``auto``'s first."""
+def choices(
+    calibrated: bool, ranking_k: Optional[int], next_item: bool = False, tasks: Sequence[Task] = ()
+) -> list[str]:
+    """The objectives a run with this loss and data can declare, ``auto``'s first. With
+    ``tasks`` (data.labels): the binary tasks' weighted log loss and AUC, then each task's own
+    metrics (``valid.<task>.auc``)."""
     if next_item:
         return [f"{SPLIT}.{n}" for n in NEXT_ITEM_METRICS]
+    if tasks:
+        weighted = ["logloss", "auc"] if any(t.kind == "binary" for t in tasks) else []
+        return [f"{SPLIT}.{n}" for n in weighted + [m for t in tasks for m in t.metrics]]
     names = (
         (["logloss", "ne"] if calibrated else [])
         + ([f"ndcg@{ranking_k}", "map", f"recall@{ranking_k}"] if ranking_k else [])
@@ -69,11 +78,13 @@ def choices(calibrated: bool, ranking_k: Optional[int], next_item: bool = False)
     return [f"{SPLIT}.{n}" for n in names] + ([f"{SPLIT}.accuracy"] if calibrated else [])
 
 
-def resolve(spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bool = False) -> Objective:
+def resolve(
+    spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bool = False, tasks: Sequence[Task] = ()
+) -> Objective:
     """``train.objective`` for a run whose loss is ``calibrated`` and whose source ranks
     lists of ``ranking_k`` (None: rows), or is a ``next_item`` source. Raises ValueError
     naming the valid choices."""
-    valid = choices(calibrated, ranking_k, next_item)
+    valid = choices(calibrated, ranking_k, next_item, tasks)
     name = valid[0] if spec == "auto" else spec
     if name not in valid:
         why = (
@@ -83,11 +94,15 @@ def resolve(spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bo
         )
         raise ValueError(f"train.objective={spec}: {why} (this loss and data offer {', '.join(valid)})")
     metric = name.split(".", 1)[1]
-    return Objective(metric, maximize=metric not in _MINIMIZE)
+    return Objective(metric, maximize=metric.rsplit(".", 1)[-1] not in _MINIMIZE)
 
 
 def direction(spec: str, calibrated: bool, ranking_k: Optional[int], next_item: bool = False) -> str:
-    """``resolve(...).direction``: for the shipped sweeper configs' interpolation."""
+    """``resolve(...).direction``: for the shipped sweeper configs' interpolation. A task's metric
+    (``valid.<task>.<metric>``, which only data.labels offers) goes by its metric's name: the
+    objective itself is checked before launch (``check``)."""
+    if spec.count(".") >= 2 and spec.startswith(f"{SPLIT}."):
+        return "minimize" if spec.rsplit(".", 1)[1] in _MINIMIZE else "maximize"
     return resolve(spec, calibrated, ranking_k, next_item).direction
 
 
@@ -138,7 +153,8 @@ def declared(cfg: Any) -> Objective:
 
     calibrated = bool(getattr(get_class(cfg.loss._target_), "calibrated", False))
     next_item = bool(getattr(get_class(cfg.data._target_), "next_item", False))
-    return resolve(cfg.train.objective, calibrated, cfg.data.get("ranking_k"), next_item)
+    tasks = tasks_of(cfg.data.get("labels"))
+    return resolve(cfg.train.objective, calibrated, cfg.data.get("ranking_k"), next_item, tasks)
 
 
 def check(cfg: Any, splits: Sequence[str], asked: bool) -> None:

@@ -25,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING, OmegaConf
 
-from hybridrec.config.objective import resolve
+from hybridrec.config.objective import direction
 from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the group schemas)
     CRITEO_KAGGLE_CAPPED,
     BadRows,
@@ -56,6 +56,8 @@ from hybridrec.config.schema_data import (  # noqa: F401  (re-exported: the grou
     SequenceDataConfig,
     SplitKind,
     SyntheticDataConfig,
+    TaskConfig,
+    TaskKind,
 )
 from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the group schemas)
     ApproxNDCGConfig,
@@ -64,11 +66,15 @@ from hybridrec.config.schema_model import (  # noqa: F401  (re-exported: the gro
     DLRMConfig,
     HSTUConfig,
     InBatchSoftmaxConfig,
+    Interaction,
     LossConfig,
+    MMoEConfig,
     ModelConfig,
     NextItemConfig,
+    PLEConfig,
     SASRecConfig,
     SequenceConfig,
+    SharedBottomConfig,
     TwoTowerConfig,
 )
 from hybridrec.config.schema_optim import (  # noqa: F401  (re-exported: the group schemas)
@@ -296,6 +302,9 @@ def register_configs() -> None:
     cs.store(group="schema/model", name="dlrm", node=DLRMConfig)
     cs.store(group="schema/model", name="dcn", node=DCNConfig)
     cs.store(group="schema/model", name="deepfm", node=DeepFMConfig)
+    cs.store(group="schema/model", name="shared_bottom", node=SharedBottomConfig)
+    cs.store(group="schema/model", name="mmoe", node=MMoEConfig)
+    cs.store(group="schema/model", name="ple", node=PLEConfig)
     cs.store(group="schema/model", name="two_tower", node=TwoTowerConfig)
     cs.store(group="schema/model", name="sasrec", node=SASRecConfig)
     cs.store(group="schema/model", name="hstu", node=HSTUConfig)
@@ -338,6 +347,4 @@ def register_configs() -> None:
 
 def _direction(objective: str, loss_target: str, ranking_k: Optional[int], data_target: Optional[str] = None) -> str:
     next_item = bool(data_target and getattr(get_class(data_target), "next_item", False))
-    return resolve(
-        objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k, next_item
-    ).direction
+    return direction(objective, bool(getattr(get_class(loss_target), "calibrated", False)), ranking_k, next_item)

@@ -42,6 +42,34 @@ class DataConfig:
     its rate has not been measured on a GPU yet (``make bench-gpu`` runs both)."""
 
 
+class TaskKind(str, Enum):
+    binary = "binary"
+    """0/1 labels: a logit, cross-entropy; AUC, NE, log loss, calibration, accuracy."""
+    regression = "regression"
+    """Real labels: squared error; RMSE and MAE."""
+
+
+@dataclass
+class TaskConfig:
+    """One task of a multi-task model (``data.labels``, ``hybridrec.config.tasks``)."""
+
+    name: str = MISSING
+    """The task's name: its metrics are ``<name>.auc``, ``<name>.logloss``, ...; ``train.objective``
+    can name one (``valid.<name>.auc``)."""
+    column: Optional[str] = None
+    """The label column (a file source's column; the synthetic log's planted tasks: click,
+    conversion); unset = the name."""
+    kind: TaskKind = TaskKind.binary
+    weight: float = 1.0
+    """The task's weight in the training loss (>= 0, not all 0) and in the weighted
+    validation metrics (``valid.auc``, ``valid.logloss``)."""
+    after: Optional[str] = None
+    """A task listed earlier that this one is observed after (a conversion after a click):
+    the model predicts P(after and this) = P(after) * P(this | after), ESMM's factorization."""
+    threshold: Optional[float] = None
+    """A file source's binary label from a numeric column: value > threshold."""
+
+
 class DenseDistribution(str, Enum):
     normal = "normal"
     """Standard normal: features already normalized."""
@@ -73,6 +101,10 @@ class SyntheticDataConfig(DataConfig):
     valid_batches: int = 4
     """Validation global batches (a third stream of the planted model), scored every
     train.eval_every steps and at the end; 0 = no validation split."""
+    labels: Optional[list[TaskConfig]] = None
+    """Several tasks per row (a multi-task model): the planted ``click`` and ``conversion``
+    (observed only after a click, its own planted model sharing the click's id weights);
+    unset = the click label alone."""
 
 
 class IdMapping(str, Enum):
@@ -402,7 +434,10 @@ class ParquetDataConfig(DataConfig):
     valid_fraction: float = 0.0
     """Instead of valid_path: this share of the training rows, in seeded runs of 4096 rows of a file."""
     label: ParquetLabelConfig = field(default_factory=ParquetLabelConfig)
-    """Where the label comes from."""
+    """Where the label comes from (one task; data.labels for several)."""
+    labels: Optional[list[TaskConfig]] = None
+    """Several label columns, one task each, for a multi-task model (``hybridrec.config.tasks``):
+    then data.label is not read."""
     weight: Optional[str] = None
     """A per-row sample weight column (finite, >= 0): the loss weighs each row by it. Unset = 1."""
     dense: list[ParquetDenseConfig] = field(default_factory=list)

@@ -39,6 +39,47 @@ class DCNConfig(DLRMConfig):
     """Rank of each cross layer's low-rank weight (MLPerf: 512)."""
 
 
+class Interaction(str, Enum):
+    dot = "dot"
+    """DLRM's pairwise dot products of the embeddings and the dense arch's output."""
+    dcn = "dcn"
+    """DCNv2's low-rank cross network over them (dcn_num_layers, dcn_low_rank_dim)."""
+
+
+@dataclass
+class SharedBottomConfig(ModelConfig):
+    _target_: str = "hybridrec.models.multitask.SharedBottom"
+    dense_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 16])
+    """Bottom MLP over the dense features; its last size must equal embedding_dim."""
+    interaction: Interaction = Interaction.dot
+    dcn_num_layers: int = 2
+    """With interaction=dcn: cross layers."""
+    dcn_low_rank_dim: int = 64
+    """With interaction=dcn: the rank of each cross layer."""
+    expert_layer_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    """Each expert's MLP over the interaction (the shared bottom's, for model=shared_bottom)."""
+    tower_layer_sizes: list[int] = field(default_factory=lambda: [32])
+    """Each task's tower over its mixture; a one-logit layer follows."""
+
+
+@dataclass
+class MMoEConfig(SharedBottomConfig):
+    _target_: str = "hybridrec.models.multitask.MMoE"
+    num_experts: int = 4
+    """Experts shared by every task, mixed by one gate per task."""
+
+
+@dataclass
+class PLEConfig(MMoEConfig):
+    _target_: str = "hybridrec.models.multitask.PLE"
+    num_experts: int = 2
+    """Shared experts per level."""
+    task_experts: int = 1
+    """Each task's own experts per level."""
+    levels: int = 2
+    """Extraction levels (1 = Customized Gate Control)."""
+
+
 @dataclass
 class DeepFMConfig(ModelConfig):
     _target_: str = "hybridrec.models.deepfm.DeepFMRanker"

@@ -24,11 +24,12 @@ independent sequential readers (sharded TSV) says so with ``pieces``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 from omegaconf import DictConfig
 
+from hybridrec.config.tasks import Task
 from hybridrec.data import ReadReport, RecBatch, SparseFeature
 from hybridrec.data.raw_inputs import RawInputs
 from hybridrec.data.rows import RANKING_FIELDS, Rows  # noqa: F401  (re-exported: the contract's row type)
@@ -49,6 +50,9 @@ class Source(ABC):
     splits: tuple[str, ...]
     eval_batches: Optional[int] = None
     """Cap on the global batches of an evaluated split (None = all of it)."""
+    tasks: Sequence[Task] = ()
+    """The tasks of ``data.labels`` (``hybridrec.config.tasks``): ``Rows.labels`` is then ``[n, T]``,
+    one column per task; empty = one label per row, ``[n]``."""
     sequential: bool = False
     """``read`` of one piece must be called in batch order by one process (a stream reader);
     False = any batch can be read anywhere (random access)."""

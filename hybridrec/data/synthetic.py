@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config import DenseDistribution
+from hybridrec.config.tasks import check_tasks, tasks_of
 from hybridrec.data import DataError, SparseFeature, portable
 from hybridrec.data.raw_inputs import RawInputs, dense_input, sparse_input
 from hybridrec.data.source import Rows, Source, check_table_sizes
@@ -42,6 +43,11 @@ _SPLITS = {"train": 0, "eval": 1, "valid": 2}
 _SCATTER = 2_654_435_761
 # Elements of the id columns the generator's hot loop handles at once (see _zipf_rows).
 _BLOCK = 1 << 16
+# The planted tasks a multi-task config can name (data.labels[i].column).
+TASK_COLUMNS = ("click", "conversion")
+# The conversion's uniforms are a stream of their own (this salt on the batch's key): a run
+# with the conversion task draws the very rows and clicks of a run without it.
+_CONVERSION_SALT = 0x5BD1E995
 
 
 def _fmix32(h: np.ndarray, scratch: Optional[np.ndarray] = None) -> np.ndarray:
@@ -80,6 +86,8 @@ class SyntheticClickLog(Source):
             )
         if cfg.num_dense_features < 0:
             raise ValueError(f"data.num_dense_features={cfg.num_dense_features}: must be >= 0")
+        if cfg.get("labels"):
+            check_tasks(cfg.labels, TASK_COLUMNS)
 
     def __init__(
         self,
@@ -93,7 +101,11 @@ class SyntheticClickLog(Source):
         seed: int,
         dense_distribution: DenseDistribution = DenseDistribution.normal,
         valid_batches: int = 0,
+        labels: Optional[list] = None,
     ) -> None:
+        if labels:
+            check_tasks(labels, TASK_COLUMNS)
+        self.tasks = tasks_of(labels)
         self.batch_size = batch_size
         self.num_dense_features = num_dense_features
         sizes = list(multi_hot_sizes) or [ids_per_feature] * len(num_embeddings_per_feature)
@@ -141,6 +153,13 @@ class SyntheticClickLog(Source):
         # even a billion-row table needs no stored truth.
         u = np.random.default_rng([seed, 99]).random((2, num_dense_features))  # 53-bit uniforms in [0, 1)
         self._dense_w = portable.normal(1.0 - u[0], u[1]) / np.sqrt(num_dense_features)
+        # The conversion's planted model (given a click): dense weights of its own, and the
+        # click's id weights again, each feature's scaled by a coefficient of its own (some
+        # negative): what a model learns of the ids from the many clicks serves the few
+        # conversions, which is what sharing a bottom between the tasks can win.
+        u = np.random.default_rng([seed, 98]).random((2, num_dense_features))
+        self._dense_cv = portable.normal(1.0 - u[0], u[1]) / np.sqrt(num_dense_features)
+        self._coef_cv = [(1.0, -0.5, 1.5, 0.0)[f % 4] for f in range(len(self._sizes))]
 
     # -- sampling ------------------------------------------------------------------------
     def _key(self, split: str, index: int) -> np.uint32:
@@ -197,8 +216,44 @@ class SyntheticClickLog(Source):
             for j in range(1, k):
                 total += weights[first + j]
             logit += scale * (total / np.float32(k))
-        labels = u[-1] < portable.sigmoid(logit)
+        clicks = u[-1] < portable.sigmoid(logit)
+        labels = clicks
+        if self.tasks:
+            by_column = {"click": clicks}
+            if any(t.column == "conversion" for t in self.tasks):
+                by_column["conversion"] = clicks & (
+                    self._task_uniforms(split, index, lo, hi)
+                    < portable.sigmoid(self._conversion_logit(signal, weights))
+                )
+            # one task: one label per row, as a single-task model reads it
+            labels = (
+                np.stack([by_column[t.column] for t in self.tasks], 1)
+                if len(self.tasks) > 1
+                else by_column[self.tasks[0].column]
+            )
         return dense, ids if n else ids.reshape(self._ids, 0), labels
+
+    def _task_uniforms(self, split: str, index: int, lo: int, hi: int) -> np.ndarray:
+        """One uniform per row for the conversion draw, from a stream of its own."""
+        h = np.arange(lo, hi, dtype=np.uint32) ^ (self._key(split, index) ^ np.uint32(_CONVERSION_SALT))
+        _fmix32(h, np.empty_like(h))
+        h >>= np.uint32(8)
+        return (h.astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-24)
+
+    def _conversion_logit(self, signal: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The planted logit of a conversion given a click (``signal``: the dense columns the
+        click's logit reads, ``[d, n]``; ``weights``: the planted id weights), summed in a fixed
+        order as the click's is."""
+        logit = np.full(weights.shape[1], -5.5)
+        for j in range(self.num_dense_features):
+            logit += 1.5 * (signal[j] * self._dense_cv[j])
+        scale = 3.0 / np.sqrt(len(self._sizes))
+        for f, (first, k) in enumerate(zip(self._offsets, self._sizes)):
+            total = weights[first].copy()
+            for j in range(1, k):
+                total += weights[first + j]
+            logit += (scale * self._coef_cv[f]) * (total / np.float32(k))
+        return logit
 
     def _zipf_rows(self, u: np.ndarray) -> np.ndarray:
         """Table rows from uniforms ``u`` (float32 ``[ids, n]``, consumed): per id column, the

@@ -138,6 +138,9 @@ class Ranker(nn.Module, ABC):
     needs_user_item_features: ClassVar[bool] = False
     """The model splits the features into a user side and an item side: the source must
     declare ``Source.user_item_features``."""
+    multi_task: ClassVar[bool] = False
+    """Scores every task of ``data.labels`` (``[B, T]``, ``hybridrec.models.multitask``), built
+    with them as ``tasks``; False = one logit per row, and data.labels must be unset."""
     needs_next_item: ClassVar[bool] = False
     """A sequence ranker: its rows are histories (``Source.next_item``); evaluation gets the
     rank of each row's held-out item among the catalogue instead of a score."""
@@ -184,10 +187,16 @@ def build_model(
     itself, not Hydra's InstantiationException around it, so that it reaches the user as
     one line."""
     from hydra.errors import InstantiationException
+    from hydra.utils import get_class
+
+    from hybridrec.config.tasks import tasks_of
 
     loss = instantiate(cfg.loss, list_size=list_size)
+    extra = {}
+    if getattr(get_class(cfg.model._target_), "multi_task", False):
+        extra["tasks"] = [dataclasses.asdict(t) for t in tasks_of(cfg.data.get("labels"))]
     try:
-        return instantiate(cfg.model, features=features, num_dense_features=num_dense_features, loss=loss)
+        return instantiate(cfg.model, features=features, num_dense_features=num_dense_features, loss=loss, **extra)
     except InstantiationException as e:
         if isinstance(e.__cause__, ValueError):
             raise e.__cause__ from None

@@ -6,7 +6,7 @@ measures of itself, ``hybridrec.reports.profiling``.)"""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,6 +16,8 @@ from torchrec.metrics.auc import compute_auc
 from torchrec.metrics.calibration import compute_calibration
 from torchrec.metrics.ctr import compute_ctr
 from torchrec.metrics.ne import compute_cross_entropy, compute_logloss, compute_ne
+
+from hybridrec.config.tasks import Task
 
 _ETA = 1e-12  # TorchRec's clamp for probabilities in NE
 
@@ -43,6 +45,43 @@ def binary_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float
         "accuracy": float(compute_accuracy(accuracy["accuracy_sum"], accuracy["weighted_num_samples"])),
         "n": int(labels.numel()),
     }
+
+
+def task_metrics(scores: torch.Tensor, labels: torch.Tensor, tasks: Sequence[Task]) -> dict[str, Any]:
+    """The metrics block of a multi-task split (``[n, T]`` outputs and labels, every real row
+    once): per task ``<task>.<metric>`` (a binary task's ``binary_metrics`` of sigmoid(output);
+    a regression task's RMSE and MAE), a dependent task's AUC of P(task | parent) on the
+    parent's positive rows (``<task>.auc_given_<parent>``), and the binary tasks' ``auc`` and
+    ``logloss`` averaged with the task weights: what ``valid.auc`` and ``valid.logloss`` judge."""
+    out: dict[str, Any] = {}
+    names = [t.name for t in tasks]
+    scores, labels = scores.view(len(scores), -1), labels.view(len(labels), -1)  # one task: [n]
+    weighted: dict[str, list[tuple[float, float]]] = {"auc": [], "logloss": []}
+    for t, task in enumerate(tasks):
+        s, y = scores[:, t].double(), labels[:, t].double()
+        if task.kind != "binary":
+            err = s - y
+            out[f"{task.name}.rmse"] = float(err.square().mean().sqrt()) if len(err) else float("nan")
+            out[f"{task.name}.mae"] = float(err.abs().mean()) if len(err) else float("nan")
+            continue
+        m = binary_metrics(torch.sigmoid(s), y)
+        out |= {f"{task.name}.{k}": v for k, v in m.items() if k != "n"}
+        for key in weighted:
+            weighted[key].append((task.weight, m[key]))
+        if task.after:
+            parent = names.index(task.after)
+            rows = labels[:, parent] > 0
+            # P(task | parent) = P(task and parent) / P(parent): the conditional the ESMM head learns
+            given = (torch.sigmoid(s) / torch.sigmoid(scores[:, parent].double())).clamp(0, 1)
+            out[f"{task.name}.auc_given_{task.after}"] = (
+                binary_metrics(given[rows], y[rows])["auc"] if bool(rows.any()) else float("nan")
+            )
+    for key, pairs in weighted.items():
+        total = sum(w for w, _ in pairs)
+        if total > 0:
+            out[key] = sum(w * v for w, v in pairs) / total
+    out["n"] = int(scores.shape[0])
+    return out
 
 
 def ranking_metrics(
@@ -119,5 +158,7 @@ def gather_to_first(t: torch.Tensor) -> Optional[torch.Tensor]:
 def format_eval(e: dict[str, Any]) -> str:
     """One line of the eval metrics a run has (ranking objectives have no NE or calibration)."""
     names = {"auc": "AUC", "ne": "NE", "logloss": "logloss", "calibration": "calibration", "map": "MAP"}
-    parts = [f"{names.get(k, k)} {v:.4f}" for k, v in e.items() if isinstance(v, float)]
+    # a multi-task block: its weighted metrics and each task's headline (AUC, RMSE)
+    shown = lambda k: "." not in k or k.endswith((".auc", ".rmse"))
+    parts = [f"{names.get(k, k)} {v:.4f}" for k, v in e.items() if isinstance(v, float) and shown(k)]
     return "  ".join(parts + [f"n {e['n']:,}"])

@@ -64,6 +64,22 @@ def _validate_loss(cfg: DictConfig) -> None:
     model = cast("type[Ranker]", get_class(cfg.model._target_))
     source = cast("type[Source]", get_class(cfg.data._target_))
     name = lambda c: c.__name__
+    labels = cfg.data.get("labels")
+    if model.multi_task and not labels:
+        raise ValueError(
+            f"model={name(model)} trains several tasks: set data.labels, a task per label "
+            f"(+experiment=multitask shows how)"
+        )
+    if labels and not model.multi_task and (len(labels) > 1 or labels[0].get("after") or labels[0].kind != "binary"):
+        raise ValueError(
+            f"data.labels gives {len(labels)} task(s) and model={name(model)} scores one binary label: use "
+            f"model=shared_bottom, mmoe or ple, or give data.labels one binary task"
+        )
+    if labels and cfg.loss._target_ != "hybridrec.models.losses.BCE":
+        raise ValueError(
+            f"loss={name(loss)}: with data.labels each task's loss follows its kind (binary: cross-entropy, "
+            f"regression: squared error); leave loss=pointwise"
+        )
     if loss.needs_lists and not source.lists:
         raise ValueError(
             f"loss={name(loss)} ranks lists: it needs a list source "
@@ -231,6 +247,7 @@ def _validate_references(cfg: DictConfig) -> None:
     (its value is finite: ``_check_finite``); the ones of another data source are left out at the end, not refused
     (an experiment's reference stays in its file when data= swaps the source)."""
     from hybridrec.config.objective import choices
+    from hybridrec.config.tasks import tasks_of
 
     loss, source = get_class(cfg.loss._target_), get_class(cfg.data._target_)
     offered = [
@@ -239,6 +256,7 @@ def _validate_references(cfg: DictConfig) -> None:
             bool(getattr(loss, "calibrated", False)),
             cfg.data.get("ranking_k"),
             bool(getattr(source, "next_item", False)),
+            tasks_of(cfg.data.get("labels")),
         )
     ]
     for i, ref in enumerate(cfg.train.references):
@@ -460,6 +478,11 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
                 f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log and "
                 f"Criteo's binary layout can make them on the device); leave data.device_input unset"
             )
+        if cfg.data.get("labels"):
+            raise ValueError(
+                "data.device_input=true makes one label per row on the device; data.labels (several tasks) "
+                "are read on the CPU: leave data.device_input unset"
+            )
         if cfg.data.num_workers:
             raise ValueError(
                 f"data.device_input=true draws the batches on the device, not in workers: set "
@@ -471,6 +494,10 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
             raise ValueError(
                 f"data.device_graph=true: {source.__name__} has no draw to capture in a CUDA graph (only "
                 f"the synthetic log has); leave data.device_graph unset"
+            )
+        if cfg.data.get("labels"):
+            raise ValueError(
+                "data.device_graph=true draws one label per row; data.labels are read on the CPU: unset it"
             )
         if cfg.data.get("device_input") is False or cfg.data.num_workers or cfg.data.get("input_thread"):
             raise ValueError(

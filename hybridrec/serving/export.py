@@ -49,13 +49,14 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import pyarrow.parquet as pq
 import torch
 
 from hybridrec.base.compat import size_oblivious_export
 from hybridrec.checkpoint import CheckpointError, TrainState, saved_config
+from hybridrec.config.tasks import Task
 from hybridrec.data import DataError, SparseFeature, build_source
 from hybridrec.data.raw_inputs import FORMAT
 from hybridrec.data.source import Source, UserItemSource
@@ -159,7 +160,7 @@ def write_program(
         lambda path: torch.export.save(export_program(model, features, num_dense_features), path),
     )
     _check_archive(os.path.join(out, PROGRAM))
-    spec = {**program_spec(features, num_dense_features, model.loss.calibrated), **about}
+    spec = {**program_spec(features, num_dense_features, model.loss.calibrated, getattr(model, "tasks", ())), **about}
     _write(os.path.join(out, SPEC), lambda path: _write_text(path, json.dumps(spec, indent=1)))
     return spec
 
@@ -200,8 +201,11 @@ def write_preprocessing(source: Source, weighted: bool, out: str) -> Optional[di
     return spec
 
 
-def program_spec(features: list[SparseFeature], num_dense_features: int, calibrated: bool) -> dict[str, Any]:
-    """``model.json``: how to call ``model.pt2`` without hybridrec."""
+def program_spec(
+    features: list[SparseFeature], num_dense_features: int, calibrated: bool, tasks: Sequence[Task] = ()
+) -> dict[str, Any]:
+    """``model.json``: how to call ``model.pt2`` without hybridrec (``tasks``: a multi-task
+    model's, whose output has a column per task)."""
     inputs = {
         "dense": {
             "dtype": "float32",
@@ -226,7 +230,7 @@ def program_spec(features: list[SparseFeature], num_dense_features: int, calibra
             "shape": ["sum(lengths)"],
             "doc": "the weight of each id of values, in its order; 1.0 for the ids of features that are not weighted",
         }
-    return {
+    spec: dict[str, Any] = {
         "program": PROGRAM,
         "load": "torch.export.load(path).module()",
         "inputs": inputs,
@@ -249,6 +253,22 @@ def program_spec(features: list[SparseFeature], num_dense_features: int, calibra
             else "[B] float32: the raw score of a ranking objective; it orders rows, it is not a probability"
         ),
     }
+    if tasks:
+        spec["output"] = "tasks"
+        spec["output_doc"] = (
+            f"[B, {len(tasks)}] float32: column t is task t's (tasks, in order): a binary task's probability "
+            "(a task after another: the probability of both), a regression task's value"
+        )
+        spec["tasks"] = [
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "output": "probability" if t.kind == "binary" else "value",
+                "after": t.after,
+            }
+            for t in tasks
+        ]
+    return spec
 
 
 class _KJTTracingNotice(logging.Filter):

@@ -49,7 +49,8 @@ class Scorer(nn.Module):
     feature is weighted; the others' ids weigh 1.0). Returns ``[B]`` float32:
     sigmoid(logit), a click probability, when the loss is calibrated (``Loss.calibrated``:
     loss=pointwise); the raw score otherwise (a ranking objective's score orders rows and is
-    not a probability)."""
+    not a probability). A multi-task model (``hybridrec.models.multitask``) returns ``[B, T]``,
+    column t task t's: a binary task's probability, a regression task's value."""
 
     def __init__(self, model: Ranker, keys: list[str], calibrated: bool, weighted: bool = False) -> None:
         super().__init__()
@@ -64,6 +65,15 @@ class Scorer(nn.Module):
         logits = self.model.score(
             RecBatch(dense_features=dense, sparse_features=sparse, labels=dense.new_zeros(dense.shape[0]))
         )
+        tasks = getattr(self.model, "tasks", None)
+        if tasks:  # a multi-task model: [B, T], a binary task's probability, a regression task's value
+            return torch.cat(
+                [
+                    torch.sigmoid(logits[:, t : t + 1]) if task.kind == "binary" else logits[:, t : t + 1]
+                    for t, task in enumerate(tasks)
+                ],
+                dim=1,
+            )
         return torch.sigmoid(logits) if self.calibrated else logits
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, cast
+from typing import Any, Iterator, Optional, Sequence, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,10 +24,18 @@ from omegaconf import DictConfig
 from torch import nn
 
 from hybridrec import checkpoint
+from hybridrec.config.tasks import Task
 from hybridrec.data.loader import EvalBatch, padding_batch
 from hybridrec.data.source import Source
 from hybridrec.models.losses import Loss
-from hybridrec.reports.metrics import binary_metrics, format_eval, gather_to_first, next_item_metrics, ranking_metrics
+from hybridrec.reports.metrics import (
+    binary_metrics,
+    format_eval,
+    gather_to_first,
+    next_item_metrics,
+    ranking_metrics,
+    task_metrics,
+)
 from hybridrec.reports.runlog import write_json
 from hybridrec.reports.summary import ScoreSummary, provenance, throughput
 from hybridrec.training.build import build, rank_batches
@@ -101,15 +109,18 @@ def evaluate(
     real = torch.cat(columns.pop("real"))
     # Padding rows (the last batch of a split, short lists) are dropped before gathering.
     mine = {name: torch.cat(parts).to(device)[real.to(device)] for name, parts in columns.items()}
-    gathered = {name: gather_to_first(t) for name, t in mine.items()}
+    # a multi-task split's columns are [n, T]: gathered flat, shaped again on rank 0
+    gathered = {name: gather_to_first(t.reshape(-1)) for name, t in mine.items()}
     metrics: list[Any] = [None, None]
     if dist.get_rank() == 0:
-        c = {name: cast(torch.Tensor, t).cpu() for name, t in gathered.items()}  # rank 0: gathered, not None
-        metrics[0] = (
-            next_item_metrics(c["score"])
-            if source.next_item
-            else split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
-        )
+        # rank 0: gathered, not None
+        c = {name: cast(torch.Tensor, t).cpu().view(-1, *mine[name].shape[1:]) for name, t in gathered.items()}
+        if source.next_item:
+            metrics[0] = next_item_metrics(c["score"])
+        elif source.tasks:
+            metrics[0] = task_metrics(c["score"], c["label"], source.tasks)
+        else:
+            metrics[0] = split_metrics(c["score"], c["label"], loss, source, c.get("relevance"), c.get("query"))
         if source.next_item and getattr(getattr(model, "module", model), "mask_history", False):
             # the ranks with the user's history masked, in the labels' slot (SequenceRanker)
             masked = next_item_metrics(c["label"])
@@ -148,14 +159,27 @@ def split_metrics(
     return result
 
 
-def write_predictions(path: str, predictions: dict[str, torch.Tensor], calibrated: bool) -> int:
+def write_predictions(
+    path: str, predictions: dict[str, torch.Tensor], calibrated: bool, tasks: Sequence[Task] = ()
+) -> int:
     """``predictions.parquet``: ``row`` (the row's index in the split, see
     ``EvalBatch.rows``), ``label``, ``score`` (the model's logit), ``probability``
     (sigmoid(score), calibrated losses only) and, for list sources, ``query`` and
-    ``relevance``. Written through a temporary file; returns the number of rows."""
-    cols = {"row": predictions["row"], "label": predictions["label"], "score": predictions["score"]}
-    if calibrated:
-        cols["probability"] = torch.sigmoid(predictions["score"])
+    ``relevance``. With ``tasks`` (a multi-task model), ``label_<task>`` and ``score_<task>``
+    per task, and ``probability_<task>`` per binary task. Written through a temporary file;
+    returns the number of rows."""
+    cols = {"row": predictions["row"]}
+    if tasks:
+        n = len(predictions["row"])
+        label, score = predictions["label"].view(n, -1), predictions["score"].view(n, -1)  # one task: [n]
+        for t, task in enumerate(tasks):
+            cols[f"label_{task.name}"], cols[f"score_{task.name}"] = label[:, t], score[:, t]
+            if task.kind == "binary":
+                cols[f"probability_{task.name}"] = torch.sigmoid(score[:, t])
+    else:
+        cols |= {"label": predictions["label"], "score": predictions["score"]}
+        if calibrated:
+            cols["probability"] = torch.sigmoid(predictions["score"])
     for name in ("query", "relevance"):
         if name in predictions:
             cols[name] = predictions[name]
@@ -208,7 +232,9 @@ class ScoreCheckpoint:
         if dist.get_rank() == 0:
             files = ["metrics.json"]
             if result.predictions is not None:
-                write_predictions(os.path.join(run_dir, "predictions.parquet"), result.predictions, loss.calibrated)
+                write_predictions(
+                    os.path.join(run_dir, "predictions.parquet"), result.predictions, loss.calibrated, data.tasks
+                )
                 files.append("predictions.parquet")
             write_json(os.path.join(run_dir, "metrics.json"), out)
             print(f"{self.split} @ step {step} ({self.checkpoint}): {format_eval(result.metrics)}", flush=True)

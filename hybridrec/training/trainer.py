@@ -73,7 +73,9 @@ class Trainer:
         # The objective follows the validation split; without one the run reports its train loss.
         try:
             self.objective = (
-                resolve_objective(cfg.train.objective, self.loss.calibrated, self.data.ranking_k, self.data.next_item)
+                resolve_objective(
+                    cfg.train.objective, self.loss.calibrated, self.data.ranking_k, self.data.next_item, self.data.tasks
+                )
                 if "valid" in self.data.splits and cfg.train.schedule != TrainSchedule.continuous
                 else None
             )

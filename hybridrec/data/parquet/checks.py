@@ -7,6 +7,7 @@ import torch
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import DenseTransform, ParquetIdMapping
+from hybridrec.config.tasks import check_tasks
 from hybridrec.data.numeric import MAX_BUCKETS, SAMPLE, check_knots
 from hybridrec.data.parquet.config import _dense_list, _plain, _Sparse, _sparse_list
 from hybridrec.data.parquet.partitioned import check_partitions
@@ -43,9 +44,14 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
                 f"row 0 (ids without a row) and at least one row to give"
             )
     label = c.get("label") or {}
-    if not label.get("column"):
-        raise ValueError("data.label.column is not set: name the label column")
-    if c.get("weight") is not None and c.get("weight") in ("", label["column"]):
+    if c.get("labels"):  # several tasks: their columns, checked against each file's schema when it is opened
+        check_tasks(c["labels"])
+        label_columns = [t.get("column") or t["name"] for t in c["labels"]]
+    elif not label.get("column") or label["column"] == "???":
+        raise ValueError("data.label.column is not set: name the label column (or data.labels, one per task)")
+    else:
+        label_columns = [label["column"]]
+    if c.get("weight") is not None and c.get("weight") in ("", *label_columns):
         raise ValueError(f"data.weight={c.get('weight')!r} must name a sample weight column other than the label's")
     buckets = c.get("numeric_buckets", 16)
     if not 2 <= buckets <= MAX_BUCKETS:

@@ -6,7 +6,7 @@ and the padding that replaces them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import torch
 
 from hybridrec.config.schema import ParquetIdMapping
+from hybridrec.config.tasks import Task
 from hybridrec.data import DataError, FileReport, ReadReport, numeric, portable
 from hybridrec.data.parquet.config import _Sparse
 from hybridrec.data.parquet.hashing import hash_ints, hash_strings
@@ -95,6 +96,7 @@ class _Columns:
     if TYPE_CHECKING:  # what ParquetSource (and its _Partitioned side) gives this mixin, for the type checker
         label_column: str
         threshold_value: Optional[float]
+        tasks: Sequence[Task]
         weight_column: Optional[str]
         dense: list[_Dense]
         sparse: list[_Sparse]
@@ -117,8 +119,18 @@ class _Columns:
         ``sample``: nothing is counted or raised, and id keys are kept for the estimates."""
         n = table.num_rows
         checks: list[_Check] = []
-        labels, label_checks = self._labels(_plain_array(table.column(self.label_column)))
-        checks += label_checks
+        if self.tasks:  # several tasks: a label column each, [n, T] (one task: [n])
+            parts = [
+                self._labels(_plain_array(table.column(t.column)), t.column, t.threshold, t.kind, f"data.labels[{i}]")
+                for i, t in enumerate(self.tasks)
+            ]
+            labels = np.stack([p[0] for p in parts], 1) if len(parts) > 1 else parts[0][0]
+            checks += [c for _, cs in parts for c in cs]
+        else:
+            labels, label_checks = self._labels(
+                _plain_array(table.column(self.label_column)), self.label_column, self.threshold_value
+            )
+            checks += label_checks
         weights = np.ones(n, np.float32)
         if self.weight_column:
             w, nulls = _floats(_plain_array(table.column(self.weight_column)))
@@ -204,7 +216,7 @@ class _Columns:
                     )
         if bad.any() and not sample:  # a sample keeps its ids as read: the estimates filter by ``real``
             dense[bad] = 0
-            labels = np.where(bad, 0, labels).astype(np.float32)
+            labels = np.where(bad.reshape(-1, *[1] * (labels.ndim - 1)), 0, labels).astype(np.float32)
             weights = np.where(bad, 0, weights).astype(np.float32)
             ids = [_as_padding(values, lengths, w, bad) for values, lengths, w in ids]
         return _Part(dense, labels, weights, ids, ~bad, keys if sample else None)
@@ -232,16 +244,24 @@ class _Columns:
         for j, count in zip(*np.unique(rest, return_counts=True)):
             report.files.setdefault(spans[int(j)][0], FileReport()).bad_rows += int(count)
 
-    def _labels(self, column: pa.Array) -> tuple[np.ndarray, list[_Check]]:
+    def _labels(
+        self, column: pa.Array, c: str, threshold: Optional[float], kind: str = "binary", key: str = "data.label"
+    ) -> tuple[np.ndarray, list[_Check]]:
+        """Label column ``c``'s values and the checks that make a row bad: a null; for a binary
+        label, a value that is not 0 or 1 (with ``threshold``: value > threshold, and NaN is bad);
+        for a regression label (a task of data.labels), a value that is not finite."""
         x, nulls = _floats(column)
-        c = self.label_column
         checks: list[_Check] = [(nulls, lambda i: f"label {c} is null")]
-        if self.threshold_value is not None:
+        if kind != "binary":
+            wrong = ~nulls & ~np.isfinite(x)
+            checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not a finite number"))
+            return np.where(nulls | wrong, 0, x).astype(np.float32), checks
+        if threshold is not None:
             nan = ~nulls & np.isnan(x)
             checks.append((nan, lambda i: f"label {c} is NaN"))
-            return np.where(nulls | nan, 0, x > self.threshold_value).astype(np.float32), checks
+            return np.where(nulls | nan, 0, x > threshold).astype(np.float32), checks
         wrong = ~nulls & (x != 0) & (x != 1)
-        checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not 0 or 1 (or set data.label.threshold)"))
+        checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not 0 or 1 (or set {key}.threshold)"))
         return np.where(nulls | wrong, 0, x).astype(np.float32), checks
 
     def _ids(

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import BadRows, ParquetIdMapping
+from hybridrec.config.tasks import tasks_of
 from hybridrec.data import DataError, ReadReport, SparseFeature, check_disjoint, holdout, numeric
 from hybridrec.data.criteo import resolve_paths, validation_fraction
 from hybridrec.data.parquet.checks import check_config
@@ -71,13 +72,17 @@ class ParquetSource(_Columns, _Partitioned, Source):
         managed_ids: Any = None,
         numeric_encoding: Any = "scalar",
         numeric_buckets: int = 16,
+        labels: Any = None,
     ) -> None:
         self.batch_size, self.seed, self.eval_batches = batch_size, seed, eval_batches
+        self.tasks = tasks_of(_plain(labels) if labels else None)
         self.shards = shards
         self.hash_seed = int(hash_seed)
         self.fail = _value(bad_rows) == BadRows.fail.value
         label = _plain(label)
-        self.label_column, self.threshold_value = label["column"], label.get("threshold")
+        self.label_column, self.threshold_value = label.get("column"), label.get("threshold")
+        # the label columns read: each task's (data.labels), or data.label's
+        self.label_columns = [t.column for t in self.tasks] if self.tasks else [self.label_column]
         self.weight_column = weight
         self.dense = _dense_list(dense, numeric_encoding, numeric_buckets)
         self.sparse = _sparse_list(sparse)
@@ -110,7 +115,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
         self.splits = ("train", "valid", "eval") if valid_path or self.valid_fraction else ("train", "eval")
         self.columns = list(
             dict.fromkeys(
-                [self.label_column]
+                self.label_columns
                 + ([weight] if weight else [])
                 + [d.column for d in self.dense]
                 + [c for f in self.sparse for c in (f.column, f.weights_column) if c]
@@ -200,7 +205,11 @@ class ParquetSource(_Columns, _Partitioned, Source):
             return types[column]
 
         numeric = lambda t: _kind(t) in _NUMERIC
-        need(self.label_column, "data.label.column", numeric, "numbers or booleans")
+        if self.tasks:
+            for i, task in enumerate(self.tasks):
+                need(task.column, f"data.labels[{i}].column", numeric, "numbers or booleans")
+        else:
+            need(self.label_column, "data.label.column", numeric, "numbers or booleans")
         if self.weight_column:
             need(self.weight_column, "data.weight", lambda t: _kind(t) in ("int", "float", "decimal"), "numbers")
         for i, d in enumerate(self.dense):
@@ -347,7 +356,7 @@ class ParquetSource(_Columns, _Partitioned, Source):
                 sparse.append(
                     sparse_input(d.name, d.column, d.table_name, rows, "sum", ids, "one id", null_rows="error")
                 )
-        read = [c for c in self.columns if c not in (self.label_column, self.weight_column)]
+        read = [c for c in self.columns if c not in (*self.label_columns, self.weight_column)]
         return RawInputs(f"a row of the feature log: columns {', '.join(read)}", dense, sparse, copies=copies)
 
     def _features(self) -> list[SparseFeature]:
