@@ -43,7 +43,7 @@ EXAMPLE_DAYS := data/example_days/eval/part-00000.parquet
 # -P: the script runs before hybridrec is installed, without its folder shadowing any module
 CHECK := $(PY) -P hybridrec/install_check.py --gpu $(GPU)
 
-.PHONY: help install demo docs docs-check train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu bench-tabular compare-models data-movielens data-example data-adult clean
+.PHONY: help install demo docs docs-check train lint test test-fast test-flakes test-gpu bench bench-quick bench-gpu bench-tabular bench-multitask compare-models data-movielens data-example data-adult clean
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -138,6 +138,9 @@ $(ADULT): | install
 bench-tabular: install $(ADULT) ## hybridrec's models with each numeric encoding against logistic regression and gradient-boosted trees on data/adult, 3 seeds -> benchmarks/results/TABULAR.md (~15 min on 2 CPU cores)
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/tabular.py $(ARGS)
+
+bench-multitask: install ## shared-bottom, MMoE and PLE against single-task models and the planted model on +experiment=multitask, 3 seeds -> benchmarks/results/MULTITASK.md (~20 min on 2 CPU cores)
+	$(PY) benchmarks/multitask.py $(ARGS)
 
 data-example: $(EXAMPLE) $(EXAMPLE_DAYS) ## write the example feature log (+experiment=feature_log) to data/example and its drifting daily partitions (+experiment=continuous) to data/example_days
 

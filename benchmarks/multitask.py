@@ -15,6 +15,7 @@ their spread, and the per-seed differences the targets are about.
 
     python benchmarks/multitask.py                   # make bench-multitask
     python benchmarks/multitask.py --seeds 0 train.steps=100 --out /tmp/mt.md   # a quick check
+    python benchmarks/multitask.py --report          # MULTITASK.md again from multitask.json
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -44,8 +46,6 @@ TASKS = ("click", "conversion")
 
 
 def train(name: str, seed: int, overrides: list[str], runs: str) -> dict:
-    import subprocess
-
     out = os.path.join(runs, f"{name.replace(' ', '_').replace(',', '')}_seed{seed}")
     cmd = [
         sys.executable,
@@ -83,7 +83,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "MULTITASK.md"))
     p.add_argument("--runs", default="/tmp/hybridrec_multitask")
+    p.add_argument("--report", action="store_true", help="write the markdown again from the stored JSON")
     args, overrides = p.parse_known_args()
+    json_path = os.path.splitext(args.out)[0].lower() + ".json"
+    if args.report:
+        result = json.load(open(json_path))
+        result["planted"] = {int(k): v for k, v in result["planted"].items()}  # JSON keys are strings
+        write_markdown(args.out, report(result), "multitask")
+        return
     rows, refs = [], {}
     for seed in args.seeds:
         refs[seed] = planted(seed, overrides)
@@ -93,12 +100,14 @@ def main() -> None:
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
         "overrides": overrides,
         "seeds": args.seeds,
         "planted": refs,
         "runs": rows,
     }
-    json_path = os.path.splitext(args.out)[0].lower() + ".json"
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
     write_markdown(args.out, report(result), "multitask")
@@ -119,7 +128,8 @@ def report(result: dict) -> list[str]:
         "# Multi-task ranking against single-task models",
         "",
         f"`python benchmarks/multitask.py {' '.join(result['overrides'])}`".replace(" `", "`"),
-        f"({result['date']}, {m['cpu']}, {m['cores']} cores, torch {m['torch']}, torchrec {m['torchrec']}); "
+        f"({result['date']}, hybridrec {result.get('commit', '?')}, {m['cpu']}, {m['cores']} cores, torch {m['torch']}, "
+        f"torchrec {m['torchrec']}); "
         f"`+experiment=multitask`, seeds {', '.join(map(str, seeds))} (a seed draws the log, its planted "
         "models and the initialization). Each run keeps its best checkpoint by the validation objective and "
         "scores the test split once with it. Test AUC, median over the seeds (min–max):",
@@ -135,7 +145,13 @@ def report(result: dict) -> list[str]:
         f"| planted model (the best possible) | {_median([planted[s]['click'] for s in planted])} | "
         f"{_median([planted[s]['conversion'] for s in planted])} |"
     )
-    lines += ["", "Per seed, the differences the targets are about (test AUC):", ""]
+    lines += [
+        "",
+        "## Against the single-task models and the planted model",
+        "",
+        "Per seed, the differences (test AUC), median over the seeds (min–max):",
+        "",
+    ]
     lines.append(
         "| model | conversion − single-task conversion | planted conversion − conversion | click − DLRM click |"
     )

@@ -18,7 +18,7 @@ from hybridrec.models import build_model
 from hybridrec.run.validation import validate
 
 GROUPS = {
-    "model": ["dlrm", "dcn", "deepfm", "two_tower", "sasrec", "hstu"],
+    "model": ["dlrm", "dcn", "deepfm", "two_tower", "sasrec", "hstu", "shared_bottom", "mmoe", "ple"],
     "loss": ["pointwise", "mse", "pairwise", "listwise", "approx_ndcg", "sampled_softmax", "next_item"],
     "data": [
         "synthetic",
@@ -85,6 +85,8 @@ def test_every_option_composes_and_validates(group, option):
         experiment = "sequences"  # next-item training: a sequence model, source and loss together
     if option == "example_days":
         experiment = "continuous"  # managed ids: the continuous schedule reads them
+    if option in ("shared_bottom", "mmoe", "ple"):
+        experiment = "multitask"  # several tasks: data.labels
     cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}", *paths])
     validate(cfg, world_size=1 if option == "single" else 2)
 

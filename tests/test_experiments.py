@@ -33,8 +33,13 @@ def test_experiment_composes_with_model(experiment, model):
     # The only pairs that may be refused are those the declared contracts rule out; the
     # refusal says why and names the experiment or model that fits.
     next_item = (ranker.needs_next_item, loss.needs_next_item, source.next_item)
+    labels = cfg.data.get("labels")
     # (in the order validation checks them: the first problem found is the one reported)
-    if loss.in_batch_negatives and not ranker.in_batch_negatives:
+    if ranker.multi_task and not labels:
+        expected = r"trains several tasks: set data.labels, .*\+experiment=multitask"
+    elif labels and not ranker.multi_task and len(labels) > 1:
+        expected = r"scores one binary label: use model=shared_bottom, mmoe or ple"
+    elif loss.in_batch_negatives and not ranker.in_batch_negatives:
         expected = r"scores users against in-batch items: .*\(model=two_tower\)"
     elif any(next_item) and not all(next_item):
         expected = r"next-item training takes a sequence model .*\+experiment=sequences"

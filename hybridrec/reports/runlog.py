@@ -149,7 +149,10 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
         # AUC where the scores are per row; a next-item run's is NDCG@10 over the catalogue
         head = "auc" if "auc" in evals[0]["eval"] else "ndcg@10"
         label = head.upper() if head == "auc" else "NDCG@10"
-        ax_eval.plot(steps, [r["eval"][head] for r in evals], "o-", color="tab:green", label=f"{curve} {label}")
+        weighted = " (tasks weighted)" if any(k.endswith(".auc") for k in evals[0]["eval"]) else ""
+        ax_eval.plot(
+            steps, [r["eval"][head] for r in evals], "o-", color="tab:green", label=f"{curve} {label}{weighted}"
+        )
         for r in test:
             ax_eval.plot([r["step"]], [r["eval"][head]], "*", markersize=12, color="black", label=f"test {label}")
         # else drawn in the objective's panel (judged: objective is not None)
@@ -162,6 +165,10 @@ def plot_report(records: list[dict[str, Any]], path: str, summary: Optional[RunS
             ax_ne.plot(steps, [r["eval"]["ne"] for r in evals], "s--", color="tab:red", label="NE")
             ax_ne.set_ylabel("NE (lower is better)")
             extra = ax_ne.lines
+        # a multi-task run: each task's AUC beside the weighted one (the weighted NE has no meaning)
+        tasks = [k for k in evals[0]["eval"] if k.endswith(".auc") and k.count(".") == 1]
+        for key, style in zip(tasks, ("v-", "^-", "<-", ">-", "d-", "p-")):
+            ax_eval.plot(steps, [r["eval"][key] for r in evals], style, alpha=0.8, label=f"{curve} {key[:-4]} AUC")
         ndcg = next((k for k in evals[0]["eval"] if k.startswith("ndcg")), None)
         if ndcg and head == "auc":  # ranking sources
             ax_eval.plot(steps, [r["eval"][ndcg] for r in evals], "^-", color="tab:purple", label=ndcg.upper())
