@@ -363,3 +363,19 @@ def test_a_feature_log_without_a_tasks_column_is_refused_naming_it(tmp_path):
 
     with pytest.raises(DataError, match=r"no column 'purchase' \(data.labels\[1\].column\)"):
         ParquetSource(**_log(tmp_path), labels=[{"name": "click"}, {"name": "buy", "column": "purchase"}])
+
+
+@pytest.mark.unit
+def test_a_checkpoint_of_other_tasks_does_not_fit_and_says_which():
+    from hybridrec.checkpoint import layout_differences
+
+    saved = compose_cfg(["+experiment=multitask", DEVICE])
+    same = compose_cfg(
+        ["+experiment=multitask", DEVICE, "data.labels=[{name:click,weight:2.0},{name:conversion,after:click}]"]
+    )
+    other = compose_cfg(["+experiment=multitask", DEVICE, "data.labels=[{name:click},{name:conversion}]"])
+    assert layout_differences(saved, [], 13, same, [], 13) == []  # a task's weight may change on resume
+    assert layout_differences(saved, [], 13, other, [], 13) == [
+        "data.labels: checkpoint ['click (binary of click)', 'conversion (binary of conversion, after click)'], "
+        "run ['click (binary of click)', 'conversion (binary of conversion)']"
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -124,11 +124,26 @@ def layout_differences(
         diffs.append(f"{len(changed) - 3} more features fed otherwise")
     if saved_dense != dense:
         diffs.append(f"dense features: checkpoint {saved_dense}, run {dense}")
+    if (tasks := _tasks(saved)) != (run_tasks := _tasks(cfg)):  # the towers, and what each learned
+        diffs.append(f"data.labels: checkpoint {tasks or 'one label'}, run {run_tasks or 'one label'}")
     for key in ("loss._target_", "optimizer.sparse._target_", "optimizer.dense._target_"):
         a, b = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
         if a != b:
             diffs.append(f"{key}: checkpoint {_short(a)}, run {_short(b)}")
     return diffs
+
+
+def _tasks(cfg: DictConfig) -> list[str]:
+    """The tasks of ``data.labels`` as what a model's towers learned (their weights may change):
+    ``name (kind of column[, after parent])`` each."""
+    labels = OmegaConf.select(cfg, "data.labels")
+    out = []
+    listed = cast("list[dict[str, Any]]", OmegaConf.to_container(labels, resolve=True) if labels else [])
+    for t in listed:
+        kind = getattr(t.get("kind"), "value", t.get("kind")) or "binary"
+        after = f", after {t['after']}" if t.get("after") else ""
+        out.append(f"{t['name']} ({kind} of {t.get('column') or t['name']}{after})")
+    return out
 
 
 def check_compatible(
