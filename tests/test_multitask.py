@@ -379,3 +379,14 @@ def test_a_checkpoint_of_other_tasks_does_not_fit_and_says_which():
         "data.labels: checkpoint ['click (binary of click)', 'conversion (binary of conversion, after click)'], "
         "run ['click (binary of click)', 'conversion (binary of conversion)']"
     ]
+
+
+@pytest.mark.unit
+def test_the_example_logs_purchases_come_only_after_clicks(tmp_path):
+    from hybridrec.data.example import generate
+
+    generate(str(tmp_path), rows=4000, seed=0)
+    table = pq.read_table(tmp_path / "train")
+    click, purchase = (table.column(c).to_numpy() for c in ("click", "purchase"))
+    assert (purchase <= click).all()
+    assert 0.1 < purchase.sum() / click.sum() < 0.25, purchase.sum() / click.sum()  # about one click in six

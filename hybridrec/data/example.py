@@ -10,6 +10,9 @@ order: fourteen days of training, then a day of validation, then a day of test. 
 - ``ts`` int64: the impression's time (seconds); no feature reads it;
 - ``user_id`` string (``u000123``), ``item_id`` int64 (raw ids, sparse: 10,000,000 and up);
 - ``click`` int8 0/1: the label; ``weight`` float32: a recency weight in (0.3, 1];
+- ``purchase`` int8 0/1: a purchase, only ever after a click (a second task, ``data.labels``:
+  its own hidden model, given the click, rewards the same user-item affinity and penalizes
+  the price more; drawn from a stream of its own, so every other column is as without it);
 - ``price`` float32 (heavy-tailed: log1p), ``tenure_days`` int32 (standardize),
   ``position`` int32 (0..9, the slot the item was shown in);
 - ``clicked_items`` list<int64>: the user's recent clicks, most recent first, 0..30 of them
@@ -67,6 +70,8 @@ START = 1_700_000_000  # the first day's midnight, seconds: a date in 2023
 # learnable (the hidden model itself scores AUC 0.88).
 BIAS, W_USER_ITEM, W_USER_CATEGORY, W_HISTORY_ITEM = -2.4, 1.2, 0.8, 1.2
 W_POSITION, W_PRICE, W_TENURE = -0.12, -0.35, 0.15
+# The purchase given a click: about one click in six (4% of the impressions).
+PURCHASE_BIAS, W_PURCHASE_USER_ITEM, W_PURCHASE_PRICE, W_PURCHASE_ITEM = -4.0, 1.5, -0.9, 0.5
 
 SCHEMA = pa.schema(
     [
@@ -81,6 +86,7 @@ SCHEMA = pa.schema(
         pa.field("clicked_items", pa.list_(pa.int64()), nullable=False),
         pa.field("cat_ids", pa.list_(pa.int64()), nullable=False),
         pa.field("cat_weights", pa.list_(pa.float32()), nullable=False),
+        pa.field("purchase", pa.int8(), nullable=False),
     ]
 )
 _PARTIAL = ".partial"
@@ -223,6 +229,7 @@ def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
 
 def split_table(world: World, rng: np.random.Generator, rows: int, first_day: int, days: int) -> pa.Table:
     """``rows`` impressions over ``days`` days from ``first_day``, in time order."""
+    (buy,) = rng.spawn(1)  # the purchases' stream: spawning leaves ``rng``'s own draws as they were
     ts = np.sort(START + first_day * DAY + rng.integers(0, days * DAY, rows))
     user = rng.choice(USERS, rows, p=world.user_pop)
     item = world.items_like(rng, world.user_cluster[user], own_share=0.5)
@@ -253,6 +260,13 @@ def split_table(world: World, rng: np.random.Generator, rows: int, first_day: in
         + W_TENURE * (tenure - 300.0) / 250.0
     )
     click = (rng.random(rows) < portable.sigmoid(logit)).astype(np.int8)
+    bought = (
+        PURCHASE_BIAS
+        + W_PURCHASE_ITEM * world.item_bias[item]
+        + W_PURCHASE_USER_ITEM * (u * v).sum(1) / DIM
+        + W_PURCHASE_PRICE * (log_price - 3.0) / 1.2
+    )
+    purchase = (click & (buy.random(rows) < portable.sigmoid(bought))).astype(np.int8)
     age_days = (START + (first_day + days) * DAY - ts) / DAY
     weight = np.round(0.3 + 0.7 * portable.exp(-age_days / 7.0), 3).astype(np.float32)
 
@@ -273,6 +287,7 @@ def split_table(world: World, rng: np.random.Generator, rows: int, first_day: in
         _list_array(hist_offsets, world.item_ids[history]),
         _list_array(cat_offsets, world.cat_ids[take]),
         _list_array(cat_offsets, world.cat_weights[take]),
+        pa.array(purchase),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 
