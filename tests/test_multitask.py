@@ -49,8 +49,17 @@ MODELS = {
 }
 
 
+# every kind of task: a binary, an ordinal (grades 0..2; the conversions are grades 0 and 1) and a
+# regression one
+KINDS = [
+    "model=mmoe",
+    "data.labels=[{name:click},{name:grade,column:conversion,kind:ordinal,levels:3},"
+    "{name:again,column:click,kind:regression,weight:0.5}]",
+]
+
+
 def _cfg(model, *extra):
-    return compose_cfg(MT + MODELS[model] + list(extra))
+    return compose_cfg(MT + (KINDS if model == "kinds" else MODELS[model]) + list(extra))
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +67,11 @@ def runs(tmp_path_factory):
     """1 rank and 2 ranks of each model; MMoE on 2 ranks stopped at step 4 and resumed, and
     its step-4 checkpoint continued on 1 rank."""
     tmp = tmp_path_factory.mktemp("multitask")
-    one = spawn(train_and_gather, 1, [_cfg(m) for m in MODELS], str(tmp / "one"))
+    one = spawn(train_and_gather, 1, [_cfg(m) for m in [*MODELS, "kinds"]], str(tmp / "one"))
     two = spawn(
         train_and_gather,
         2,
-        [_cfg(m, f"checkpoint.dir={tmp / m}") for m in MODELS]
+        [_cfg(m, f"checkpoint.dir={tmp / m}") for m in [*MODELS, "kinds"]]
         + [
             _cfg("mmoe", f"checkpoint.dir={tmp / 'cut'}", "train.steps=4"),
             _cfg("mmoe", f"checkpoint.dir={tmp / 'cut'}"),
@@ -75,7 +84,7 @@ def runs(tmp_path_factory):
         [_cfg("mmoe", f"checkpoint.dir={tmp / 'to1'}", f"checkpoint.resume={tmp / 'mmoe' / 'step_00000004'}")],
         str(tmp / "to1run"),
     )
-    return tmp, dict(zip(MODELS, one)), dict(zip(MODELS, two)), two[4], resharded
+    return tmp, dict(zip([*MODELS, "kinds"], one)), dict(zip([*MODELS, "kinds"], two)), two[5], resharded
 
 
 @pytest.mark.dist
@@ -93,6 +102,20 @@ def test_two_ranks_train_each_model_as_one_process(runs, model):
             assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-5), (split, key)
     # every expert, gate and tower is an FSDP2 unit on 2 ranks
     assert two[model]["dense_placements"] == "S(0)"
+
+
+@pytest.mark.dist
+def test_binary_ordinal_and_regression_tasks_train_on_two_ranks_as_on_one(runs):
+    _, one, two, _, _ = runs
+    assert_same_training(two["kinds"], one["kinds"])
+    (first,) = [v for k, v in one["kinds"]["state"].items() if k.endswith("cutpoints.0.first")]
+    assert float(first) != -0.5  # the grade's cut-points are trained (they start at -0.5 and 0.5)
+    metrics = two["kinds"]["summary"]["eval"]
+    assert {"click.auc", "grade.rmse", "grade.mae", "grade.accuracy", "again.rmse", "again.mae"} <= metrics.keys()
+    grades = two["kinds"]["eval_logits"][:, 1]  # the expected grade, in [0, 2]
+    assert bool(((grades >= 0) & (grades <= 2)).all())
+    for key, value in one["kinds"]["summary"]["eval"].items():
+        assert math.isclose(value, metrics[key], rel_tol=1e-4, abs_tol=1e-5), key
 
 
 @pytest.mark.dist
@@ -176,6 +199,27 @@ def test_the_task_loss_is_the_weighted_sum_of_each_tasks_loss():
         )
         / 16,
     )
+
+
+@pytest.mark.unit
+def test_an_ordinal_task_is_the_proportional_odds_likelihood_of_its_grade():
+    from hybridrec.models.multitask import Cutpoints, grade_probabilities
+
+    cuts = Cutpoints(4)
+    with torch.no_grad():
+        cuts.gaps.copy_(torch.tensor([-3.0, 2.0]))  # any values: the cut-points still increase
+    c = cuts()
+    assert c.shape == (3,) and bool((c[1:] > c[:-1]).all())
+    assert Cutpoints(2)().shape == (1,)
+    score = torch.tensor([-2.0, 0.0, 0.5, 3.0])
+    p = grade_probabilities(score, c)
+    torch.testing.assert_close(p.sum(1), torch.ones(4))
+    assert bool((p > 0).all())
+    torch.testing.assert_close(p[:, 1:].flip(1).cumsum(1).flip(1), torch.sigmoid(score[:, None] - c))  # P(>= k)
+    grade = torch.tensor([0.0, 3.0, 1.0, 2.0])
+    batch = RecBatch(dense_features=torch.zeros(4, 1), sparse_features=None, labels=grade)
+    got = TaskLoss([Task("g", "g", "ordinal", levels=4)])(score[:, None], batch, {0: c})
+    torch.testing.assert_close(got, -torch.log(p[torch.arange(4), grade.long()]).mean())
 
 
 @pytest.mark.unit
@@ -273,6 +317,10 @@ REFUSED = {
         ["data.labels=[{name:click,kind:regression},{name:conversion,after:click}]"],
         r"joins two binary tasks",
     ),
+    "an ordinal task without grades": (
+        ["data.labels=[{name:click},{name:stars,column:conversion,kind:ordinal}]"],
+        r"data.labels\[1\].levels=None: an ordinal task's number of grades",
+    ),
     "a task named twice": (["data.labels=[{name:click},{name:click,column:conversion}]"], r"task click is given twice"),
     "a multi-task model without labels": (["data.labels=null"], r"model=MMoE trains several tasks: set data.labels"),
     "a single-task model with two": (
@@ -339,21 +387,27 @@ def test_a_feature_log_gives_a_label_column_per_task_and_a_bad_label_costs_its_r
         {"name": "buy", "after": "click"},
         {"name": "watch", "column": "minutes", "kind": "regression"},
         {"name": "long", "column": "minutes", "threshold": 2.0},
+        {"name": "stars", "column": "buy", "kind": "ordinal", "levels": 2},
     ]
     data = ParquetSource(**_log(tmp_path), labels=labels)
     batch = next(loader.batches(data, "train", 0, 1, 1))
-    assert batch.labels.shape == (8, 4)
+    assert batch.labels.shape == (8, 5)
     real = batch.weights.bool().tolist()
     assert real == [True, True, True, False, True, False, True, True]  # rows 3 and 5 are bad, the rest kept
     kept = batch.labels[torch.tensor(real)]
     assert kept[:, 0].tolist() == [1, 0, 1, 0, 0, 1] and kept[:, 1].tolist() == [1, 0, 0, 0, 0, 0]
     assert kept[:, 2].tolist() == [3.5, 0.0, 1.0, 0.0, 0.0, 7.0] and kept[:, 3].tolist() == [1, 0, 0, 0, 0, 1]
+    assert kept[:, 4].tolist() == kept[:, 1].tolist()
     report = data.report()
     errors = report["files"][str(tmp_path / "t.parquet")]["errors"]
     assert errors == [
         f"{tmp_path / 't.parquet'}:3: label buy 2 is not 0 or 1 (or set data.labels[1].threshold)",
         f"{tmp_path / 't.parquet'}:5: label minutes nan is not a finite number",
     ]
+    # as an ordinal task of 3 grades, row 3's buy=2 is a grade
+    data = ParquetSource(**_log(tmp_path), labels=[{"name": "stars", "column": "buy", "kind": "ordinal", "levels": 3}])
+    batch = next(loader.batches(data, "train", 0, 1, 1))
+    assert batch.labels.tolist() == [1, 0, 0, 2, 0, 1, 0, 0] and bool(batch.weights.all())
 
 
 @pytest.mark.unit

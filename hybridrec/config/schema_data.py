@@ -47,6 +47,9 @@ class TaskKind(str, Enum):
     """0/1 labels: a logit, cross-entropy; AUC, NE, log loss, calibration, accuracy."""
     regression = "regression"
     """Real labels: squared error; RMSE and MAE."""
+    ordinal = "ordinal"
+    """Grades 0 .. levels - 1: a score and learned cut-points (proportional odds); RMSE, MAE and
+    accuracy of the expected grade."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ class TaskConfig:
     the model predicts P(after and this) = P(after) * P(this | after), ESMM's factorization."""
     threshold: Optional[float] = None
     """A file source's binary label from a numeric column: value > threshold."""
+    levels: Optional[int] = None
+    """An ordinal task's number of grades (its labels 0 .. levels - 1)."""
 
 
 class DenseDistribution(str, Enum):

@@ -24,15 +24,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-KINDS = ("binary", "regression")
+KINDS = ("binary", "regression", "ordinal")
 """binary: 0/1 labels, a logit, trained with cross-entropy and reported with AUC, NE, log loss,
 calibration and accuracy; regression: real labels, trained with squared error and reported
-with RMSE and MAE."""
+with RMSE and MAE; ordinal: grades 0 .. levels - 1 (a rating), a score and learned cut-points
+(the proportional-odds model: P(grade >= k) = sigmoid(score - cut_k)), trained with the
+grade's negative log-likelihood and reported, as the expected grade, with RMSE, MAE and the
+accuracy of the nearest grade."""
 
 BINARY_METRICS = ("auc", "logloss", "ne", "accuracy")
 """What a binary task is judged by (``train.objective=valid.<task>.<metric>``); its calibration
 and label rate are reported too."""
 REGRESSION_METRICS = ("rmse", "mae")
+ORDINAL_METRICS = ("rmse", "mae", "accuracy")
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,13 @@ class Task:
     threshold: Optional[float] = None
     """A file source's binary label from a numeric column: value > threshold (unset: the value,
     0 or 1)."""
+    levels: Optional[int] = None
+    """An ordinal task's grades: 0 .. levels - 1."""
 
     @property
     def metrics(self) -> tuple[str, ...]:
         """The per-task metric keys (``<name>.<metric>``) an evaluation reports."""
-        names = BINARY_METRICS if self.kind == "binary" else REGRESSION_METRICS
+        names = {"binary": BINARY_METRICS, "regression": REGRESSION_METRICS, "ordinal": ORDINAL_METRICS}[self.kind]
         given = (f"auc_given_{self.after}",) if self.after else ()
         return tuple(f"{self.name}.{m}" for m in names + given)
 
@@ -72,6 +78,7 @@ def tasks_of(labels: Any) -> list[Task]:
                 weight=float(get("weight", 1.0) if get("weight") is not None else 1.0),
                 after=get("after"),
                 threshold=get("threshold"),
+                levels=get("levels"),
             )
         )
     return tasks
@@ -122,6 +129,11 @@ def check_tasks(labels: Sequence[Any], columns: Optional[Sequence[str]] = None) 
             raise ValueError(
                 f"{key}.column={column}: this data has no such label column (it has: {', '.join(columns)})"
             )
+        levels = get(spec, "levels")
+        if kind == "ordinal" and (not isinstance(levels, int) or isinstance(levels, bool) or levels < 2):
+            raise ValueError(f"{key}.levels={levels}: an ordinal task's number of grades (0 .. levels - 1), >= 2")
+        if kind != "ordinal" and levels is not None:
+            raise ValueError(f"{key}.levels: grades are an ordinal task's; task {name} is {kind}")
         if get(spec, "threshold") is not None and kind != "binary":
             raise ValueError(f"{key}.threshold: a threshold makes a binary label; task {name} is {kind}")
         seen.append(name)

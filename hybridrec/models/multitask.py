@@ -21,6 +21,7 @@ May import: base, config, data.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Optional, Sequence, cast
 
 import torch
@@ -53,9 +54,18 @@ def as_tasks(tasks: Sequence[Any]) -> list[Task]:
     return [t if isinstance(t, Task) else Task(**dict(t)) for t in tasks]
 
 
+def grade_probabilities(score: torch.Tensor, cuts: torch.Tensor) -> torch.Tensor:
+    """``[B, levels]``: P(grade = k) under the proportional-odds model, P(grade >= k) =
+    sigmoid(score - cut_k) for the increasing ``cuts`` ``[levels - 1]``."""
+    at_least = torch.sigmoid(score.float().unsqueeze(1) - cuts.float())  # [B, levels - 1], decreasing in k
+    ones, zeros = at_least.new_ones(len(score), 1), at_least.new_zeros(len(score), 1)
+    return torch.cat([ones, at_least], 1) - torch.cat([at_least, zeros], 1)
+
+
 class TaskLoss(Loss):
     """The weighted sum of each task's loss: binary cross-entropy on a binary task's output
-    (the joint logit for a dependent task), squared error on a regression task's. Each is a
+    (the joint logit for a dependent task), squared error on a regression task's, the
+    grade's negative log-likelihood for an ordinal task (its score and ``cuts``). Each is a
     mean over the rank's rows as ``BCE``'s is (padding and sample weights by
     ``batch.weights``), so 2 ranks give 1 process's loss."""
 
@@ -65,7 +75,9 @@ class TaskLoss(Loss):
         super().__init__(list_size)
         self.tasks = list(tasks)
 
-    def forward(self, logits: torch.Tensor, batch: RecBatch) -> torch.Tensor:
+    def forward(
+        self, logits: torch.Tensor, batch: RecBatch, cuts: Optional[dict[int, torch.Tensor]] = None
+    ) -> torch.Tensor:
         labels = batch.labels.view(len(logits), len(self.tasks))
         weights = _weights(batch, logits[:, 0])
         total = logits.new_zeros((), dtype=torch.float32)
@@ -75,10 +87,30 @@ class TaskLoss(Loss):
             out, label = logits[:, t].float(), labels[:, t]
             if task.kind == "binary":
                 per_row = F.binary_cross_entropy_with_logits(out, label, reduction="none")
+            elif task.kind == "ordinal":
+                assert cuts is not None  # MultiTaskRanker.forward passes its ordinal tasks' cut-points
+                p = grade_probabilities(out, cuts[t]).gather(1, label.long().unsqueeze(1)).squeeze(1)
+                per_row = -torch.log(p.clamp(min=1e-12))
             else:
                 per_row = (out - label) ** 2
             total = total + task.weight * _mean_per_list(per_row, weights, self.list_size)
         return total
+
+
+class Cutpoints(nn.Module):
+    """An ordinal task's ``levels - 1`` increasing cut-points: the first, then positive gaps
+    (softplus), starting evenly spaced one apart around 0."""
+
+    def __init__(self, levels: int) -> None:
+        super().__init__()
+        self.first = nn.Parameter(torch.tensor([-(levels - 2) / 2.0]))
+        # no gaps for two grades: an empty parameter would be an empty FSDP2 shard
+        self.gaps = nn.Parameter(torch.full((levels - 2,), math.log(math.e - 1))) if levels > 2 else None  # softplus 1
+
+    def forward(self) -> torch.Tensor:
+        if self.gaps is None:
+            return self.first
+        return torch.cat([self.first, self.first + torch.cumsum(F.softplus(self.gaps), 0)])
 
 
 class Gate(nn.Module):
@@ -138,6 +170,8 @@ class MultiTaskRanker(Ranker):
         self.towers = nn.ModuleList(OverArch(self.expert_out, [*tower_layer_sizes, 1]) for _ in self.tasks)
         names = [t.name for t in self.tasks]
         self._parents = [names.index(t.after) if t.after else -1 for t in self.tasks]
+        self._ordinal = [t for t, task in enumerate(self.tasks) if task.kind == "ordinal"]
+        self.cutpoints = nn.ModuleList(Cutpoints(cast(int, self.tasks[t].levels)) for t in self._ordinal)
 
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
@@ -157,20 +191,43 @@ class MultiTaskRanker(Ranker):
     def mixing_units(self) -> list[nn.Module]:
         raise NotImplementedError
 
-    def score(self, batch: RecBatch) -> torch.Tensor:
+    def _logits(self, batch: RecBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """What the loss reads: ``[B, T]`` (a dependent task's joint logit, an ordinal task's
+        score) and each ordinal task's cut-points, by column."""
         x = self.inter_arch(self.dense_arch(batch.dense_features), self.sparse_arch(batch.sparse_features))
         own = [tower(h) for tower, h in zip(self.towers, self.mix(x))]
         out: list[torch.Tensor] = []
         for t, parent in enumerate(self._parents):
             out.append(own[t] if parent < 0 else joint_logit(out[parent], own[t]).to(own[t].dtype))
-        return torch.cat(out, dim=1)
+        return torch.cat(out, dim=1), {t: cuts() for t, cuts in zip(self._ordinal, self.cutpoints)}
+
+    def _outputs(self, logits: torch.Tensor, cuts: dict[int, torch.Tensor]) -> torch.Tensor:
+        """``[B, T]`` as evaluation and the export give them: an ordinal task's expected grade
+        (sum over k of P(grade >= k)) in place of its score; the rest as the loss reads them."""
+        if not cuts:
+            return logits
+        # columns by index, not by unbinding: TorchRec's pipeline traces this with torch.fx
+        columns = [logits[:, t : t + 1] for t in range(len(self.tasks))]
+        for t, c in cuts.items():
+            grade = torch.sigmoid(logits[:, t : t + 1].float() - c.float()).sum(1, keepdim=True)
+            columns[t] = grade.to(logits.dtype)
+        return torch.cat(columns, 1)
+
+    def score(self, batch: RecBatch) -> torch.Tensor:
+        return self._outputs(*self._logits(batch))
+
+    def forward(self, batch: RecBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits, cuts = self._logits(batch)
+        loss = cast(TaskLoss, self.loss)(logits, batch, cuts)
+        return loss, (loss.detach(), self._outputs(logits, cuts).detach(), batch.labels.detach())
 
     def sparse_module(self) -> nn.Module:
         return self.sparse_arch.embedding_bag_collection
 
     def dense_units(self) -> list[nn.Module]:
-        """Dense arch, the cross network (DCN), every expert and gate, every tower: each an FSDP2 unit."""
-        return [self.dense_arch, *self._inter_units, *self.mixing_units(), *self.towers]
+        """Dense arch, the cross network (DCN), every expert and gate, every tower, each ordinal
+        task's cut-points: each an FSDP2 unit."""
+        return [self.dense_arch, *self._inter_units, *self.mixing_units(), *self.towers, *self.cutpoints]
 
 
 class SharedBottom(MultiTaskRanker):

@@ -50,7 +50,8 @@ def binary_metrics(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float
 def task_metrics(scores: torch.Tensor, labels: torch.Tensor, tasks: Sequence[Task]) -> dict[str, Any]:
     """The metrics block of a multi-task split (``[n, T]`` outputs and labels, every real row
     once): per task ``<task>.<metric>`` (a binary task's ``binary_metrics`` of sigmoid(output);
-    a regression task's RMSE and MAE), a dependent task's AUC of P(task | parent) on the
+    a regression task's RMSE and MAE; an ordinal task's RMSE and MAE of the expected grade and
+    the accuracy of the nearest grade), a dependent task's AUC of P(task | parent) on the
     parent's positive rows (``<task>.auc_given_<parent>``), and the binary tasks' ``auc`` and
     ``logloss`` averaged with the task weights: what ``valid.auc`` and ``valid.logloss`` judge."""
     out: dict[str, Any] = {}
@@ -59,10 +60,12 @@ def task_metrics(scores: torch.Tensor, labels: torch.Tensor, tasks: Sequence[Tas
     weighted: dict[str, list[tuple[float, float]]] = {"auc": [], "logloss": []}
     for t, task in enumerate(tasks):
         s, y = scores[:, t].double(), labels[:, t].double()
-        if task.kind != "binary":
+        if task.kind != "binary":  # a regression task's value, an ordinal task's expected grade
             err = s - y
             out[f"{task.name}.rmse"] = float(err.square().mean().sqrt()) if len(err) else float("nan")
             out[f"{task.name}.mae"] = float(err.abs().mean()) if len(err) else float("nan")
+            if task.kind == "ordinal":  # the nearest grade's
+                out[f"{task.name}.accuracy"] = float((s.round() == y).double().mean()) if len(y) else float("nan")
             continue
         m = binary_metrics(torch.sigmoid(s), y)
         out |= {f"{task.name}.{k}": v for k, v in m.items() if k != "n"}

@@ -257,7 +257,7 @@ def program_spec(
         spec["output"] = "tasks"
         spec["output_doc"] = (
             f"[B, {len(tasks)}] float32: column t is task t's (tasks, in order): a binary task's probability "
-            "(a task after another: the probability of both), a regression task's value"
+            "(a task after another: the probability of both), a regression task's value, an ordinal task's expected grade"
         )
         spec["tasks"] = [
             {

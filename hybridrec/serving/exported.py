@@ -50,7 +50,7 @@ class Scorer(nn.Module):
     sigmoid(logit), a click probability, when the loss is calibrated (``Loss.calibrated``:
     loss=pointwise); the raw score otherwise (a ranking objective's score orders rows and is
     not a probability). A multi-task model (``hybridrec.models.multitask``) returns ``[B, T]``,
-    column t task t's: a binary task's probability, a regression task's value."""
+    column t task t's: a binary task's probability, a regression task's value, an ordinal task's expected grade."""
 
     def __init__(self, model: Ranker, keys: list[str], calibrated: bool, weighted: bool = False) -> None:
         super().__init__()

@@ -121,7 +121,9 @@ class _Columns:
         checks: list[_Check] = []
         if self.tasks:  # several tasks: a label column each, [n, T] (one task: [n])
             parts = [
-                self._labels(_plain_array(table.column(t.column)), t.column, t.threshold, t.kind, f"data.labels[{i}]")
+                self._labels(
+                    _plain_array(table.column(t.column)), t.column, t.threshold, t.kind, f"data.labels[{i}]", t.levels
+                )
                 for i, t in enumerate(self.tasks)
             ]
             labels = np.stack([p[0] for p in parts], 1) if len(parts) > 1 else parts[0][0]
@@ -245,13 +247,26 @@ class _Columns:
             report.files.setdefault(spans[int(j)][0], FileReport()).bad_rows += int(count)
 
     def _labels(
-        self, column: pa.Array, c: str, threshold: Optional[float], kind: str = "binary", key: str = "data.label"
+        self,
+        column: pa.Array,
+        c: str,
+        threshold: Optional[float],
+        kind: str = "binary",
+        key: str = "data.label",
+        levels: Optional[int] = None,
     ) -> tuple[np.ndarray, list[_Check]]:
         """Label column ``c``'s values and the checks that make a row bad: a null; for a binary
         label, a value that is not 0 or 1 (with ``threshold``: value > threshold, and NaN is bad);
-        for a regression label (a task of data.labels), a value that is not finite."""
+        for a regression label (a task of data.labels), a value that is not finite; for an
+        ordinal one, a value that is not a grade 0 .. levels - 1."""
         x, nulls = _floats(column)
         checks: list[_Check] = [(nulls, lambda i: f"label {c} is null")]
+        if kind == "ordinal":
+            assert levels is not None  # check_tasks: an ordinal task has its levels
+            with np.errstate(invalid="ignore"):
+                wrong = ~nulls & ~((x >= 0) & (x <= levels - 1) & (x == np.floor(x)))
+            checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not a grade 0 .. {levels - 1} ({key}.levels)"))
+            return np.where(nulls | wrong, 0, x).astype(np.float32), checks
         if kind != "binary":
             wrong = ~nulls & ~np.isfinite(x)
             checks.append((wrong, lambda i: f"label {c} {x[i]:g} is not a finite number"))
