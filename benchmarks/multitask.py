@@ -85,7 +85,8 @@ def main() -> None:
     p.add_argument("--runs", default="/tmp/hybridrec_multitask")
     p.add_argument("--report", action="store_true", help="write the markdown again from the stored JSON")
     args, overrides = p.parse_known_args()
-    json_path = os.path.splitext(args.out)[0].lower() + ".json"
+    folder, name = os.path.split(args.out)
+    json_path = os.path.join(folder, os.path.splitext(name)[0].lower() + ".json")
     if args.report:
         result = json.load(open(json_path))
         result["planted"] = {int(k): v for k, v in result["planted"].items()}  # JSON keys are strings
