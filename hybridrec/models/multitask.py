@@ -22,6 +22,7 @@ May import: base, config, data.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from typing import Any, ClassVar, Optional, Sequence, cast
 
 import torch
@@ -184,12 +185,13 @@ class MultiTaskRanker(Ranker):
         if cfg.get("task_experts", 1) < 0:
             raise ValueError(f"model.task_experts={cfg.task_experts}: each task's own experts per level, >= 0")
 
+    @abstractmethod
     def mix(self, x: torch.Tensor) -> list[torch.Tensor]:
         """One input ``[B, expert_out]`` per task from the interaction's output ``x``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def mixing_units(self) -> list[nn.Module]:
-        raise NotImplementedError
+        """The mixing modules (experts, gates), each an FSDP2 unit."""
 
     def _logits(self, batch: RecBatch) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """What the loss reads: ``[B, T]`` (a dependent task's joint logit, an ordinal task's
