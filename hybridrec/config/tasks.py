@@ -60,28 +60,34 @@ class Task:
         return tuple(f"{self.name}.{m}" for m in names + given)
 
 
+def _field(spec: Any, key: str) -> Any:
+    """Field ``key`` of a ``data.labels`` entry (a mapping or a config node), None when unset,
+    enums as their values; ``kind`` defaults to binary and ``weight`` to 1.0."""
+    value = spec.get(key) if hasattr(spec, "get") else getattr(spec, key, None)
+    value = getattr(value, "value", value)
+    if value is None:
+        return {"kind": "binary", "weight": 1.0}.get(key)
+    return value
+
+
 def tasks_of(labels: Any) -> list[Task]:
     """The tasks of ``data.labels`` (a list of mappings, or None/empty: no tasks, one label per
     row), checked (``check_tasks``)."""
     if not labels:
         return []
     check_tasks(labels)
-    tasks = []
-    for spec in labels:
-        get = spec.get if hasattr(spec, "get") else lambda k, d=None, s=spec: getattr(s, k, d)
-        kind = get("kind") or "binary"
-        tasks.append(
-            Task(
-                name=str(get("name")),
-                column=str(get("column") or get("name")),
-                kind=str(getattr(kind, "value", kind)),
-                weight=float(get("weight", 1.0) if get("weight") is not None else 1.0),
-                after=get("after"),
-                threshold=get("threshold"),
-                levels=get("levels"),
-            )
+    return [
+        Task(
+            name=str(_field(spec, "name")),
+            column=str(_field(spec, "column") or _field(spec, "name")),
+            kind=str(_field(spec, "kind")),
+            weight=float(_field(spec, "weight")),
+            after=_field(spec, "after"),
+            threshold=_field(spec, "threshold"),
+            levels=_field(spec, "levels"),
         )
-    return tasks
+        for spec in labels
+    ]
 
 
 def check_tasks(labels: Sequence[Any], columns: Optional[Sequence[str]] = None) -> None:
@@ -91,25 +97,22 @@ def check_tasks(labels: Sequence[Any], columns: Optional[Sequence[str]] = None) 
     or a later one: dependencies follow the list's order, so there is no cycle), a
     dependency of or on a task that is not binary, and (``columns``: the label columns the
     source has) a column it does not have."""
-    get = lambda spec, k, d=None: spec.get(k, d) if hasattr(spec, "get") else getattr(spec, k, d)
     seen: list[str] = []
     kinds: dict[str, str] = {}
     for i, spec in enumerate(labels):
         key = f"data.labels[{i}]"
-        name = get(spec, "name")
+        name = _field(spec, "name")
         if not name or not isinstance(name, str) or "." in name:
             raise ValueError(f"{key}.name={name!r}: each task needs a name (no dots: metrics are <task>.<metric>)")
         if name in seen:
             raise ValueError(f"{key}.name={name}: task {name} is given twice; task names must be unique")
-        kind = get(spec, "kind") or "binary"
-        kind = str(getattr(kind, "value", kind))
+        kind = str(_field(spec, "kind"))
         if kind not in KINDS:
             raise ValueError(f"{key}.kind={kind}: one of {', '.join(KINDS)}")
-        weight = get(spec, "weight", 1.0)
-        weight = 1.0 if weight is None else weight
+        weight = _field(spec, "weight")
         if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
             raise ValueError(f"{key}.weight={weight}: a task's weight in the loss, finite and >= 0")
-        after = get(spec, "after")
+        after = _field(spec, "after")
         if after is not None:
             if after == name:
                 raise ValueError(f"{key}.after={after}: a task cannot depend on itself")
@@ -124,20 +127,20 @@ def check_tasks(labels: Sequence[Any], columns: Optional[Sequence[str]] = None) 
                     f"{key}.after={after}: a dependency (P({name} and {after}) = P({after}) * "
                     f"P({name} | {after})) joins two binary tasks; {after} is {kinds[after]}, {name} is {kind}"
                 )
-        column = get(spec, "column") or name
+        column = _field(spec, "column") or name
         if columns is not None and column not in columns:
             raise ValueError(
                 f"{key}.column={column}: this data has no such label column (it has: {', '.join(columns)})"
             )
-        levels = get(spec, "levels")
+        levels = _field(spec, "levels")
         if kind == "ordinal" and (not isinstance(levels, int) or isinstance(levels, bool) or levels < 2):
             raise ValueError(f"{key}.levels={levels}: an ordinal task's number of grades (0 .. levels - 1), >= 2")
         if kind != "ordinal" and levels is not None:
             raise ValueError(f"{key}.levels: grades are an ordinal task's; task {name} is {kind}")
-        if get(spec, "threshold") is not None and kind != "binary":
+        if _field(spec, "threshold") is not None and kind != "binary":
             raise ValueError(f"{key}.threshold: a threshold makes a binary label; task {name} is {kind}")
         seen.append(name)
         kinds[name] = kind
-    weights = [1.0 if (w := get(s, "weight")) is None else float(w) for s in labels]
+    weights = [float(_field(spec, "weight")) for spec in labels]
     if labels and not any(w > 0 for w in weights):
         raise ValueError("data.labels: every task's weight is 0, so nothing would be trained; give one a weight > 0")
