@@ -90,6 +90,29 @@ def test_histories_are_in_time_order_and_split_leave_one_out(tmp_path):
 
 
 @pytest.mark.unit
+def test_all_windows_make_every_training_item_a_target_once_an_epoch(tmp_path):
+    # user 1: 11 items (a training part of 9: 8 transitions), user 2: 3 items (one training
+    # item, no transition), user 3: 6 items (4 training items: 3 transitions)
+    rows = [(1, 10 + k, 4, k) for k in range(11)] + [(2, 40 + k, 4, k) for k in range(3)]
+    rows += [(3, 50 + k, 4, k) for k in range(6)]
+    d = _ratings(tmp_path, rows)
+    last, every = _source(d, batch_size=1), _source(d, batch_size=1, train_windows="all")
+    assert last.num_batches("train") == 3  # one row per user: user 1's 5 oldest transitions never trained
+    # windows of max_length + 1 = 4 items from the newest: user 1 [15..18], [12..15], [10..12]
+    assert every.num_batches("train") == 3 + 1 + 1
+    seen = []
+    for index in range(every.num_batches("train")):
+        rows_ = every.read("train", 0, index, 0, 1)
+        h, n = (rows_.feature(f)[0].tolist() for f in (0, 1))  # history, next
+        assert len(h) == len(n) <= 3 and h[1:] == n[:-1]  # a window: each position's next item
+        seen += list(zip(h, n))
+    transitions = [(10 + k, 11 + k) for k in range(8)] + [(50 + k, 51 + k) for k in range(3)]
+    assert sorted(seen) == transitions  # each exactly once
+    # the evaluated splits are one row per user either way
+    assert _rows(every, "eval")[0] == _rows(last, "eval")[0] and every.num_batches("valid") == 3
+
+
+@pytest.mark.unit
 def test_negatives_are_drawn_per_global_batch_alike_on_every_rank(tmp_path):
     rows = [(u, 1 + (u * 7 + k) % 40, 4, k) for u in range(1, 9) for k in range(6)]
     source = _source(_ratings(tmp_path, rows), batch_size=4, train_negatives=5)

@@ -482,10 +482,20 @@ class NegativeSampler(str, Enum):
     """In proportion to the item's training interactions, log-q corrected by the loss."""
 
 
+class TrainWindows(str, Enum):
+    last = "last"
+    """One training row per user: its newest max_length + 1 training items (SASRec's sampler);
+    a longer history's older items are never targets."""
+    all = "all"
+    """Each user's training items cut into windows of max_length + 1 from the newest: every
+    training item is a target once per epoch."""
+
+
 @dataclass
 class SequenceDataConfig(DataConfig):
     max_length: int = 200
     """The most recent items of a history a row keeps (at most model.max_length)."""
+    train_windows: TrainWindows = TrainWindows.last
     train_negatives: int = 0
     """Ids drawn per global batch for the training loss to score against; 0 = every item of
     the catalogue (a full softmax, for small catalogues)."""

@@ -5,7 +5,13 @@ sort), are one sequence of item ids. Leave-one-out, as SASRec and HSTU are evalu
 last item is the user's test target (``eval``), the one before it the validation target
 (``valid``), and the rest is the training sequence, in which every item is the target of the
 items before it. Users with fewer than three interactions have no training transition and
-are left out (counted in the read report). One row per user in every split.
+are left out (counted in the read report). One row per user in the evaluated splits; in
+training, ``train_windows`` decides: ``last`` (SASRec's original sampler) one row per user,
+its newest ``max_length + 1`` training items, so a longer history's older items are never
+targets; ``all``, the training sequence cut from its end into windows of ``max_length + 1``
+items (each window's first item is the previous window's last target), so every training
+item is a target once per epoch (on MovieLens-100k at 50 items: 2,412 rows instead of 943,
+and all 97,171 transitions instead of 40% of them).
 
 A row's batch (``Rows``) has three sparse features, all looked up in one item table:
 ``history``, the row's most recent items (at most ``max_length``, oldest first: jagged, no
@@ -72,8 +78,12 @@ class NextItemSource(Source):
         negative_sampling: str,
         eval_batches: Optional[int],
         seed: int,
+        train_windows: str = "last",
     ) -> None:
         self.batch_size, self.max_length, self.eval_batches, self.seed = batch_size, max_length, eval_batches, seed
+        self.train_windows = str(getattr(train_windows, "value", train_windows))
+        if self.train_windows not in ("last", "all"):
+            raise DataError(f"data.train_windows={self.train_windows}: last or all")
         self.train_negatives, self.negative_sampling = (
             train_negatives,
             str(getattr(negative_sampling, "value", negative_sampling)),
@@ -112,6 +122,7 @@ class NextItemSource(Source):
                 f"data.train_negatives={self.train_negatives} draws more ids per batch than {source}'s "
                 f"catalogue has items ({self.catalogue - 1:,}): lower it, or set 0 to score every item"
             )
+        self.window_begins, self.window_ends = self._windows()
         # The popularity of each item among the training parts (the items before the last two).
         train = np.concatenate([self.items[s : e - 2] for s, e in zip(self.starts, self.ends)])
         counts = np.bincount(train, minlength=self.catalogue).astype(np.float64)
@@ -119,7 +130,7 @@ class NextItemSource(Source):
         self.popularity = counts / counts.sum()
         self.log_q = portable.ln(np.maximum(self.popularity, 1e-12))
         users_n = len(self.starts)
-        mean_train = float(np.mean(np.minimum(self.ends - self.starts - 3, self.max_length))) if users_n else 1.0
+        mean_train = float(np.mean(self.window_ends - self.window_begins - 1))
         negatives = self.train_negatives or self.catalogue - 1
         self.features = [
             SparseFeature("history", self.catalogue, max(mean_train, 1.0), table=TABLE),
@@ -132,6 +143,26 @@ class NextItemSource(Source):
                 f"{source}: {users_n} users with 3 interactions or more, fewer than one global batch "
                 f"(data.batch_size={self.batch_size}): one row per user and step"
             )
+
+    def _windows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The training rows, as [begin, end) ranges of ``items``: windows of at most
+        ``max_length + 1`` items of each user's training part (its items before the last two),
+        the newest first, each starting at its predecessor's first item so no transition is
+        lost; ``last`` keeps each user's newest window only. Per user in user order."""
+        end = self.ends - 2  # the training part: items[start:end], at least one item
+        span = self.max_length  # the transitions (targets) a window holds
+        if self.train_windows == "last":
+            count = np.ones(len(end), np.int64)
+        else:  # ceil(transitions / span), at least one row (a user with one training item)
+            count = np.maximum(1, -(-(end - self.starts - 1) // span))
+        user = np.repeat(np.arange(len(end)), count)
+        k = _positions(count)  # 0 = the newest window
+        ends = end[user] - k * span
+        return np.maximum(self.starts[user], ends - span - 1), ends
+
+    @property
+    def train_rows(self) -> int:
+        return len(self.window_ends)
 
     def sampler_log_q(self, in_batch: bool) -> Optional[torch.Tensor]:
         """log P(item) under the training negatives' sampler: popularity sampling and in-batch
@@ -152,29 +183,30 @@ class NextItemSource(Source):
 
     # -- the Source contract ---------------------------------------------------------------
     def num_batches(self, split: str) -> int:
-        """Train: whole global batches of users (the rest of an epoch dropped, and counted);
-        evaluated splits: every user, the last batch padded."""
-        return self.users // self.batch_size if split == "train" else -(-self.users // self.batch_size)
+        """Train: whole global batches of training rows (the rest of an epoch dropped, and
+        counted); evaluated splits: every user, the last batch padded."""
+        return self.train_rows // self.batch_size if split == "train" else -(-self.users // self.batch_size)
 
     def begin_pass(self, split: str, epoch: int) -> None:
         if split == "train":
-            self._report.dropped_tail_rows["train"] = self.users % self.batch_size
+            self._report.dropped_tail_rows["train"] = self.train_rows % self.batch_size
 
     def _order(self, split: str, epoch: int) -> np.ndarray:
-        """The users of a pass: training's reshuffled every epoch from the seed."""
+        """The rows of a pass: users, or training's windows reshuffled every epoch from the seed."""
         if split != "train":
             return np.arange(self.users)
-        return np.random.default_rng([self.seed, 11, epoch]).permutation(self.users)
+        return np.random.default_rng([self.seed, 11, epoch]).permutation(self.train_rows)
 
     def read(self, split: str, epoch: int, index: int, lo: int, hi: int) -> Rows:
         order = self._order(split, epoch)
         first = index * self.batch_size
-        rows = order[first + lo : min(first + hi, self.users)]
         train = split == "train"
-        cut = {"train": 2, "valid": 2, "eval": 1}[split]  # items after the history
-        ends = self.ends[rows] - cut
-        keep = self.max_length + 1 if train else self.max_length  # training: one more, the last target
-        begins = np.maximum(self.starts[rows], ends - keep)
+        rows = order[first + lo : min(first + hi, len(order))]
+        if train:  # a window: its history and, one further, its targets
+            begins, ends = self.window_begins[rows], self.window_ends[rows]
+        else:
+            ends = self.ends[rows] - {"valid": 2, "eval": 1}[split]  # the items before the target
+            begins = np.maximum(self.starts[rows], ends - self.max_length)
         lengths = ends - begins
         seq = _gather(self.items, begins, lengths)
         seq_times = _gather(self.times, begins, lengths)
@@ -248,10 +280,11 @@ class MovieLensSequences(NextItemSource):
         bad_rows: BadRows,
         eval_batches: Optional[int],
         seed: int,
+        train_windows: str = "last",
     ) -> None:
         from hybridrec.data.movielens import _IDS, RATING_SCALE, read_table
 
-        super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed)
+        super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed, train_windows)
         ratings = os.path.join(path, "u.data")
         if not os.path.isfile(ratings):
             raise DataError(f"data.path={path}: no u.data there (run `make data-movielens`)")
@@ -290,8 +323,9 @@ class ParquetSequences(NextItemSource):
         times_column: Optional[str] = None,
         id_mapping: str = "none",
         hash_seed: int = 0,
+        train_windows: str = "last",
     ) -> None:
-        super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed)
+        super().__init__(batch_size, max_length, train_negatives, negative_sampling, eval_batches, seed, train_windows)
         fail, mapping = BadRows(bad_rows) == BadRows.fail, str(getattr(id_mapping, "value", id_mapping))
         users, items, times = [], [], []
         user = empty = 0
