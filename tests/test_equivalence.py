@@ -24,6 +24,9 @@ from shared import BASE, TOL, assert_same_training
 pytestmark = pytest.mark.dist  # every test reads runs of 1 or 2 launched ranks
 
 
+EMBEDDING_L2 = ["model.embedding_l2=0.05"]
+
+
 def _cfg(*extra):
     return compose_cfg(BASE + list(extra))
 
@@ -70,6 +73,7 @@ def one_rank(tmp_path_factory):
         _cfg(*ADAMW),
         _cfg("mesh=single"),
         _cfg("train.eval_every=3"),
+        _cfg("optimizer=sgd", *EMBEDDING_L2),
     ]
     return spawn(train_and_gather, 1, cfgs, str(tmp_path_factory.mktemp("one")))
 
@@ -79,13 +83,19 @@ def test_same_seed_same_losses(one_rank):
     assert one_rank[1]["losses"] != one_rank[3]["losses"]
 
 
-def test_one_rank_matches_plain_pytorch(one_rank):
+@pytest.mark.parametrize("run,extra", [(0, []), (9, EMBEDDING_L2)], ids=["plain", "embedding_l2"])
+def test_one_rank_matches_plain_pytorch(one_rank, run, extra):
     """hybridrec's single-rank path (DMP, fused SGD, the dense part unwrapped, pipeline) against a
-    model with no TorchRec sharding, trained by a hand-written loop."""
-    cfg = _cfg("optimizer=sgd")
+    model with no TorchRec sharding, trained by a hand-written loop; with model.embedding_l2
+    the penalty's gradient reaches the fused tables as autograd's reaches plain ones."""
+    cfg = _cfg("optimizer=sgd", *extra)
     losses, state, _ = plain_reference(cfg)
     assert losses[-1] < losses[0]  # it learns
-    assert_same_training(one_rank[0], {"losses": losses, "state": state})
+    assert_same_training(one_rank[run], {"losses": losses, "state": state})
+    if extra:  # the penalty is in the loss and in the tables' updates
+        assert losses[0] > one_rank[0]["losses"][0]
+        key = next(k for k in state if "embedding_bags" in k)
+        assert not torch.allclose(state[key], one_rank[0]["state"][key])
 
 
 def test_one_rank_schedules_and_clipping_match_plain_pytorch(one_rank):
@@ -140,6 +150,7 @@ VARIANTS = [
     ),
     ("table_wise+ddp", ["sharding=table_wise", "mesh=ddp"], "table_wise", 1),
     ("row_wise+sgd", ["sharding=row_wise", "optimizer=sgd"], "row_wise", 2),
+    ("row_wise+sgd+embedding_l2", ["sharding=row_wise", "optimizer=sgd", *EMBEDDING_L2], "row_wise", 2),
     # dense parallelism variants, all against the same 1-rank run
     ("hsdp 1x2", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=1", "mesh.shard=2"], "table_wise", 1),
     ("hsdp 2x1", ["sharding=table_wise", "mesh=hsdp", "mesh.replicate=2", "mesh.shard=1"], "table_wise", 1),
@@ -168,6 +179,7 @@ VARIANTS = [
 # what each variant must match at 1 rank (default: the rowwise-Adagrad run)
 REFERENCE = {
     "row_wise+sgd": 0,
+    "row_wise+sgd+embedding_l2": 9,
     "column_wise": 4,
     "table_column_wise": 4,
     "grid": 4,

@@ -43,6 +43,9 @@ CONFIG_CASES = [
         "optimizer.dense.momentum=1.2 is out of range: it must be in [0, 1)",
     ),
     ([*CTR, "optimizer.sparse.weight_decay=0.1"], "optimizer.sparse.weight_decay is not applied"),
+    ([*CTR, "model.embedding_l2=-0.1"], "model.embedding_l2=-0.1: a penalty >= 0"),
+    (["+experiment=sequences", "model.embedding_l2=0.1"], "SASRec has none: leave it 0"),
+    (["+experiment=movielens_retrieval", "model.embedding_l2=0.1"], "TwoTower has none: leave it 0"),
     ([*CTR, "optimizer.clip_grad_norm=0"], "optimizer.clip_grad_norm must be > 0"),
     (
         [*CTR, "optimizer.dense_schedule.warmup_steps=-1"],

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from conftest import compose_cfg
 from hybridrec.data import RecBatch
 from hybridrec.models.losses import BCE, MSE, ApproxNDCG, InBatchSoftmax, ListwiseSoftmax, Pairwise
 from hybridrec.reports.metrics import ranking_metrics
@@ -106,3 +107,34 @@ def test_ranking_metrics_by_hand():
     assert m["recall@2"] == pytest.approx(0.5)  # query 2 has no relevant row (>= 4): left out
     assert m["map"] == pytest.approx((1 / 2 + 2 / 4) / 2)  # relevant rows at ranks 2 and 4
     assert (m["queries"], m["queries_with_relevant"]) == (2, 1)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["dlrm", "deepfm", "mmoe"])
+def test_the_embedding_penalty_is_the_looked_up_rows_squared_norm(model):
+    """model.embedding_l2 adds l2 x the mean over rows of each row's squared pooled
+    embeddings (padding rows count as zero) in training only."""
+    from hybridrec.data import build_source, loader
+    from hybridrec.models import build_model
+    from hybridrec.parallel.parallelize import init_embeddings
+
+    extra = ["+experiment=multitask"] if model == "mmoe" else [f"model={model}"]
+    cfg = compose_cfg([*extra, "data.batch_size=16", "model.embedding_l2=0.5"])
+    data = build_source(cfg.data, 0)
+    torch.manual_seed(0)
+    net = build_model(cfg, data.features, data.num_dense_features)
+    net.sparse_module().to_empty(device="cpu")
+    init_embeddings(net.sparse_module(), 0)
+    batch = next(iter(loader.batches(data, "train", 0, 1, 1)))
+    batch.weights = torch.ones(len(batch.labels))
+    batch.weights[-3:] = 0  # padding
+    net.train()
+    with_l2, _ = net(batch)
+    pooled = net._arches[0](batch.sparse_features)  # [B, F, D]; deepfm's first-order columns count too
+    by_hand = 0.5 * (pooled.pow(2).sum((1, 2)) * batch.weights).sum() / len(batch.labels)
+    net.set_embedding_l2(0.0)
+    without, _ = net(batch)
+    torch.testing.assert_close(with_l2 - without, by_hand, rtol=1e-5, atol=1e-7)
+    net.set_embedding_l2(0.5)
+    net.eval()
+    assert float(net(batch)[0]) == pytest.approx(float(without), rel=1e-5)  # evaluation: no penalty

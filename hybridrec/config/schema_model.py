@@ -15,10 +15,15 @@ class ModelConfig:
     _target_: str = MISSING
     embedding_dim: int = 16
     """Width of every embedding table."""
+    embedding_l2: float = 0.0
+    """Adds embedding_l2 x each row's squared norm of its looked-up embeddings to the training
+    loss (the rows a batch uses, as DeepCTR's l2_reg_embedding; the fused embedding
+    optimizers apply no weight decay). Models over pooled tables: dlrm, dcn, deepfm,
+    shared_bottom, mmoe, ple. The training loss logged includes it."""
 
     # Every other field shapes the model's weights, so a checkpoint resumes only under the
     # values it was saved with (checkpoint.check_compatible); these fields may change.
-    free_on_resume: ClassVar[tuple[str, ...]] = ()
+    free_on_resume: ClassVar[tuple[str, ...]] = ("embedding_l2",)
 
 
 @dataclass
@@ -101,7 +106,7 @@ class TwoTowerConfig(ModelConfig):
     temperature: float = 0.1
     """Scores are <user, item> / temperature."""
 
-    free_on_resume: ClassVar[tuple[str, ...]] = ("normalize", "temperature")  # no weights of their own
+    free_on_resume: ClassVar[tuple[str, ...]] = ("embedding_l2", "normalize", "temperature")  # no weights
 
 
 @dataclass
@@ -129,7 +134,12 @@ class SequenceConfig(ModelConfig):
     generative-recommenders) then sets how sharp the softmax is. The export's user vectors
     and item vectors are normalized alike."""
 
-    free_on_resume: ClassVar[tuple[str, ...]] = ("dropout", "activation_checkpointing", "mask_history")
+    free_on_resume: ClassVar[tuple[str, ...]] = (
+        "embedding_l2",
+        "dropout",
+        "activation_checkpointing",
+        "mask_history",
+    )
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import ClassVar, Optional, Sequence
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchrec.models.dlrm import SparseArch as TorchRecSparseArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
@@ -113,18 +113,23 @@ class SparseArch(TorchRecSparseArch):
         super().__init__(embedding_collection(features, embedding_dim))
         means = means_after_pooling(features)
         self._means = [name in means for name in self.sparse_feature_names]
+        self.keep_output = False  # set by Ranker.embedding_l2: the penalty reads ``output``
+        self.output: Optional[torch.Tensor] = None
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         pooled = super().forward(features)
-        if not any(self._means):
-            return pooled
-        return torch.stack(
-            [
-                mean_of(pooled[:, i], features, name) if mean else pooled[:, i]
-                for i, (name, mean) in enumerate(zip(self.sparse_feature_names, self._means))
-            ],
-            dim=1,
-        )
+        if any(self._means):
+            pooled = torch.stack(
+                [
+                    mean_of(pooled[:, i], features, name) if mean else pooled[:, i]
+                    for i, (name, mean) in enumerate(zip(self.sparse_feature_names, self._means))
+                ],
+                dim=1,
+            )
+        # TorchRec's DLRM calls its sparse arch inside its own forward, so the embedding
+        # penalty cannot be handed the output there: the arch keeps it for the step's loss
+        self.output = pooled if self.keep_output and self.training else None
+        return pooled
 
 
 class Ranker(nn.Module, ABC):
@@ -141,6 +146,8 @@ class Ranker(nn.Module, ABC):
     multi_task: ClassVar[bool] = False
     """Scores every task of ``data.labels`` (``[B, T]``, ``hybridrec.models.multitask``), built
     with them as ``tasks``; False = one logit per row, and data.labels must be unset."""
+    pooled_tables: ClassVar[bool] = False
+    """Looks its tables up through ``SparseArch``: ``model.embedding_l2`` applies."""
     needs_next_item: ClassVar[bool] = False
     """A sequence ranker: its rows are histories (``Source.next_item``); evaluation gets the
     rank of each row's held-out item among the catalogue instead of a score."""
@@ -148,6 +155,34 @@ class Ranker(nn.Module, ABC):
     def __init__(self, loss: Loss) -> None:
         super().__init__()
         self.loss = loss
+        self.embedding_l2 = 0.0
+
+    def set_embedding_l2(self, l2: float) -> None:
+        """``model.embedding_l2``: add ``l2`` times each row's squared norm of its looked-up
+        embeddings (every feature's pooled vector, ``[B, F, D]``) to the training loss, a mean
+        over the rows as the loss's (padding counts as zero). The L2 of the rows a batch
+        uses, as CTR models regularize their embeddings (DeepCTR's l2_reg_embedding): the
+        fused embedding optimizers apply no weight decay, and a decay of every row at each
+        step would cost the whole table's bandwidth. Models over ``SparseArch`` only."""
+        self.embedding_l2 = float(l2)
+        self._arches = [m for m in self.modules() if isinstance(m, SparseArch)]
+        for arch in self._arches:
+            arch.keep_output = bool(l2)
+
+    def embedding_penalty(self, batch: RecBatch) -> Optional[torch.Tensor]:
+        """This step's embedding penalty (``set_embedding_l2``), None when there is none."""
+        if not (self.embedding_l2 and self.training):
+            return None
+        total = None
+        for arch in self._arches:
+            out, arch.output = arch.output, None
+            assert out is not None  # each arch ran in this forward (keep_output)
+            per_row = out.float().pow(2).sum((1, 2))
+            if batch.weights is not None:
+                per_row = per_row * (batch.weights > 0)
+            part = self.embedding_l2 * per_row.sum() / per_row.numel()
+            total = part if total is None else total + part
+        return total
 
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
@@ -176,6 +211,9 @@ class Ranker(nn.Module, ABC):
     def forward(self, batch: RecBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         logits = self.score(batch)
         loss = self.loss(logits, batch)
+        penalty = self.embedding_penalty(batch)
+        if penalty is not None:
+            loss = loss + penalty
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
 
@@ -195,12 +233,19 @@ def build_model(
     extra = {}
     if getattr(get_class(cfg.model._target_), "multi_task", False):
         extra["tasks"] = [dataclasses.asdict(t) for t in tasks_of(cfg.data.get("labels"))]
+    # every model's config has embedding_l2 (ModelConfig): the base class's, not a
+    # constructor's argument (resolved first: the model's fields interpolate others)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model_cfg, dict)
+    model_cfg.pop("embedding_l2", None)
     try:
-        return instantiate(cfg.model, features=features, num_dense_features=num_dense_features, loss=loss, **extra)
+        model = instantiate(model_cfg, features=features, num_dense_features=num_dense_features, loss=loss, **extra)
     except InstantiationException as e:
         if isinstance(e.__cause__, ValueError):
             raise e.__cause__ from None
         raise
+    model.set_embedding_l2(cfg.model.get("embedding_l2", 0.0))
+    return model
 
 
 def check_dense_arch(cfg: DictConfig) -> None:

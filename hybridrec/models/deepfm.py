@@ -29,6 +29,8 @@ _FIRST_ORDER_COLS = 4
 
 
 class DeepFMRanker(Ranker):
+    pooled_tables = True
+
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
         check_dense_arch(cfg)

@@ -16,6 +16,8 @@ class TorchRecDLRM(Ranker):
     """Scoring and units of TorchRec's DLRM family (``self.model``: DLRM or DLRM_DCN, which
     share the sparse, dense and over archs); subclasses build the model."""
 
+    pooled_tables = True
+
     model: DLRM
 
     def _take_means(self, sparse_arch: SparseArch) -> None:

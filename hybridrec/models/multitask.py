@@ -135,6 +135,8 @@ class MultiTaskRanker(Ranker):
     """The shared parts (embeddings, dense arch, interaction) and the towers; a subclass mixes
     the interaction into one input per task (``mix``) and lists its mixing units."""
 
+    pooled_tables = True
+
     multi_task: ClassVar[bool] = True
     """Trains ``data.labels``' tasks: validation requires them (``Ranker.multi_task``)."""
 
@@ -221,6 +223,9 @@ class MultiTaskRanker(Ranker):
     def forward(self, batch: RecBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         logits, cuts = self._logits(batch)
         loss = cast(TaskLoss, self.loss)(logits, batch, cuts)
+        penalty = self.embedding_penalty(batch)
+        if penalty is not None:
+            loss = loss + penalty
         return loss, (loss.detach(), self._outputs(logits, cuts).detach(), batch.labels.detach())
 
     def sparse_module(self) -> nn.Module:

@@ -516,7 +516,14 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
 
 def _validate_model(cfg: DictConfig) -> None:
     """The model's own rules (its layer sizes), declared beside its traits."""
-    cast("type[Ranker]", get_class(cfg.model._target_)).check_config(cfg.model)
+    model = cast("type[Ranker]", get_class(cfg.model._target_))
+    l2 = cfg.model.get("embedding_l2", 0.0)
+    if l2 < 0 or (l2 and not model.pooled_tables):
+        raise ValueError(
+            f"model.embedding_l2={l2}: a penalty >= 0 on the pooled embeddings of dlrm, dcn, deepfm, "
+            f"shared_bottom, mmoe and ple; {model.__name__} has none: leave it 0"
+        )
+    model.check_config(cfg.model)
 
 
 def _validate_optimizers(cfg: DictConfig) -> None:
@@ -526,7 +533,8 @@ def _validate_optimizers(cfg: DictConfig) -> None:
         raise ValueError(
             "optimizer.sparse.weight_decay is not applied by TorchRec 1.8's fused embedding "
             "optimizers (fbgemm keeps weight_decay_mode=NONE; training is identical with 0 and "
-            "0.1), so hybridrec refuses it rather than ignore it: leave it 0"
+            "0.1), so hybridrec refuses it rather than ignore it: leave it 0 (model.embedding_l2 "
+            "penalizes the embeddings a batch looks up)"
         )
     sparse = cfg.optimizer.sparse._target_
     if sparse not in SPARSE_OPTIMIZERS:
