@@ -38,6 +38,8 @@ CHOICES = {
     "dropout 0.2": ["model.dropout=0.2"],
     "histories of 200": ["data.max_length=200", "model.max_length=200"],
     "4 blocks": ["model.num_blocks=4"],
+    "every item a target": ["data.train_windows=all"],
+    "every item a target, loss by position": ["data.train_windows=all", "loss.average=position"],
     "AdamW betas (0.9, 0.98)": [
         "optimizer/dense=adamw",
         "optimizer.dense.lr=0.001",
