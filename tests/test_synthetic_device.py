@@ -75,8 +75,8 @@ def test_rows_drawn_on_the_device_are_drawn_by_the_training_thread():
     "overrides, message",
     [
         (
-            ["+experiment=sequences", "data.device_input=true"],
-            "data.device_input=true: .* reads its rows on the CPU .*leave data.device_input unset",
+            ["+experiment=movielens_rank", "data.device_input=true"],
+            "data.device_input=true: MovieLensRank reads its rows on the CPU .*leave data.device_input unset",
         ),
         (
             ["+experiment=ctr", "data.device_input=true", "data.num_workers=2"],

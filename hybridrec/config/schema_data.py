@@ -28,10 +28,14 @@ class DataConfig:
     (the GPU waits for every batch built on the training thread), not on CPU ranks (whose
     compute uses every core: measured slower, benchmarks/results/INPUT_THREAD.md)."""
     device_input: Optional[bool] = None
-    """Make the training batches on the training device, for a source that can: the synthetic
-    log draws them there (the same bytes as on the CPU, ``hybridrec.data.synthetic_device``);
+    """Make the training batches on the training device, for a source that can, the same bytes
+    as on the CPU: the synthetic log draws them there (``hybridrec.data.synthetic_device``);
     Criteo's binary layout copies the stored bytes through reused pinned buffers and converts
-    them there (``hybridrec.data.criteo.binary_device``). Unset = on when training on a GPU
+    them there (``hybridrec.data.criteo.binary_device``); the next-item histories
+    (data=movielens_seq, parquet_seq) and MovieLens' ratings (data=movielens) keep their arrays
+    there and gather each batch by index (``hybridrec.data.sequences_device``,
+    ``hybridrec.data.movielens_device``; not data=movielens_rank, whose lists are drawn per
+    list on the CPU). Unset = on when training on a GPU
     with no workers and no input thread asked for. true with a source that cannot, or with
     data.num_workers > 0, is refused before launch. The evaluated splits are read as without it
     (they are scored once per evaluation)."""

@@ -9,11 +9,13 @@ host buffers reused for the copy to the device, and data checks that never make 
   reading it back; ``check()``, which the trainer calls where it already reads the losses, reads
   the flag once for every batch since the last call and, when it is set, reads those batches
   again on the CPU, whose reader names the file and row (``Source.read`` raises the DataError).
+- ``resident``, ``gather_ranges``, ``one_hot``: for sources whose arrays stay on the device
+  (the next-item histories, MovieLens' ratings), which gather each batch there by index.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +40,31 @@ def widen(t: torch.Tensor, stored: np.dtype) -> torch.Tensor:
     if stored.kind == "u" and 1 < stored.itemsize < 8:
         x = x & ((1 << (8 * stored.itemsize)) - 1)
     return x
+
+
+def resident(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A source's array on ``device`` for the run: copied once, when the reader is made (a copy
+    on the CPU too: the source's arrays may be read-only views of Arrow's buffers)."""
+    return torch.from_numpy(np.array(a)).to(device)
+
+
+def gather_ranges(values: torch.Tensor, begins: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """``values[begins[i] : begins[i] + lengths[i]]`` of every i, one after the other (int64
+    ``begins`` and ``lengths`` on ``values``' device). ``total``, the sum of ``lengths``, comes
+    from the host's copy of the index arrays: on a GPU, a size counted on the device would make
+    the host wait for it before it could size the output."""
+    if total == 0:
+        return values[:0]
+    device = values.device
+    row = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=total)
+    shift = begins - (torch.cumsum(lengths, 0) - lengths)  # a row's first value, less its place in the output
+    return values[shift[row] + torch.arange(total, device=device)]
+
+
+def one_hot(lengths: Sequence[np.ndarray]) -> bool:
+    """Whether ``Rows.of`` lays out unweighted rows of these ids per feature and row (host
+    arrays) one-hot, without lengths: every feature one id in every row, or no rows."""
+    return all(bool((k == 1).all()) for k in lengths)
 
 
 class Staging:

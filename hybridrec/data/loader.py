@@ -28,7 +28,7 @@ import re
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Generator, Iterator, Optional, Union, cast
+from typing import TYPE_CHECKING, Generator, Iterator, Optional, Protocol, Union, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -44,9 +44,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DeviceRows = Callable[[str, int, int, int], Rows]
-"""Rows [lo, hi) of global batch ``index`` of ``split``, made on the training device:
-``device_rows(split, index, lo, hi)``."""
+
+class DeviceRows(Protocol):
+    """Rows [lo, hi) of global batch ``index`` of ``split`` in ``epoch``, made on the training
+    device: ``device_rows(split, index, lo, hi, epoch=epoch)`` (a source whose rows are the
+    same every epoch ignores it)."""
+
+    def __call__(self, split: str, index: int, lo: int, hi: int, epoch: int = 0) -> Rows: ...
 
 
 @dataclass
@@ -118,7 +122,7 @@ class _Stream(IterableDataset):
                     # worker keeps the same pieces (shards), with P = 1 whole batches alternate
                     if ((index - self.start) * pieces + p) % workers == worker:
                         if self.device_rows is not None:
-                            rows = self.device_rows(self.split, at, lo, hi)
+                            rows = self.device_rows(self.split, at, lo, hi, epoch=epoch)
                         else:
                             rows = self.source.read(self.split, epoch, at, lo, hi)
                         out.append(_Piece(index, p, rows))
@@ -182,8 +186,8 @@ def batches(
     ``source.eval_batches``). Training yields ``RecBatch``; an evaluated split ``EvalBatch``.
     ``thread`` (with no workers): built ``prefetch`` ahead on a background thread.
     ``device_rows`` (no workers, no thread): the source's rows made on the training device
-    (the ``device_rows(device)`` of ``SyntheticClickLog`` and ``CriteoBinary``), read in place
-    of ``source.read``."""
+    (the ``device_rows(device)`` of ``SyntheticClickLog``, ``CriteoBinary``, ``MovieLens`` and
+    the next-item sources), read in place of ``source.read``."""
     if device_rows is not None and (num_workers or thread):
         raise ValueError("rows drawn on the device are drawn by the training thread: no workers, no input thread")
     inline = _batches(

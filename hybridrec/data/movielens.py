@@ -10,23 +10,29 @@ by time. 100k ratings fit in memory: train rows are reshuffled every epoch from 
 ``MovieLensRank`` (data=movielens_rank) serves the same ratings as per-user lists for
 learning to rank and retrieval. Both yield ``RecBatch``: the rating as graded relevance, the
 user as query id, and each item's training frequency for the log-q correction.
+``MovieLens`` can make its batches on the training device (``data.device_input``,
+``hybridrec.data.movielens_device``): the same bytes, gathered from the ratings kept there.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import torch
 from omegaconf import DictConfig
 
 from hybridrec.config import BadRows, EvalItems, NegativeSampling, SplitKind
 from hybridrec.data import DataError, ReadReport, RecBatch, SparseFeature, portable, shorten
 from hybridrec.data.raw_inputs import RawInputs, dense_input, join, sparse_input
 from hybridrec.data.source import RANKING_FIELDS, Rows, UserItemSource
+
+if TYPE_CHECKING:
+    from hybridrec.data.movielens_device import RatingsOnDevice
 
 GENRES = 19
 RATING_SCALE = (1, 5)  # MovieLens' stars
@@ -345,6 +351,12 @@ class MovieLens(UserItemSource):
         rows = rows_of[index * self.batch_size + lo : index * self.batch_size + hi]
         return self._pairs_rows(self.user[rows], self.item[rows], self.rating[rows], np.ones(len(rows)))
 
+    def device_rows(self, device: torch.device) -> "RatingsOnDevice":
+        """``read``'s rows, gathered on ``device`` from the ratings kept there (``movielens_device``)."""
+        from hybridrec.data.movielens_device import RatingsOnDevice
+
+        return RatingsOnDevice(self, device)
+
     def _permutation(self, epoch: int) -> np.ndarray:
         """The train rows in epoch ``epoch``'s order (kept for the epoch: not redrawn per batch)."""
         if self._epoch != epoch:
@@ -376,6 +388,9 @@ class MovieLensRank(MovieLens):
 
     lists = True
     list_size: int  # always set (Source's is None for sources without lists)
+    # No device path: each training list's unrated movies are drawn by NumPy's generator per
+    # list, on the CPU (data.device_input=true is refused before launch, naming this class).
+    device_rows = None  # type: ignore[assignment]  # the base's method, withdrawn: None = no device path
 
     @classmethod
     def check_config(cls, cfg: DictConfig, world_size: int) -> None:

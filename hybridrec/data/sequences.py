@@ -25,13 +25,14 @@ model ranks for each user. ``RecBatch.times`` holds each history item's timestam
 Item ids are table rows 1..N-1 (row 0: no item). Two sources: ``MovieLensSequences``
 (data=movielens_seq: MovieLens' ratings as histories) and ``ParquetSequences`` (a team's own
 histories: one row per user with a list column of item ids and an optional one of
-timestamps).
+timestamps). Both can make their batches on the training device (``data.device_input``,
+``hybridrec.data.sequences_device``): the same bytes, gathered from the histories kept there.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +47,9 @@ from hybridrec.data.criteo.common import resolve_paths
 from hybridrec.data.parquet.hashing import hash_ints
 from hybridrec.data.rows import SEQUENCE_FIELDS, Rows
 from hybridrec.data.source import Source
+
+if TYPE_CHECKING:
+    from hybridrec.data.sequences_device import SequencesOnDevice
 
 FEATURES = ("history", "next", "negatives")
 TABLE = "t_items"  # a ModuleDict key: not one of its method names ("items")
@@ -233,6 +237,12 @@ class NextItemSource(Source):
             np.zeros(n, np.float32),
             {"times": padded_times},
         )
+
+    def device_rows(self, device: torch.device) -> "SequencesOnDevice":
+        """``read``'s rows, made on ``device`` from the histories kept there (``sequences_device``)."""
+        from hybridrec.data.sequences_device import SequencesOnDevice
+
+        return SequencesOnDevice(self, device)
 
     def _negatives(self, split: str, epoch: int, index: int) -> np.ndarray:
         """The ids the loss scores against: an evaluated split, every item (ranked); training,

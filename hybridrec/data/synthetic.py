@@ -23,7 +23,7 @@ AVX-512 than on one without.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from hybridrec.config.tasks import check_tasks, tasks_of
 from hybridrec.data import DataError, SparseFeature, portable
 from hybridrec.data.raw_inputs import RawInputs, dense_input, sparse_input
 from hybridrec.data.source import Rows, Source, check_table_sizes
+
+if TYPE_CHECKING:
+    from hybridrec.data.loader import DeviceRows
 
 # Each split draws from its own random streams: validation and test rows are new samples of
 # the same planted model, never training rows.
@@ -310,7 +313,7 @@ class SyntheticClickLog(Source):
             labels,
         )
 
-    def device_rows(self, device: torch.device, graph: bool = False) -> Callable[[str, int, int, int], Rows]:
+    def device_rows(self, device: torch.device, graph: bool = False) -> DeviceRows:
         """``rows`` drawn by torch on ``device``, the same bytes (``synthetic_device``); ``graph``:
         replayed from a CUDA graph (a GPU only)."""
         from hybridrec.data.synthetic_device import DeviceGenerator

@@ -201,7 +201,8 @@ class DeviceGenerator:
         h = ((ids & _M32) * 0x9E3779B1 + self.salt) & _M32
         return _fmix32(h).to(torch.float32) * _F32(2.0**-31) - 1.0
 
-    def rows(self, split: str, index: int, lo: int, hi: int) -> Rows:
+    def rows(self, split: str, index: int, lo: int, hi: int, epoch: int = 0) -> Rows:
+        """(``epoch``: the log has none; a batch is drawn from its split and index alone.)"""
         log, n = self.log, hi - lo
         dense, ids, labels = self._draw(int(log._key(split, index)), lo, n)
         if log._one_hot:

@@ -473,10 +473,11 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         raise ValueError(f"data.num_workers={cfg.data.num_workers}: must be >= 0 (0 = read in the rank itself)")
     if cfg.data.get("device_input"):
         source = get_class(cfg.data._target_)
-        if not hasattr(source, "device_rows"):
+        if getattr(source, "device_rows", None) is None:  # None: MovieLensRank, whose lists are drawn per list
             raise ValueError(
-                f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log and "
-                f"Criteo's binary layout can make them on the device); leave data.device_input unset"
+                f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log, "
+                f"Criteo's binary layout, MovieLens' ratings (data=movielens) and the next-item histories "
+                f"(data=movielens_seq, parquet_seq) can make them on the device); leave data.device_input unset"
             )
         if cfg.data.get("labels"):
             raise ValueError(
@@ -490,7 +491,7 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
             )
     if cfg.data.get("device_graph"):
         source = get_class(cfg.data._target_)
-        if "graph" not in inspect.signature(getattr(source, "device_rows", lambda: None)).parameters:
+        if "graph" not in inspect.signature(getattr(source, "device_rows", None) or (lambda: None)).parameters:
             raise ValueError(
                 f"data.device_graph=true: {source.__name__} has no draw to capture in a CUDA graph (only "
                 f"the synthetic log has); leave data.device_graph unset"

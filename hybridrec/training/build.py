@@ -125,9 +125,11 @@ def rank_batches(
     if on_device is None:  # unset: where it saves the GPU a host-built batch, and the config allows it
         on_device = device.type == "cuda" and not d.num_workers and not d.input_thread
     where = dist.get_rank(), dist.get_world_size(), num_batches, start
+    # None: a subclass of a source with a device path that has none of its own (MovieLensRank)
+    make = getattr(data, "device_rows", None)
     # the device draw makes one label per row: a source with several tasks is read on the CPU
-    if on_device and split == "train" and hasattr(data, "device_rows") and not data.tasks:
-        reader = data.device_rows(device, graph=True) if d.get("device_graph") else data.device_rows(device)
+    if on_device and split == "train" and make is not None and not data.tasks:
+        reader = make(device, graph=True) if d.get("device_graph") else make(device)
         if on_check is not None and hasattr(reader, "check"):
             on_check(reader.check)
         return loader.batches(data, split, *where, device_rows=reader)

@@ -68,7 +68,8 @@ class BinaryOnDevice:
     def check(self) -> None:
         self.checks.check()
 
-    def __call__(self, split: str, index: int, lo: int, hi: int) -> Rows:
+    def __call__(self, split: str, index: int, lo: int, hi: int, epoch: int = 0) -> Rows:
+        """(``epoch``: the layout's rows are read in the same order every epoch.)"""
         _, dense, sparse, labels = self.source.stored(split, index, lo, hi)
         n = len(labels)
         kinds = (dense.dtype, sparse.dtype, labels.dtype)
