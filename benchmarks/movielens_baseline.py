@@ -1,35 +1,33 @@
-"""MovieLens-100k: hybridrec's DLRM beside a plain logistic regression on the same features
-and the same three-way split.
+"""MovieLens-100k: hybridrec's `movielens` experiment beside a plain logistic regression on the
+same features and the same three-way split.
 
 The baseline is logistic regression over one-hot user, item, age bucket, gender,
 occupation and zip prefix, multi-hot genres and the two dense inputs: exactly the features
 and splits the `movielens` experiment uses (the same reader builds them, from the
 experiment's own config). Both models are selected on the validation split only, by the
 experiment's objective (validation log loss): the baseline's L2 strength here, the
-experiment's learning rates by the sweep recorded in MOVIELENS.md, its step by early stopping
-and the best checkpoint. The test split is scored once per model, at the end. The DLRM number
-comes from running `python -m hybridrec.train +experiment=movielens` with the best-checkpoint
-rule (checkpoint.keep_best) in the same invocation.
+experiment's model, embedding penalty and rates by the sweep recorded in MOVIELENS.md, its step
+by early stopping and the best checkpoint. The test split is scored once per run, at the end.
+hybridrec's numbers come from running `python -m hybridrec.train +experiment=movielens` with
+the best-checkpoint rule (checkpoint.keep_best), three seeds, in the same invocation.
 
     make data-movielens && python benchmarks/movielens_baseline.py [--sweep]
-Writes benchmarks/results/MOVIELENS.md. ``--sweep`` also runs the selection sweep (a Hydra
-multirun over the learning rates, evaluating the validation split every 20 steps) and
+Writes benchmarks/results/MOVIELENS.md. ``--sweep`` also runs the selection sweep (each model
+with and without the embedding penalty, seed 0, early stopping on the validation split) and
 tabulates each setting's best validation log loss and its step.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
+import statistics
 import tempfile
 
 import numpy as np
 import torch
-import yaml
 
+from common import machine, train_summary
 from hybridrec.data import build_source
 from hybridrec.data.movielens import MovieLens
 from hybridrec.reports.metrics import binary_metrics
@@ -87,8 +85,12 @@ def predict(params, index, width, dense, n) -> torch.Tensor:
     return torch.sigmoid(torch.sparse.mm(x, w[:, None]).squeeze(1) + dense @ v + b)
 
 
-# The grid the experiment's settings were chosen from (validation split only).
-SWEEP = ["optimizer.dense.lr=0.02,0.05", "optimizer.sparse.lr=0.01,0.02,0.05"]
+# The grid the experiment's settings were chosen from (validation split only): each model
+# with and without the embedding penalty, at the sparse rate the penalty allows.
+SWEEP_MODELS = ("dlrm", "dcn", "deepfm")
+SWEEP_L2 = (0.0, 0.01, 0.03, 0.1)
+SWEEP_STEPS = 5000
+SEEDS = (0, 1, 2)
 
 
 # The best-checkpoint rule: the run keeps its best validation checkpoint and scores the test
@@ -96,43 +98,26 @@ SWEEP = ["optimizer.dense.lr=0.02,0.05", "optimizer.sparse.lr=0.01,0.02,0.05"]
 BEST = ["checkpoint.keep_best=true", "checkpoint.keep_last=1", "checkpoint.dir=${hydra:runtime.output_dir}/checkpoints"]
 
 
+def _run(path: str, overrides: list[str]) -> dict:
+    """``+experiment=movielens <overrides>`` with the best-checkpoint rule: its summary.json."""
+    with tempfile.TemporaryDirectory() as run:
+        return train_summary(["+experiment=movielens", f"data.path={path}", *BEST, *overrides], run)
+
+
 def sweep(path: str) -> list[str]:
-    """Markdown rows: each setting's best validation log loss (the experiment's evaluations,
-    without early stopping) and where it peaked."""
-    with tempfile.TemporaryDirectory() as out:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hybridrec.train",
-                "-m",
-                "+experiment=movielens",
-                f"data.path={path}",
-                "train.steps=400",
-                "train.early_stop_patience=0",
-                *SWEEP,
-                f"hydra.sweep.dir={out}",
-                "hydra.sweep.subdir=${hydra.job.num}",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        rows = []
-        for job in sorted(os.listdir(out)):
-            summary = os.path.join(out, job, "summary.json")
-            if not os.path.isfile(summary):
-                continue
-            s = json.load(open(summary))
+    """Markdown rows: each setting's best validation log loss (early stopping, patience 8,
+    up to SWEEP_STEPS steps) and its AUC, seed 0."""
+    rows = []
+    for model in SWEEP_MODELS:
+        for l2 in SWEEP_L2:
+            setting = [f"model={model}", f"model.embedding_l2={l2:g}", "optimizer.sparse.lr=0.05"]
+            s = _run(path, [*setting, f"train.steps={SWEEP_STEPS}", "train.early_stop_patience=8"])
             best = min(s["eval_history"], key=lambda e: e["logloss"])
-            with open(os.path.join(out, job, ".hydra", "overrides.yaml")) as f:
-                overrides = ", ".join(o for o in yaml.safe_load(f) if ".lr=" in o)
-            rows.append(
-                f"| {overrides} | {best['logloss']:.4f} | {best['auc']:.4f} | {best['step']} "
-                f"| {s['valid']['logloss']:.4f} |"
-            )
+            rows.append(f"| {' '.join(setting)} | {best['logloss']:.4f} | {best['auc']:.4f} | {best['step']} |")
+            print(rows[-1], flush=True)
     return [
-        "| setting | best validation log loss | its AUC | at step | at step 400 |",
-        "|---|---:|---:|---:|---:|",
+        "| setting | best validation log loss | its AUC | at step |",
+        "|---|---:|---:|---:|",
         *rows,
     ]
 
@@ -156,51 +141,45 @@ def main() -> None:
     t_idx, _, t_dense, t_labels = design(data, test)
     baseline = binary_metrics(predict(fits[best], t_idx, width, t_dense, len(test)), t_labels)
 
-    with tempfile.TemporaryDirectory() as run:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hybridrec.train",
-                "+experiment=movielens",
-                f"data.path={args.path}",
-                *BEST,
-                f"hydra.run.dir={run}",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        summary = json.load(open(os.path.join(run, "summary.json")))
-        dlrm, dlrm_valid, chosen = summary["eval"], summary["valid"], summary["objective"]
+    runs = [_run(args.path, [f"seed={seed}"]) for seed in SEEDS]
+    auc = [r["eval"]["auc"] for r in runs]
+    middle = runs[sorted(range(len(runs)), key=lambda i: auc[i])[len(runs) // 2]]  # the median seed's run
+    model, chosen = middle["eval"], middle["objective"]
+    name = cfg.model._target_.rsplit(".", 1)[-1]
+    seeds = ", ".join(str(x) for x in SEEDS)
+    spread = f"{statistics.median(auc):.4f} ({min(auc):.4f} - {max(auc):.4f})"
     lines = [
-        "# MovieLens-100k: DLRM vs logistic regression",
+        "# MovieLens-100k: hybridrec vs logistic regression",
         "",
-        "`python benchmarks/movielens_baseline.py`: same features (user, item, age bucket, gender, occupation, "
+        "`python benchmarks/movielens_baseline.py"
+        + (" --sweep" if args.sweep else "")
+        + f"` on {machine().get('cpu', 'this CPU')}: same features (user, item, age bucket, gender, occupation, "
         "zip prefix, genres, age, release year), label rating >= 4, the experiment's fixed random split "
         f"({len(train):,} train / {len(valid):,} validation / {len(test):,} test ratings). Selection used the "
         f"validation split only, by validation log loss (the experiment's objective): the baseline's L2 "
-        f"({best:g}, of {', '.join(f'{k:g}: {v:.4f}' for k, v in scores.items())}), the experiment's "
-        "learning rates (the sweep below), and its step: early stopping and the best checkpoint "
-        f"(`{' '.join(BEST)}`; best at step {chosen['best_step']}"
+        f"({best:g}, of {', '.join(f'{k:g}: {v:.4f}' for k, v in scores.items())}), the experiment's model, "
+        "embedding penalty and rates (the sweep below), and its step: early stopping and the best checkpoint "
+        f"(`{' '.join(BEST)}`; the median seed's best at step {chosen['best_step']}"
         + (f", stopped at step {chosen['stopped_early_at']}" if chosen["stopped_early_at"] else "")
-        + "). Test metrics are computed once per model. DLRM: `+experiment=movielens` "
-        f"(scored on {dlrm['n']:,} of {len(test):,} test ratings).",
+        + f"). Test metrics are computed once per run. hybridrec: `+experiment=movielens` ({name}), seeds {seeds}: "
+        f"test AUC median (min - max), the other columns the median seed's (scored on {model['n']:,} of "
+        f"{len(test):,} test ratings).",
         "",
         "| model | test AUC | NE | logloss | calibration | validation log loss |",
         "|---|---:|---:|---:|---:|---:|",
         f"| logistic regression, L2 {best:g} | {baseline['auc']:.4f} | {baseline['ne']:.4f} | {baseline['logloss']:.4f} | "
         f"{baseline['calibration']:.3f} | {scores[best]:.4f} |",
-        f"| DLRM (hybridrec, `+experiment=movielens`) | {dlrm['auc']:.4f} | {dlrm['ne']:.4f} | {dlrm['logloss']:.4f} | "
-        f"{dlrm['calibration']:.3f} | {dlrm_valid['logloss']:.4f} |",
+        f"| {name} (hybridrec, `+experiment=movielens`) | {spread} | {model['ne']:.4f} | {model['logloss']:.4f} | "
+        f"{model['calibration']:.3f} | {chosen['best_value']:.4f} |",
     ]
     if args.sweep:
         lines += [
             "",
             "## Selection sweep (validation split only)",
             "",
-            f"`python -m hybridrec.train -m +experiment=movielens {' '.join(SWEEP)} train.steps=400 "
-            "train.early_stop_patience=0` (validation every 25 steps); the experiment keeps the best setting, "
-            "and early stopping with the best checkpoint finds its step.",
+            f"`python -m hybridrec.train +experiment=movielens <setting> train.steps={SWEEP_STEPS} "
+            "train.early_stop_patience=8` (validation every 25 steps), seed 0; the experiment ships the setting of "
+            "the lowest validation log loss, and early stopping with the best checkpoint finds its step.",
             "",
             *sweep(args.path),
         ]
