@@ -16,7 +16,7 @@ Every item of the catalogue is ranked for each user's held-out item (nothing mas
 NDCG at 10 and 50, MRR. The published MovieLens-1M figures (generative-recommenders' README)
 are quoted as the field's reference points, not as comparable numbers: another dataset.
 
-    python benchmarks/sequences.py [--steps 1000] [--reps 2]
+    python benchmarks/sequences.py [--steps 1500] [--reps 2]
 
 Writes benchmarks/results/SEQUENCES.md and sequences.json.
 """
@@ -156,7 +156,7 @@ def hybridrec_run(model: str, steps: int, out: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--steps", type=int, default=1000, help="the most; early stopping (the experiment's) may end sooner"
+        "--steps", type=int, default=1500, help="the most (the experiment's); early stopping may end sooner"
     )
     parser.add_argument("--reps", type=int, default=2, help="alternating repetitions of the speed comparison")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -214,7 +214,7 @@ def report(res: dict) -> list[str]:
         f"`python benchmarks/sequences.py --steps {res['steps']}` on {m['cpu']}, {m['cores']} cores, torch "
         f"{m['torch']}. Test split (each user's last item), every item of the catalogue ranked, nothing masked; "
         f"hybridrec's runs: `+experiment=sequences {' '.join(res['settings'])}`, up to {res['steps']} steps of 128 "
-        f"users with the experiment's early stopping, scored with the checkpoint of the best validation NDCG@10.",
+        f"training rows with the experiment's early stopping, scored with the checkpoint of the best validation NDCG@10.",
         "",
         "| model | HR@10 | NDCG@10 | HR@50 | NDCG@50 | MRR |",
         "|---|---:|---:|---:|---:|---:|",
