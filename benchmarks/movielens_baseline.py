@@ -145,7 +145,9 @@ def main() -> None:
     auc = [r["eval"]["auc"] for r in runs]
     middle = runs[sorted(range(len(runs)), key=lambda i: auc[i])[len(runs) // 2]]  # the median seed's run
     model, chosen = middle["eval"], middle["objective"]
-    name = cfg.model._target_.rsplit(".", 1)[-1]
+    name = {"DLRMRanker": "DLRM", "DCNRanker": "DCN", "DeepFMRanker": "DeepFM"}.get(
+        cls := cfg.model._target_.rsplit(".", 1)[-1], cls
+    )
     seeds = ", ".join(str(x) for x in SEEDS)
     spread = f"{statistics.median(auc):.4f} ({min(auc):.4f} - {max(auc):.4f})"
     lines = [
