@@ -113,7 +113,7 @@ class SparseArch(TorchRecSparseArch):
         super().__init__(embedding_collection(features, embedding_dim))
         means = means_after_pooling(features)
         self._means = [name in means for name in self.sparse_feature_names]
-        self.keep_output = False  # set by Ranker.embedding_l2: the penalty reads ``output``
+        self.keep_output = False  # set by Ranker.set_embedding_l2: the penalty reads ``output``
         self.output: Optional[torch.Tensor] = None
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
