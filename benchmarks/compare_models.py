@@ -131,9 +131,10 @@ def report(results: dict[str, list[dict[str, str]]], overrides: list[str], wall_
         "## Settings",
         "",
         f"- {run}; one seed, one run per model.",
-        "- Each experiment's learning rates are its own, chosen for DLRM; each model's sizes for the "
-        "experiment are in `conf/experiment_model/<experiment>/<model>.yaml`. DCN and DeepFM are not tuned "
-        "further.",
+        "- Each experiment's learning rates are its own, chosen for its default model (`ctr`: DLRM; "
+        "`movielens`: DeepFM, with its embedding penalty); each model's sizes for the experiment, and "
+        "`movielens`' penalty for DeepFM, are in `conf/experiment_model/<experiment>/<model>.yaml`. The other "
+        "models are not tuned further.",
         f"- Every job ran with `{' '.join(BEST)}`: the best validation evaluation's checkpoint is kept, and the "
         "test split is scored once, at the end, with its weights (the step in the table; early stopping, where "
         "the experiment has it, ended the run at the step in brackets).",
