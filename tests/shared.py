@@ -150,6 +150,24 @@ def tables(n_ratings=300, seed=0):
     return {"data": data, "users": users, "items": items}
 
 
+def ml_sequences(path, **kw):
+    """MovieLensSequences over ``path`` (a u.data there): 4 users a batch, histories of 5, a
+    full softmax, bad rows failing; ``kw`` overrides any of them."""
+    from hybridrec.data.sequences import MovieLensSequences
+
+    args = dict(
+        batch_size=4,
+        path=str(path),
+        max_length=5,
+        train_negatives=0,
+        negative_sampling="uniform",
+        bad_rows="fail",
+        eval_batches=None,
+        seed=0,
+    )
+    return MovieLensSequences(**{**args, **kw})
+
+
 def ml(path, **kw):
     args = dict(
         batch_size=20,

@@ -387,7 +387,8 @@ def test_cli_errors_are_one_line(tmp_path):
 @pytest.mark.unit
 def test_the_help_lists_every_group_option_and_no_internal_group():
     """`python -m hybridrec.train --help` (conf/hydra/help/hybridrec.yaml) names every option
-    of every group a user picks, and no internal group (schema/*, experiment_model/*)."""
+    of every group a user picks, and no internal group (schema/*, experiment_model/*,
+    experiment_loss/*)."""
     import re
 
     import yaml
@@ -413,4 +414,4 @@ def test_the_help_lists_every_group_option_and_no_internal_group():
     for sub in ("sparse", "dense"):
         for f in os.listdir(os.path.join(conf, "optimizer", sub)):
             assert f[:-5] in lines["optimizer"], f"optimizer/{sub}={f[:-5]}"
-    assert "schema" not in help_text and "experiment_model" not in help_text
+    assert "schema" not in help_text and "experiment_model" not in help_text and "experiment_loss" not in help_text

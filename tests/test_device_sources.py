@@ -16,9 +16,9 @@ import torch
 from conftest import compose_cfg
 from hybridrec.data import loader
 from hybridrec.data.fetch_movielens import write_layout
-from hybridrec.data.sequences import MovieLensSequences, ParquetSequences
+from hybridrec.data.sequences import ParquetSequences
 from hybridrec.run.validation import validate
-from shared import GENRE_NAMES, ml, tables
+from shared import GENRE_NAMES, ml, ml_sequences, tables
 
 CPU = torch.device("cpu")
 
@@ -86,17 +86,7 @@ def _histories(d, users=13, seed=0):
 
 
 def _sequences(d, **kw):
-    args = dict(
-        batch_size=4,
-        path=d,
-        max_length=5,
-        train_negatives=0,
-        negative_sampling="uniform",
-        bad_rows="fail",
-        eval_batches=None,
-        seed=3,
-    )
-    return MovieLensSequences(**{**args, **kw})
+    return ml_sequences(d, **{"seed": 3, **kw})
 
 
 @pytest.mark.unit

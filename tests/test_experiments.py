@@ -53,15 +53,18 @@ def test_experiment_composes_with_model(experiment, model):
     assert "\n" not in str(refused.value)  # train.py prints it as one `hybridrec: ...` line
 
 
-def test_every_experiment_model_file_is_used():
-    """experiment_model/<experiment>/<model>.yaml is optional in the defaults list, so a file
-    whose directory or name is misspelled would be skipped in silence: each must name a
-    shipped experiment and model, and its values must be what that pair trains."""
-    root = os.path.join(CONF_DIR, "experiment_model")
+@pytest.mark.parametrize("group", ["model", "loss"])
+def test_every_experiment_model_and_loss_file_is_used(group):
+    """experiment_<group>/<experiment>/<option>.yaml is optional in the defaults list, so a
+    file whose directory or name is misspelled would be skipped in silence: each must name a
+    shipped experiment and option, and its values must be what that pair trains."""
+    root = os.path.join(CONF_DIR, f"experiment_{group}")
+    options = {f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml")}
     files = [(e, f[:-5]) for e in sorted(os.listdir(root)) for f in sorted(os.listdir(os.path.join(root, e)))]
     assert files, root
-    for experiment, model in files:
-        assert experiment in EXPERIMENTS and model in MODELS, f"experiment_model/{experiment}/{model}.yaml"
-        sizes = OmegaConf.load(os.path.join(root, experiment, f"{model}.yaml"))
-        cfg = compose_cfg([f"+experiment={experiment}", f"model={model}"])
-        assert {k: cfg.model[k] for k in sizes} == sizes, f"experiment_model/{experiment}/{model}.yaml"
+    for experiment, option in files:
+        where = f"experiment_{group}/{experiment}/{option}.yaml"
+        assert experiment in EXPERIMENTS and option in options, where
+        values = OmegaConf.load(os.path.join(root, experiment, f"{option}.yaml"))
+        cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}"])
+        assert {k: cfg[group][k] for k in values} == values, where

@@ -16,7 +16,7 @@ from hybridrec.data.criteo import CriteoBinary, CriteoTSV
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.run.launch import oversubscribed, world_size
 from hybridrec.run.validation import validate
-from shared import SIZES, ml, row, tables, write
+from shared import SIZES, ml, ml_sequences, row, tables, write
 
 CTR = ["+experiment=ctr"]
 
@@ -319,20 +319,8 @@ def _ratings(d, line, bad_rows="fail"):
 
 
 def _sequences(d, **kw):
-    from hybridrec.data.sequences import MovieLensSequences
-
     write_layout(tables(), d)  # 30 movies
-    args = dict(
-        batch_size=4,
-        path=d,
-        max_length=5,
-        train_negatives=0,
-        negative_sampling="uniform",
-        bad_rows="fail",
-        eval_batches=None,
-        seed=0,
-    )
-    return MovieLensSequences(**{**args, **kw})
+    return ml_sequences(d, **kw)
 
 
 SPARSE = np.ones((8, 26), np.int32)

@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from conftest import compose_cfg
 from dist_helpers import spawn, train_and_gather
 from hybridrec.data import DataError, loader
-from hybridrec.data.sequences import MovieLensSequences, ParquetSequences
+from hybridrec.data.sequences import ParquetSequences
 from hybridrec.models.losses import NextItemSoftmax
 from hybridrec.reports.metrics import next_item_metrics
 from hybridrec.training.build import model_for
-from shared import TOL, assert_same_training
+from shared import TOL, assert_same_training, ml_sequences
 
 
 def _ratings(d, rows):
@@ -32,17 +32,7 @@ def _ratings(d, rows):
 
 
 def _source(d, batch_size=2, max_length=3, **kw):
-    args = dict(
-        batch_size=batch_size,
-        path=d,
-        max_length=max_length,
-        train_negatives=0,
-        negative_sampling="uniform",
-        bad_rows="fail",
-        eval_batches=None,
-        seed=0,
-    )
-    return MovieLensSequences(**{**args, **kw})
+    return ml_sequences(d, batch_size=batch_size, max_length=max_length, **kw)
 
 
 def _rows(source, split, world=1, rank=0):
