@@ -248,7 +248,7 @@ def test_a_short_run_trains_the_same_losses_on_the_device_path(tmp_path):
     sequences = ["+experiment=sequences", "data.batch_size=8", "data.max_length=6", "model.max_length=6"]
     sequences += ["model.embedding_dim=8", "model.num_blocks=1", "model.num_heads=2", "data.train_windows=all"]
     movielens = ["+experiment=movielens", "data.batch_size=32", "model.embedding_dim=8"]
-    movielens += ["model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]
+    movielens += ["model.dense_arch_layer_sizes=[16,8]", "model.deep_layer_sizes=[16]"]  # its DeepFM, penalized
     cfgs = [
         compose_cfg([*experiment, *short, f"data.device_input={on}"])
         for experiment in (sequences, movielens)

@@ -25,7 +25,12 @@ from hybridrec.serving.export import PREPROCESSING, export, write_preprocessing
 from hybridrec.serving.preprocess import Preprocessor, inputs
 from shared import ctr_raw_rows, docs_snippet, rand_rows, reader, tables, write
 
-SMALL_DLRM = ["model.embedding_dim=8", "model.dense_arch_layer_sizes=[16,8]", "model.over_arch_layer_sizes=[16,1]"]
+SMALL_DLRM = [
+    "model=dlrm",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "model.over_arch_layer_sizes=[16,1]",
+]
 TINY_RUN = ["train.steps=3", "train.eval_every=0", "train.early_stop_patience=0", "launcher.device=cpu"]
 
 
