@@ -292,6 +292,11 @@ def test_fused_adam_is_refused_on_cpu_before_launch():
     with pytest.raises(ValueError, match="no fused CPU kernel"):
         check_device(cfg, "cpu")
     check_device(cfg, "cuda")  # fine on GPUs
+    # data-parallel tables are not fused: plain torch.optim.Adam trains them on any device
+    check_device(compose_cfg(["optimizer=adam", "sharding=data_parallel"]), "cpu")
+    mixed = "sharding.tables=[{match:t_cat_0,sharding_types:[row_wise]}]"
+    with pytest.raises(ValueError, match="no fused CPU kernel"):
+        check_device(compose_cfg(["optimizer=adam", "sharding=data_parallel", mixed]), "cpu")
 
 
 @pytest.mark.unit

@@ -132,6 +132,24 @@ def test_per_table_constraints_by_name_and_glob():
 
 
 @pytest.mark.unit
+def test_a_sequence_item_table_is_never_data_parallel_on_cpu():
+    """fbgemm's CPU kernel for data-parallel tables pools each row's ids: an
+    EmbeddingCollection's table there would return one vector per row, not per id. On CPU the
+    planner is not offered data_parallel for it, and asking for it alone is refused by name;
+    on GPUs it stays a choice, and pooled tables keep it on CPU."""
+    seq = ["+experiment=sequences"]
+    report = dry_plan_for(compose_cfg([*seq, "sharding.types=[data_parallel,table_wise]"]), 2, 2, "cpu")
+    assert report["tables"]["t_items"]["sharding_type"] == "table_wise"
+    with pytest.raises(PlanError, match="table t_items cannot be data-parallel on CPU") as e:
+        dry_plan_for(compose_cfg([*seq, "sharding=data_parallel"]), 2, 2, "cpu")
+    assert "\n" not in str(e.value) and "sharding=row_wise" in str(e.value)
+    report = dry_plan_for(compose_cfg([*seq, "sharding=data_parallel"]), 2, 2, "cuda")
+    assert report["tables"]["t_items"]["sharding_type"] == "data_parallel"
+    report = dry_plan_for(compose_cfg(["+experiment=movielens", "sharding=data_parallel"]), 2, 2, "cpu")
+    assert {t["sharding_type"] for t in report["tables"].values()} == {"data_parallel"}
+
+
+@pytest.mark.unit
 def test_constraint_that_matches_no_table_is_an_error():
     with pytest.raises(ValueError, match=r"sharding.tables\[0\].match=t_cat_99 matches no table"):
         dry_plan_for(compose_cfg(SMALL + ["sharding.tables=[{match:t_cat_99,min_partition:4}]"]), 1, 1, "cpu")

@@ -39,6 +39,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from hybridrec.base.compat import planner_options, planner_reserved_share, planner_topology
 from hybridrec.config import StorageReservation
@@ -46,7 +47,7 @@ from hybridrec.models import Ranker
 from hybridrec.parallel.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 GIB = 1024**3  # TorchRec's planner counts GB as 2^30 bytes; so do we
 
@@ -266,6 +267,8 @@ def plan_tables(
     topology, info = build_topology(inputs.topology, inputs.dims, detect)
     tables = table_configs(model.sparse_module())
     constraints = build_constraints(inputs.sharding, tables, inputs.pooling)
+    if topology.compute_device == "cpu" and isinstance(model.sparse_module(), EmbeddingCollection):
+        _no_cpu_data_parallel(constraints)
     planner, recorder = make_planner(inputs.topology, topology, inputs.local_batch, constraints)
     sharding_plan = _plan(planner, model, sharder, pg)
     if not recorder.best_plan:  # a rank that received the plan by broadcast
@@ -273,6 +276,22 @@ def plan_tables(
     report = plan_report(recorder, info)
     report["notes"] = optimizer_notes(report, inputs.sparse_optimizer)
     return sharding_plan, report
+
+
+def _no_cpu_data_parallel(constraints: dict[str, ParameterConstraints]) -> None:
+    """fbgemm's CPU kernel for data-parallel tables (DenseTableBatchedEmbeddingBagsCodegen)
+    pools every row's ids whatever its pooling mode, so an EmbeddingCollection's table (one
+    vector per id) cannot be data-parallel on CPU: the planner is given every other type."""
+    dp = ShardingType.DATA_PARALLEL.value
+    for name, c in constraints.items():
+        allowed = [t for t in (c.sharding_types or [t.value for t in ShardingType]) if t != dp]
+        if not allowed:
+            raise PlanError(
+                f"table {name} cannot be data-parallel on CPU: fbgemm's CPU kernel for data-parallel "
+                f"tables pools the ids of a row, and this model looks up one vector per id. Use "
+                f"sharding=row_wise, table_wise or auto"
+            )
+        c.sharding_types = allowed
 
 
 _COLUMN_SPLITS = {"column_wise", "table_column_wise", "grid_shard"}

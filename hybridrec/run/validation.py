@@ -13,7 +13,16 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridrec.config.retype import refuse_key
-from hybridrec.config.schema import SPARSE_OPTIMIZERS, DenseParallel, Device, DType, Logger, Schedule, TrainSchedule
+from hybridrec.config.schema import (
+    SPARSE_OPTIMIZERS,
+    DenseParallel,
+    Device,
+    DType,
+    Logger,
+    Schedule,
+    ShardingType,
+    TrainSchedule,
+)
 from hybridrec.parallel.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
@@ -45,11 +54,22 @@ def check_device(cfg: DictConfig, device_type: str) -> None:
             f"cpu (launcher.device={cfg.launcher.device.value}). Plan it here with "
             f"`python -m hybridrec.plan`, train it on GPUs, or set mesh.embedding_replicas=1"
         )
-    if device_type == "cpu" and cfg.optimizer.sparse._target_ not in CPU_SPARSE_OPTIMIZERS:
+    if device_type == "cpu" and cfg.optimizer.sparse._target_ not in CPU_SPARSE_OPTIMIZERS and not _unfused(cfg):
         raise ValueError(
             f"optimizer.sparse={cfg.optimizer.sparse._target_} has no fused CPU kernel in fbgemm "
-            f"(GPU only); on CPU use optimizer/sparse=rowwise_adagrad, adagrad or sgd"
+            f"(GPU only); on CPU use optimizer/sparse=rowwise_adagrad, adagrad or sgd, or "
+            f"sharding=data_parallel (small tables: replicated, trained by the plain torch optimizer)"
         )
+
+
+def _unfused(cfg: DictConfig) -> bool:
+    """Every table data-parallel: TorchRec's dense kernel, no fused optimizer; the sparse
+    optimizer is then plain torch's (TrainOptimizer's ``sparse_dp``), any class works."""
+    dp = [ShardingType.data_parallel.value]
+    types = lambda v: [ShardingType(t).value for t in v]
+    return types(cfg.sharding.types) == dp and all(
+        c.get("sharding_types") is None or types(c.sharding_types) == dp for c in cfg.sharding.tables
+    )
 
 
 def _kwargs(node: DictConfig) -> dict[str, Any]:
