@@ -90,7 +90,7 @@ def _sequences(d, **kw):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("windows", ["last", "all"])
+@pytest.mark.parametrize("windows", ["last", "all", "overlap"])
 @pytest.mark.parametrize(
     "negatives, sampling", [(0, "uniform"), (5, "uniform"), (7, "popularity")], ids=["full", "uniform", "popularity"]
 )
@@ -126,7 +126,7 @@ def test_the_device_path_gives_the_parquet_histories_rows(tmp_path):
         ),
         tmp_path / "h.parquet",
     )
-    for times_column, windows in ((None, "all"), ("ts", "last"), ("ts", "all")):
+    for times_column, windows in ((None, "all"), ("ts", "last"), ("ts", "overlap")):
         source = ParquetSequences(
             batch_size=2,
             path=str(tmp_path),

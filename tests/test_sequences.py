@@ -103,6 +103,35 @@ def test_all_windows_make_every_training_item_a_target_once_an_epoch(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("max_length", [3, 4])
+def test_overlapping_windows_give_every_target_half_a_window_of_context(tmp_path, max_length):
+    """data.train_windows=overlap: windows of max_length + 1 every ceil(max_length / 2) items
+    from the newest; a window's older targets are context only (next id 0), so each
+    transition is trained exactly once an epoch and, past a history's first items, with at
+    least max_length / 2 items before it in its row."""
+    rows = [(1, 10 + k, 4, k) for k in range(13)] + [(2, 40 + k, 4, k) for k in range(3)]
+    rows += [(3, 50 + k, 4, k) for k in range(6)]
+    source = _source(_ratings(tmp_path, rows), batch_size=1, max_length=max_length, train_windows="overlap")
+    stride = -(-max_length // 2)
+    seen, rows_of_user_1 = [], 0
+    for index in range(source.num_batches("train")):
+        one = source.read("train", 0, index, 0, 1)
+        h, n = (one.feature(f)[0].tolist() for f in (0, 1))  # history, next
+        assert len(h) == len(n) <= max_length
+        rows_of_user_1 += bool(h) and h[0] < 40
+        for p, (item, target) in enumerate(zip(h, n)):
+            if target:  # trained here: the window's next item, after p + 1 items of context
+                assert target == item + 1
+                assert p + 1 >= min(max_length - stride + 1, item - (10 if item < 40 else 50) + 1)
+                seen.append((item, target))
+            else:  # context only: a newer window of the same user trains it
+                assert p < len(h) - stride
+    transitions = [(10 + k, 11 + k) for k in range(10)] + [(50 + k, 51 + k) for k in range(3)]
+    assert sorted(seen) == transitions  # each exactly once
+    assert rows_of_user_1 == -(-10 // stride)  # 10 transitions, stride of them per window
+
+
+@pytest.mark.unit
 def test_negatives_are_drawn_per_global_batch_alike_on_every_rank(tmp_path):
     rows = [(u, 1 + (u * 7 + k) % 40, 4, k) for u in range(1, 9) for k in range(6)]
     source = _source(_ratings(tmp_path, rows), batch_size=4, train_negatives=5)
@@ -209,6 +238,26 @@ def _built(tmp_path, model="sasrec", *extra):
     m.items.to_empty(device="cpu")
     torch.nn.init.normal_(m.items.embeddings["t_items"].weight, std=0.3)
     return cfg, data, m.eval()
+
+
+@pytest.mark.unit
+def test_a_windows_context_positions_have_no_target(tmp_path):
+    """data.train_windows=overlap: the training loss is the softmax of the positions whose
+    next id is an item, the context's (id 0) left out, not scored against row 0."""
+    cfg, data, m = _built(tmp_path, "sasrec", "data.train_windows=overlap", "loss.average=position")
+    item = next(iter(loader.batches(data, "train", 0, 1, 1)))
+    batch = getattr(item, "batch", item)
+    targets = batch.sparse_features.to_dict()["next"]
+    assert (targets.values() == 0).any() and (targets.values() > 0).any()
+    m.train()
+    loss = m(batch)[0]
+    out = m.encode(m.items(batch.sparse_features)["history"], batch.times)
+    rows = torch.repeat_interleave(torch.arange(len(targets.lengths())), targets.lengths())
+    positions = torch.arange(len(rows)) - torch.repeat_interleave(targets.offsets()[:-1], targets.lengths())
+    keep = targets.values() > 0
+    table = m.items.embeddings["t_items"].weight
+    logits = out[rows[keep], positions[keep]] @ table[1:].T
+    torch.testing.assert_close(loss, F.cross_entropy(logits, targets.values()[keep] - 1), **TOL)
 
 
 @pytest.mark.unit
@@ -341,7 +390,7 @@ def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
 def trained(tmp_path_factory):
     """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both);
     SASRec also with sampled in-batch negatives, and with the loss averaged by position over
-    cosine scores, its history-masked ranks reported beside.
+    cosine scores on overlapping windows, its history-masked ranks reported beside.
     On two ranks HSTU also checkpoints every 2 steps (the run never stopped), and a second
     HSTU run stops after step 2 and resumes (``trained["resumed"]``); on one rank an HSTU run
     continues the 2-rank step-2 checkpoint (``trained["resharded"]``). One launch per world size."""
@@ -356,6 +405,7 @@ def trained(tmp_path_factory):
     sampled = ["loss.in_batch=true", "data.train_negatives=7", "data.negative_sampling=popularity"]
     resumable = ["checkpoint.every_n_steps=2"]
     recipe = ["loss.average=position", "model.l2_normalize=true", "loss.temperature=0.1", "model.mask_history=true"]
+    recipe.append("data.train_windows=overlap")  # context-only positions: no target
     two = spawn(
         train_and_gather,
         2,
@@ -386,7 +436,7 @@ def trained(tmp_path_factory):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    "run", [0, 1, 2, 3], ids=["sasrec", "hstu", "sasrec sampled in-batch", "sasrec by position, cosine"]
+    "run", [0, 1, 2, 3], ids=["sasrec", "hstu", "sasrec sampled in-batch", "sasrec by position, cosine, overlap"]
 )
 def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
     """Over 20 s for the first case: it waits for ``trained`` (9 short runs in two launches)."""

@@ -493,6 +493,11 @@ class TrainWindows(str, Enum):
     all = "all"
     """Each user's training items cut into windows of max_length + 1 from the newest: every
     training item is a target once per epoch."""
+    overlap = "overlap"
+    """Windows of max_length + 1 every max_length / 2 items from the newest: each window's
+    newer half are its targets, its older half context only (a window of ``all`` gives its
+    first targets almost none), so every target but a history's first ones sees at least
+    max_length / 2 items before it; still each training item a target once per epoch."""
 
 
 @dataclass

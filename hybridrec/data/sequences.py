@@ -11,7 +11,9 @@ its newest ``max_length + 1`` training items, so a longer history's older items 
 targets; ``all``, the training sequence cut from its end into windows of ``max_length + 1``
 items (each window's first item is the previous window's last target), so every training
 item is a target once per epoch (on MovieLens-100k at 50 items: 2,412 rows instead of 943,
-and all 97,171 transitions instead of 40% of them).
+and all 97,171 transitions instead of 40% of them); ``overlap``, windows every
+``max_length / 2`` items, each training its newer half only (the older half is context, its
+``next`` ids 0), so a target sees at least half a window before it (4,588 rows).
 
 A row's batch (``Rows``) has three sparse features, all looked up in one item table:
 ``history``, the row's most recent items (at most ``max_length``, oldest first: jagged, no
@@ -86,8 +88,8 @@ class NextItemSource(Source):
     ) -> None:
         self.batch_size, self.max_length, self.eval_batches, self.seed = batch_size, max_length, eval_batches, seed
         self.train_windows = str(getattr(train_windows, "value", train_windows))
-        if self.train_windows not in ("last", "all"):
-            raise DataError(f"data.train_windows={self.train_windows}: last or all")
+        if self.train_windows not in ("last", "all", "overlap"):
+            raise DataError(f"data.train_windows={self.train_windows}: last, all or overlap")
         self.train_negatives, self.negative_sampling = (
             train_negatives,
             str(getattr(negative_sampling, "value", negative_sampling)),
@@ -126,7 +128,7 @@ class NextItemSource(Source):
                 f"data.train_negatives={self.train_negatives} draws more ids per batch than {source}'s "
                 f"catalogue has items ({self.catalogue - 1:,}): lower it, or set 0 to score every item"
             )
-        self.window_begins, self.window_ends = self._windows()
+        self.window_begins, self.window_ends, self.window_context = self._windows()
         # The popularity of each item among the training parts (the items before the last two).
         train = np.concatenate([self.items[s : e - 2] for s, e in zip(self.starts, self.ends)])
         counts = np.bincount(train, minlength=self.catalogue).astype(np.float64)
@@ -148,21 +150,26 @@ class NextItemSource(Source):
                 f"(data.batch_size={self.batch_size}): one row per user and step"
             )
 
-    def _windows(self) -> tuple[np.ndarray, np.ndarray]:
+    def _windows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The training rows, as [begin, end) ranges of ``items``: windows of at most
         ``max_length + 1`` items of each user's training part (its items before the last two),
-        the newest first, each starting at its predecessor's first item so no transition is
-        lost; ``last`` keeps each user's newest window only. Per user in user order."""
+        the newest first, each ending ``stride`` targets before its predecessor's end, so no
+        transition is lost; ``last`` keeps each user's newest window only. With ``overlap``
+        (a stride of half the window) each window's first targets are its successor's too:
+        they are context only, as many per row as the third array says (0 for ``last`` and
+        ``all``). Per user in user order."""
         end = self.ends - 2  # the training part: items[start:end], at least one item
-        span = self.max_length  # the transitions (targets) a window holds
+        span = self.max_length  # the transitions a window holds
+        stride = -(-span // 2) if self.train_windows == "overlap" else span  # the targets a window owns
         if self.train_windows == "last":
             count = np.ones(len(end), np.int64)
-        else:  # ceil(transitions / span), at least one row (a user with one training item)
-            count = np.maximum(1, -(-(end - self.starts - 1) // span))
+        else:  # ceil(transitions / stride), at least one row (a user with one training item)
+            count = np.maximum(1, -(-(end - self.starts - 1) // stride))
         user = np.repeat(np.arange(len(end)), count)
         k = _positions(count)  # 0 = the newest window
-        ends = end[user] - k * span
-        return np.maximum(self.starts[user], ends - span - 1), ends
+        ends = end[user] - k * stride
+        begins = np.maximum(self.starts[user], ends - span - 1)
+        return begins, ends, np.maximum(0, ends - begins - 1 - stride)
 
     @property
     def train_rows(self) -> int:
@@ -207,7 +214,7 @@ class NextItemSource(Source):
         train = split == "train"
         rows = order[first + lo : min(first + hi, len(order))]
         if train:  # a window: its history and, one further, its targets
-            begins, ends = self.window_begins[rows], self.window_ends[rows]
+            begins, ends, context = self.window_begins[rows], self.window_ends[rows], self.window_context[rows]
         else:
             ends = self.ends[rows] - {"valid": 2, "eval": 1}[split]  # the items before the target
             begins = np.maximum(self.starts[rows], ends - self.max_length)
@@ -218,6 +225,7 @@ class NextItemSource(Source):
             hist_len = lengths - 1
             hist = _drop_each(seq, lengths, last=True)
             nxt = _drop_each(seq, lengths, last=False)
+            nxt[_positions(hist_len) < np.repeat(context, hist_len)] = 0  # context only: no target
             times = _drop_each(seq_times, lengths, last=True)
             next_len = hist_len
         else:

@@ -44,6 +44,7 @@ class SequencesOnDevice:
 
         self.items, self.times = put(source.items), put(source.times)
         self.window_begins, self.window_ends = put(source.window_begins), put(source.window_ends)
+        self.window_context = put(source.window_context)
         self.starts, self.ends = put(source.starts), put(source.ends)
         self.users = torch.arange(source.users, device=self.device)  # an evaluated split's rows, in order
         self.catalogue = torch.arange(1, source.catalogue, dtype=torch.int64, device=self.device)
@@ -77,6 +78,10 @@ class SequencesOnDevice:
             hist_total = int(hist_len_host.sum())
             hist = gather_ranges(self.items, begins, hist_len, hist_total)
             nxt = gather_ranges(self.items, begins + 1, hist_len, hist_total)
+            if s.train_windows == "overlap":  # a window's context-only targets: id 0, no target
+                row = torch.repeat_interleave(torch.arange(n, device=device), hist_len, output_size=hist_total)
+                position = torch.arange(hist_total, device=device) - (torch.cumsum(hist_len, 0) - hist_len)[row]
+                nxt = torch.where(position < self.window_context[rows][row], 0, nxt)
             next_len = hist_len
         else:  # the items before the held-out one (at most max_length), then the held-out one
             ends_host = s.ends[rows_host] - _HELD_OUT[split]

@@ -69,14 +69,14 @@ def item_table(features: list[SparseFeature], embedding_dim: int) -> EmbeddingCo
 
 
 def padded(jt: JaggedTensor, length: int) -> torch.Tensor:
-    """A jagged ``[sum(lengths), D]`` as ``[B, length, D]``, each row's values first (its
+    """A jagged ``[sum(lengths), *]`` as ``[B, length, *]``, each row's values first (its
     lengths are at most ``length``), zeros after."""
     lengths = jt.lengths().long()
     values = jt.values()
     rows = torch.repeat_interleave(torch.arange(len(lengths), device=values.device), lengths)
     starts = torch.cumsum(lengths, 0) - lengths
     position = torch.arange(len(values), device=values.device) - torch.repeat_interleave(starts, lengths)
-    out = values.new_zeros(len(lengths), length, values.shape[-1])
+    out = values.new_zeros(len(lengths), length, *values.shape[1:])
     return out.index_put((rows, position), values)
 
 
@@ -185,20 +185,21 @@ class SequenceRanker(Ranker):
         self, out: torch.Tensor, history: JaggedTensor, nxt: JaggedTensor, negatives: JaggedTensor, batch: RecBatch
     ) -> torch.Tensor:
         """Every real position's output against its next item (``nxt``, aligned with the
-        history) and the negatives the batch carries (in its first row)."""
+        history) and the negatives the batch carries (in its first row). A position whose
+        next id is 0 has no target (a window's context, data.train_windows=overlap)."""
         lengths = history.lengths().long()
-        real = torch.arange(self.max_length, device=out.device)[None, :] < lengths[:, None]
-        queries = out[real]  # [P, D], row by row, position by position: the jagged order
-        user = torch.repeat_interleave(torch.arange(len(lengths), device=out.device), lengths)
-        first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
         features = batch.sparse_features.to_dict()
+        # (row, position) of every position with a target, row by row: the jagged order
+        ids = padded(features["next"], self.max_length)
+        row, position = torch.nonzero(ids > 0).unbind(1)
+        first = int(negatives.lengths()[0]) if len(negatives.lengths()) else 0
         return self.loss(
-            self.unit(queries),
-            self.unit(nxt.values()),
-            features["next"].values(),
+            self.unit(out[row, position]),
+            self.unit(padded(nxt, self.max_length)[row, position]),
+            ids[row, position],
             self.unit(negatives.values()[:first]),
             features["negatives"].values()[:first],
-            user,
+            row,
             len(lengths),
             getattr(self, "sampler_log_q", None),
             getattr(self, "sampled_by_popularity", False),
