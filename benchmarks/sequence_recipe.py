@@ -40,6 +40,8 @@ CHOICES = {
     "4 blocks": ["model.num_blocks=4"],
     "every item a target": ["data.train_windows=all"],
     "every item a target, loss by position": ["data.train_windows=all", "loss.average=position"],
+    "overlapping windows": ["data.train_windows=overlap"],
+    "embedding dim 128": ["model.embedding_dim=128"],
     "AdamW betas (0.9, 0.98)": [
         "optimizer/dense=adamw",
         "optimizer.dense.lr=0.001",

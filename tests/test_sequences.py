@@ -390,7 +390,7 @@ def test_a_parquet_history_that_does_not_fit_costs_its_row(tmp_path):
 def trained(tmp_path_factory):
     """SASRec and HSTU, 4 steps, on one and on two ranks (the item table row-wise over both);
     SASRec also with sampled in-batch negatives, and with the loss averaged by position over
-    cosine scores on overlapping windows, its history-masked ranks reported beside.
+    cosine scores, its history-masked ranks reported beside, and on overlapping windows.
     On two ranks HSTU also checkpoints every 2 steps (the run never stopped), and a second
     HSTU run stops after step 2 and resumes (``trained["resumed"]``); on one rank an HSTU run
     continues the 2-rank step-2 checkpoint (``trained["resharded"]``). One launch per world size."""
@@ -405,7 +405,7 @@ def trained(tmp_path_factory):
     sampled = ["loss.in_batch=true", "data.train_negatives=7", "data.negative_sampling=popularity"]
     resumable = ["checkpoint.every_n_steps=2"]
     recipe = ["loss.average=position", "model.l2_normalize=true", "loss.temperature=0.1", "model.mask_history=true"]
-    recipe.append("data.train_windows=overlap")  # context-only positions: no target
+    overlap = ["loss.average=position", "data.train_windows=overlap"]  # context-only positions: no target
     two = spawn(
         train_and_gather,
         2,
@@ -416,6 +416,7 @@ def trained(tmp_path_factory):
             run("hstu", *resumable, f"checkpoint.dir={b}", "train.steps=2"),
             run("hstu", *resumable, f"checkpoint.dir={b}"),
             run("sasrec", *recipe),
+            run("sasrec", *overlap),
         ],
         str(root / "two"),
     )
@@ -428,18 +429,21 @@ def trained(tmp_path_factory):
             run("sasrec", *sampled),
             run("hstu", *resumable, f"checkpoint.dir={c}", f"checkpoint.resume={a / 'step_00000002'}"),
             run("sasrec", *recipe),
+            run("sasrec", *overlap),
         ],
         str(root / "one"),
     )
-    return {1: [*one[:3], one[4]], 2: [*two[:3], two[5]], "resumed": two[4], "resharded": one[3]}
+    return {1: [*one[:3], *one[4:]], 2: [*two[:3], *two[5:]], "resumed": two[4], "resharded": one[3]}
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    "run", [0, 1, 2, 3], ids=["sasrec", "hstu", "sasrec sampled in-batch", "sasrec by position, cosine, overlap"]
+    "run",
+    [0, 1, 2, 3, 4],
+    ids=["sasrec", "hstu", "sasrec sampled in-batch", "sasrec by position, cosine", "sasrec overlapping windows"],
 )
 def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
-    """Over 20 s for the first case: it waits for ``trained`` (9 short runs in two launches)."""
+    """Over 20 s for the first case: it waits for ``trained`` (11 short runs in two launches)."""
     one, two = trained[1][run], trained[2][run]
     assert one["losses"][-1] < one["losses"][0]  # it learns
     assert_same_training(one, two)

@@ -13,7 +13,7 @@ items (each window's first item is the previous window's last target), so every 
 item is a target once per epoch (on MovieLens-100k at 50 items: 2,412 rows instead of 943,
 and all 97,171 transitions instead of 40% of them); ``overlap``, windows every
 ``max_length / 2`` items, each training its newer half only (the older half is context, its
-``next`` ids 0), so a target sees at least half a window before it (4,588 rows).
+``next`` ids 0), so a target sees at least half a window before it (4,320 rows).
 
 A row's batch (``Rows``) has three sparse features, all looked up in one item table:
 ``history``, the row's most recent items (at most ``max_length``, oldest first: jagged, no

@@ -97,6 +97,12 @@ class Stack(nn.Module):
         super().__init__()
         self.dim, self.max_length, self.activation_checkpointing = dim, max_length, activation_checkpointing
         self.positions = nn.Embedding(max_length, dim) if positions else None
+        if self.positions is not None:
+            # N(0, 0.02), as BERT's and GPT-2's positions: nn.Embedding's N(0, 1) is about 9x the
+            # scaled item vectors (uniform +-sqrt(1/N) times sqrt(D): std 0.11 at 1,682 x 64),
+            # so SASRec first learned where an item sits more than which it is (MovieLens-100k,
+            # seed 0: validation NDCG@10 0.0632 at N(0, 1), 0.0651 at std 0.1, 0.0663 at 0.02)
+            nn.init.normal_(self.positions.weight, std=0.02)
         self.blocks = nn.ModuleList(blocks)
         self.dropout = nn.Dropout(dropout)
         self.final_norm = nn.LayerNorm(dim)
