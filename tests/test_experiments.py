@@ -53,18 +53,19 @@ def test_experiment_composes_with_model(experiment, model):
     assert "\n" not in str(refused.value)  # train.py prints it as one `hybridrec: ...` line
 
 
-@pytest.mark.parametrize("group", ["model", "loss"])
-def test_every_experiment_model_and_loss_file_is_used(group):
+@pytest.mark.parametrize("group, chosen_by", [("model", "model"), ("loss", "loss"), ("data", "model")])
+def test_every_experiment_model_loss_and_data_file_is_used(group, chosen_by):
     """experiment_<group>/<experiment>/<option>.yaml is optional in the defaults list, so a
     file whose directory or name is misspelled would be skipped in silence: each must name a
-    shipped experiment and option, and its values must be what that pair trains."""
+    shipped experiment and an option of the group that chooses it (experiment_data: the
+    model), and its values must be what that pair trains."""
     root = os.path.join(CONF_DIR, f"experiment_{group}")
-    options = {f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml")}
+    options = {f[:-5] for f in os.listdir(os.path.join(CONF_DIR, chosen_by)) if f.endswith(".yaml")}
     files = [(e, f[:-5]) for e in sorted(os.listdir(root)) for f in sorted(os.listdir(os.path.join(root, e)))]
     assert files, root
     for experiment, option in files:
         where = f"experiment_{group}/{experiment}/{option}.yaml"
         assert experiment in EXPERIMENTS and option in options, where
         values = OmegaConf.load(os.path.join(root, experiment, f"{option}.yaml"))
-        cfg = compose_cfg([f"+experiment={experiment}", f"{group}={option}"])
+        cfg = compose_cfg([f"+experiment={experiment}", f"{chosen_by}={option}"])
         assert {k: cfg[group][k] for k in values} == values, where

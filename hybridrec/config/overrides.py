@@ -65,7 +65,9 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
     elif m := _OPTION.search(error):
         group, option = m.group(1), m.group(2)
         folders = [os.path.join(d, group) for d in [conf_dir, *_search_path(mine)]]
-        if os.path.isdir(folders[0]) and not group.startswith(("schema", "experiment_model", "experiment_loss")):
+        if os.path.isdir(folders[0]) and not group.startswith(
+            ("schema", "experiment_model", "experiment_loss", "experiment_data")
+        ):
             options = sorted(
                 {f[:-5] for d in folders if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".yaml")}
             )
