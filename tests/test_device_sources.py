@@ -1,6 +1,6 @@
 """The next-item sources and MovieLens' ratings made on the device (``data.device_input``), run
 on the CPU: the rows of ``read``, byte for byte, for every split, 1 and 2 ranks, several
-batches and epochs, both ``data.train_windows``, sampled and full negatives, with and without
+batches and epochs, every ``data.train_windows``, sampled and full negatives, with and without
 MovieLens' side files; the loader's batches over epochs; no value read back on the host; a
 short training run whose losses are those of the CPU path. ``MovieLensRank`` has no device
 path and is refused by name."""

@@ -1,6 +1,6 @@
 """The next-item sources' batches made on the training device (``data.device_input``): the
 bytes of ``NextItemSource.read``, for every split (tested on the CPU, for 1 and 2 ranks and
-both ``data.train_windows``, in tests/test_device_sources.py).
+every ``data.train_windows``, in tests/test_device_sources.py).
 
 Every user's items and times, each training window's [begin, end) range of them and each
 user's, are copied to the device once; a batch is then index arithmetic there: its rows'
