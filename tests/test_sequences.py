@@ -103,7 +103,7 @@ def test_all_windows_make_every_training_item_a_target_once_an_epoch(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("max_length", [3, 4])
+@pytest.mark.parametrize("max_length", [1, 3, 4])
 def test_overlapping_windows_give_every_target_half_a_window_of_context(tmp_path, max_length):
     """data.train_windows=overlap: windows of max_length + 1 every ceil(max_length / 2) items
     from the newest; a window's older targets are context only (next id 0), so each
