@@ -16,7 +16,7 @@ longer fits in ``--budget`` seconds is skipped and named in the report):
    (``mesh.param_dtype=bfloat16``) end to end and fixed; then the same at 2,048 rows.
 3. ``sources``: the same at 32,768 rows on Criteo-shaped files (``--source-rows``, written
    once into ``--out``/files): the binary layout converted on the GPU, built on the host and
-   taken out; Parquet on the input thread, with 4 workers and taken out.
+   taken out; Parquet converted on the GPU, on the input thread, with 4 workers and taken out.
 4. ``syncs``: host synchronizations per training step, counted in a torch.profiler trace of
    steps 21-30 (``profile.enabled``): the CUDA runtime's synchronizing calls inside each
    ``ProfilerStep``, with the operator that made each.
@@ -275,6 +275,7 @@ def report(results: dict) -> str:
         ),
         (32768, "Criteo binary, built on the host", "binary_host_32768", "binary_fixed_32768"),
         (32768, "Criteo binary, input taken out", "binary_fixed_32768", None),
+        (32768, "Parquet, converted on the GPU (`data.device_input`)", "parquet_device_32768", "parquet_fixed_32768"),
         (32768, "Parquet, built on the host (input thread)", "parquet_thread_32768", "parquet_fixed_32768"),
         (32768, "Parquet, 4 workers", "parquet_workers_32768", "parquet_fixed_32768"),
         (32768, "Parquet, input taken out", "parquet_fixed_32768", None),
@@ -400,7 +401,8 @@ def main() -> int:
             (f"binary_device_{big}", [*binary, "data.device_input=true"], None),
             (f"binary_host_{big}", [*binary, "data.device_input=false"], None),
             (f"binary_fixed_{big}", binary, "fixed_batch.py"),
-            (f"parquet_thread_{big}", parquet, None),
+            (f"parquet_device_{big}", [*parquet, "data.device_input=true"], None),
+            (f"parquet_thread_{big}", [*parquet, "data.device_input=false"], None),
             (f"parquet_workers_{big}", [*parquet, "data.num_workers=4"], None),
             (f"parquet_fixed_{big}", parquet, "fixed_batch.py"),
         ):

@@ -293,3 +293,19 @@ def docs_snippet(guide: str, marker: str) -> str:
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b]
     assert len(blocks) == 1, f"docs/{guide}: {len(blocks)} python blocks contain {marker!r}"
     return blocks[0]
+
+
+def same_rows(a, b) -> None:
+    """Rows ``b`` (a device path's) are rows ``a`` (the CPU reader's): every array, dtype and shape."""
+    assert a.features == b.features
+    for name in ("dense", "values", "lengths", "labels", "real", "id_weights"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert torch.equal(x, y), f"{name}: {(x != y).sum().item()} of {x.numel()} differ"
+    assert a.extra.keys() == b.extra.keys()
+    for key, x in a.extra.items():
+        y = b.extra[key]
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), key
+    assert b.totals == a.feature_totals().tolist()  # the sizes the host knew without reading the device

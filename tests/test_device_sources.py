@@ -18,25 +18,9 @@ from hybridrec.data import loader
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.sequences import ParquetSequences
 from hybridrec.run.validation import validate
-from shared import GENRE_NAMES, ml, ml_sequences, tables
+from shared import GENRE_NAMES, ml, ml_sequences, same_rows, tables
 
 CPU = torch.device("cpu")
-
-
-def _same(a, b) -> None:
-    """Rows ``b`` (the device path's) are rows ``a`` (read's): every array, dtype and shape."""
-    assert a.features == b.features
-    for name in ("dense", "values", "lengths", "labels", "real", "id_weights"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert (x is None) == (y is None), name
-        if x is not None:
-            assert x.dtype == y.dtype and x.shape == y.shape, name
-            assert torch.equal(x, y), f"{name}: {(x != y).sum().item()} of {x.numel()} differ"
-    assert a.extra.keys() == b.extra.keys()
-    for key, x in a.extra.items():
-        y = b.extra[key]
-        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), key
-    assert b.totals == a.feature_totals().tolist()  # the sizes the host knew without reading the device
 
 
 def _same_everywhere(source, epochs=(0, 1, 2)) -> None:
@@ -48,7 +32,7 @@ def _same_everywhere(source, epochs=(0, 1, 2)) -> None:
                 for world in (1, 2):
                     for rank in range(world):
                         (lo, hi), *_ = loader.plan_pieces(source, world, rank)
-                        _same(source.read(split, epoch, index, lo, hi), reader(split, index, lo, hi, epoch=epoch))
+                        same_rows(source.read(split, epoch, index, lo, hi), reader(split, index, lo, hi, epoch=epoch))
 
 
 def _same_batches(source, split: str, world: int, num_batches: int, start: int = 0) -> None:
@@ -224,7 +208,7 @@ def test_the_device_readers_read_no_value_back(tmp_path, monkeypatch):
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "experiment, source",
-    [("movielens_rank", "MovieLensRank"), ("movielens_retrieval", "MovieLensRank"), ("tabular", "ParquetSource")],
+    [("movielens_rank", "MovieLensRank"), ("movielens_retrieval", "MovieLensRank")],
 )
 def test_device_input_is_refused_by_name_for_a_source_without_it(experiment, source):
     with pytest.raises(ValueError, match=f"data.device_input=true: {source} reads its rows on the CPU"):

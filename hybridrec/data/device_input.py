@@ -11,6 +11,8 @@ host buffers reused for the copy to the device, and data checks that never make 
   again on the CPU, whose reader names the file and row (``Source.read`` raises the DataError).
 - ``resident``, ``gather_ranges``, ``one_hot``: for sources whose arrays stay on the device
   (the next-item histories, MovieLens' ratings), which gather each batch there by index.
+- ``log1p``: ``hybridrec.data.portable.log1p`` on the device, the same operations in the same
+  order, so the same bits as the CPU's reader.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
+
+from hybridrec.data import portable
 
 _ALIGN = 16  # each array's offset in a staging buffer: any dtype's view of it is aligned
 
@@ -59,6 +63,27 @@ def gather_ranges(values: torch.Tensor, begins: torch.Tensor, lengths: torch.Ten
     row = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=total)
     shift = begins - (torch.cumsum(lengths, 0) - lengths)  # a row's first value, less its place in the output
     return values[shift[row] + torch.arange(total, device=device)]
+
+
+def _ln(x: torch.Tensor) -> torch.Tensor:
+    """``portable.ln`` (float64)."""
+    m, e = torch.frexp(x)
+    small = m < portable._SQRT2 / 2
+    m = torch.where(small, m * 2.0, m)
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    out = torch.full_like(z, portable._ATANH[0])
+    for c in portable._ATANH[1:]:  # Horner's rule, one rounding per operation as in NumPy
+        out = out * z + c
+    out = out * s + (e - small.to(e.dtype)).to(torch.float64) * portable._LN2
+    out = torch.where(x > 0, out, torch.where(x == 0, -torch.inf, torch.nan))
+    return torch.where(torch.isinf(x) & (x > 0), torch.inf, out)
+
+
+def log1p(x: torch.Tensor) -> torch.Tensor:
+    """``portable.log1p`` of float64 ``x``."""
+    u = 1.0 + x
+    return torch.where(u == 1.0, x, _ln(u) * (x / (u - 1.0)))
 
 
 def one_hot(lengths: Sequence[np.ndarray]) -> bool:

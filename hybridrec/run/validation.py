@@ -495,9 +495,9 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         source = get_class(cfg.data._target_)
         if getattr(source, "device_rows", None) is None:  # None: MovieLensRank, whose lists are drawn per list
             raise ValueError(
-                f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log, "
-                f"Criteo's binary layout, MovieLens' ratings (data=movielens) and the next-item histories "
-                f"(data=movielens_seq, parquet_seq) can make them on the device); leave data.device_input unset"
+                f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log, Criteo's "
+                f"binary layout, Parquet feature logs, MovieLens' ratings (data=movielens) and the next-item "
+                f"histories (data=movielens_seq, parquet_seq) can make them on the device); leave it unset"
             )
         if cfg.data.get("labels"):
             raise ValueError(

@@ -128,7 +128,9 @@ def rank_batches(
     # None: a subclass of a source with a device path that has none of its own (MovieLensRank)
     make = getattr(data, "device_rows", None)
     # the device draw makes one label per row: a source with several tasks is read on the CPU
-    if on_device and split == "train" and make is not None and not data.tasks:
+    # and a source that reads some configurations on the CPU only (ParquetSource.device_refusal)
+    refused = getattr(data, "device_refusal", None)
+    if on_device and split == "train" and make is not None and not data.tasks and not (refused and refused()):
         reader = make(device, graph=True) if d.get("device_graph") else make(device)
         if on_check is not None and hasattr(reader, "check"):
             on_check(reader.check)

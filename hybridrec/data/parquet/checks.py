@@ -10,6 +10,7 @@ from hybridrec.config.schema import DenseTransform, ParquetIdMapping
 from hybridrec.config.tasks import check_tasks
 from hybridrec.data.numeric import MAX_BUCKETS, SAMPLE, check_knots
 from hybridrec.data.parquet.config import _dense_list, _plain, _Sparse, _sparse_list
+from hybridrec.data.parquet.device import device_refusal
 from hybridrec.data.parquet.partitioned import check_partitions
 
 
@@ -43,6 +44,14 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
                 f"data.sparse[{f.index}].num_embeddings={f.num_embeddings}: a managed table needs "
                 f"row 0 (ids without a row) and at least one row to give"
             )
+    if c.get("device_input") and (
+        refusal := device_refusal(
+            parts is not None,
+            _sparse_list(c.get("sparse")),
+            _dense_list(c.get("dense"), c.get("numeric_encoding"), c.get("numeric_buckets", 16)),
+        )
+    ):
+        raise ValueError(f"data.device_input=true: {refusal}; leave data.device_input unset")
     label = c.get("label") or {}
     if c.get("labels"):  # several tasks: their columns, checked against each file's schema when it is opened
         check_tasks(c["labels"])

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Optional, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 from omegaconf import DictConfig
 
 from hybridrec.config.schema import BadRows, ParquetIdMapping
@@ -22,6 +23,7 @@ from hybridrec.data.criteo import resolve_paths, validation_fraction
 from hybridrec.data.parquet.checks import check_config
 from hybridrec.data.parquet.columns import _NUMERIC, _Columns, _is_list, _kind, _Part
 from hybridrec.data.parquet.config import _dense_list, _plain, _sparse_list, _value
+from hybridrec.data.parquet.device import ParquetOnDevice, device_refusal
 from hybridrec.data.parquet.fit import fit_dense
 from hybridrec.data.parquet.layout import _File, _Open, _Split
 from hybridrec.data.parquet.managed import ManagedIds
@@ -505,6 +507,16 @@ class ParquetSource(_Columns, _Partitioned, Source):
             report.dropped_tail_rows["train"] = sp.total - self.num_batches(split) * self.batch_size
         rows.report = report
         return rows
+
+    def device_rows(self, device: torch.device) -> ParquetOnDevice:
+        """The training rows converted on ``device`` (``data.device_input``; parquet/device.py)."""
+        if refusal := self.device_refusal():
+            raise ValueError(f"data.device_input: {refusal}")
+        return ParquetOnDevice(self, device)
+
+    def device_refusal(self) -> Optional[str]:
+        """Why this log's rows are read on the CPU even on a GPU, or None."""
+        return device_refusal(self.partitioning is not None, self.sparse, self.dense)
 
     # -- reading ---------------------------------------------------------------------------
     def _state(self) -> _Open:
