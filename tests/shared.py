@@ -309,3 +309,7 @@ def same_rows(a, b) -> None:
         y = b.extra[key]
         assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), key
     assert b.totals == a.feature_totals().tolist()  # the sizes the host knew without reading the device
+
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+"""The Tensor methods that read a value back on the host (on a GPU, each waits for the device)."""

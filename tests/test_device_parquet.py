@@ -21,7 +21,7 @@ from hybridrec.data import DataError, loader
 from hybridrec.data.parquet import ParquetSource
 from hybridrec.data.vocab import main as vocab_main
 from hybridrec.run.validation import validate
-from shared import same_rows
+from shared import HOST_READS, same_rows
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")
@@ -146,6 +146,38 @@ def test_lists_weighted_truncated_and_strings(log):
 
 def test_shards_and_held_out_runs(log):
     _same_training_rows(_source(log, shards=2, eval_batches=1), epochs=(0,))
+
+
+def test_the_reader_reads_no_value_back(log, monkeypatch):
+    """On a GPU each such read would make the host wait for the device: every size the reader
+    and the batch's KJT need comes from the host's arrays."""
+    sparse = ONE_HOT + [
+        _vocab(log, "code"),
+        _vocab(log, "city"),
+        {
+            "name": "tags",
+            "column": "tags",
+            "num_embeddings": 23,
+            "weights_column": "tag_w",
+            "max_length": 3,
+            "truncate": True,
+        },
+        {"name": "words", "column": "words", "num_embeddings": 40, "id_mapping": "hash"},
+    ]
+    source = _source(log, sparse)
+    reader = source.device_rows(CPU)
+
+    def refused(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"Tensor.{name} read a value back")
+
+        return read
+
+    with monkeypatch.context() as m:
+        for name in HOST_READS:
+            m.setattr(torch.Tensor, name, refused(name))
+        for index in range(3):
+            reader("train", index, 0, 8).batch(source.keys)
 
 
 def _bad_log(log, changes):

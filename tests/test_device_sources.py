@@ -18,7 +18,7 @@ from hybridrec.data import loader
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.sequences import ParquetSequences
 from hybridrec.run.validation import validate
-from shared import GENRE_NAMES, ml, ml_sequences, same_rows, tables
+from shared import GENRE_NAMES, HOST_READS, ml, ml_sequences, same_rows, tables
 
 CPU = torch.device("cpu")
 
@@ -180,7 +180,6 @@ def test_the_loader_gives_the_movielens_batches_across_epochs(tmp_path, world):
 
 
 # ---------------------------------------------------------------------------------------- the contract
-HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
 @pytest.mark.unit
