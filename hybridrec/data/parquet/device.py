@@ -27,7 +27,7 @@ found on the CPU (their vocabulary is strings) and only their rows go to the dev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -105,11 +105,17 @@ def _rows_of(flagged: torch.Tensor, row_of: torch.Tensor, n: int) -> torch.Tenso
     return torch.zeros(n, dtype=torch.int32, device=flagged.device).index_add_(0, row_of, flagged.to(torch.int32)) > 0
 
 
+_Handed = tuple[dict[str, np.ndarray], dict[str, np.dtype], list[tuple[str, int, pa.Table]], list["_Feature"]]
+
+
 class _Feature:
     """One sparse feature's host arrays over a batch's ranges."""
 
     def __init__(self) -> None:
-        self.lengths: list[np.ndarray] = []  # ids per row, after truncation
+        self.lengths: list[Union[np.ndarray, int]] = []  # ids per row, after truncation; k: k rows of one id
+        self.constant = False  # one id in every row: no lengths to hand over (the device's ones)
+        self.one_each = False  # one id in every row, whether handed over or not
+        self.total = 0  # ids in all
         self.raw: list[np.ndarray] = []  # ids per row as stored (truncated features)
         self.ids: list[np.ndarray] = []  # integer ids, or vocabulary rows of strings
         self.bytes: list[np.ndarray] = []  # string ids: their bytes ...
@@ -126,6 +132,7 @@ class ParquetOnDevice:
     def __init__(self, source: "ParquetSource", device: torch.device) -> None:
         self.source, self.device = source, torch.device(device)
         self.staging = Staging(self.device)
+        self.ones: Optional[torch.Tensor] = None
         self.flag = torch.zeros((), dtype=torch.bool, device=self.device)
         self.pending: list[tuple[str, int, int, int, int, Optional[ReadReport]]] = []
         salt = int(_salt(source.hash_seed))
@@ -176,11 +183,12 @@ class ParquetOnDevice:
             if column.null_count and f.null_ids == "bad":
                 return False
             nulls = np.asarray(column.is_null()) if column.null_count else None
-            lengths = kept = np.ones(len(column), np.int64) if nulls is None else (~nulls).astype(np.int64)
+            lengths = kept = (~nulls).astype(np.int64) if nulls is not None else None
             flat = pc.drop_null(column) if nulls is not None else column
             host.null_rows += 0 if nulls is None else int(nulls.sum())
-        host.lengths.append(kept)
-        host.raw.append(lengths)
+        host.lengths.append(kept if kept is not None else len(column))
+        if lengths is not None:
+            host.raw.append(lengths)
         if _kind(flat.type) == "int":
             host.ids.append(flat.to_numpy(zero_copy_only=False))
         elif f.id_mapping == ParquetIdMapping.vocabulary.value:  # strings: looked up on the CPU
@@ -199,11 +207,12 @@ class ParquetOnDevice:
                     return False
                 host.weight_counts.append(counts)
             else:
-                if w.null_count and bool(np.asarray(w.is_null())[lengths == 1].any()):
+                has_id = np.ones(len(w), bool) if lengths is None else lengths == 1
+                if w.null_count and bool(np.asarray(w.is_null())[has_id].any()):
                     return False  # a null weight where the row has an id
                 values = _numbers(pc.fill_null(w, 0) if w.null_count else w)
                 assert values is not None  # (nulls filled)
-                values = values[lengths == 1] if not bool((lengths == 1).all()) else values
+                values = values if lengths is None else values[has_id]
             host.weights.append(values)
         return True
 
@@ -211,10 +220,28 @@ class ParquetOnDevice:
     def __call__(self, split: str, index: int, lo: int, hi: int, epoch: int = 0) -> Rows:
         src = self.source
         counting = src._counting.get(split, epoch) == epoch
+        handed = self.host_part(split, index, lo, hi)
+        if handed is None:  # a bad row the host saw: read's rows (padded and counted), moved over
+            return self._moved(src.read(split, epoch, index, lo, hi))
+        arrays, kinds, ranges, features = handed
+        names = list(arrays)
+        on = dict(zip(names, self.staging.put([arrays[k] for k in names])))
+        rows, bad = self._convert(on, kinds, features)
+        self.flag |= bad.any()
+        report = self._counted(split, index, lo, ranges, features) if counting else None
+        self.pending.append((split, epoch, index, lo, hi, report))
+        rows.report = report
+        return rows
+
+    def host_part(self, split: str, index: int, lo: int, hi: int) -> Optional[_Handed]:
+        """What the host does for a batch: the arrays it hands over (by name), the dtypes the
+        files store them in, the ranges read and each feature's host arrays; None when it sees
+        a bad row (``benchmarks/device_host.py`` times it against ``read``)."""
+        src = self.source
         ranges = [r for a, b, _ in src._spans(split, index, lo, hi) for r in src._ranges(split, a, b, src.columns)]
         host = self._host([t for _, _, t in ranges])
-        if host is None:  # a bad row the host saw: read's rows (padded and counted), moved over
-            return self._moved(src.read(split, epoch, index, lo, hi))
+        if host is None:
+            return None
         numbers, features = host
         stored = dict(numbers)  # what the host hands over, by name, in the dtypes the files store
         for i, h in enumerate(features):
@@ -227,19 +254,25 @@ class ParquetOnDevice:
         for i, h in enumerate(features):
             if h.bytes:
                 arrays[f"bytes{i}"], arrays[f"spans{i}"] = _cat(h.bytes), _cat(h.spans)
-            arrays[f"len{i}"] = _cat(h.lengths)
+            h.constant = all(isinstance(k, int) for k in h.lengths)
+            if h.constant:
+                h.one_each, h.total = True, sum(int(k) for k in h.lengths)
+            else:
+                length = _cat([np.ones(k, np.int64) if isinstance(k, int) else k for k in h.lengths])
+                h.one_each, h.total = bool((length == 1).all()), int(length.sum())
+                arrays[f"len{i}"] = length
             if src.sparse[i].truncate:
                 arrays[f"raw{i}"] = _cat(h.raw)
                 if h.weight_counts:
                     arrays[f"wraw{i}"] = _cat(h.weight_counts)
-        names = list(arrays)
-        on = dict(zip(names, self.staging.put([arrays[k] for k in names])))
-        rows, bad = self._convert(on, kinds, {k: v for k, v in arrays.items() if k.startswith("len")}, features)
-        self.flag |= bad.any()
-        report = self._counted(split, index, lo, ranges, features) if counting else None
-        self.pending.append((split, epoch, index, lo, hi, report))
-        rows.report = report
-        return rows
+        return arrays, kinds, ranges, features
+
+    def _ones(self, n: int) -> torch.Tensor:
+        """int64 ones: the lengths of a feature with one id in every row, made once per size
+        on the device instead of handed over every batch."""
+        if self.ones is None or len(self.ones) != n:
+            self.ones = torch.ones(n, dtype=torch.int64, device=self.device)
+        return self.ones
 
     def _number(self, t: torch.Tensor, stored: np.dtype) -> torch.Tensor:
         """float64 of a column's values (``_floats`` on the CPU: pc.cast to float64)."""
@@ -249,7 +282,6 @@ class ParquetOnDevice:
         self,
         on: dict[str, torch.Tensor],
         kinds: dict[str, np.dtype],
-        lengths: dict[str, np.ndarray],
         features: list[_Feature],
     ) -> tuple[Rows, torch.Tensor]:
         src = self.source
@@ -284,10 +316,10 @@ class ParquetOnDevice:
         dense = torch.stack(columns, 1) if columns else torch.zeros((n, 0), dtype=torch.float32, device=self.device)
         ids, weights_of, totals = [], [], []
         for i, f in enumerate(src.sparse):
-            total = int(lengths[f"len{i}"].sum())
-            length = on[f"len{i}"]
+            total, rows_n = features[i].total, torch.arange(n, device=self.device)
+            length = self._ones(n) if features[i].constant else on[f"len{i}"]
             values, id_w, outside = self._ids(f, on, kinds, length, total)
-            row_of = torch.repeat_interleave(torch.arange(n, device=self.device), length, output_size=total)
+            row_of = rows_n if features[i].constant else torch.repeat_interleave(rows_n, length, output_size=total)
             if outside is not None:
                 bad = bad | _rows_of(outside, row_of, n)
             if id_w is not None:
@@ -312,12 +344,16 @@ class ParquetOnDevice:
                     for w, t, (_, row_of) in zip(weights_of, totals, ids)
                 ]
             )
-        one_hot = not src.weighted and all(bool((lengths[f"len{i}"] == 1).all()) for i in range(len(src.sparse)))
+        one_hot = not src.weighted and all(h.one_each for h in features)
         values = torch.cat(padded) if padded else torch.zeros(0, dtype=torch.int64, device=self.device)
         rows = Rows(
             dense.contiguous(),
             values,
-            None if one_hot else torch.stack([on[f"len{i}"].to(torch.int32) for i in range(len(src.sparse))]),
+            None
+            if one_hot
+            else torch.stack([self._ones(n) if h.constant else on[f"len{i}"] for i, h in enumerate(features)]).to(
+                torch.int32
+            ),
             labels,
             len(src.sparse),
             {"weights": weights},
