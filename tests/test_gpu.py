@@ -141,6 +141,46 @@ def test_the_synthetic_log_drawn_on_the_gpu_is_the_cpus():
 
 
 @needs_gpus(1)
+def test_a_parquet_feature_log_converted_on_the_gpu_is_the_cpus(tmp_path):
+    """data.device_input with data=parquet: the example log's training rows (lists, hashed
+    strings, a vocabulary, id weights, log1p) converted on the GPU are read's, byte for byte,
+    and converting them never makes the host wait for the GPU."""
+    from hybridrec.data.example import generate
+    from hybridrec.data.vocab import main as vocab_main
+    from shared import same_rows
+
+    generate(str(tmp_path / "example"), rows=20000)
+    vocab_main([str(tmp_path / "example/train"), "--column", "item_id", "--out", str(tmp_path / "example/vocab")])
+    paths = [f"data.{split}_path={tmp_path / 'example' / split}" for split in ("train", "valid", "eval")]
+    cfg = compose_cfg(["+experiment=feature_log", *paths, "data.batch_size=4096"])
+    for f in cfg.data.sparse:
+        if f.get("vocabulary"):
+            f.vocabulary = str(tmp_path / "example" / "vocab" / os.path.basename(f.vocabulary))
+    source = build_source(cfg.data, 0)
+    reader = source.device_rows(torch.device("cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = [reader("train", index, 0, 4096) for index in range(3)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for index, got in enumerate(rows):
+        want = source.read("train", 0, index, 0, 4096)
+        on_cpu = type(got)(
+            got.dense.cpu(),
+            got.values.cpu(),
+            None if got.lengths is None else got.lengths.cpu(),
+            got.labels.cpu(),
+            got.features,
+            {k: v.cpu() for k, v in got.extra.items()},
+            id_weights=None if got.id_weights is None else got.id_weights.cpu(),
+            totals=got.totals,
+        )
+        same_rows(want, on_cpu)
+    reader.check()
+
+
+@needs_gpus(1)
 def test_the_draw_replayed_from_a_cuda_graph_is_the_cpus(tmp_path):
     """data.device_graph: the batches replayed from the captured draw are NumPy's, byte for
     byte, each its own tensors (a later replay does not rewrite an earlier batch), without a
