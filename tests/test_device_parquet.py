@@ -252,6 +252,16 @@ def test_what_is_read_on_the_cpu_is_refused_by_name(experiment, refusal):
         validate(compose_cfg([f"+experiment={experiment}", "data.device_input=true"]), 1)
 
 
+def test_criteo_tsv_is_refused_with_the_conversion_that_gives_a_device_path():
+    with pytest.raises(ValueError, match=r"CriteoTSV reads its rows on the CPU .* python -m hybridrec\.data\.convert$"):
+        validate(
+            compose_cfg(
+                ["+experiment=ctr", "data=criteo", "data.train_path=a", "data.eval_path=b", "data.device_input=true"]
+            ),
+            1,
+        )
+
+
 def test_the_feature_log_is_accepted():
     validate(compose_cfg(["+experiment=feature_log", "data.device_input=true"]), 1)
 

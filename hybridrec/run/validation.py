@@ -498,6 +498,7 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
                 f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log, Criteo's "
                 f"binary layout, Parquet feature logs, MovieLens' ratings (data=movielens) and the next-item "
                 f"histories (data=movielens_seq, parquet_seq) can make them on the device); leave it unset"
+                + (", or convert the TSV once: python -m hybridrec.data.convert" if "TSV" in source.__name__ else "")
             )
         if cfg.data.get("labels"):
             raise ValueError(
