@@ -4,6 +4,7 @@ imports another (each stays runnable alone, and its tests are collected once).""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -313,3 +314,19 @@ def same_rows(a, b) -> None:
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 """The Tensor methods that read a value back on the host (on a GPU, each waits for the device)."""
+
+
+@contextlib.contextmanager
+def no_host_reads(monkeypatch):
+    """Within it, any of ``HOST_READS`` fails the test, naming the method."""
+
+    def refused(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"Tensor.{name} read a value back")
+
+        return read
+
+    with monkeypatch.context() as m:
+        for name in HOST_READS:
+            m.setattr(torch.Tensor, name, refused(name))
+        yield

@@ -21,7 +21,7 @@ from hybridrec.data import DataError, loader
 from hybridrec.data.parquet import ParquetSource
 from hybridrec.data.vocab import main as vocab_main
 from hybridrec.run.validation import validate
-from shared import HOST_READS, same_rows
+from shared import no_host_reads, same_rows
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")
@@ -167,15 +167,7 @@ def test_the_reader_reads_no_value_back(log, monkeypatch):
     source = _source(log, sparse)
     reader = source.device_rows(CPU)
 
-    def refused(name):
-        def read(self, *args, **kwargs):
-            raise AssertionError(f"Tensor.{name} read a value back")
-
-        return read
-
-    with monkeypatch.context() as m:
-        for name in HOST_READS:
-            m.setattr(torch.Tensor, name, refused(name))
+    with no_host_reads(monkeypatch):
         for index in range(3):
             reader("train", index, 0, 8).batch(source.keys)
 

@@ -18,7 +18,7 @@ from hybridrec.data import loader
 from hybridrec.data.fetch_movielens import write_layout
 from hybridrec.data.sequences import ParquetSequences
 from hybridrec.run.validation import validate
-from shared import GENRE_NAMES, HOST_READS, ml, ml_sequences, same_rows, tables
+from shared import GENRE_NAMES, ml, ml_sequences, no_host_reads, same_rows, tables
 
 CPU = torch.device("cpu")
 
@@ -190,15 +190,7 @@ def test_the_device_readers_read_no_value_back(tmp_path, monkeypatch):
     ratings = ml(_layout(tmp_path / "ml"))
     readers = [(s, s.device_rows(CPU)) for s in (sequences, ratings)]
 
-    def refused(name):
-        def read(self, *args, **kwargs):
-            raise AssertionError(f"Tensor.{name} read a value back")
-
-        return read
-
-    with monkeypatch.context() as m:
-        for name in HOST_READS:
-            m.setattr(torch.Tensor, name, refused(name))
+    with no_host_reads(monkeypatch):
         for source, reader in readers:
             for split, epoch, index in (("train", 0, 0), ("train", 1, 1), ("eval", 0, 1)):
                 reader(split, index, 0, source.batch_size, epoch=epoch).batch(source.keys)
