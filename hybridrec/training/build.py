@@ -106,6 +106,9 @@ def build(cfg: DictConfig, run_dir: str, device: torch.device) -> tuple[Source, 
     return data, model.loss, parallel
 
 
+_SAID: set[str] = set()
+
+
 def rank_batches(
     data_cfg: DictConfig,
     data: Source,
@@ -127,14 +130,18 @@ def rank_batches(
     where = dist.get_rank(), dist.get_world_size(), num_batches, start
     # None: a subclass of a source with a device path that has none of its own (MovieLensRank)
     make = getattr(data, "device_rows", None)
-    # the device draw makes one label per row: a source with several tasks is read on the CPU
-    # and a source that reads some configurations on the CPU only (ParquetSource.device_refusal)
-    refused = getattr(data, "device_refusal", None)
-    if on_device and split == "train" and make is not None and not data.tasks and not (refused and refused()):
-        reader = make(device, graph=True) if d.get("device_graph") else make(device)
-        if on_check is not None and hasattr(reader, "check"):
-            on_check(reader.check)
-        return loader.batches(data, split, *where, device_rows=reader)
+    # the device draw makes one label per row: a source with several tasks is read on the CPU,
+    # and so are a source's configurations that it converts on the CPU only (device_refusal)
+    if on_device and split == "train" and make is not None and not data.tasks:
+        if why := getattr(data, "device_refusal", lambda: None)():
+            if why not in _SAID:  # once a run (a partitioned log makes a reader per day)
+                _SAID.add(why)
+                log.info(f"data: the training batches are read on the CPU: {why}")
+        else:
+            reader = make(device, graph=True) if d.get("device_graph") else make(device)
+            if on_check is not None and hasattr(reader, "check"):
+                on_check(reader.check)
+            return loader.batches(data, split, *where, device_rows=reader)
     return loader.batches(
         data,
         split,
