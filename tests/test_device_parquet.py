@@ -232,6 +232,36 @@ def test_a_bad_row_the_host_sees_is_read_on_the_cpu(log, column, value):
     same_rows(source.read("train", 0, 0, 0, 8), rows)
 
 
+def test_strings_as_dictionaries_large_strings_binary_and_empty(log):
+    """The same rows whatever string type the files store (a dictionary, large_string,
+    binary), empty strings included."""
+    table = _table(0, 31)
+    users = ["" if i % 4 == 0 else v for i, v in enumerate(table.column("user").to_pylist())]
+    table = table.set_column(table.schema.get_field_index("user"), "user", pa.array(users).dictionary_encode())
+    table = table.set_column(table.schema.get_field_index("city"), "city", table.column("city").cast(pa.large_string()))
+    words = table.column("words").cast(pa.list_(pa.binary()))
+    table = table.set_column(table.schema.get_field_index("words"), "words", words)
+    _write(log / "train/a.parquet", table, 5)
+    sparse = ONE_HOT + [
+        {"name": "city", "column": "city", "num_embeddings": 40, "id_mapping": "hash"},
+        {"name": "words", "column": "words", "num_embeddings": 40, "id_mapping": "hash"},
+    ]
+    _same_training_rows(_source(log, sparse), epochs=(0,))
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_weights_longer_than_their_ids_fit_once_both_are_truncated(log, truncate):
+    """Row 8 has 3 tags and 5 weights: with max_length=2 and truncate both keep 2 (a good row,
+    converted on the device); without truncate the counts differ (a bad row, read's batch)."""
+    _bad_log(log, {"tag_w": {8: [0.5, 1.5, 2.5, 3.5, 4.5]}})
+    limit = {"max_length": 2, "truncate": True} if truncate else {}
+    tags = {"name": "tags", "column": "tags", "num_embeddings": 23, "weights_column": "tag_w", **limit}
+    source = _source(log, ONE_HOT + [tags])
+    rows = source.device_rows(CPU)("train", 1, 0, 8)
+    assert (rows.real is None) == truncate
+    same_rows(source.read("train", 0, 1, 0, 8), rows)
+
+
 @pytest.mark.parametrize(
     "experiment,refusal",
     [
