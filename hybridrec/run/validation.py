@@ -496,8 +496,8 @@ def _validate_data(cfg: DictConfig, world_size: int) -> None:
         if getattr(source, "device_rows", None) is None:  # None: MovieLensRank, whose lists are drawn per list
             raise ValueError(
                 f"data.device_input=true: {source.__name__} reads its rows on the CPU (the synthetic log, Criteo's "
-                f"binary layout, Parquet feature logs, MovieLens' ratings (data=movielens) and the next-item "
-                f"histories (data=movielens_seq, parquet_seq) can make them on the device); leave it unset"
+                f"binary layout, Parquet logs, MovieLens' ratings (data=movielens) and the next-item histories "
+                f"(data=movielens_seq, parquet_seq) can make them on the device); leave data.device_input unset"
                 + (", or convert the TSV once: python -m hybridrec.data.convert" if "TSV" in source.__name__ else "")
             )
         if cfg.data.get("labels"):
