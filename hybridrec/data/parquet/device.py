@@ -36,11 +36,11 @@ import torch
 
 from hybridrec.config.schema import ParquetIdMapping
 from hybridrec.data import FileReport, ReadReport
-from hybridrec.data.criteo.binary_device import splitmix64, unsigned_mod
+from hybridrec.data.criteo.binary_device import _signed, splitmix64, unsigned_mod
 from hybridrec.data.device_input import Staging, as_signed, gather_ranges, log1p, widen
 from hybridrec.data.parquet.columns import _is_list, _kind, _plain_array
 from hybridrec.data.parquet.config import _Dense, _Sparse
-from hybridrec.data.parquet.hashing import _LENGTH_SALT, _STRING_SALT, _salt
+from hybridrec.data.parquet.hashing import _LENGTH_SALT, _STRING_SALT, _salt, string_bytes
 from hybridrec.data.rows import Rows
 
 if TYPE_CHECKING:
@@ -59,10 +59,6 @@ def device_refusal(partitioned: bool, sparse: list[_Sparse], dense: list[_Dense]
         if not d.scalar:
             return f"data.dense[{i}].encoding={d.encoding} makes its ids on the CPU"
     return None
-
-
-def _signed(c: int) -> int:
-    return c - (1 << 64) if c >= 1 << 63 else c
 
 
 def _numbers(column: pa.Array) -> Optional[np.ndarray]:
@@ -88,16 +84,6 @@ def _ints(parts: list[np.ndarray]) -> np.ndarray:
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _string_bytes(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A string (or binary) array's bytes end to end and each string's length (no nulls)."""
-    n = len(array)
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], np.int64 if large else np.int32)[array.offset : array.offset + n + 1]
-    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return data[offsets[0] : offsets[-1]] if n else data[:0], np.diff(offsets).astype(np.int64)
 
 
 def _rows_of(flagged: torch.Tensor, row_of: torch.Tensor, n: int) -> torch.Tensor:
@@ -194,7 +180,7 @@ class ParquetOnDevice:
         elif f.id_mapping == ParquetIdMapping.vocabulary.value:  # strings: looked up on the CPU
             host.ids.append(self.source.vocabularies[f.index].rows(flat))
         else:
-            body, spans = _string_bytes(flat)
+            body, spans = string_bytes(flat)
             host.bytes.append(body)
             host.spans.append(spans)
         if f.weights_column:
@@ -315,8 +301,9 @@ class ParquetOnDevice:
             columns.append(torch.where(wrong, 0.0, y))
         dense = torch.stack(columns, 1) if columns else torch.zeros((n, 0), dtype=torch.float32, device=self.device)
         ids, weights_of, totals = [], [], []
+        rows_n = torch.arange(n, device=self.device)
         for i, f in enumerate(src.sparse):
-            total, rows_n = features[i].total, torch.arange(n, device=self.device)
+            total = features[i].total
             length = self._ones(n) if features[i].constant else on[f"len{i}"]
             values, id_w, outside = self._ids(f, on, kinds, length, total)
             row_of = rows_n if features[i].constant else torch.repeat_interleave(rows_n, length, output_size=total)

@@ -25,6 +25,17 @@ def hash_ints(values: np.ndarray, seed: int) -> np.ndarray:
         return splitmix64(values.astype(np.int64).view(np.uint64) + _salt(seed))
 
 
+def string_bytes(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string (or binary) array's bytes end to end, and each string's length in them (int64),
+    read from its buffers without a copy."""
+    n = len(array)
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64 if large else np.int32)[array.offset : array.offset + n + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return data[offsets[0] : offsets[-1]], np.diff(offsets).astype(np.int64)
+
+
 def hash_strings(array: pa.Array, seed: int) -> np.ndarray:
     """64-bit keys of strings (or binary), all at once: each (position, byte) pair is mixed
     on its own and the mixes are summed per string (a tabulation hash), then mixed with the
@@ -34,14 +45,8 @@ def hash_strings(array: pa.Array, seed: int) -> np.ndarray:
     n = len(array)
     if n == 0:
         return np.zeros(0, np.uint64)
-    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], np.int64 if large else np.int32)[array.offset : array.offset + n + 1]
-    offsets = offsets.astype(np.int64)
-    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    spans = np.diff(offsets)  # a null's span may hold bytes: they are skipped, not summed into a neighbour
-    starts = offsets[:-1] - offsets[0]
-    body = data[offsets[0] : offsets[-1]]
+    body, spans = string_bytes(array)  # a null's span may hold bytes: they are skipped, not summed into a neighbour
+    starts = np.cumsum(spans) - spans
     salt = _salt(seed)
     sums = np.zeros(n, np.uint64)
     with np.errstate(over="ignore"):
