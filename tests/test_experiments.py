@@ -53,12 +53,14 @@ def test_experiment_composes_with_model(experiment, model):
     assert "\n" not in str(refused.value)  # train.py prints it as one `hybridrec: ...` line
 
 
-@pytest.mark.parametrize("group, chosen_by", [("model", "model"), ("loss", "loss"), ("data", "model")])
-def test_every_experiment_model_loss_and_data_file_is_used(group, chosen_by):
+@pytest.mark.parametrize(
+    "group, chosen_by", [("model", "model"), ("loss", "loss"), ("data", "model"), ("optimizer", "model")]
+)
+def test_every_experiment_model_loss_data_and_optimizer_file_is_used(group, chosen_by):
     """experiment_<group>/<experiment>/<option>.yaml is optional in the defaults list, so a
     file whose directory or name is misspelled would be skipped in silence: each must name a
-    shipped experiment and an option of the group that chooses it (experiment_data: the
-    model), and its values must be what that pair trains."""
+    shipped experiment and an option of the group that chooses it (experiment_data and
+    experiment_optimizer: the model), and its values must be what that pair trains."""
     root = os.path.join(CONF_DIR, f"experiment_{group}")
     options = {f[:-5] for f in os.listdir(os.path.join(CONF_DIR, chosen_by)) if f.endswith(".yaml")}
     files = [(e, f[:-5]) for e in sorted(os.listdir(root)) for f in sorted(os.listdir(os.path.join(root, e)))]
@@ -68,4 +70,4 @@ def test_every_experiment_model_loss_and_data_file_is_used(group, chosen_by):
         assert experiment in EXPERIMENTS and option in options, where
         values = OmegaConf.load(os.path.join(root, experiment, f"{option}.yaml"))
         cfg = compose_cfg([f"+experiment={experiment}", f"{chosen_by}={option}"])
-        assert {k: cfg[group][k] for k in values} == values, where
+        assert OmegaConf.merge(cfg[group], values) == cfg[group], where
