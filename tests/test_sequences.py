@@ -446,7 +446,12 @@ def test_two_ranks_train_a_sequence_ranker_as_one(trained, run):
     """Over 20 s for the first case: it waits for ``trained`` (11 short runs in two launches)."""
     one, two = trained[1][run], trained[2][run]
     assert one["losses"][-1] < one["losses"][0]  # it learns
-    assert_same_training(one, two)
+    # The item table trains by row-wise Adagrad at rate 0.1: a row's step is its gradient over
+    # the row's own RMS, so the float32 rounding of a small gradient (2 ranks sum in another
+    # order) moves a rarely seen row's elements by up to about 1e-6 (measured: 1.2e-6 for HSTU
+    # with its weight decay, 4e-7 without; the dense weights within 4e-7, the losses within
+    # 3e-7). 3e-6 is under 1e-5 of the table's scale (0.4).
+    assert_same_training(one, two, state_tol={"rtol": 1e-5, "atol": 3e-6})
     assert one["summary"]["eval"] == pytest.approx(two["summary"]["eval"], abs=1e-9)  # the same ranks, the same metrics
     if run == 3:  # masked beside unmasked: a user's history no longer outranks the held-out item
         e = one["summary"]["eval"]
