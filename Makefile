@@ -95,7 +95,7 @@ lint: install ## ruff's lint and format checks over the code, tests and benchmar
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
 
-test: install $(MOVIELENS) lint ## make lint, then the whole test suite, every tier, in about 10 min on 2 cores (fetches MovieLens-100k first: the experiments are tested on it); prints its 15 slowest tests
+test: install $(MOVIELENS) lint ## make lint, then the whole test suite, every tier, in 10 to 16 min on 2 cores (docs/install.md) (fetches MovieLens-100k first: the experiments are tested on it); prints its 15 slowest tests
 	$(PYTEST) --durations=15 $(ARGS)
 
 test-fast: install ## run the unit tier only: in-process tests, no launched ranks or CLI runs (under a minute on 2 cores)
