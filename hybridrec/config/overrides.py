@@ -66,7 +66,7 @@ def _explain(compose, config_name: str, mine: list[str], errors: type[BaseExcept
         group, option = m.group(1), m.group(2)
         folders = [os.path.join(d, group) for d in [conf_dir, *_search_path(mine)]]
         if os.path.isdir(folders[0]) and not group.startswith(
-            ("schema", "experiment_model", "experiment_loss", "experiment_data", "experiment_optimizer")
+            ("schema", "experiment_")  # the experiment_<group> specializations: internal
         ):
             options = sorted(
                 {f[:-5] for d in folders if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".yaml")}
